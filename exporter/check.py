@@ -1,0 +1,71 @@
+"""`specdecode-exporter check URL`: collect a few times over a short interval and print a verdict table."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TextIO
+
+import httpx
+
+from exporter.collection import Exporter, TargetView
+from exporter.config import Config, TargetConfig, Window
+from exporter.derive import acceptance_ratio, verdict
+from exporter.status import verdict_stats
+
+CHECK_STEP_SECONDS = 2.0  # below V0's 5 s report period, so V0 counters can be decoded too
+
+
+def _fmt(value: float | int | None, spec: str = ".3f") -> str:
+    return "–" if value is None else format(value, spec)
+
+
+async def collect_for(exporter: Exporter, duration: float) -> TargetView:
+    async with httpx.AsyncClient(follow_redirects=False, trust_env=False) as client:
+        deadline = time.monotonic() + duration
+        (view,) = await exporter.collect_all_once(client)
+        while view.up and time.monotonic() < deadline:
+            await asyncio.sleep(min(CHECK_STEP_SECONDS, max(0.0, deadline - time.monotonic())))
+            (view,) = await exporter.collect_all_once(client)
+    return view
+
+
+def render(view: TargetView, duration: float, page_threshold: float) -> str:
+    cost = view.config.cost
+    lines = [f"target   {view.config.url}", f"api      {view.api}", ""]
+    header = ("model", "engine", "α", "α since start", "mean len", "k", "speedup", "break-even", "best k", "verdict")
+    rows = [header]
+    for series in view.series:
+        _, stats = verdict_stats(series)
+        totals = series.totals
+        rows.append((
+            series.key.model_name or "", series.key.engine or "",
+            _fmt(stats.acceptance_ratio if stats else None),
+            _fmt(acceptance_ratio(totals.accepted_tokens, totals.draft_tokens)),
+            _fmt(stats.mean_acceptance_length if stats else None, ".2f"),
+            _fmt(series.num_speculative_tokens, "d"),
+            _fmt(stats.expected_speedup if stats else None, ".2f"),
+            _fmt(cost.break_even_acceptance_ratio, ".2f"),
+            _fmt(stats.recommended_num_speculative_tokens if stats else None, "d"),
+            verdict(stats, cost, page_threshold),
+        ))
+    widths = [max(len(str(row[i])) for row in rows) for i in range(len(header))]
+    lines += ["  ".join(str(cell).ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in rows]
+    if not any(s.windows for s in view.series):
+        lines += ["", f"No drafted tokens in the last {duration:g}s: send traffic, or check for longer (--duration)."]
+    lines += ["", f"Cost model: c_draft={cost.c_draft:g} c_verify={cost.c_verify:g} (break-even α = their sum); "
+                  "speedup is modelled, not measured."]
+    return "\n".join(lines) + "\n"
+
+
+def run_check(url: str, duration: float, timeout: float, out: TextIO) -> int:
+    window = Window(f"{duration:g}s", duration + CHECK_STEP_SECONDS)
+    config = Config(targets=(TargetConfig(name="check", url=url, timeout=timeout),), windows=(window,),
+                    collect_interval=CHECK_STEP_SECONDS)
+    exporter = Exporter(config)
+    view = asyncio.run(collect_for(exporter, duration))
+    if not view.up:
+        out.write(f"specdecode-exporter: cannot collect {url}: {view.last_error}\n")
+        return 1
+    out.write(render(view, duration, config.page_threshold))
+    return 0

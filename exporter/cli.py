@@ -1,0 +1,204 @@
+"""specdecode-exporter: run (the sidecar), simulate (a fake vLLM), demo (both), check URL (one-shot verdict).
+
+Flags follow Prometheus exporters; each flag can also come from SPECDECODE_<FLAG> (dots and dashes become
+underscores, upper case), e.g. SPECDECODE_WEB_LISTEN_ADDRESS. Precedence: flag > env > config file > default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, NoReturn
+
+from exporter.config import (
+    DEFAULT_TARGET_URL,
+    DEFAULT_WINDOWS,
+    LOG_FORMATS,
+    LOG_LEVELS,
+    Config,
+    ConfigError,
+    config_from_mapping,
+    load_config_file,
+    parse_duration,
+    parse_size,
+    parse_windows,
+    targets_from_flags,
+    validate,
+    validate_listen_address,
+)
+from exporter.log import setup_logging
+
+PROG = "specdecode-exporter"
+
+
+class OneLineArgumentParser(argparse.ArgumentParser):
+    """argparse that reports a bad flag in one line (and where to get help) and exits with code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        sys.exit(2)
+
+
+def env_name(flag: str) -> str:
+    return "SPECDECODE_" + flag.lstrip("-").replace(".", "_").replace("-", "_").upper()
+
+
+@dataclass(frozen=True)
+class Flag:
+    flag: str
+    field: str  # Config field it sets
+    convert: Callable[[str], Any]
+    help: str
+    default_text: str
+
+
+def _listen(value: str) -> str:
+    return validate_listen_address(value, "--web.listen-address")
+
+
+RUN_FLAGS: tuple[Flag, ...] = (
+    Flag("--web.listen-address", "listen_address", _listen, "address to serve on", ":9877"),
+    Flag("--web.telemetry-path", "telemetry_path", str, "path under which to expose metrics", "/metrics"),
+    Flag("--collect.interval", "collect_interval", lambda v: parse_duration(v, "--collect.interval"),
+         "how often to collect vLLM's metrics", "5s"),
+    Flag("--collect.max-body-size", "max_body_bytes", lambda v: parse_size(v, "--collect.max-body-size"),
+         "largest exposition accepted (decoded)", "16MiB"),
+    Flag("--collect.stale-after", "stale_after", lambda v: parse_duration(v, "--collect.stale-after"),
+         "drop a label set not seen for this long", "10m"),
+    Flag("--collect.windows", "windows", lambda v: parse_windows(v, "--collect.windows"),
+         "comma-separated windows for the windowed gauges", DEFAULT_WINDOWS),
+    Flag("--log.level", "log_level", str, f"one of {', '.join(LOG_LEVELS)}", "info"),
+    Flag("--log.format", "log_format", str, f"one of {', '.join(LOG_FORMATS)}", "logfmt"),
+)
+
+
+def _from_env(args: argparse.Namespace, dest: str, flag: str) -> Any:
+    value = getattr(args, dest, None)
+    if value is None:
+        value = os.environ.get(env_name(flag))
+    return value
+
+
+def _dest(flag: str) -> str:
+    return flag.lstrip("-").replace(".", "_").replace("-", "_")
+
+
+def add_run_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config.file", dest="config_file", metavar="FILE",
+                        help=f"YAML configuration (env {env_name('--config.file')})")
+    parser.add_argument("--target", action="append", metavar="[NAME=]URL",
+                        help=f"vLLM /metrics URL; repeatable (default {DEFAULT_TARGET_URL}; env SPECDECODE_TARGET, "
+                             "comma-separated)")
+    parser.add_argument("--collect.timeout", dest="collect_timeout", metavar="DURATION",
+                        help="timeout of one collection, for --target targets (default 3s)")
+    for flag in RUN_FLAGS:
+        parser.add_argument(flag.flag, dest=_dest(flag.flag), metavar="VALUE",
+                            help=f"{flag.help} (default {flag.default_text}; env {env_name(flag.flag)})")
+
+
+def config_from_args(args: argparse.Namespace) -> Config:
+    """Flags > env > config file > defaults."""
+    config_file = _from_env(args, "config_file", "--config.file")
+    config = load_config_file(config_file) if config_file else config_from_mapping({}, "defaults")
+    overrides: dict[str, Any] = {}
+    for flag in RUN_FLAGS:
+        value = _from_env(args, _dest(flag.flag), flag.flag)
+        if value is not None:
+            overrides[flag.field] = flag.convert(value)
+    for key, choices in (("log_level", LOG_LEVELS), ("log_format", LOG_FORMATS)):
+        if key in overrides and overrides[key] not in choices:
+            raise ConfigError(f"--{key.replace('_', '.')}: expected one of {', '.join(choices)}, "
+                              f"got {overrides[key]!r}")
+    if overrides.get("telemetry_path", "/").startswith("/") is False:
+        raise ConfigError(f"--web.telemetry-path: expected a path starting with /, got {overrides['telemetry_path']!r}")
+    timeout_text = _from_env(args, "collect_timeout", "--collect.timeout")
+    timeout = parse_duration(timeout_text, "--collect.timeout") if timeout_text else 3.0
+    urls = args.target or [u for u in (os.environ.get("SPECDECODE_TARGET") or "").split(",") if u]
+    if urls:
+        overrides["targets"] = targets_from_flags(urls, timeout)
+    elif not config.targets:
+        overrides["targets"] = targets_from_flags([DEFAULT_TARGET_URL], timeout)
+    return validate(replace(config, **overrides))
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    config = config_from_args(args)
+    setup_logging(config.log_level, config.log_format)
+    from exporter.web import serve
+
+    return serve(config)
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from exporter.check import run_check
+
+    duration = parse_duration(args.duration, "--duration")
+    timeout = parse_duration(args.timeout, "--timeout")
+    return run_check(args.url, duration, timeout, sys.stdout)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from exporter.demo import run_demo
+
+    setup_logging("info", "logfmt")
+    duration = parse_duration(args.duration, "--duration") if args.duration else None
+    return run_demo(_listen(args.web_listen_address), duration, args.scenario)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineArgumentParser(prog=PROG, description="Is vLLM's speculative decoding paying off?")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineArgumentParser)
+    commands.required = True
+
+    run = commands.add_parser("run", help="run the sidecar (collect vLLM, serve /metrics)")
+    add_run_flags(run)
+    run.set_defaults(handler=cmd_run)
+
+    check = commands.add_parser("check", help="collect a vLLM /metrics URL twice and print a verdict")
+    check.add_argument("url", help="e.g. http://127.0.0.1:8000/metrics")
+    check.add_argument("--duration", default="10s", help="time between first and last collection (default 10s)")
+    check.add_argument("--timeout", default="5s", help="timeout of one collection (default 5s)")
+    check.set_defaults(handler=cmd_check)
+
+    demo = commands.add_parser("demo", help="run the simulator and the sidecar together")
+    demo.add_argument("--web.listen-address", dest="web_listen_address", default="127.0.0.1:9877",
+                      help="sidecar address (default 127.0.0.1:9877)")
+    demo.add_argument("--scenario", help="simulator scenario file (default: the packaged demo scenario)")
+    demo.add_argument("--duration", help="stop after this long (default: run until Ctrl-C)")
+    demo.set_defaults(handler=cmd_demo)
+
+    try:
+        from exporter.simulator import cli as simulator_cli
+    except ImportError:  # pragma: no cover - the simulator ships with the package
+        simulator_cli = None
+    if simulator_cli is not None:
+        simulate = commands.add_parser("simulate", help="serve a fake vLLM /metrics (for demos and tests)")
+        simulator_cli.add_arguments(simulate)
+        simulate.set_defaults(handler=simulator_cli.main)
+    return parser
+
+
+def _version() -> str:
+    from exporter.expose import exporter_version
+
+    return exporter_version()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.handler(args) or 0)
+    except ConfigError as exc:
+        sys.stderr.write(f"{PROG}: config error: {exc}\n")
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,275 @@
+"""The collection loop: per target, fetch → select → detect engine → decode → store → derive → view.
+
+After each collection the loop publishes an immutable TargetView; /metrics and the status pages only
+read the latest views, so serving never waits on a collection and never sees a half-updated state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from exporter.config import Config, TargetConfig, Window
+from exporter.derive import WindowStats, window_stats
+from exporter.engines import ALL_PREFIXES, Decoder, Engine, detect_engine
+from exporter.log import event
+from exporter.parse import ParseError, select_samples
+from exporter.scrape import FailureReason, FetchResult, fetch
+from exporter.store import IntervalHistogram, SeriesKey, SeriesState, Store, Totals
+
+LOG_REPEAT_SECONDS = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class SeriesView:
+    key: SeriesKey
+    totals: Totals
+    histogram: IntervalHistogram
+    windows: tuple[tuple[Window, WindowStats], ...]
+    num_speculative_tokens: int | None
+    lifetime_acceptance_ratio: float | None
+    restarts: int
+
+
+@dataclass(frozen=True, slots=True)
+class TargetView:
+    config: TargetConfig
+    up: bool
+    collect_duration: float | None
+    errors: tuple[tuple[str, int], ...]
+    api: str | None
+    series: tuple[SeriesView, ...]
+    dropped_series: int
+    interval: float
+    last_success_wall: float | None = None
+    last_error: str | None = None
+    last_success_monotonic: float | None = None
+
+    @property
+    def method(self) -> str:
+        return self.config.method or "unknown"
+
+
+class CollectionFailure(Exception):
+    def __init__(self, reason: FailureReason, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail
+
+
+def samples_from_body(result: FetchResult) -> str:
+    """Decode and sanity-check a fetched body; raises CollectionFailure(parse)."""
+    assert result.body is not None
+    if "html" in result.content_type.lower():
+        raise CollectionFailure(FailureReason.PARSE, f"got {result.content_type}, not a metrics exposition")
+    try:
+        return result.body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise CollectionFailure(FailureReason.PARSE, f"body is not UTF-8 (byte {exc.start})") from None
+
+
+def series_view(state: SeriesState, now: float, fresh: bool, windows: tuple[Window, ...], slack: float,
+                config: TargetConfig) -> SeriesView:
+    computed: list[tuple[Window, WindowStats]] = []
+    reading = state.last_reading
+    k = config.num_speculative_tokens or (reading.num_speculative_tokens if reading else None)
+    if fresh:
+        for window in windows:
+            delta = state.window(now, window.seconds, slack)
+            stats = window_stats(delta, config.cost, k) if delta else None
+            if stats is not None:
+                computed.append((window, stats))
+    histogram = IntervalHistogram(list(state.histogram.bucket_counts), state.histogram.count, state.histogram.sum)
+    return SeriesView(
+        key=state.key,
+        totals=state.totals,
+        histogram=histogram,
+        windows=tuple(computed),
+        num_speculative_tokens=k,
+        lifetime_acceptance_ratio=reading.lifetime_acceptance_ratio if reading else None,
+        restarts=state.restarts,
+    )
+
+
+@dataclass
+class TargetCollector:
+    config: TargetConfig
+    app: Config
+    store: Store
+    clock: Callable[[], float] = time.monotonic
+    engine: Engine | None = None
+    decoder: Decoder | None = None
+    errors: dict[str, int] = field(default_factory=lambda: {r.value: 0 for r in FailureReason})
+    last_failure: tuple[str, str] | None = None
+    last_failure_logged: float = float("-inf")
+    last_success_wall: float | None = None
+    last_success_monotonic: float | None = None
+    view: TargetView | None = None
+
+    @property
+    def interval(self) -> float:
+        limit = self.engine.max_collect_interval if self.engine else None
+        return min(self.app.collect_interval, limit) if limit else self.app.collect_interval
+
+    def _bearer_token(self) -> str | None:
+        path = self.config.bearer_token_file
+        if not path:
+            return None
+        try:
+            return Path(path).read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise CollectionFailure(FailureReason.CONNECT, f"cannot read bearer_token_file: {exc.strerror}") from None
+
+    async def collect(self, client: httpx.AsyncClient) -> TargetView:
+        started = self.clock()
+        try:
+            result = await fetch(client, self.config.url, self.config.timeout, self.app.max_body_bytes,
+                                 self._bearer_token(), self.clock)
+            if result.failure is not None:
+                raise CollectionFailure(result.failure, result.detail)
+            self._ingest(result)
+        except CollectionFailure as failure:
+            self.view = self._failed(failure, self.clock() - started)
+            return self.view
+        self._recovered()
+        self.last_success_wall = time.time()
+        self.last_success_monotonic = self.clock()
+        self.view = self._view(up=True, duration=self.clock() - started)
+        return self.view
+
+    def _ingest(self, result: FetchResult) -> None:
+        text = samples_from_body(result)
+        try:
+            samples = select_samples(text, ALL_PREFIXES)
+        except ParseError as exc:
+            raise CollectionFailure(FailureReason.PARSE, str(exc)) from None
+        engine = detect_engine(samples)
+        if engine is None:
+            raise CollectionFailure(FailureReason.NO_SPEC_METRICS, "no speculative-decoding metrics in the exposition")
+        if engine is not self.engine or self.decoder is None:
+            if self.engine is not None:
+                event(logging.WARNING, "target changed metrics dialect", target=self.config.name,
+                      old_api=self.engine.api, new_api=engine.api)
+            self.engine, self.decoder = engine, engine.new_decoder()
+            if self.config.num_speculative_tokens and hasattr(self.decoder, "num_speculative_tokens"):
+                self.decoder.num_speculative_tokens = self.config.num_speculative_tokens
+        decoded = self.decoder.decode(samples, result.timing)
+        for warning in decoded.warnings:
+            event(logging.DEBUG, "series not decodable this time", target=self.config.name, detail=warning)
+        self.store.update(self.config.name, decoded.series, decoded.pending, self.clock())
+
+    def _failed(self, failure: CollectionFailure, duration: float) -> TargetView:
+        self.errors[failure.reason.value] += 1
+        now = self.clock()
+        signature = (failure.reason.value, failure.detail)
+        if signature != self.last_failure or now - self.last_failure_logged >= LOG_REPEAT_SECONDS:
+            event(logging.WARNING, "collection failed", target=self.config.name, url=self.config.url,
+                  reason=failure.reason.value, detail=failure.detail)
+            self.last_failure_logged = now
+        self.last_failure = signature
+        self.store.expire(now)
+        return self._view(up=False, duration=duration, error=f"{failure.reason.value}: {failure.detail}")
+
+    def _recovered(self) -> None:
+        if self.last_failure is not None:
+            event(logging.INFO, "collection recovered", target=self.config.name,
+                  api=self.engine.api if self.engine else None)
+            self.last_failure = None
+            self.last_failure_logged = float("-inf")
+
+    def _view(self, up: bool, duration: float, error: str | None = None) -> TargetView:
+        now = self.clock()
+        interval = self.interval
+        freshness = 2 * interval + self.config.timeout
+        series = tuple(
+            series_view(state, now, bool(state.times) and now - state.times[-1] <= freshness,
+                        self.app.windows, interval / 2, self.config)
+            for state in self.store.for_target(self.config.name)
+        )
+        return TargetView(
+            config=self.config,
+            up=up,
+            collect_duration=duration,
+            errors=tuple(self.errors.items()),
+            api=self.engine.api if self.engine else None,
+            series=series,
+            dropped_series=self.store.dropped_series.get(self.config.name, 0),
+            interval=interval,
+            last_success_wall=self.last_success_wall,
+            last_error=error,
+            last_success_monotonic=self.last_success_monotonic,
+        )
+
+
+@dataclass
+class Exporter:
+    """All targets, the store and the latest views; runs one collection task per target."""
+
+    config: Config
+    clock: Callable[[], float] = time.monotonic
+    store: Store = field(init=False)
+    collectors: dict[str, TargetCollector] = field(init=False)
+    started_at: float = field(init=False)
+    _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.started_at = self.clock()
+        self.store = Store(
+            keep_seconds=self.config.longest_window + 2 * self.config.collect_interval,
+            stale_after=self.config.stale_after,
+            max_series_per_target=self.config.max_series_per_target,
+        )
+        self.collectors = {t.name: TargetCollector(t, self.config, self.store, self.clock) for t in self.config.targets}
+
+    def views(self) -> list[TargetView]:
+        return [c.view or self._pending_view(c) for c in self.collectors.values()]
+
+    def _pending_view(self, collector: TargetCollector) -> TargetView:
+        return TargetView(collector.config, False, None, tuple(collector.errors.items()), None, (), 0,
+                          collector.interval, last_error="no collection yet")
+
+    def ready(self) -> tuple[bool, str]:
+        """Ready when every target has been collected successfully within the last three intervals."""
+        now = self.clock()
+        for collector in self.collectors.values():
+            last = collector.last_success_monotonic
+            if last is None:
+                return False, f"target {collector.config.name}: no successful collection yet"
+            if now - last > max(3 * collector.interval, collector.interval + collector.config.timeout):
+                return False, f"target {collector.config.name}: last success {now - last:.0f}s ago"
+        return True, "ok"
+
+    async def collect_all_once(self, client: httpx.AsyncClient) -> list[TargetView]:
+        return list(await asyncio.gather(*(c.collect(client) for c in self.collectors.values())))
+
+    async def _loop(self, collector: TargetCollector, client: httpx.AsyncClient, limit: asyncio.Semaphore) -> None:
+        while True:
+            started = self.clock()
+            async with limit:
+                await collector.collect(client)
+            # Sleep to the next tick of this target's own schedule; an overrun skips ticks, never stacks them.
+            interval = collector.interval
+            elapsed = self.clock() - started
+            await asyncio.sleep(interval - (elapsed % interval))
+
+    async def run(self) -> None:
+        limit = asyncio.Semaphore(self.config.concurrency)
+        transport = httpx.AsyncHTTPTransport(retries=0)
+        async with httpx.AsyncClient(transport=transport, follow_redirects=False, trust_env=False) as client:
+            self._tasks = [asyncio.create_task(self._loop(c, client, limit), name=f"collect-{name}")
+                           for name, c in self.collectors.items()]
+            try:
+                await asyncio.gather(*self._tasks)
+            finally:
+                for task in self._tasks:
+                    task.cancel()
+                for task in self._tasks:
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task

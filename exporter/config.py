@@ -1,0 +1,334 @@
+"""YAML + flags → a validated, typed Config. Every problem is one ConfigError line naming the key."""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import yaml
+
+from exporter.derive import CostModel
+
+RESERVED_LABELS = frozenset(
+    {"target", "model_name", "engine", "window", "position", "reason", "api", "method", "num_speculative_tokens",
+     "le", "job", "instance"}
+)
+_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+_DURATION_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*(B|KB|KiB|MB|MiB|GB|GiB)?", re.IGNORECASE)
+_SIZE_FACTORS = {"b": 1, "kb": 1000, "kib": 1024, "mb": 1000**2, "mib": 1024**2, "gb": 1000**3, "gib": 1024**3}
+
+
+class ConfigError(ValueError):
+    """A bad configuration value; the message is the single line shown to the user."""
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    name: str  # as written, e.g. "5m"; the value of the window label
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class TargetConfig:
+    name: str
+    url: str
+    timeout: float = 3.0
+    labels: tuple[tuple[str, str], ...] = ()
+    method: str | None = None
+    num_speculative_tokens: int | None = None
+    cost: CostModel = field(default_factory=CostModel)
+    bearer_token_file: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    targets: tuple[TargetConfig, ...] = ()
+    windows: tuple[Window, ...] = ()
+    collect_interval: float = 5.0
+    max_body_bytes: int = 16 * 1024 * 1024
+    stale_after: float = 600.0
+    concurrency: int = 16
+    max_series_per_target: int = 1000
+    page_threshold: float = 0.5
+    listen_address: str = ":9877"
+    telemetry_path: str = "/metrics"
+    web_config_file: str | None = None
+    log_level: str = "info"
+    log_format: str = "logfmt"
+    source: str = "flags"  # where the config came from, for messages
+
+    @property
+    def longest_window(self) -> float:
+        return max((w.seconds for w in self.windows), default=0.0)
+
+
+DEFAULT_WINDOWS = "1m,5m,15m,1h"
+DEFAULT_TARGET_URL = "http://127.0.0.1:8000/metrics"
+
+
+def parse_duration(text: str | float | int, where: str) -> float:
+    """'5s', '1m30s', '500ms', '1h' or a number of seconds → seconds (> 0)."""
+    if isinstance(text, bool):
+        raise ConfigError(f"{where}: expected a duration like 5s, got {text!r}")
+    if isinstance(text, int | float):
+        seconds = float(text)
+    else:
+        raw = str(text).strip()
+        parts = _DURATION_PART.findall(raw)
+        if not parts or "".join(n + u for n, u in parts) != raw:
+            try:
+                seconds = float(raw)
+            except ValueError:
+                raise ConfigError(f"{where}: expected a duration like 5s, 1m or 500ms, got {text!r}") from None
+        else:
+            seconds = sum(float(n) * _DURATION_SECONDS[u] for n, u in parts)
+    if not seconds > 0:
+        raise ConfigError(f"{where}: must be greater than 0, got {text!r}")
+    return seconds
+
+
+def parse_size(text: str | int, where: str) -> int:
+    match = _SIZE.fullmatch(str(text).strip())
+    if match is None or isinstance(text, bool):
+        raise ConfigError(f"{where}: expected a size like 16MiB, got {text!r}")
+    size = int(float(match.group(1)) * _SIZE_FACTORS[(match.group(2) or "b").lower()])
+    if size <= 0:
+        raise ConfigError(f"{where}: must be greater than 0, got {text!r}")
+    return size
+
+
+def parse_windows(value: str | list[Any], where: str) -> tuple[Window, ...]:
+    items = [v.strip() for v in value.split(",")] if isinstance(value, str) else list(value)
+    windows: list[Window] = []
+    for i, item in enumerate(items):
+        name = str(item).strip()
+        windows.append(Window(name, parse_duration(name, f"{where}[{i}]")))
+    if not windows:
+        raise ConfigError(f"{where}: at least one window is needed")
+    if len({w.name for w in windows}) != len(windows):
+        raise ConfigError(f"{where}: windows must be distinct, got {', '.join(w.name for w in windows)}")
+    return tuple(sorted(windows, key=lambda w: w.seconds))
+
+
+def validate_url(url: Any, where: str) -> str:
+    parts = urlsplit(str(url))
+    if not isinstance(url, str) or parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"{where}: expected an http(s) URL like {DEFAULT_TARGET_URL}, got {url!r}")
+    return url
+
+
+def validate_listen_address(address: str, where: str) -> str:
+    _, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(f"{where}: expected host:port or :port, got {address!r}")
+    return address
+
+
+def split_listen_address(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return (host.strip("[]") or "0.0.0.0"), int(port)
+
+
+def _check_keys(data: Mapping[str, Any], allowed: set[str], where: str) -> None:
+    for key in data:
+        if key not in allowed:
+            close = difflib.get_close_matches(str(key), sorted(allowed), n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else f" (allowed: {', '.join(sorted(allowed))})"
+            raise ConfigError(f"{where}.{key}: unknown key{hint}" if where else f"{key}: unknown key{hint}")
+
+
+def _mapping(value: Any, where: str) -> Mapping[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{where}: expected a mapping, got {type(value).__name__}")
+    return value
+
+
+def _number(value: Any, where: str, low: float, high: float | None = None) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"{where}: expected a number, got {value!r}")
+    if value < low or (high is not None and value > high):
+        bound = f"between {low} and {high}" if high is not None else f"at least {low}"
+        raise ConfigError(f"{where}: must be {bound}, got {value!r}")
+    return float(value)
+
+
+def _int(value: Any, where: str, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{where}: expected an integer, got {value!r}")
+    if value < low:
+        raise ConfigError(f"{where}: must be at least {low}, got {value!r}")
+    return value
+
+
+def parse_cost_model(data: Any, where: str, default: CostModel) -> CostModel:
+    data = _mapping(data, where)
+    _check_keys(data, {"c_draft", "c_verify", "draft_parameters", "target_parameters"}, where)
+    c_verify = _number(data["c_verify"], f"{where}.c_verify", 0, 10) if "c_verify" in data else default.c_verify
+    if "c_draft" in data:
+        if "draft_parameters" in data or "target_parameters" in data:
+            raise ConfigError(f"{where}: give c_draft or draft_parameters/target_parameters, not both")
+        return CostModel(_number(data["c_draft"], f"{where}.c_draft", 0, 10), c_verify)
+    if "draft_parameters" in data or "target_parameters" in data:
+        if not ("draft_parameters" in data and "target_parameters" in data):
+            raise ConfigError(f"{where}: draft_parameters and target_parameters go together")
+        draft = _number(data["draft_parameters"], f"{where}.draft_parameters", 0)
+        target = _number(data["target_parameters"], f"{where}.target_parameters", 1)
+        return CostModel(draft / target, c_verify)
+    return CostModel(default.c_draft, c_verify)
+
+
+def parse_labels(data: Any, where: str) -> tuple[tuple[str, str], ...]:
+    labels = _mapping(data, where)
+    for name, value in labels.items():
+        if not isinstance(name, str) or not _LABEL_NAME.fullmatch(name) or name.startswith("__"):
+            raise ConfigError(f"{where}.{name}: not a valid Prometheus label name")
+        if name in RESERVED_LABELS:
+            raise ConfigError(f"{where}.{name}: reserved by the exporter; choose another label name")
+        if not isinstance(value, str | int | float) or isinstance(value, bool):
+            raise ConfigError(f"{where}.{name}: expected a string value, got {value!r}")
+    return tuple(sorted((k, str(v)) for k, v in labels.items()))
+
+
+def parse_target(data: Any, where: str, default_timeout: float, default_cost: CostModel) -> TargetConfig:
+    data = _mapping(data, where)
+    _check_keys(data, {"name", "url", "timeout", "labels", "method", "num_speculative_tokens", "cost_model",
+                       "bearer_token_file"}, where)
+    if "url" not in data:
+        raise ConfigError(f"{where}.url: required")
+    name = data.get("name", "vllm")
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"{where}.name: expected a non-empty string, got {name!r}")
+    method = data.get("method")
+    if method is not None and not isinstance(method, str):
+        raise ConfigError(f"{where}.method: expected a string like eagle3 or ngram, got {method!r}")
+    k = data.get("num_speculative_tokens")
+    token_file = data.get("bearer_token_file")
+    if token_file is not None and not isinstance(token_file, str):
+        raise ConfigError(f"{where}.bearer_token_file: expected a path, got {token_file!r}")
+    return TargetConfig(
+        name=name,
+        url=validate_url(data["url"], f"{where}.url"),
+        timeout=parse_duration(data["timeout"], f"{where}.timeout") if "timeout" in data else default_timeout,
+        labels=parse_labels(data.get("labels"), f"{where}.labels"),
+        method=method,
+        num_speculative_tokens=None if k is None else _int(k, f"{where}.num_speculative_tokens", 1),
+        cost=parse_cost_model(data.get("cost_model"), f"{where}.cost_model", default_cost),
+        bearer_token_file=token_file,
+    )
+
+
+TOP_LEVEL_KEYS = {"web", "collect", "windows", "targets", "cost_model", "page_threshold", "log"}
+
+
+def config_from_mapping(data: Any, source: str) -> Config:
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{source}: expected a mapping at the top level, got {type(data).__name__}")
+    _check_keys(data, TOP_LEVEL_KEYS, "")
+    web = _mapping(data.get("web"), "web")
+    _check_keys(web, {"listen_address", "telemetry_path", "config_file"}, "web")
+    collect = _mapping(data.get("collect"), "collect")
+    _check_keys(collect, {"interval", "timeout", "max_body_size", "stale_after", "concurrency",
+                          "max_series_per_target"}, "collect")
+    log = _mapping(data.get("log"), "log")
+    _check_keys(log, {"level", "format"}, "log")
+    default_cost = parse_cost_model(data.get("cost_model"), "cost_model", CostModel())
+    default_timeout = parse_duration(collect.get("timeout", "3s"), "collect.timeout")
+    targets_data = data.get("targets", [])
+    if not isinstance(targets_data, list):
+        raise ConfigError(f"targets: expected a list of targets, got {type(targets_data).__name__}")
+    targets = tuple(
+        parse_target(t, f"targets[{i}]", default_timeout, default_cost) for i, t in enumerate(targets_data)
+    )
+    config = Config(
+        targets=targets,
+        windows=parse_windows(data.get("windows", DEFAULT_WINDOWS), "windows"),
+        collect_interval=parse_duration(collect.get("interval", "5s"), "collect.interval"),
+        max_body_bytes=parse_size(collect.get("max_body_size", "16MiB"), "collect.max_body_size"),
+        stale_after=parse_duration(collect.get("stale_after", "10m"), "collect.stale_after"),
+        concurrency=_int(collect.get("concurrency", 16), "collect.concurrency", 1),
+        max_series_per_target=_int(collect.get("max_series_per_target", 1000), "collect.max_series_per_target", 1),
+        page_threshold=_number(data.get("page_threshold", 0.5), "page_threshold", 0, 1),
+        listen_address=validate_listen_address(str(web.get("listen_address", ":9877")), "web.listen_address"),
+        telemetry_path=_path(web.get("telemetry_path", "/metrics"), "web.telemetry_path"),
+        web_config_file=web.get("config_file"),
+        log_level=_choice(log.get("level", "info"), LOG_LEVELS, "log.level"),
+        log_format=_choice(log.get("format", "logfmt"), LOG_FORMATS, "log.format"),
+        source=source,
+    )
+    return validate(config)
+
+
+LOG_LEVELS = ("debug", "info", "warn", "error")
+LOG_FORMATS = ("logfmt", "json")
+
+
+def _choice(value: Any, choices: tuple[str, ...], where: str) -> str:
+    if value not in choices:
+        raise ConfigError(f"{where}: expected one of {', '.join(choices)}, got {value!r}")
+    return str(value)
+
+
+def _path(value: Any, where: str) -> str:
+    if not isinstance(value, str) or not value.startswith("/"):
+        raise ConfigError(f"{where}: expected a path starting with /, got {value!r}")
+    return value
+
+
+def validate(config: Config) -> Config:
+    names = [t.name for t in config.targets]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ConfigError(f"targets: duplicate target name {duplicates[0]!r}; every target needs its own name")
+    if config.telemetry_path in RESERVED_PATHS:
+        raise ConfigError(f"web.telemetry_path: {config.telemetry_path} is used by the exporter itself")
+    return config
+
+
+RESERVED_PATHS = frozenset({"/", "/healthz", "/readyz", "/api/v1/status", "/-/reload"})
+
+
+def load_config_file(path: str) -> Config:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read config file: {exc.strerror or exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"{path}: invalid YAML{at}: {problem}") from None
+    try:
+        return config_from_mapping(data, path)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+
+
+def targets_from_flags(urls: list[str], timeout: float) -> tuple[TargetConfig, ...]:
+    """``--target URL`` or ``--target name=URL``; the first unnamed target is called vllm."""
+    targets: list[TargetConfig] = []
+    for i, spec in enumerate(urls):
+        name, sep, url = spec.partition("=")
+        if not sep or "://" in name:
+            name, url = ("vllm" if i == 0 else f"vllm-{i + 1}"), spec
+        targets.append(TargetConfig(name=name, url=validate_url(url, "--target"), timeout=timeout))
+    return tuple(targets)
+
+
+def apply_overrides(config: Config, overrides: Mapping[str, Any], converters: Mapping[str, Callable[[Any], Any]]
+                    ) -> Config:
+    """Flags given on the command line (or via env) win over the file."""
+    values = {key: converters.get(key, lambda v: v)(value) for key, value in overrides.items() if value is not None}
+    return validate(replace(config, **values))

@@ -1,0 +1,186 @@
+"""Pure functions: counts over a window → α, mean acceptance length, per-position curve, Leviathan's
+per-token acceptance probability, the break-even cost model and the recommended number of draft tokens.
+
+Every function returns None when its inputs cannot support an answer (no drafts, unknown counts).
+See DESIGN.md §5 for the cost model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from exporter.store import Totals, WindowDelta
+
+
+@dataclass(frozen=True, slots=True)
+class CostModel:
+    """Cost of one verification step, in units of one plain target decode step: 1 + k·(c_draft + c_verify)."""
+
+    c_draft: float = 0.1  # one draft token (≈ draft/target parameter ratio; ≈ 0 for ngram)
+    c_verify: float = 0.4  # extra verification work per drafted token (0 idle … 1 compute-bound)
+
+    @property
+    def per_draft_token(self) -> float:
+        return self.c_draft + self.c_verify
+
+    @property
+    def break_even_acceptance_ratio(self) -> float:
+        # S = (1 + k·α) / (1 + k·c) ≥ 1  ⇔  α ≥ c
+        return self.per_draft_token
+
+
+def acceptance_ratio(accepted_tokens: float, draft_tokens: float) -> float | None:
+    """α: accepted draft tokens / drafted tokens."""
+    if draft_tokens <= 0:
+        return None
+    return min(1.0, max(0.0, accepted_tokens / draft_tokens))
+
+
+def mean_acceptance_length(accepted_tokens: float, drafts: float | None) -> float | None:
+    """Tokens produced per verification step, bonus token included (vLLM's definition): 1 + accepted/drafts."""
+    if drafts is None or drafts <= 0:
+        return None
+    return 1.0 + max(0.0, accepted_tokens / drafts)
+
+
+def mean_draft_length(draft_tokens: float, drafts: float | None) -> float | None:
+    """k̄: drafted tokens per draft (below k when e.g. ngram lookups come up short)."""
+    if drafts is None or drafts <= 0:
+        return None
+    return draft_tokens / drafts
+
+
+def position_acceptance_ratios(accepted_by_position: tuple[float, ...], drafts: float | None) -> tuple[float, ...]:
+    """P(accepted prefix is longer than i) for each position i."""
+    if drafts is None or drafts <= 0:
+        return ()
+    return tuple(min(1.0, max(0.0, count / drafts)) for count in accepted_by_position)
+
+
+def token_acceptance_probability(
+    accepted_tokens: float,
+    drafts: float | None,
+    accepted_by_position: tuple[float, ...] = (),
+    num_speculative_tokens: float | None = None,
+) -> float | None:
+    """Leviathan et al.'s per-token acceptance probability p (i.i.d. model), not α.
+
+    With the per-position curve: each draft is a run of Bernoulli trials that ends at the first rejection
+    or after k acceptances, so the maximum-likelihood p is successes / (successes + rejections), where
+    rejections = drafts − drafts accepted in full. Without it, solve accepted/drafts = Σ_{i=1..k} p^i.
+    """
+    if drafts is None or drafts <= 0:
+        return None
+    if accepted_by_position:
+        rejections = max(0.0, drafts - accepted_by_position[-1])
+        trials = accepted_tokens + rejections
+        return None if trials <= 0 else min(1.0, max(0.0, accepted_tokens / trials))
+    if not num_speculative_tokens or num_speculative_tokens <= 0:
+        return None
+    return solve_geometric_probability(accepted_tokens / drafts, num_speculative_tokens)
+
+
+def geometric_prefix_mean(p: float, k: float) -> float:
+    """Expected accepted prefix length for per-token probability p and draft length k: Σ_{i=1..k} p^i."""
+    if p >= 1.0:
+        return k
+    return p * (1.0 - p**k) / (1.0 - p)
+
+
+def solve_geometric_probability(mean_accepted: float, k: float, iterations: int = 60) -> float:
+    """Invert geometric_prefix_mean by bisection (it is increasing in p)."""
+    if mean_accepted <= 0:
+        return 0.0
+    if mean_accepted >= k:
+        return 1.0
+    low, high = 0.0, 1.0
+    for _ in range(iterations):
+        mid = (low + high) / 2
+        if geometric_prefix_mean(mid, k) < mean_accepted:
+            low = mid
+        else:
+            high = mid
+    return (low + high) / 2
+
+
+def expected_speedup(mean_length: float | None, draft_length: float | None, cost: CostModel) -> float | None:
+    """S = L / (1 + k̄·(c_draft + c_verify)); below 1 spec decode costs more than it saves."""
+    if mean_length is None or draft_length is None:
+        return None
+    return mean_length / (1.0 + draft_length * cost.per_draft_token)
+
+
+def speedup_by_length(position_ratios: tuple[float, ...], cost: CostModel) -> tuple[float, ...]:
+    """S(k') for k' = 1..k from the per-position curve: (1 + Σ_{i<k'} r_i) / (1 + k'·c)."""
+    speedups: list[float] = []
+    expected_tokens = 1.0
+    for k_prime, ratio in enumerate(position_ratios, start=1):
+        expected_tokens += ratio
+        speedups.append(expected_tokens / (1.0 + k_prime * cost.per_draft_token))
+    return tuple(speedups)
+
+
+def recommended_num_speculative_tokens(speedups: tuple[float, ...]) -> int | None:
+    """The k' with the highest modelled speedup; 0 (turn spec decode off) when no k' beats plain decoding.
+
+    Ties go to the smaller k' (less draft work for the same gain).
+    """
+    if not speedups:
+        return None
+    best_k, best = 0, 1.0
+    for k_prime, speedup in enumerate(speedups, start=1):
+        if speedup > best + 1e-12:
+            best_k, best = k_prime, speedup
+    return best_k
+
+
+@dataclass(frozen=True, slots=True)
+class WindowStats:
+    acceptance_ratio: float | None
+    mean_acceptance_length: float | None
+    position_acceptance_ratios: tuple[float, ...]
+    token_acceptance_probability: float | None
+    draft_tokens_per_second: float
+    accepted_tokens_per_second: float
+    expected_speedup: float | None
+    speedup_by_length: tuple[float, ...]
+    recommended_num_speculative_tokens: int | None
+
+
+def window_stats(window: WindowDelta, cost: CostModel, num_speculative_tokens: int | None) -> WindowStats | None:
+    """Everything the sidecar reports for one window; None when the window carried no drafted tokens."""
+    delta: Totals = window.delta
+    alpha = acceptance_ratio(delta.accepted_tokens, delta.draft_tokens)
+    if alpha is None or window.seconds <= 0:
+        return None
+    drafts = delta.drafts
+    if drafts is None and num_speculative_tokens:
+        drafts = delta.draft_tokens / num_speculative_tokens
+    length = mean_acceptance_length(delta.accepted_tokens, drafts)
+    positions = position_acceptance_ratios(delta.accepted_by_position, drafts)
+    by_length = speedup_by_length(positions, cost)
+    return WindowStats(
+        acceptance_ratio=alpha,
+        mean_acceptance_length=length,
+        position_acceptance_ratios=positions,
+        token_acceptance_probability=token_acceptance_probability(
+            delta.accepted_tokens, drafts, delta.accepted_by_position, mean_draft_length(delta.draft_tokens, drafts)
+        ),
+        draft_tokens_per_second=delta.draft_tokens / window.seconds,
+        accepted_tokens_per_second=delta.accepted_tokens / window.seconds,
+        expected_speedup=expected_speedup(length, mean_draft_length(delta.draft_tokens, drafts), cost),
+        speedup_by_length=by_length,
+        recommended_num_speculative_tokens=recommended_num_speculative_tokens(by_length),
+    )
+
+
+def verdict(stats: WindowStats | None, cost: CostModel, page_threshold: float = 0.5) -> str:
+    """One word for humans: the status page and `check` use it."""
+    if stats is None or stats.acceptance_ratio is None:
+        return "no traffic"
+    below_break_even = stats.acceptance_ratio < cost.break_even_acceptance_ratio
+    if below_break_even or (stats.expected_speedup is not None and stats.expected_speedup < 1.0):
+        return "hurting"
+    if stats.acceptance_ratio < page_threshold:
+        return "marginal"
+    return "paying off"

@@ -1,0 +1,56 @@
+"""One line per event, logfmt by default or JSON; fields passed as keyword arguments."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from typing import Any
+
+LOGGER_NAME = "specdecode_exporter"
+_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warn": logging.WARNING, "error": logging.ERROR}
+
+
+def _logfmt_value(value: Any) -> str:
+    text = str(value)
+    if text and all(c.isalnum() or c in "-._:/@+" for c in text):
+        return text
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
+class EventFormatter(logging.Formatter):
+    def __init__(self, json_format: bool) -> None:
+        super().__init__()
+        self.json_format = json_format
+
+    def format(self, record: logging.LogRecord) -> str:
+        fields: dict[str, Any] = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower().replace("warning", "warn"),
+            "msg": record.getMessage(),
+        }
+        fields.update(getattr(record, "fields", {}))
+        if record.exc_info and record.levelno >= logging.ERROR:
+            fields["error"] = self.formatException(record.exc_info).splitlines()[-1]
+        if self.json_format:
+            return json.dumps(fields, default=str)
+        return " ".join(f"{k}={_logfmt_value(v)}" for k, v in fields.items())
+
+
+def setup_logging(level: str = "info", fmt: str = "logfmt") -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(EventFormatter(fmt == "json"))
+    root = logging.getLogger(LOGGER_NAME)
+    root.handlers[:] = [handler]
+    root.setLevel(_LEVELS.get(level, logging.INFO))
+    root.propagate = False
+    # uvicorn's access log would print a line per Prometheus scrape; its errors still come through.
+    for name in ("uvicorn", "uvicorn.error"):
+        logging.getLogger(name).handlers[:] = [handler]
+        logging.getLogger(name).setLevel(logging.WARNING)
+    logging.getLogger("uvicorn.access").disabled = True
+
+
+def event(level: int, msg: str, **fields: Any) -> None:
+    logging.getLogger(LOGGER_NAME).log(level, msg, extra={"fields": fields})

@@ -1,0 +1,149 @@
+"""The exported metric contract (DESIGN.md §4) as data: the collector, the README reference table and
+the golden-file test all read this one table."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+WINDOWED_NOTE = (
+    " Computed by the sidecar from its own collections (every --collect.interval), not at scrape time."
+)
+SERIES_LABELS = ("target", "model_name", "engine")
+
+
+@dataclass(frozen=True, slots=True)
+class MetricSpec:
+    name: str  # the family name; counters are exposed with a _total suffix
+    type: str  # gauge, counter, histogram, info-style gauge
+    help: str
+    labels: tuple[str, ...]  # labels beyond the static ones from config
+
+    @property
+    def exposed_name(self) -> str:
+        return self.name + "_total" if self.type == "counter" else self.name
+
+
+def _windowed(name: str, help_text: str, extra: tuple[str, ...] = ()) -> MetricSpec:
+    return MetricSpec(name, "gauge", help_text + WINDOWED_NOTE, (*SERIES_LABELS, "window", *extra))
+
+
+UP = MetricSpec("specdecode_up", "gauge", "1 if the last collection of the target succeeded, else 0.", ("target",))
+COLLECT_DURATION = MetricSpec(
+    "specdecode_collect_duration_seconds", "gauge", "Duration of the last collection of the target.", ("target",)
+)
+COLLECT_ERRORS = MetricSpec(
+    "specdecode_collect_errors", "counter",
+    "Failed collections by reason: connect, timeout, http_status, too_large, parse, no_spec_metrics.",
+    ("target", "reason"),
+)
+INFO = MetricSpec(
+    "specdecode_info", "gauge",
+    "Always 1: the metrics dialect of the source (api), the speculative method (from config; vLLM does not "
+    "export it) and the number of speculative tokens k (from config or inferred).",
+    (*SERIES_LABELS, "api", "method", "num_speculative_tokens"),
+)
+DRAFTS = MetricSpec(
+    "specdecode_drafts", "counter",
+    "Verification steps that carried a draft (one per request per step); reset-safe across vLLM restarts.",
+    SERIES_LABELS,
+)
+DRAFT_TOKENS = MetricSpec(
+    "specdecode_draft_tokens", "counter", "Drafted tokens; reset-safe across vLLM restarts.", SERIES_LABELS
+)
+ACCEPTED_TOKENS = MetricSpec(
+    "specdecode_accepted_tokens", "counter",
+    "Accepted draft tokens (accepted prefix, bonus token excluded); reset-safe across vLLM restarts.",
+    SERIES_LABELS,
+)
+EMITTED_TOKENS = MetricSpec(
+    "specdecode_emitted_tokens", "counter",
+    "Tokens emitted by verification steps (accepted prefix plus one target token per draft); reset-safe.",
+    SERIES_LABELS,
+)
+ACCEPTED_BY_POSITION = MetricSpec(
+    "specdecode_accepted_tokens_by_position", "counter",
+    "Drafts whose accepted prefix is longer than position (0-based); reset-safe.",
+    (*SERIES_LABELS, "position"),
+)
+ACCEPTANCE_RATIO = _windowed(
+    "specdecode_acceptance_ratio",
+    "Draft acceptance rate α over the window: accepted / drafted tokens. Absent when the window had no drafts.",
+)
+MEAN_ACCEPTANCE_LENGTH = _windowed(
+    "specdecode_mean_acceptance_length",
+    "Tokens produced per verification step over the window: 1 + accepted / drafts (vLLM's definition).",
+)
+POSITION_ACCEPTANCE_RATIO = _windowed(
+    "specdecode_position_acceptance_ratio",
+    "Share of drafts whose accepted prefix is longer than position, over the window.",
+    ("position",),
+)
+TOKEN_ACCEPTANCE_PROBABILITY = _windowed(
+    "specdecode_token_acceptance_probability",
+    "Leviathan et al.'s per-token acceptance probability (i.i.d. model) fitted over the window; not α.",
+)
+DRAFT_TOKENS_PER_SECOND = _windowed(
+    "specdecode_draft_tokens_per_second", "Drafted tokens per second over the window."
+)
+ACCEPTED_TOKENS_PER_SECOND = _windowed(
+    "specdecode_accepted_tokens_per_second", "Accepted draft tokens per second over the window."
+)
+EXPECTED_SPEEDUP = _windowed(
+    "specdecode_expected_speedup",
+    "Modelled speedup over plain decoding: mean acceptance length / (1 + k̄·(c_draft + c_verify)); "
+    "below 1 spec decode costs more than it saves.",
+)
+EXPECTED_SPEEDUP_BY_LENGTH = _windowed(
+    "specdecode_expected_speedup_by_length",
+    "Modelled speedup had vLLM drafted num_speculative_tokens tokens, from the per-position curve.",
+    ("num_speculative_tokens",),
+)
+RECOMMENDED_K = _windowed(
+    "specdecode_recommended_num_speculative_tokens",
+    "The number of speculative tokens with the highest modelled speedup; 0 means plain decoding would be faster.",
+)
+BREAK_EVEN = MetricSpec(
+    "specdecode_break_even_acceptance_ratio", "gauge",
+    "α below which spec decode costs more than it saves under the configured cost model: c_draft + c_verify.",
+    SERIES_LABELS,
+)
+INTERVAL_ACCEPTANCE = MetricSpec(
+    "specdecode_interval_acceptance_ratio", "histogram",
+    "α of each collection interval that carried drafts, one observation per interval." + WINDOWED_NOTE,
+    SERIES_LABELS,
+)
+LIFETIME_ACCEPTANCE = MetricSpec(
+    "specdecode_lifetime_acceptance_ratio", "gauge",
+    "vLLM V0 only: the engine's own lifetime acceptance rate gauge, passed through (since vLLM start, not windowed).",
+    SERIES_LABELS,
+)
+SOURCE_RESTARTS = MetricSpec(
+    "specdecode_source_restarts", "counter",
+    "vLLM restarts detected from counters that went down or a changed _created.", SERIES_LABELS,
+)
+DROPPED_SERIES = MetricSpec(
+    "specdecode_dropped_series", "counter",
+    "Series not tracked because the target exceeded collect.max_series_per_target.", ("target",),
+)
+BUILD_INFO = MetricSpec(
+    "specdecode_exporter_build_info", "gauge", "Always 1: the exporter's version.", ("version", "python_version")
+)
+
+CONTRACT: tuple[MetricSpec, ...] = (
+    UP, COLLECT_DURATION, COLLECT_ERRORS, INFO,
+    DRAFTS, DRAFT_TOKENS, ACCEPTED_TOKENS, EMITTED_TOKENS, ACCEPTED_BY_POSITION,
+    ACCEPTANCE_RATIO, MEAN_ACCEPTANCE_LENGTH, POSITION_ACCEPTANCE_RATIO, TOKEN_ACCEPTANCE_PROBABILITY,
+    DRAFT_TOKENS_PER_SECOND, ACCEPTED_TOKENS_PER_SECOND, INTERVAL_ACCEPTANCE,
+    BREAK_EVEN, EXPECTED_SPEEDUP, EXPECTED_SPEEDUP_BY_LENGTH, RECOMMENDED_K,
+    LIFETIME_ACCEPTANCE, SOURCE_RESTARTS, DROPPED_SERIES, BUILD_INFO,
+)
+
+
+def reference_table() -> str:
+    """The README's metric reference, generated from CONTRACT."""
+    rows = ["| metric | type | labels | meaning |", "|---|---|---|---|"]
+    for spec in CONTRACT:
+        meaning = spec.help.replace(WINDOWED_NOTE, " (windowed)").replace("|", "\\|")
+        labels = ", ".join(f"`{label}`" for label in spec.labels)
+        rows.append(f"| `{spec.exposed_name}` | {spec.type} | {labels} | {meaning} |")
+    return "\n".join(rows)

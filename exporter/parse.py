@@ -1,0 +1,123 @@
+"""Selective parser for the Prometheus text format (0.0.4) and OpenMetrics text (1.0.0).
+
+A vLLM exposition with several engines is about 1 MB and the sidecar needs a few dozen of its lines.
+Instead of tokenising every family, we jump straight to the lines whose metric name starts with one of
+the wanted prefixes (``str.find`` runs in C) and parse only those.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+Labels = tuple[tuple[str, str], ...]
+
+
+class ParseError(ValueError):
+    """The body is not a Prometheus/OpenMetrics exposition, or a selected line is malformed."""
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    name: str
+    labels: Labels  # sorted by label name
+    value: float
+
+    def label(self, name: str) -> str | None:
+        for key, value in self.labels:
+            if key == name:
+                return value
+        return None
+
+
+_METRIC_NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
+# Label bodies are matched quote-aware so that a '}' inside a value, or an OpenMetrics exemplar after the
+# value, cannot end them early or late.
+_LINE = re.compile(
+    rf'({_METRIC_NAME})(?:\{{((?:[^"}}]|"(?:[^"\\]|\\.)*")*)\}})?[ \t]+(\S+)(?:[ \t]+\S+)?[ \t]*(?:#.*)?'
+)
+_LABEL_PAIR = re.compile(r'[ \t]*([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"((?:[^"\\]|\\.)*)"[ \t]*(,|$)')
+_ESCAPES = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
+_ESCAPE = re.compile(r"\\[\\\"n]")
+_FIRST_CHAR = re.compile(r"[#a-zA-Z_:]")
+
+
+def looks_like_exposition(text: str) -> bool:
+    """Cheap sanity check: the first non-blank line is a comment or starts with a metric name."""
+    stripped = text.lstrip()
+    if not stripped:
+        return True  # an empty exposition is valid; it just has no spec-decode metrics
+    return bool(_FIRST_CHAR.match(stripped))
+
+
+def _unescape(value: str) -> str:
+    if "\\" not in value:
+        return value
+    return _ESCAPE.sub(lambda m: _ESCAPES[m.group(0)], value)
+
+
+def parse_labels(body: str) -> Labels:
+    """Parse the text between ``{`` and ``}``; raises ParseError on anything but well-formed pairs."""
+    if not body.strip():
+        return ()
+    pairs: list[tuple[str, str]] = []
+    pos = 0
+    while pos < len(body):
+        match = _LABEL_PAIR.match(body, pos)
+        if match is None:
+            raise ParseError(f"malformed labels {{{body[:80]}}}")
+        pairs.append((match.group(1), _unescape(match.group(2))))
+        pos = match.end()
+        if match.group(3) == "" and pos < len(body):
+            raise ParseError(f"malformed labels {{{body[:80]}}}")
+    pairs.sort()
+    return tuple(pairs)
+
+
+def parse_value(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise ParseError(f"invalid sample value {text[:40]!r}") from None
+
+
+def parse_line(line: str) -> Sample:
+    match = _LINE.fullmatch(line)
+    if match is None:
+        raise ParseError(f"malformed sample line {line[:120]!r}")
+    name, label_body, value = match.groups()
+    return Sample(name, parse_labels(label_body) if label_body else (), parse_value(value))
+
+
+def _line_starts(text: str, prefix: str) -> Iterable[int]:
+    if text.startswith(prefix):
+        yield 0
+    needle = "\n" + prefix
+    pos = text.find(needle)
+    while pos != -1:
+        yield pos + 1
+        pos = text.find(needle, pos + 1)
+
+
+def select_samples(text: str, prefixes: Sequence[str]) -> list[Sample]:
+    """Return the samples whose metric name starts with one of ``prefixes``, in exposition order.
+
+    Raises ParseError when the body is not an exposition at all, or when a selected line is malformed
+    (Prometheus rejects a whole scrape for one bad line; so do we, for the lines we read).
+    """
+    if not looks_like_exposition(text):
+        raise ParseError("body is not a Prometheus exposition (first line: " + repr(text.lstrip()[:40]) + ")")
+    lines: dict[int, str] = {}
+    for prefix in prefixes:
+        for start in _line_starts(text, prefix):
+            if start not in lines:
+                end = text.find("\n", start)
+                lines[start] = (text[start:] if end == -1 else text[start:end]).rstrip("\r")
+    return [parse_line(lines[start]) for start in sorted(lines)]
+
+
+def is_finite_count(value: float) -> bool:
+    """A usable counter reading: a finite, non-negative number."""
+    return math.isfinite(value) and value >= 0

@@ -1,0 +1,230 @@
+"""Per-series state: reset-safe totals, a ring of snapshots for the windows, the interval histogram.
+
+Counters follow Prometheus' rate() rules: a counter that goes down, or a changed ``_created``, is a
+restart and the increase is the new raw value. Totals start at the source's own count the first time a
+series is seen, so until the first restart they equal vLLM's counters.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+from exporter.engines.base import SeriesReading
+
+# Upper bounds of specdecode_interval_acceptance_ratio: 0.05, 0.10, … 1.0 (+Inf is implied).
+INTERVAL_BUCKETS: tuple[float, ...] = tuple(round(0.05 * i, 2) for i in range(1, 21))
+
+
+@dataclass(frozen=True, slots=True)
+class SeriesKey:
+    target: str
+    model_name: str | None
+    engine: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Totals:
+    """Cumulative counts; ``None`` where the source does not export the quantity."""
+
+    draft_tokens: float = 0.0
+    accepted_tokens: float = 0.0
+    drafts: float | None = None
+    emitted_tokens: float | None = None
+    accepted_by_position: tuple[float, ...] = ()
+
+    def minus(self, earlier: Totals) -> Totals:
+        return Totals(
+            draft_tokens=self.draft_tokens - earlier.draft_tokens,
+            accepted_tokens=self.accepted_tokens - earlier.accepted_tokens,
+            drafts=_optional_minus(self.drafts, earlier.drafts),
+            emitted_tokens=_optional_minus(self.emitted_tokens, earlier.emitted_tokens),
+            accepted_by_position=_positions_minus(self.accepted_by_position, earlier.accepted_by_position),
+        )
+
+
+def _optional_minus(later: float | None, earlier: float | None) -> float | None:
+    if later is None or earlier is None:
+        return None
+    return later - earlier
+
+
+def _positions_minus(later: tuple[float, ...], earlier: tuple[float, ...]) -> tuple[float, ...]:
+    if len(later) != len(earlier):
+        return ()  # k changed inside the window: the per-position curve is not comparable
+    return tuple(a - b for a, b in zip(later, earlier, strict=True))
+
+
+def counter_increase(previous_raw: float | None, raw: float, restarted: bool) -> float:
+    """Increase of a raw counter since the last reading, Prometheus-style."""
+    if previous_raw is None or restarted or raw < previous_raw:
+        return raw
+    return raw - previous_raw
+
+
+def _accumulate(total: float | None, previous_raw: float | None, raw: float | None, restarted: bool) -> float | None:
+    if raw is None:
+        return total
+    return (total or 0.0) + counter_increase(previous_raw, raw, restarted)
+
+
+def reading_totals(reading: SeriesReading) -> Totals:
+    return Totals(
+        draft_tokens=reading.draft_tokens,
+        accepted_tokens=reading.accepted_tokens,
+        drafts=reading.drafts,
+        emitted_tokens=reading.emitted_tokens,
+        accepted_by_position=reading.accepted_by_position,
+    )
+
+
+def is_restart(previous: SeriesReading, current: SeriesReading) -> bool:
+    if previous.created is not None and current.created is not None and current.created != previous.created:
+        return True
+    pairs = [
+        (previous.draft_tokens, current.draft_tokens),
+        (previous.accepted_tokens, current.accepted_tokens),
+        (previous.drafts, current.drafts),
+        (previous.emitted_tokens, current.emitted_tokens),
+        *zip(previous.accepted_by_position, current.accepted_by_position, strict=False),
+    ]
+    return any(b is not None and a is not None and b < a for a, b in pairs)
+
+
+def add_reading(totals: Totals, previous: SeriesReading | None, current: SeriesReading, restarted: bool) -> Totals:
+    """New reset-safe totals after one more raw reading."""
+    prev_positions = previous.accepted_by_position if previous else ()
+    positions = list(totals.accepted_by_position)
+    for i, raw in enumerate(current.accepted_by_position):
+        prev_raw = prev_positions[i] if i < len(prev_positions) else None
+        increase = counter_increase(prev_raw, raw, restarted)
+        if i < len(positions):
+            positions[i] += increase
+        else:
+            positions.append(increase)
+    return Totals(
+        draft_tokens=totals.draft_tokens
+        + counter_increase(previous.draft_tokens if previous else None, current.draft_tokens, restarted),
+        accepted_tokens=totals.accepted_tokens
+        + counter_increase(previous.accepted_tokens if previous else None, current.accepted_tokens, restarted),
+        drafts=_accumulate(totals.drafts, previous.drafts if previous else None, current.drafts, restarted),
+        emitted_tokens=_accumulate(
+            totals.emitted_tokens, previous.emitted_tokens if previous else None, current.emitted_tokens, restarted
+        ),
+        accepted_by_position=tuple(positions),
+    )
+
+
+@dataclass(slots=True)
+class IntervalHistogram:
+    """Cumulative histogram of per-interval α; monotonic for the life of the sidecar."""
+
+    bucket_counts: list[int] = field(default_factory=lambda: [0] * len(INTERVAL_BUCKETS))
+    count: int = 0
+    sum: float = 0.0
+
+    def observe(self, value: float) -> None:
+        self.count += 1
+        self.sum += value
+        for i in range(bisect.bisect_left(INTERVAL_BUCKETS, value), len(INTERVAL_BUCKETS)):
+            self.bucket_counts[i] += 1
+
+
+@dataclass(frozen=True, slots=True)
+class WindowDelta:
+    seconds: float
+    delta: Totals
+
+
+@dataclass
+class SeriesState:
+    key: SeriesKey
+    last_reading: SeriesReading | None = None
+    totals: Totals = field(default_factory=Totals)
+    times: list[float] = field(default_factory=list)
+    snapshots: list[Totals] = field(default_factory=list)
+    histogram: IntervalHistogram = field(default_factory=IntervalHistogram)
+    last_seen: float = 0.0
+    restarts: int = 0
+
+    def update(self, reading: SeriesReading, now: float, keep_seconds: float) -> None:
+        previous = self.last_reading
+        restarted = previous is not None and is_restart(previous, reading)
+        if restarted:
+            self.restarts += 1
+        before = self.totals
+        self.totals = add_reading(before, previous, reading, restarted)
+        self.last_reading = reading
+        self.last_seen = now
+        if previous is not None:
+            step = self.totals.minus(before)
+            if step.draft_tokens > 0:
+                self.histogram.observe(min(1.0, max(0.0, step.accepted_tokens / step.draft_tokens)))
+        self._append(now, keep_seconds)
+
+    def touch(self, now: float) -> None:
+        """The series is still exported but gave no trustworthy reading this time."""
+        self.last_seen = now
+
+    def _append(self, now: float, keep_seconds: float) -> None:
+        self.times.append(now)
+        self.snapshots.append(self.totals)
+        # Keep one snapshot older than the longest window so that window can span its full length.
+        cut = bisect.bisect_left(self.times, now - keep_seconds) - 1
+        if cut > 0:
+            del self.times[:cut]
+            del self.snapshots[:cut]
+
+    def window(self, now: float, seconds: float, slack: float) -> WindowDelta | None:
+        """Totals' change over the window ending at the latest snapshot; None with fewer than 2 snapshots.
+
+        ``slack`` lets a snapshot taken a little before the window's start count as its start, so a 1m
+        window at a 5 s interval spans 60 s rather than 55 s.
+        """
+        if not self.times:
+            return None
+        start = bisect.bisect_left(self.times, now - seconds - slack)
+        last = len(self.times) - 1
+        if start >= last:
+            return None
+        return WindowDelta(self.times[last] - self.times[start], self.snapshots[last].minus(self.snapshots[start]))
+
+
+@dataclass
+class Store:
+    """All series, keyed by target and labels. Only the collection loop of each target writes here."""
+
+    keep_seconds: float
+    stale_after: float
+    max_series_per_target: int = 1000
+    series: dict[SeriesKey, SeriesState] = field(default_factory=dict)
+    dropped_series: dict[str, int] = field(default_factory=dict)
+
+    def update(self, target: str, readings: list[SeriesReading], pending: list[tuple[str | None, str | None]],
+               now: float) -> list[SeriesState]:
+        for reading in readings:
+            state = self._state(SeriesKey(target, reading.model_name, reading.engine), now)
+            if state is not None:
+                state.update(reading, now, self.keep_seconds)
+        for model_name, engine in pending:
+            state = self.series.get(SeriesKey(target, model_name, engine))
+            if state is not None:
+                state.touch(now)
+        self.expire(now)
+        return self.for_target(target)
+
+    def _state(self, key: SeriesKey, now: float) -> SeriesState | None:
+        state = self.series.get(key)
+        if state is None:
+            if sum(1 for k in self.series if k.target == key.target) >= self.max_series_per_target:
+                self.dropped_series[key.target] = self.dropped_series.get(key.target, 0) + 1
+                return None
+            state = self.series[key] = SeriesState(key, last_seen=now)
+        return state
+
+    def expire(self, now: float) -> None:
+        for key in [k for k, s in self.series.items() if now - s.last_seen > self.stale_after]:
+            del self.series[key]
+
+    def for_target(self, target: str) -> list[SeriesState]:
+        return [s for k, s in self.series.items() if k.target == target]

@@ -1,0 +1,126 @@
+"""Shared test helpers: a fake clock, a parsed view of an exposition, a simulator + sidecar harness."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from exporter.collection import Exporter, TargetView
+from exporter.config import Config, TargetConfig, parse_windows
+from exporter.httpserver import ThreadedServer, bind_socket
+from exporter.simulator import ModelSpec, Scenario, Simulator, steady_scenario
+from exporter.simulator.server import serve_in_thread
+from exporter.web import build_app
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def fixture_text(name: str) -> str:
+    return (FIXTURES / name).read_text(encoding="utf-8")
+
+
+@dataclass
+class FakeClock:
+    now: float = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+Key = tuple[str, frozenset[tuple[str, str]]]
+
+
+@dataclass
+class Exposition:
+    """Samples parsed with prometheus_client's own parser (independent of ours)."""
+
+    samples: dict[Key, float] = field(default_factory=dict)
+    types: dict[str, str] = field(default_factory=dict)
+    helps: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, text: str) -> Exposition:
+        result = cls()
+        for family in text_string_to_metric_families(text):
+            result.types[family.name] = family.type
+            result.helps[family.name] = family.documentation
+            for sample in family.samples:
+                result.samples[(sample.name, frozenset(sample.labels.items()))] = sample.value
+        return result
+
+    def get(self, name: str, **labels: str) -> float | None:
+        """The one sample of ``name`` whose labels include ``labels``; None if absent, error if ambiguous."""
+        found = self.all(name, **labels)
+        assert len(found) <= 1, f"{name}{labels} is ambiguous: {found}"
+        return next(iter(found.values()), None)
+
+    def all(self, name: str, **labels: str) -> dict[frozenset[tuple[str, str]], float]:
+        wanted = set(labels.items())
+        return {lbl: v for (n, lbl), v in self.samples.items() if n == name and wanted <= lbl}
+
+
+@dataclass
+class Harness:
+    """A simulator and a sidecar, both over real loopback HTTP, sharing one fake clock.
+
+    The test drives collection explicitly (``step``), so timing is exact and the test is fast.
+    """
+
+    simulator: Simulator
+    exporter: Exporter
+    clock: FakeClock
+    simulator_url: str
+    sidecar_url: str
+    _stops: list[object]
+
+    def collect(self) -> TargetView:
+        async def once() -> TargetView:
+            async with httpx.AsyncClient(trust_env=False) as client:
+                (view,) = await self.exporter.collect_all_once(client)
+            return view
+
+        return asyncio.run(once())
+
+    def step(self, seconds: float) -> TargetView:
+        self.clock.advance(seconds)
+        return self.collect()
+
+    def metrics(self) -> Exposition:
+        response = httpx.get(self.sidecar_url + "/metrics", timeout=5)
+        response.raise_for_status()
+        return Exposition.parse(response.text)
+
+    def status(self) -> dict[str, object]:
+        return httpx.get(self.sidecar_url + "/api/v1/status", timeout=5).json()
+
+    def stop(self) -> None:
+        for server in self._stops:
+            server.stop()  # type: ignore[attr-defined]
+
+
+def start_harness(scenario: Scenario | None = None, *, windows: str = "1m,5m", interval: float = 5.0,
+                  target: TargetConfig | None = None, url_path: str = "/metrics", **config: object) -> Harness:
+    clock = FakeClock()
+    simulator = Simulator(scenario or steady_scenario(ModelSpec()), clock=clock)
+    sim_server, sim_url = serve_in_thread(simulator)
+    target = target or TargetConfig(name="vllm", url=sim_url + url_path, timeout=2.0)
+    cfg = Config(targets=(target,), windows=parse_windows(windows, "windows"), collect_interval=interval,
+                 **config)  # type: ignore[arg-type]
+    exporter = Exporter(cfg, clock=clock)
+    sidecar = ThreadedServer(build_app(exporter, run_collection=False), bind_socket(), name="sidecar").start()
+    return Harness(simulator, exporter, clock, sim_url, sidecar.base_url, [sidecar, sim_server])
+
+
+def harness_fixture(harness: Harness) -> Iterator[Harness]:
+    try:
+        yield harness
+    finally:
+        harness.stop()

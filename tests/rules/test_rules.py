@@ -1,0 +1,268 @@
+"""The alert and recording rules in alerts/: generated output up to date, promtool check + unit tests,
+annotations and runbook anchors, and the example Alertmanager routing (amtool).
+
+promtool/amtool come from Debian's `prometheus` and `prometheus-alertmanager` packages
+(scripts/install-tools.sh). Outside CI a missing tool skips its tests; with CI=true it fails them.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+ALERTS = ROOT / "alerts"
+RULES = ALERTS / "specdecode.rules.yaml"
+CONFIG = ALERTS / "config.yaml"
+RUNBOOK = ALERTS / "runbook.md"
+AM_CONFIG = ALERTS / "alertmanager.example.yml"
+UNIT_TESTS = sorted((ALERTS / "tests").glob("*.test.yaml"))
+SEVERITIES = {"critical", "warning", "info"}
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").lower() in {"1", "true", "yes"}
+
+
+def _tool(name: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        msg = f"{name} not found: run scripts/install-tools.sh (Debian packages prometheus, prometheus-alertmanager)"
+        if _in_ci():
+            pytest.fail(msg)
+        pytest.skip(msg)
+    return path
+
+
+@pytest.fixture(scope="module")
+def promtool() -> str:
+    return _tool("promtool")
+
+
+@pytest.fixture(scope="module")
+def amtool() -> str:
+    return _tool("amtool")
+
+
+def _run(*cmd: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False, cwd=ROOT)
+
+
+def _load_generator() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("specdecode_alerts_generate", ALERTS / "generate.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _rules() -> list[dict[str, Any]]:
+    doc = yaml.safe_load(RULES.read_text())
+    return [rule for group in doc["groups"] for rule in group["rules"]]
+
+
+def _alerts() -> list[dict[str, Any]]:
+    return [r for r in _rules() if "alert" in r]
+
+
+def github_anchor(heading: str) -> str:
+    """GitHub's heading slug: lower case, punctuation dropped, spaces to hyphens."""
+    text = heading.strip().lower()
+    text = re.sub(r"[^\w\- ]", "", text)
+    return text.replace(" ", "-")
+
+
+def _runbook_anchors() -> set[str]:
+    return {github_anchor(m.group(1)) for m in re.finditer(r"^#{1,6} (.+)$", RUNBOOK.read_text(), re.M)}
+
+
+# ------------------------------------------------------------------------------------------ generator
+
+
+def test_committed_rules_are_up_to_date() -> None:
+    proc = _run(sys.executable, str(ALERTS / "generate.py"), "--check")
+    assert proc.returncode == 0, proc.stderr + "\nrun: .venv/bin/python alerts/generate.py"
+
+
+def test_e2e_profile_has_short_durations(tmp_path: Path, promtool: str) -> None:
+    out = tmp_path / "e2e.rules.yaml"
+    proc = _run(sys.executable, str(ALERTS / "generate.py"), "--profile", "e2e", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    doc = yaml.safe_load(out.read_text())
+    alerts = [r for g in doc["groups"] for r in g["rules"] if "alert" in r]
+    assert {a["alert"] for a in alerts} == {a["alert"] for a in _alerts()}
+    assert {a["for"] for a in alerts} == {"15s"}
+    records = {r["record"] for g in doc["groups"] for r in g["rules"] if "record" in r}
+    assert "model:specdecode_acceptance_ratio:rate1m" in records
+    assert "model:specdecode_acceptance_ratio:baseline5m" in records
+    check = _run(promtool, "check", "rules", str(out))
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_config_errors_name_the_key(tmp_path: Path) -> None:
+    gen = _load_generator()
+    cfg = yaml.safe_load(CONFIG.read_text())
+    cfg["alerts"]["SpecDecodeAcceptanceRateLow"]["threshold"] = 1.5
+    bad = tmp_path / "config.yaml"
+    bad.write_text(yaml.safe_dump(cfg))
+    with pytest.raises(gen.ConfigError, match=r"alerts\.SpecDecodeAcceptanceRateLow\.threshold"):
+        gen.load_config(bad)
+    cfg["alerts"]["SpecDecodeAcceptanceRateLow"]["threshold"] = 0.5
+    cfg["alerts"]["SpecDecodeTargetDown"]["for"] = "5 minutes"
+    bad.write_text(yaml.safe_dump(cfg))
+    with pytest.raises(gen.ConfigError, match=r"alerts\.SpecDecodeTargetDown\.for"):
+        gen.load_config(bad)
+
+
+def test_config_changes_reach_every_rule(tmp_path: Path) -> None:
+    gen = _load_generator()
+    cfg = yaml.safe_load(CONFIG.read_text())
+    cfg["metric_selector"] = 'cluster="prod"'
+    cfg["levels"]["model"] = ["cluster", "namespace", "model_name"]
+    cfg["alerts"]["SpecDecodeAcceptanceRateLow"]["threshold"] = 0.4
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    text = gen.render(gen.load_config(path), None)
+    doc = yaml.safe_load(text)
+    for group in doc["groups"]:
+        for rule in group["rules"]:
+            # every raw specdecode_* selector (not the recorded level:metric:op names) has the matcher
+            raw = re.findall(r"(?<![:\w])specdecode_[a-z_]+(\{[^}]*\})?", rule["expr"])
+            for matchers in raw:
+                assert 'cluster="prod"' in matchers, (rule.get("record") or rule.get("alert"), rule["expr"])
+    page = next(r for g in doc["groups"] for r in g["rules"] if r.get("alert") == "SpecDecodeAcceptanceRateLow")
+    assert "< 0.4" in page["expr"] and "on (cluster, namespace, model_name)" in page["expr"]
+    assert "below 40%" in page["annotations"]["summary"]
+
+
+# --------------------------------------------------------------------------------------------- promtool
+
+
+def test_promtool_check_rules(promtool: str) -> None:
+    proc = _run(promtool, "check", "rules", str(RULES))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_promtool_unit_tests(promtool: str) -> None:
+    assert UNIT_TESTS, "no alerts/tests/*.test.yaml"
+    proc = _run(promtool, "test", "rules", *map(str, UNIT_TESTS))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_every_alert_is_unit_tested_firing_and_silent() -> None:
+    fired: set[str] = set()
+    silent: set[str] = set()
+    for path in UNIT_TESTS:
+        doc = yaml.safe_load(path.read_text())
+        for test in doc["tests"]:
+            for case in test.get("alert_rule_test", []):
+                (fired if case.get("exp_alerts") else silent).add(case["alertname"])
+    names = {a["alert"] for a in _alerts()}
+    assert names - fired == set(), "alerts never seen firing in a unit test"
+    assert names - silent == set(), "alerts never checked to stay silent in a unit test"
+
+
+# ---------------------------------------------------------------------------------- annotations/runbook
+
+
+def test_every_alert_has_severity_annotations_and_runbook() -> None:
+    alerts = _alerts()
+    assert len(alerts) >= 9
+    anchors = _runbook_anchors()
+    base = yaml.safe_load(CONFIG.read_text())["runbook_base_url"].rstrip("/")
+    for alert in alerts:
+        name = alert["alert"]
+        assert alert["labels"]["severity"] in SEVERITIES, name
+        ann = alert["annotations"]
+        for key in ("summary", "description", "runbook_url"):
+            assert ann.get(key), f"{name}: missing {key}"
+        assert "{{" in ann["description"], f"{name}: description should show the value or the labels"
+        url = ann["runbook_url"]
+        assert url.startswith(f"{base}/alerts/runbook.md#"), url
+        anchor = url.split("#", 1)[1]
+        assert anchor in anchors, f"{name}: no section #{anchor} in alerts/runbook.md"
+        assert re.match(r"^\d+[smhd]$", alert["for"]), f"{name}: for: {alert.get('for')}"
+
+
+def test_runbook_sections_match_alerts() -> None:
+    sections = set(re.findall(r"^## (\S+)$", RUNBOOK.read_text(), re.M))
+    assert sections == {a["alert"] for a in _alerts()}
+
+
+def test_page_does_not_fire_on_a_one_minute_blip() -> None:
+    page = next(a for a in _alerts() if a["alert"] == "SpecDecodeAcceptanceRateLow")
+    assert page["labels"]["severity"] == "critical"
+    assert page["for"] in {"5m", "10m", "15m"}
+
+
+# ----------------------------------------------------------------------------------------- alertmanager
+
+
+def test_amtool_check_config(amtool: str) -> None:
+    proc = _run(amtool, "check-config", str(AM_CONFIG))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("labels", "receiver"),
+    [
+        (["severity=critical", "alertname=SpecDecodeAcceptanceRateLow", "model_name=llama"], "pager"),
+        (["severity=warning", "alertname=SpecDecodeAcceptanceRateDrift", "model_name=llama"], "ticket"),
+        (["severity=warning", "alertname=SpecDecodeTargetDown", "instance=10.0.0.1:9877"], "ticket"),
+        (["severity=info", "alertname=SpecDecodeRecommendedKLower", "model_name=llama"], "ticket"),
+    ],
+)
+def test_amtool_routes(amtool: str, labels: list[str], receiver: str) -> None:
+    proc = _run(
+        amtool,
+        "config",
+        "routes",
+        "test",
+        f"--config.file={AM_CONFIG}",
+        f"--verify.receivers={receiver}",
+        *labels,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_alerts_route_by_their_severity(amtool: str) -> None:
+    """Every alert in the rules file reaches the receiver its severity calls for."""
+    for alert in _alerts():
+        receiver = "pager" if alert["labels"]["severity"] == "critical" else "ticket"
+        proc = _run(
+            amtool,
+            "config",
+            "routes",
+            "test",
+            f"--config.file={AM_CONFIG}",
+            f"--verify.receivers={receiver}",
+            f"alertname={alert['alert']}",
+            f"severity={alert['labels']['severity']}",
+        )
+        assert proc.returncode == 0, f"{alert['alert']}: {proc.stdout}{proc.stderr}"
+
+
+def test_grouping_by_model() -> None:
+    route = yaml.safe_load(AM_CONFIG.read_text())["route"]
+    assert "model_name" in route["group_by"]
+
+
+# ------------------------------------------------------------------------------------------ install tools
+
+
+def test_install_tools_script_is_valid_bash() -> None:
+    script = ROOT / "scripts" / "install-tools.sh"
+    assert os.access(script, os.X_OK)
+    proc = _run("bash", "-n", str(script))
+    assert proc.returncode == 0, proc.stderr

@@ -1,0 +1,138 @@
+"""The math against values computed by hand (DESIGN.md §4–§5)."""
+
+from __future__ import annotations
+
+import pytest
+
+from exporter.derive import (
+    CostModel,
+    acceptance_ratio,
+    expected_speedup,
+    geometric_prefix_mean,
+    mean_acceptance_length,
+    position_acceptance_ratios,
+    recommended_num_speculative_tokens,
+    solve_geometric_probability,
+    speedup_by_length,
+    token_acceptance_probability,
+    verdict,
+    window_stats,
+)
+from exporter.store import Totals, WindowDelta
+
+# The real vLLM 0.32.0 capture: drafts 308, draft tokens 857, accepted 211, per position 152, 37, 22.
+DRAFTS, DRAFTED, ACCEPTED, PER_POS = 308.0, 857.0, 211.0, (152.0, 37.0, 22.0)
+
+
+def test_acceptance_ratio_is_accepted_over_drafted() -> None:
+    assert acceptance_ratio(ACCEPTED, DRAFTED) == pytest.approx(211 / 857)
+    assert acceptance_ratio(0, 0) is None
+    assert acceptance_ratio(5, 0) is None
+
+
+def test_mean_acceptance_length_includes_the_bonus_token() -> None:
+    assert mean_acceptance_length(ACCEPTED, DRAFTS) == pytest.approx(1 + 211 / 308)  # 1.6851
+    assert mean_acceptance_length(ACCEPTED, 0) is None
+    assert mean_acceptance_length(ACCEPTED, None) is None
+
+
+def test_position_ratios_are_prefix_probabilities() -> None:
+    assert position_acceptance_ratios(PER_POS, DRAFTS) == pytest.approx((152 / 308, 37 / 308, 22 / 308))
+    # Conditional acceptance at position 1 is per_pos[1] / per_pos[0].
+    assert 37 / 152 == pytest.approx(0.2434, abs=1e-4)
+
+
+def test_leviathan_probability_from_the_per_position_curve() -> None:
+    # successes = 211; rejections = drafts not accepted in full = 308 - 22 = 286.
+    assert token_acceptance_probability(ACCEPTED, DRAFTS, PER_POS) == pytest.approx(211 / (211 + 286))
+
+
+def test_leviathan_probability_solved_from_mean_length_when_no_curve() -> None:
+    # p = 0.5, k = 3: expected accepted prefix = 0.5 + 0.25 + 0.125 = 0.875 per draft.
+    assert geometric_prefix_mean(0.5, 3) == pytest.approx(0.875)
+    assert solve_geometric_probability(0.875, 3) == pytest.approx(0.5, abs=1e-9)
+    assert token_acceptance_probability(875, 1000, (), 3) == pytest.approx(0.5, abs=1e-9)
+    assert token_acceptance_probability(3000, 1000, (), 3) == 1.0
+    assert token_acceptance_probability(0, 1000, (), 3) == 0.0
+
+
+def test_leviathan_probability_is_exact_for_iid_drafts() -> None:
+    p, k, drafts = 0.8, 4, 10_000.0
+    per_pos = tuple(drafts * p ** (i + 1) for i in range(k))
+    assert token_acceptance_probability(sum(per_pos), drafts, per_pos) == pytest.approx(p)
+
+
+def test_break_even_is_the_cost_per_draft_token() -> None:
+    assert CostModel().break_even_acceptance_ratio == pytest.approx(0.5)
+    assert CostModel(c_draft=0.0, c_verify=0.2).break_even_acceptance_ratio == pytest.approx(0.2)
+
+
+def test_expected_speedup() -> None:
+    cost = CostModel(0.1, 0.4)
+    # k̄ = 3, α = 0.75 → L = 1 + 3·0.75 = 3.25; cost = 1 + 3·0.5 = 2.5; S = 1.3.
+    assert expected_speedup(3.25, 3.0, cost) == pytest.approx(1.3)
+    # At break-even α = 0.5: L = 2.5 and S = 1 exactly.
+    assert expected_speedup(2.5, 3.0, cost) == pytest.approx(1.0)
+    assert expected_speedup(None, 3.0, cost) is None
+
+
+def test_speedup_by_length_and_recommendation() -> None:
+    cost = CostModel(0.1, 0.4)
+    # k'=1: 1.9/1.5; k'=2: 2.5/2.0; k'=3: 2.8/2.5
+    speedups = speedup_by_length((0.9, 0.6, 0.3), cost)
+    assert speedups == pytest.approx((1.9 / 1.5, 1.25, 1.12))
+    assert recommended_num_speculative_tokens(speedups) == 1
+
+
+def test_recommendation_is_zero_when_no_length_beats_plain_decoding() -> None:
+    speedups = speedup_by_length((0.2, 0.1), CostModel(0.1, 0.4))
+    assert speedups == pytest.approx((0.8, 0.65))
+    assert recommended_num_speculative_tokens(speedups) == 0
+    assert recommended_num_speculative_tokens(()) is None
+
+
+def test_recommendation_prefers_the_shorter_draft_on_a_tie() -> None:
+    assert recommended_num_speculative_tokens((1.2, 1.2, 1.1)) == 1
+
+
+def test_window_stats_from_a_window_delta() -> None:
+    delta = Totals(draft_tokens=DRAFTED, accepted_tokens=ACCEPTED, drafts=DRAFTS, emitted_tokens=ACCEPTED + DRAFTS,
+                   accepted_by_position=PER_POS)
+    stats = window_stats(WindowDelta(60.0, delta), CostModel(0.0, 0.2), None)
+    assert stats is not None
+    assert stats.acceptance_ratio == pytest.approx(211 / 857)
+    assert stats.mean_acceptance_length == pytest.approx(1 + 211 / 308)
+    assert stats.draft_tokens_per_second == pytest.approx(857 / 60)
+    assert stats.accepted_tokens_per_second == pytest.approx(211 / 60)
+    assert stats.expected_speedup == pytest.approx((1 + 211 / 308) / (1 + 857 / 308 * 0.2))
+    # c = 0.2: S(1) = (1 + 152/308)/1.2 = 1.2446; S(2) = (1 + 189/308)/1.4 = 1.1527; S(3) = (1 + 211/308)/1.6 = 1.0532
+    assert stats.speedup_by_length == pytest.approx((1.24459, 1.15260, 1.05317), abs=1e-4)
+    assert stats.recommended_num_speculative_tokens == 1
+
+
+def test_window_without_drafts_has_no_stats() -> None:
+    assert window_stats(WindowDelta(60.0, Totals(drafts=0.0)), CostModel(), None) is None
+
+
+def test_v0_window_uses_k_to_count_drafts() -> None:
+    stats = window_stats(WindowDelta(10.0, Totals(draft_tokens=500.0, accepted_tokens=350.0)), CostModel(), 5)
+    assert stats is not None
+    assert stats.mean_acceptance_length == pytest.approx(1 + 350 / 100)
+
+
+@pytest.mark.parametrize(
+    ("alpha", "expected"),
+    [(0.75, "paying off"), (0.45, "hurting"), (None, "no traffic")],
+)
+def test_verdict(alpha: float | None, expected: str) -> None:
+    stats = None
+    if alpha is not None:
+        delta = Totals(draft_tokens=300.0, accepted_tokens=300 * alpha, drafts=100.0)
+        stats = window_stats(WindowDelta(60.0, delta), CostModel(), None)
+    assert verdict(stats, CostModel(), 0.5) == expected
+
+
+def test_verdict_marginal_between_break_even_and_page_threshold() -> None:
+    delta = Totals(draft_tokens=300.0, accepted_tokens=135.0, drafts=100.0)  # α = 0.45
+    cheap = CostModel(0.0, 0.3)
+    assert verdict(window_stats(WindowDelta(60.0, delta), cheap, None), cheap, 0.5) == "marginal"

