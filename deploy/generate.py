@@ -65,8 +65,7 @@ _Dumper.add_representer(str, _str_representer)
 
 
 def dump_yaml(doc: Any) -> str:
-    return yaml.dump(doc, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=1000,
-                     allow_unicode=True)
+    return yaml.dump(doc, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=1000, allow_unicode=True)
 
 
 def header(source: str) -> str:
@@ -173,7 +172,9 @@ def main(argv: list[str] | None = None) -> int:
             continue
         if args.check:
             drift += 1
-            diff = difflib.unified_diff(have.splitlines(True), want.splitlines(True), rel(out), f"{rel(out)} (expected)")
+            diff = difflib.unified_diff(
+                have.splitlines(True), want.splitlines(True), rel(out), f"{rel(out)} (expected)"
+            )
             sys.stdout.writelines(list(diff)[:60])
             print(f"\ngenerate: {rel(out)} is out of date; run `python deploy/generate.py`", file=sys.stderr)
         else:

@@ -128,7 +128,7 @@ class TargetCollector:
             raise CollectionFailure(FailureReason.CONNECT, f"cannot read bearer_token_file: {exc.strerror}") from None
 
     async def collect(self, client: httpx.AsyncClient) -> TargetView:
-        started = self.clock()
+        started = time.perf_counter()  # durations are real time even when tests drive a fake clock
         try:
             result = await fetch(client, self.config.url, self.config.timeout, self.app.max_body_bytes,
                                  self._bearer_token(), self.clock)
@@ -136,12 +136,12 @@ class TargetCollector:
                 raise CollectionFailure(result.failure, result.detail)
             self._ingest(result)
         except CollectionFailure as failure:
-            self.view = self._failed(failure, self.clock() - started)
+            self.view = self._failed(failure, time.perf_counter() - started)
             return self.view
         self._recovered()
         self.last_success_wall = time.time()
         self.last_success_monotonic = self.clock()
-        self.view = self._view(up=True, duration=self.clock() - started)
+        self.view = self._view(up=True, duration=time.perf_counter() - started)
         return self.view
 
     def _ingest(self, result: FetchResult) -> None:

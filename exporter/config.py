@@ -153,6 +153,11 @@ def _mapping(value: Any, where: str) -> Mapping[str, Any]:
 
 
 def _number(value: Any, where: str, low: float, high: float | None = None) -> float:
+    if isinstance(value, str):  # YAML 1.1 reads 8e9 (no dot) as a string
+        try:
+            value = float(value)
+        except ValueError:
+            pass
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ConfigError(f"{where}: expected a number, got {value!r}")
     if value < low or (high is not None and value > high):

@@ -16,6 +16,7 @@ from prometheus_client.exposition import choose_encoder
 from exporter.collection import Exporter
 from exporter.config import Config, split_listen_address
 from exporter.expose import SpecDecodeCollector, exporter_version
+from exporter.httpserver import bind_socket
 from exporter.log import event
 from exporter.status import status_html, status_json
 
@@ -88,12 +89,10 @@ def serve(config: Config) -> int:
           telemetry_path=config.telemetry_path, targets=",".join(t.url for t in config.targets),
           interval=f"{config.collect_interval:g}s", windows=",".join(w.name for w in config.windows))
     try:
-        server.run()
+        sock = bind_socket(host, port)
     except OSError as exc:
-        event(logging.ERROR, "cannot listen", listen_address=config.listen_address, detail=str(exc))
+        event(logging.ERROR, "cannot listen", listen_address=config.listen_address, detail=exc.strerror or str(exc))
         return 1
-    if not server.started:
-        event(logging.ERROR, "cannot listen", listen_address=config.listen_address)
-        return 1
+    server.run(sockets=[sock])
     event(logging.INFO, "stopped")
     return 0

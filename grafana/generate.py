@@ -48,6 +48,8 @@ DATASOURCE_VAR = "datasource"  # the datasource template variable every panel an
 WINDOWS = ["1m", "5m", "15m", "1h"]  # the sidecar's default --windows; also used as PromQL ranges
 DEFAULT_WINDOW = "5m"  # the page's window (alerts/config.yaml windows.short)
 RECORDED_SHORT, RECORDED_LONG = "5m", "1h"  # alerts/config.yaml windows.short / windows.long
+DRIFT_DROP = 0.05  # alerts/config.yaml SpecDecodeAcceptanceRateDrift.drop
+BASELINE_RULE = "model:specdecode_acceptance_ratio:baseline1d"
 PAGE_THRESHOLD = 0.5  # α below this pages (alerts/config.yaml SpecDecodeAcceptanceRateLow.threshold)
 ALPHA_GOOD = 0.6  # α at or above this is green; between PAGE_THRESHOLD and here is yellow
 SPEEDUP_GOOD = 1.1  # expected speedup at or above this is "paying off"; 1.0 … this is "marginal"
@@ -758,13 +760,22 @@ def row_alert_view() -> list[Any]:
             "α as the alerts see it (recording rules)",
             f"The recording rules the alerts fire on ({short_rule}, {long_rule}; namespace and model_name "
             "filters only: these are per model). Red band: the page (critical) threshold "
-            f"{PAGE_THRESHOLD:.0%}.",
+            f"{PAGE_THRESHOLD:.0%}. Dashed: the 1-day baseline ({BASELINE_RULE}, ending 1h ago) and "
+            f"the drift threshold {DRIFT_DROP:.0%} below it (SpecDecodeAcceptanceRateDrift); they need a "
+            "day of history.",
             queries(
                 (f"{short_rule}{{{MODEL_RULE_SEL}}}", f"{RECORDED_SHORT} " + MODEL_LEGEND),
                 (f"{long_rule}{{{MODEL_RULE_SEL}}}", f"{RECORDED_LONG} " + MODEL_LEGEND),
+                (f"{BASELINE_RULE}{{{MODEL_RULE_SEL}}}", "1d baseline " + MODEL_LEGEND),
+                (
+                    f"{BASELINE_RULE}{{{MODEL_RULE_SEL}}} - {DRIFT_DROP}",
+                    f"drift threshold (baseline − {DRIFT_DROP:.0%}) " + MODEL_LEGEND,
+                ),
             ),
             "percentunit",
         )
+        .override_by_query("C", override_props(custom__lineStyle=dashed_line(), custom__fillOpacity=0))
+        .override_by_query("D", override_props(custom__lineStyle=dashed_line(), custom__fillOpacity=0))
         .min(0)
         .max(1)
         .thresholds(steps((None, RED), (PAGE_THRESHOLD, "transparent")))
@@ -809,8 +820,10 @@ def row_health() -> list[Any]:
         stat_panel(
             "Prometheus → sidecar scrape",
             "Prometheus' own up{} for the sidecar job: 0 means Prometheus cannot scrape the sidecar "
-            "(SpecDecodeExporterDown).",
-            f"min by (instance) (up{{{HEALTH_SEL}}})",
+            "(SpecDecodeExporterDown). Only scrape targets that exported specdecode_up in the last day: "
+            "vLLM's own job is left out.",
+            f"min by (instance) (up{{{HEALTH_SEL}}}\n"
+            f"  and on (job, instance) last_over_time(specdecode_up{{{HEALTH_SEL}}}[1d]))",
             "none",
             legend="{{instance}}",
             w=4,

@@ -107,9 +107,10 @@ class Harness:
 
 
 def start_harness(scenario: Scenario | None = None, *, windows: str = "1m,5m", interval: float = 5.0,
-                  target: TargetConfig | None = None, url_path: str = "/metrics", **config: object) -> Harness:
+                  target: TargetConfig | None = None, url_path: str = "/metrics", hang_seconds: float = 600.0,
+                  **config: object) -> Harness:
     clock = FakeClock()
-    simulator = Simulator(scenario or steady_scenario(ModelSpec()), clock=clock)
+    simulator = Simulator(scenario or steady_scenario(ModelSpec()), clock=clock, hang_seconds=hang_seconds)
     sim_server, sim_url = serve_in_thread(simulator)
     target = target or TargetConfig(name="vllm", url=sim_url + url_path, timeout=2.0)
     cfg = Config(targets=(target,), windows=parse_windows(windows, "windows"), collect_interval=interval,

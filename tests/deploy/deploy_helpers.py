@@ -29,8 +29,7 @@ MIN_KUSTOMIZE_MAJOR = 5
 OVERLAYS: dict[str, set[str]] = {
     "deploy/base": {"ConfigMap", "PodMonitor", "PrometheusRule"},
     "deploy/examples/vllm": {"ConfigMap", "Deployment", "Service", "PodMonitor", "PrometheusRule"},
-    "deploy/examples/vllm-servicemonitor": {"ConfigMap", "Deployment", "Service", "ServiceMonitor",
-                                            "PrometheusRule"},
+    "deploy/examples/vllm-servicemonitor": {"ConfigMap", "Deployment", "Service", "ServiceMonitor", "PrometheusRule"},
 }
 SIDECAR = "specdecode-exporter"
 
@@ -68,8 +67,9 @@ def _kubectl_with_kustomize() -> str | None:
     kubectl = find_tool("kubectl")
     if kubectl is None:
         return None
-    out = subprocess.run([kubectl, "version", "--client", "-o", "json"], capture_output=True, text=True,
-                         timeout=60, check=False)
+    out = subprocess.run(
+        [kubectl, "version", "--client", "-o", "json"], capture_output=True, text=True, timeout=60, check=False
+    )
     try:
         kustomize = json.loads(out.stdout).get("kustomizeVersion", "")
         major = int(kustomize.lstrip("v").split(".")[0])
@@ -88,8 +88,9 @@ def kubectl() -> str:
 
 @functools.cache
 def _render(overlay: str) -> str:
-    proc = subprocess.run([kubectl(), "kustomize", str(ROOT / overlay)], capture_output=True, text=True,
-                          timeout=120, check=False)
+    proc = subprocess.run(
+        [kubectl(), "kustomize", str(ROOT / overlay)], capture_output=True, text=True, timeout=120, check=False
+    )
     assert proc.returncode == 0, f"kubectl kustomize {overlay} failed:\n{proc.stderr}"
     return proc.stdout
 

@@ -18,8 +18,13 @@ ANNOTATION_LIMIT = 262_144
 
 
 def test_generated_files_are_up_to_date() -> None:
-    proc = subprocess.run([sys.executable, str(DEPLOY / "generate.py"), "--check"], capture_output=True,
-                          text=True, timeout=120, check=False)
+    proc = subprocess.run(
+        [sys.executable, str(DEPLOY / "generate.py"), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode == 0, f"run `python deploy/generate.py`:\n{proc.stdout}{proc.stderr}"
 
 

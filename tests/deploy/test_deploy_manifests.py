@@ -36,8 +36,9 @@ def test_builtin_kinds_validate_strict(overlay: str, version: str, tmp_path: Pat
     assert builtin
     manifest = tmp_path / "builtin.yaml"
     manifest.write_text(yaml.safe_dump_all(builtin), encoding="utf-8")
-    proc = subprocess.run([validator, "--strict", "-k", version, str(manifest)], capture_output=True,
-                          text=True, timeout=300, check=False)
+    proc = subprocess.run(
+        [validator, "--strict", "-k", version, str(manifest)], capture_output=True, text=True, timeout=300, check=False
+    )
     assert proc.returncode == 0, f"kubernetes-validate --strict -k {version} {overlay}:\n{proc.stdout}{proc.stderr}"
     assert proc.stdout.count(" passed for resource ") == len(builtin), proc.stdout
 
@@ -59,7 +60,9 @@ def _unknown_fields(sent: Any, kept: Any, path: str = "") -> list[str]:
             out += _unknown_fields(sent[k], kept[k], f"{path}.{k}")
         return out
     if isinstance(sent, list) and isinstance(kept, list):
-        return [p for i, (a, b) in enumerate(zip(sent, kept, strict=False)) for p in _unknown_fields(a, b, f"{path}[{i}]")]
+        return [
+            p for i, (a, b) in enumerate(zip(sent, kept, strict=False)) for p in _unknown_fields(a, b, f"{path}[{i}]")
+        ]
     return [] if sent == kept else [f"{path} (value changed: {sent!r} -> {kept!r})"]
 
 
@@ -100,6 +103,7 @@ def test_strict_validation_catches_mistakes(tmp_path: Path) -> None:
     deployment["spec"]["template"]["spec"]["containers"][0]["securityContex"] = {}
     manifest = tmp_path / "bad.yaml"
     manifest.write_text(yaml.safe_dump(deployment), encoding="utf-8")
-    proc = subprocess.run([validator, "--strict", str(manifest)], capture_output=True, text=True, timeout=300,
-                          check=False)
+    proc = subprocess.run(
+        [validator, "--strict", str(manifest)], capture_output=True, text=True, timeout=300, check=False
+    )
     assert proc.returncode != 0, proc.stdout

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from deploy_helpers import DEPLOY, SIDECAR, find, render, sidecar_container
+from deploy_helpers import DEPLOY, SIDECAR, find, kubectl, render, sidecar_container
 
 PORT = 9877
 PORT_NAME = "specdecode"
@@ -132,3 +135,59 @@ def test_kubectl_patch_file_matches_the_component() -> None:
     same container (the component's patches are generated from that file)."""
     rendered = sidecar_container(_deployment("deploy/examples/vllm"))
     assert rendered == _raw_patch_container()
+
+
+def test_sidecar_config_loads_in_the_exporter() -> None:
+    """The ConfigMap's config is accepted by the exporter's own loader (one clear error per bad key)."""
+    from exporter.config import load_config_file
+
+    config = load_config_file(str(DEPLOY / "base" / "config.yaml"))
+    [target] = config.targets
+    assert target.name == "vllm"
+
+
+def test_component_retargeted_at_a_users_deployment(tmp_path: Path) -> None:
+    """The README's GitOps path: a copy of deploy/sidecar pointed at another Deployment name adds the sidecar
+    to that Deployment only, after the user's container, and leaves other Deployments alone."""
+    shutil.copytree(DEPLOY, tmp_path / "deploy")
+    component = tmp_path / "deploy" / "sidecar" / "kustomization.yaml"
+    component.write_text(component.read_text(encoding="utf-8").replace("name: vllm", "name: my-llm"), "utf-8")
+    user = tmp_path / "user"
+    user.mkdir()
+    deployments = []
+    for name in ("my-llm", "other"):
+        deployments.append(
+            {
+                "apiVersion": "apps/v1",
+                "kind": "Deployment",
+                "metadata": {"name": name},
+                "spec": {
+                    "selector": {"matchLabels": {"app": name}},
+                    "template": {
+                        "metadata": {"labels": {"app": name}},
+                        "spec": {"containers": [{"name": "server", "image": "vllm/vllm-openai:v0.11.0"}]},
+                    },
+                },
+            }
+        )
+    (user / "deployments.yaml").write_text(yaml.safe_dump_all(deployments), encoding="utf-8")
+    (user / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                "kind": "Kustomization",
+                "resources": ["deployments.yaml", "../deploy/base"],
+                "components": ["../deploy/sidecar"],
+                "images": [{"name": "specdecode-exporter", "newName": "registry.example/specdecode-exporter"}],
+            }
+        ),
+        encoding="utf-8",
+    )
+    proc = subprocess.run([kubectl(), "kustomize", str(user)], capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    docs = [d for d in yaml.safe_load_all(proc.stdout) if d]
+    mine = find(docs, "Deployment", "my-llm")
+    assert [c["name"] for c in mine["spec"]["template"]["spec"]["containers"]] == ["server", SIDECAR]
+    assert sidecar_container(mine)["image"] == "registry.example/specdecode-exporter:0.1.0"
+    other = find(docs, "Deployment", "other")
+    assert [c["name"] for c in other["spec"]["template"]["spec"]["containers"]] == ["server"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -25,7 +26,7 @@ def test_position_fractions_reproduce_alpha_exactly(alpha: float, k: int, fill: 
     assert len(fractions) == k
     assert sum(fractions) / (k * fill) == pytest.approx(alpha, abs=1e-12)
     assert all(0.0 <= f <= 1.0 for f in fractions)
-    assert all(a >= b for a, b in zip(fractions, fractions[1:], strict=False))
+    assert all(a >= b for a, b in itertools.pairwise(fractions))
 
 
 @given(p=st.floats(0.0, 1.0), k=st.integers(1, 10))

