@@ -25,6 +25,7 @@ lint: install  ## ruff, and generated files up to date
 	$(PY) alerts/generate.py --check
 	$(PY) grafana/generate.py --check
 	$(PY) deploy/generate.py --check
+	$(PY) scripts/readme_metrics.py --check
 
 test: tools lint  ## the whole suite (CI runs exactly this)
 	CI=$${CI:-true} $(PY) -m pytest -q -m "not vllm" -p no:cacheprovider
@@ -40,6 +41,7 @@ generate: install  ## regenerate rules, dashboard and manifests after changing t
 	$(PY) alerts/generate.py
 	$(PY) grafana/generate.py
 	$(PY) deploy/generate.py
+	$(PY) scripts/readme_metrics.py
 
 bench: install  ## benchmarks; figures go to the README
 	$(PY) bench/run.py

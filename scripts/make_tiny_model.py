@@ -25,7 +25,7 @@ from pathlib import Path
 SYLLABLES = [
     "ka", "lo", "mi", "ren", "to", "sa", "vel", "dor", "pi", "nu", "ga", "ter", "shi", "mo", "ba", "lin",
     "fe", "ro", "qua", "zen", "di", "ar", "ul", "ox",
-]
+]  # fmt: skip
 SPECIAL = ["<unk>", "<s>", "</s>", "<pad>"]
 
 

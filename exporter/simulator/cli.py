@@ -43,7 +43,8 @@ _FLAGS: dict[str, str] = {
 
 
 def env_name(flag: str) -> str:
-    return "SPECDECODE_" + flag.lstrip("-").upper().replace(".", "_").replace("-", "_")
+    # Its own prefix, so a sidecar's SPECDECODE_WEB_LISTEN_ADDRESS never moves a simulator beside it.
+    return "SPECDECODE_SIMULATE_" + flag.lstrip("-").upper().replace(".", "_").replace("-", "_")
 
 
 def dest_name(flag: str) -> str:

@@ -52,7 +52,8 @@ def test_a_full_config_loads(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("targets:\n  - url: http://x/metrics\n    timout: 3s\n", "targets[0].timout: unknown key (did you mean 'timeout'?)"),
+        ("targets:\n  - url: http://x/metrics\n    timout: 3s\n",
+         "targets[0].timout: unknown key (did you mean 'timeout'?)"),
         ("colect: {}\n", "colect: unknown key (did you mean 'collect'?)"),
         ("collect: {interval: soon}\n", "collect.interval: expected a duration like 5s, 1m or 500ms, got 'soon'"),
         ("collect: {interval: 0s}\n", "collect.interval: must be greater than 0"),
@@ -69,7 +70,8 @@ def test_a_full_config_loads(tmp_path: Path) -> None:
         ("web: {telemetry_path: metrics}\n", "web.telemetry_path: expected a path starting with /"),
         ("web: {telemetry_path: /healthz}\n", "is used by the exporter itself"),
         ("- 1\n- 2\n", "expected a mapping at the top level"),
-        ("targets:\n  - url: 'http://x/m'\n    num_speculative_tokens: 0\n", "num_speculative_tokens: must be at least 1"),
+        ("targets:\n  - url: 'http://x/m'\n    num_speculative_tokens: 0\n",
+         "num_speculative_tokens: must be at least 1"),
     ],
 )
 def test_bad_config_is_one_line_naming_the_key(tmp_path: Path, text: str, message: str) -> None:

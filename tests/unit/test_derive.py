@@ -39,7 +39,7 @@ def test_mean_acceptance_length_includes_the_bonus_token() -> None:
 def test_position_ratios_are_prefix_probabilities() -> None:
     assert position_acceptance_ratios(PER_POS, DRAFTS) == pytest.approx((152 / 308, 37 / 308, 22 / 308))
     # Conditional acceptance at position 1 is per_pos[1] / per_pos[0].
-    assert 37 / 152 == pytest.approx(0.2434, abs=1e-4)
+    assert pytest.approx(0.2434, abs=1e-4) == 37 / 152
 
 
 def test_leviathan_probability_from_the_per_position_curve() -> None:

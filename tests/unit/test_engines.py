@@ -10,7 +10,7 @@ from exporter.parse import select_samples
 from tests.helpers import fixture_text
 
 
-def decode(name: str):  # noqa: ANN201 - test helper
+def decode(name: str):
     samples = select_samples(fixture_text(name), ALL_PREFIXES)
     engine = detect_engine(samples)
     assert engine is not None
@@ -97,7 +97,7 @@ class V0Engine:
         return v0_exposition(self.c_accepted, self.c_drafted, self.c_emitted, self.accepted / self.drafted, efficiency)
 
 
-def decode_v0(decoder: V0Decoder, text: str, started: float, finished: float | None = None):  # noqa: ANN201
+def decode_v0(decoder: V0Decoder, text: str, started: float, finished: float | None = None):
     return decoder.decode(select_samples(text, ALL_PREFIXES), FetchTiming(started, finished or started + 0.01))
 
 

@@ -89,9 +89,9 @@ def test_flags_build_a_steady_scenario() -> None:
 
 
 def test_env_vars_are_read(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert env_name("--web.listen-address") == "SPECDECODE_WEB_LISTEN_ADDRESS"
-    monkeypatch.setenv("SPECDECODE_FORMAT", "v0")
-    monkeypatch.setenv("SPECDECODE_ACCEPTANCE_RATE", "0.6")
+    assert env_name("--web.listen-address") == "SPECDECODE_SIMULATE_WEB_LISTEN_ADDRESS"
+    monkeypatch.setenv("SPECDECODE_SIMULATE_FORMAT", "v0")
+    monkeypatch.setenv("SPECDECODE_SIMULATE_ACCEPTANCE_RATE", "0.6")
     s = build_scenario(parse([]))
     assert s.format == "v0" and s.models[0].acceptance_rate == 0.6
 

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from . import vllm_harness as h
 
 START_TIMEOUT = float(os.environ.get("SPECDECODE_VLLM_START_TIMEOUT", "300"))

@@ -171,8 +171,7 @@ class VllmServer:
                 rc = self.proc.poll()
                 if rc is not None:
                     raise ServerStartError(
-                        f"vLLM exited with {rc} before /health answered; log {self.log_path}:\n"
-                        + tail(self.log_path)
+                        f"vLLM exited with {rc} before /health answered; log {self.log_path}:\n" + tail(self.log_path)
                     )
                 try:
                     if client.get(self.base_url + "/health").status_code == 200:
@@ -181,8 +180,7 @@ class VllmServer:
                     pass
                 if time.monotonic() > deadline:
                     raise ServerStartError(
-                        f"vLLM /health not ready after {timeout:.0f} s; log {self.log_path}:\n"
-                        + tail(self.log_path)
+                        f"vLLM /health not ready after {timeout:.0f} s; log {self.log_path}:\n" + tail(self.log_path)
                     )
                 time.sleep(0.5)
         self.start_seconds = time.monotonic() - t0

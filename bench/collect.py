@@ -1,0 +1,175 @@
+"""Bench 1: collect+derive per scrape (bytes → samples → engine → decode → store → TargetView).
+
+Baseline: prometheus_client's own parser on the same text. Floor: a line scan that only finds the
+spec-decode lines (str.find in C, a slice per line), the least a Python parser can do.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from bench.common import FakeClock, interleaved, time_call
+from bench.corpus import Corpus, simulator_series
+from exporter.collection import TargetCollector
+from exporter.config import Config, TargetConfig, parse_windows
+from exporter.engines import ALL_PREFIXES, FetchTiming, detect_engine
+from exporter.parse import select_samples
+from exporter.scrape import FetchResult
+from exporter.simulator.exposition import render
+from exporter.store import Store
+
+INTERVAL = 5.0
+SPEC_NEEDLE = "\nvllm:spec_decode_"
+
+
+def baseline_parse(body: bytes) -> int:
+    return sum(len(f.samples) for f in text_string_to_metric_families(body.decode("utf-8")))
+
+
+def floor_scan(body: bytes) -> int:
+    """Find every spec-decode line and slice it out; no parsing at all."""
+    text = body.decode("utf-8")
+    lines = []
+    pos = text.find(SPEC_NEEDLE)
+    while pos != -1:
+        end = text.find("\n", pos + 1)
+        lines.append(text[pos + 1:end])
+        pos = text.find(SPEC_NEEDLE, end)
+    return len(lines)
+
+
+def new_collector(clock: FakeClock, windows: str = "1m,5m,15m,1h") -> TargetCollector:
+    target = TargetConfig(name="vllm", url="http://127.0.0.1:1/metrics")
+    config = Config(targets=(target,), windows=parse_windows(windows, "windows"), collect_interval=INTERVAL)
+    store = Store(keep_seconds=config.longest_window + 2 * INTERVAL, stale_after=config.stale_after,
+                  max_series_per_target=config.max_series_per_target)
+    return TargetCollector(target, config, store, clock)
+
+
+def scrape_once(collector: TargetCollector, clock: FakeClock, body: bytes) -> int:
+    """What TargetCollector.collect does after the fetch: _ingest then _view (the real code)."""
+    clock.advance(INTERVAL)
+    timing = FetchTiming(clock.now - 0.01, clock.now)
+    collector._ingest(FetchResult(timing=timing, body=body, content_type="text/plain; version=0.0.4"))
+    view = collector._view(up=True, duration=0.0)
+    return len(view.series)
+
+
+def body_sequence(models: int, engines: int, k: int, count: int, fmt: str = "v1") -> list[bytes]:
+    """Successive renders of one simulator, INTERVAL apart, so counters move and windows carry drafts."""
+    sim = simulator_series(models, engines, k, fmt)
+    sim.advance(60.0)
+    out = []
+    for _ in range(count):
+        sim.advance(INTERVAL)
+        out.append(render(fmt, sim.snapshot()))
+    return out
+
+
+class Pipeline:
+    """A warmed collector fed a cycle of bodies; each call is one scrape's collect+derive."""
+
+    def __init__(self, bodies: list[bytes], warm: int = 3) -> None:
+        self.bodies = bodies
+        self.clock = FakeClock()
+        self.collector = new_collector(self.clock)
+        self.i = 0
+        for _ in range(warm):
+            self()
+
+    def __call__(self) -> int:
+        body = self.bodies[self.i % len(self.bodies)]
+        if self.i and self.i % len(self.bodies) == 0:
+            # Wrapping around would look like a restart; start a fresh collector instead (cost is untimed
+            # in the median because it only happens once per cycle and takes the same path).
+            self.clock = FakeClock()
+            self.collector = new_collector(self.clock)
+        self.i += 1
+        return scrape_once(self.collector, self.clock, body)
+
+
+def stage_breakdown(bodies: list[bytes], rounds: int) -> dict[str, float]:
+    """Median seconds of each stage, replicating TargetCollector._ingest/_view piece by piece."""
+    clock = FakeClock()
+    collector = new_collector(clock)
+    stages: dict[str, list[float]] = {k: [] for k in ("decode", "select", "detect", "decode_series", "store", "view")}
+    for body in bodies[: max(rounds, 2)]:
+        clock.advance(INTERVAL)
+        timing = FetchTiming(clock.now - 0.01, clock.now)
+        text = ""
+        samples: list = []
+        engine = None
+        decoded = None
+
+        def s_decode() -> None:
+            nonlocal text
+            text = body.decode("utf-8")
+
+        def s_select() -> None:
+            nonlocal samples
+            samples = select_samples(text, ALL_PREFIXES)
+
+        def s_detect() -> None:
+            nonlocal engine
+            engine = detect_engine(samples)
+
+        for name, fn in (("decode", s_decode), ("select", s_select), ("detect", s_detect)):
+            stages[name].extend(time_call(fn, repeat=1))
+        assert engine is not None
+        if collector.decoder is None:
+            collector.engine, collector.decoder = engine, engine.new_decoder()
+
+        def s_decode_series() -> None:
+            nonlocal decoded
+            decoded = collector.decoder.decode(samples, timing)  # type: ignore[union-attr]
+
+        stages["decode_series"].extend(time_call(s_decode_series, repeat=1))
+        assert decoded is not None
+        stages["store"].extend(time_call(
+            lambda: collector.store.update("vllm", decoded.series, decoded.pending, clock.now), repeat=1))  # noqa: B023
+        stages["view"].extend(time_call(lambda: collector._view(up=True, duration=0.0), repeat=1))
+    return {k: statistics.median(v[1:] if len(v) > 2 else v) for k, v in stages.items()}
+
+
+@dataclass
+class CollectResult:
+    corpus: str
+    kib: float
+    lines: int
+    baseline: float
+    floor: float
+    select: float
+    pipeline: float
+    stages: dict[str, float] | None = None
+
+    @property
+    def speedup_vs_baseline(self) -> float:
+        return self.baseline / self.pipeline
+
+    @property
+    def vs_floor(self) -> float:
+        return self.pipeline / self.floor
+
+
+def bench_corpus(corpus: Corpus, bodies: list[bytes] | None, rounds: int) -> CollectResult:
+    """bodies: a moving sequence for the stateful pipeline (None: repeat the corpus body)."""
+    body = corpus.body
+    seq = bodies or [body]
+    pipeline = Pipeline(seq)
+    baseline_n = 1 if len(body) > 200_000 else 5
+    scale = max(1, int(200_000 / max(len(body), 1)))
+    medians = interleaved(
+        {
+            "baseline": lambda: baseline_parse(body),
+            "floor": lambda: floor_scan(body),
+            "select": lambda: select_samples(body.decode("utf-8"), ALL_PREFIXES),
+            "pipeline": pipeline,
+        },
+        rounds=rounds,
+        number={"baseline": baseline_n, "floor": 20 * scale, "select": 3 * scale, "pipeline": 1},
+    )
+    return CollectResult(corpus.name, corpus.kib, floor_scan(body), medians["baseline"], medians["floor"],
+                         medians["select"], medians["pipeline"])

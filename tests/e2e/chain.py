@@ -1,0 +1,586 @@
+"""The real alert chain on loopback: fake vLLM → sidecar → Prometheus (the generated rules) → Alertmanager
+(the example routing tree) → a local webhook receiver.
+
+Used by tests/e2e/test_alert_chain.py and, interactively, by scripts/see-it-work.sh
+(`python -m tests.e2e.chain`). Every process runs in its own process group and is stopped (SIGTERM, then
+SIGKILL) when the chain closes, whatever happened before.
+
+Prometheus and Alertmanager are Debian's packages (scripts/install-tools.sh): /usr/bin/prometheus and
+/usr/bin/prometheus-alertmanager. Override with $PROMETHEUS and $ALERTMANAGER.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import httpx
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+ALERTS = ROOT / "alerts"
+AM_EXAMPLE = ALERTS / "alertmanager.example.yml"
+PROFILE = "e2e"
+
+PAGE_ALERT = "SpecDecodeAcceptanceRateLow"
+NAMESPACE = "e2e"
+JOB = "specdecode-sidecar"  # matches the rules' exporter_job_selector job=~".*specdecode.*"
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"  # the simulator's default model
+HEALTHY_ALPHA = 0.75
+DRAFTS_PER_SECOND = 200.0
+
+SCRAPE_INTERVAL_S = 1.0
+EVALUATION_INTERVAL_S = 1.0
+COLLECT_INTERVAL_S = 1.0
+# Alertmanager timers for the test; the routing tree itself is the example's.
+GROUP_WAIT_S = 1.0
+GROUP_INTERVAL_S = 2.0
+REPEAT_INTERVAL = "5m"
+
+_DURATION_PART = re.compile(r"([0-9]+)(ms|s|m|h|d|w|y)")
+_UNIT_S = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
+
+
+def seconds(duration: str) -> float:
+    """A Prometheus duration (15s, 1m30s) in seconds."""
+    parts = _DURATION_PART.findall(duration)
+    if not parts or "".join(n + u for n, u in parts) != duration:
+        raise ValueError(f"not a Prometheus duration: {duration!r}")
+    return float(sum(int(n) * _UNIT_S[u] for n, u in parts))
+
+
+def fmt_duration(value: float) -> str:
+    """Seconds as a Prometheus duration: 1.0 -> 1s, 0.5 -> 500ms."""
+    return f"{value:g}s" if float(value).is_integer() else f"{round(value * 1000)}ms"
+
+
+def free_port() -> int:
+    """A port the kernel just handed out for 127.0.0.1 (bound to port 0, then released)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").lower() in {"1", "true", "yes"}
+
+
+def find_tool(env: str, *names: str) -> str | None:
+    if os.environ.get(env):
+        return os.environ[env]
+    return next((p for p in (shutil.which(n) for n in names) if p), None)
+
+
+def prometheus_binary() -> str | None:
+    return find_tool("PROMETHEUS", "prometheus")
+
+
+def alertmanager_binary() -> str | None:
+    return find_tool("ALERTMANAGER", "prometheus-alertmanager", "alertmanager")
+
+
+def exporter_command() -> list[str]:
+    cli = Path(sys.executable).parent / "specdecode-exporter"
+    if cli.exists():
+        return [str(cli)]
+    return [sys.executable, "-c", "import sys; from exporter.cli import main; sys.exit(main())"]
+
+
+def load_generator() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("specdecode_alerts_generate_e2e", ALERTS / "generate.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+# ------------------------------------------------------------------------------------------- processes
+
+
+def tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+@dataclass
+class Process:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+    url: str
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def stop(self, grace: float = 10.0) -> None:
+        """SIGTERM the whole process group, SIGKILL it after `grace` seconds; always reaps the child."""
+        if self.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.popen.pid, signal.SIGTERM)
+            try:
+                self.popen.wait(grace)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.popen.pid, signal.SIGKILL)
+                self.popen.wait(5)
+        # Anything the leader left behind in its group goes too.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.popen.pid, signal.SIGKILL)
+
+
+class StartError(RuntimeError):
+    pass
+
+
+def start_process(name: str, make_cmd: Callable[[int], list[str]], workdir: Path, ready_path: str,
+                  timeout: float = 60.0, attempts: int = 3) -> Process:
+    """Start `make_cmd(port)` on a free loopback port in its own session; wait until GET ready_path is 200.
+
+    The port comes from the kernel (bind to 0); if another process grabs it before ours binds, the
+    process exits early and we retry with a new port.
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECDECODE_")}
+    last = ""
+    for attempt in range(attempts):
+        port = free_port()
+        log = workdir / f"{name}.{attempt}.log"
+        with open(log, "wb") as out:
+            popen = subprocess.Popen(make_cmd(port), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     env=env, cwd=workdir, start_new_session=True)
+        proc = Process(name, popen, log, f"http://127.0.0.1:{port}")
+        deadline = time.monotonic() + timeout
+        try:
+            with httpx.Client(trust_env=False, timeout=2) as client:
+                while popen.poll() is None and time.monotonic() < deadline:
+                    with contextlib.suppress(httpx.HTTPError):
+                        if client.get(proc.url + ready_path).status_code == 200:
+                            return proc
+                    time.sleep(0.2)
+        except BaseException:
+            proc.stop()
+            raise
+        proc.stop()
+        last = f"{name} not ready on {proc.url}{ready_path} (exit code {popen.returncode}):\n{tail(log)}"
+        if "address already in use" not in tail(log).lower():
+            break
+    raise StartError(last)
+
+
+# ---------------------------------------------------------------------------------------- the webhook
+
+
+@dataclass(frozen=True)
+class Notification:
+    received: float  # time.time() when the webhook got it
+    receiver: str  # the URL path: /pager or /ticket
+    payload: dict[str, Any]
+
+    @property
+    def status(self) -> str:
+        return str(self.payload.get("status"))
+
+    def alerts(self, alertname: str | None = None, status: str | None = None) -> list[dict[str, Any]]:
+        return [
+            a for a in self.payload.get("alerts", [])
+            if (alertname is None or a.get("labels", {}).get("alertname") == alertname)
+            and (status is None or a.get("status") == status)
+        ]
+
+
+class Webhook:
+    """A threaded HTTP server on 127.0.0.1:<free> that stores every JSON payload Alertmanager posts."""
+
+    def __init__(self, echo: bool = False) -> None:
+        self._lock = threading.Condition()
+        self._items: list[Notification] = []
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length)
+                try:
+                    payload = json.loads(body)
+                except ValueError:
+                    payload = {"unparsed": body.decode(errors="replace")}
+                owner._add(Notification(time.time(), self.path, payload))
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.echo = echo
+        self._thread = threading.Thread(target=self.server.serve_forever, name="webhook", daemon=True)
+        self._thread.start()
+
+    def _add(self, item: Notification) -> None:
+        if self.echo:
+            print(describe_notification(item), flush=True)
+        with self._lock:
+            self._items.append(item)
+            self._lock.notify_all()
+
+    def all(self) -> list[Notification]:
+        with self._lock:
+            return list(self._items)
+
+    def find(self, receiver: str | None = None, alertname: str | None = None, status: str | None = None,
+             since: float = 0.0) -> list[Notification]:
+        return [
+            n for n in self.all()
+            if n.received >= since and (receiver is None or n.receiver == receiver)
+            and n.alerts(alertname, status)
+        ]
+
+    def wait_for(self, timeout: float, **match: Any) -> Notification | None:
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while True:
+                found = self.find(**match)
+                if found:
+                    return found[0]
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self._lock.wait(min(left, 0.5))
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self._thread.join(5)
+
+
+def describe_notification(n: Notification) -> str:
+    parts = []
+    for a in n.payload.get("alerts", []):
+        labels = a.get("labels", {})
+        parts.append(f"{a.get('status')} {labels.get('alertname')} severity={labels.get('severity')} "
+                     f"namespace={labels.get('namespace')} model_name={labels.get('model_name')}\n"
+                     f"    summary: {a.get('annotations', {}).get('summary')}\n"
+                     f"    description: {a.get('annotations', {}).get('description')}\n"
+                     f"    runbook_url: {a.get('annotations', {}).get('runbook_url')}")
+    stamp = time.strftime("%H:%M:%S", time.localtime(n.received))
+    return f"[{stamp}] webhook {n.receiver} ({n.status}):\n  " + "\n  ".join(parts)
+
+
+# ----------------------------------------------------------------------------------------- the configs
+
+
+def rules_settings() -> dict[str, Any]:
+    """alerts/config.yaml with the e2e profile applied (the same values generate.py used)."""
+    return dict(load_generator().load_config(ALERTS / "config.yaml", PROFILE))
+
+
+def write_rules(out: Path) -> None:
+    proc = subprocess.run([sys.executable, str(ALERTS / "generate.py"), "--profile", PROFILE, "--out", str(out)],
+                          capture_output=True, text=True, timeout=60, check=False, cwd=ROOT)
+    if proc.returncode != 0:
+        raise StartError(f"alerts/generate.py --profile {PROFILE} failed:\n{proc.stderr}")
+
+
+def prometheus_config(sidecar: str, alertmanager: str, rules: Path) -> dict[str, Any]:
+    return {
+        "global": {
+            "scrape_interval": fmt_duration(SCRAPE_INTERVAL_S),
+            "scrape_timeout": fmt_duration(SCRAPE_INTERVAL_S),
+            "evaluation_interval": fmt_duration(EVALUATION_INTERVAL_S),
+        },
+        "rule_files": [str(rules)],
+        "alerting": {"alertmanagers": [{"static_configs": [{"targets": [alertmanager]}]}]},
+        "scrape_configs": [{
+            "job_name": JOB,
+            "static_configs": [{"targets": [sidecar], "labels": {"namespace": NAMESPACE}}],
+        }],
+    }
+
+
+def alertmanager_config(webhook_url: str, example: Path = AM_EXAMPLE) -> dict[str, Any]:
+    """The example config with every receiver's webhooks pointed at `webhook_url/<receiver>` and short timers.
+
+    Routes, matchers, grouping and inhibitions stay exactly as shipped, so the routing under test is the real one.
+    """
+    cfg = yaml.safe_load(example.read_text())
+    for receiver in cfg["receivers"]:
+        hooks = receiver.get("webhook_configs")
+        assert hooks, f"receiver {receiver['name']} has no webhook_configs to redirect"
+        for hook in hooks:
+            hook["url"] = f"{webhook_url}/{receiver['name']}"
+
+    def shorten(route: dict[str, Any], top: bool) -> None:
+        for key, value in (("group_wait", fmt_duration(GROUP_WAIT_S)),
+                           ("group_interval", fmt_duration(GROUP_INTERVAL_S)),
+                           ("repeat_interval", REPEAT_INTERVAL)):
+            if top or key in route:
+                route[key] = value
+        for child in route.get("routes", []):
+            shorten(child, False)
+
+    shorten(cfg["route"], True)
+    return cfg
+
+
+# ---------------------------------------------------------------------------------------------- chain
+
+
+@dataclass
+class Chain:
+    workdir: Path
+    webhook: Webhook
+    settings: dict[str, Any]
+    simulator: Process
+    sidecar: Process
+    prometheus: Process
+    alertmanager: Process
+    client: httpx.Client = field(default_factory=lambda: httpx.Client(trust_env=False, timeout=10))
+
+    # --- the rules' own figures
+    @property
+    def page_for_s(self) -> float:
+        return seconds(self.settings["alerts"][PAGE_ALERT]["for"])
+
+    @property
+    def page_threshold(self) -> float:
+        return float(self.settings["alerts"][PAGE_ALERT]["threshold"])
+
+    @property
+    def page_window(self) -> str:
+        return str(self.settings["windows"][self.settings["alerts"][PAGE_ALERT]["window"]])
+
+    @property
+    def alpha_record(self) -> str:
+        """The recording rule the page fires on, e.g. model:specdecode_acceptance_ratio:rate1m."""
+        return f"{self.settings['alert_level']}:specdecode_acceptance_ratio:rate{self.page_window}"
+
+    @property
+    def model_selector(self) -> str:
+        return f'{{namespace="{NAMESPACE}", model_name="{MODEL}"}}'
+
+    # --- the fake vLLM
+    def phase(self, **payload: Any) -> None:
+        self.client.post(self.simulator.url + "/-/phase", json=payload).raise_for_status()
+
+    def restart_vllm(self) -> None:
+        self.client.post(self.simulator.url + "/-/restart").raise_for_status()
+
+    def vllm_metrics(self) -> str:
+        return self.client.get(self.simulator.url + "/metrics").text
+
+    # --- Prometheus
+    def query(self, expr: str, at: float | None = None) -> list[dict[str, Any]]:
+        params: dict[str, str] = {"query": expr}
+        if at is not None:
+            params["time"] = f"{at:.3f}"
+        body = self.client.get(self.prometheus.url + "/api/v1/query", params=params).json()
+        if body.get("status") != "success":
+            raise AssertionError(f"query {expr!r} failed: {body}")
+        return list(body["data"]["result"])
+
+    def scalar(self, expr: str) -> float | None:
+        result = self.query(expr)
+        return float(result[0]["value"][1]) if result else None
+
+    def samples(self, expr: str, since: float) -> list[tuple[float, float]]:
+        """(timestamp, value) samples of a series selector over [since, now], oldest first."""
+        rng = max(1, int(time.time() - since) + 2)
+        result = self.query(f"{expr}[{rng}s]")
+        out = sorted((float(t), float(v)) for series in result for t, v in series["values"])
+        return [(t, v) for t, v in out if t >= since]
+
+    def alpha(self) -> float | None:
+        """The page's recording rule for the test's model, as Prometheus has it now."""
+        return self.scalar(self.alpha_record + self.model_selector)
+
+    def page_states(self) -> set[str]:
+        """States ('pending', 'firing') of the page alert in Prometheus right now."""
+        body = self.client.get(self.prometheus.url + "/api/v1/alerts").json()
+        return {a["state"] for a in body["data"]["alerts"] if a["labels"].get("alertname") == PAGE_ALERT}
+
+    def alert_transitions(self, since: float) -> dict[str, float]:
+        """First timestamp of ALERTS{alertname=page, alertstate=pending|firing} since `since`."""
+        first: dict[str, float] = {}
+        for state in ("pending", "firing"):
+            sel = f'ALERTS{{alertname="{PAGE_ALERT}", alertstate="{state}", namespace="{NAMESPACE}"}}'
+            got = self.samples(sel, since)
+            if got:
+                first[state] = got[0][0]
+        return first
+
+    def wait(self, condition: Callable[[], bool], timeout: float, what: str, poll: float = 0.25) -> float:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.check_alive()
+            if condition():
+                return time.time()
+            time.sleep(poll)
+        raise AssertionError(f"timed out after {timeout:g}s waiting for {what}\n{self.diagnostics()}")
+
+    def wait_healthy(self, min_alpha: float = 0.7, timeout: float = 120.0) -> None:
+        """Until the page's α reads at least `min_alpha` and the page alert is neither pending nor firing."""
+        def ok() -> bool:
+            a = self.alpha()
+            return a is not None and a >= min_alpha and not self.page_states()
+
+        self.wait(ok, timeout, f"{self.alpha_record} >= {min_alpha} with {PAGE_ALERT} inactive")
+
+    def check_alive(self) -> None:
+        for proc in (self.simulator, self.sidecar, self.prometheus, self.alertmanager):
+            if not proc.alive():
+                raise AssertionError(f"{proc.name} exited with {proc.popen.returncode}:\n{tail(proc.log)}")
+
+    def diagnostics(self) -> str:
+        lines = [f"webhook got {len(self.webhook.all())} notification(s):"]
+        lines += [describe_notification(n) for n in self.webhook.all()]
+        for proc in (self.simulator, self.sidecar, self.prometheus, self.alertmanager):
+            lines.append(f"--- {proc.name} ({proc.url}) log tail:\n{tail(proc.log, 8)}")
+        return "\n".join(lines)
+
+    def urls(self) -> Mapping[str, str]:
+        return {
+            "fake vLLM": self.simulator.url + "/metrics",
+            "sidecar": self.sidecar.url + "/",
+            "Prometheus": self.prometheus.url + "/alerts",
+            "Alertmanager": self.alertmanager.url + "/#/alerts",
+            "webhook": self.webhook.url,
+        }
+
+
+@contextlib.contextmanager
+def running_chain(workdir: Path | None = None, echo_webhook: bool = False) -> Iterator[Chain]:
+    """Start the whole chain; stop all of it on exit, whatever happened."""
+    prometheus = prometheus_binary()
+    alertmanager = alertmanager_binary()
+    if prometheus is None or alertmanager is None:
+        raise StartError("prometheus/prometheus-alertmanager not found: run scripts/install-tools.sh")
+    with contextlib.ExitStack() as stack:
+        if workdir is None:
+            workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="specdecode-e2e-")))
+        webhook = Webhook(echo=echo_webhook)
+        stack.callback(webhook.close)
+        exporter = exporter_command()
+
+        simulator = start_process("simulator", lambda port: [
+            *exporter, "simulate", "--web.listen-address", f"127.0.0.1:{port}",
+            "--acceptance-rate", str(HEALTHY_ALPHA), "--drafts-per-second", f"{DRAFTS_PER_SECOND:g}",
+        ], workdir, "/health")
+        stack.callback(simulator.stop)
+
+        settings = rules_settings()
+        windows = sorted({settings["windows"]["short"], settings["sidecar_window"], "5m"}, key=seconds)
+        sidecar = start_process("sidecar", lambda port: [
+            *exporter, "run", "--target", f"{simulator.url}/metrics",
+            "--web.listen-address", f"127.0.0.1:{port}",
+            "--collect.interval", fmt_duration(COLLECT_INTERVAL_S), "--collect.windows", ",".join(windows),
+        ], workdir, "/readyz")
+        stack.callback(sidecar.stop)
+
+        am_config = workdir / "alertmanager.yml"
+        am_config.write_text(yaml.safe_dump(alertmanager_config(webhook.url), sort_keys=False))
+        (workdir / "alertmanager-data").mkdir(exist_ok=True)
+        am = start_process("alertmanager", lambda port: [
+            alertmanager, f"--config.file={am_config}", f"--storage.path={workdir / 'alertmanager-data'}",
+            f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address=",
+        ], workdir, "/-/ready")
+        stack.callback(am.stop)
+
+        rules = workdir / "specdecode.e2e.rules.yaml"
+        write_rules(rules)
+        prom_config = workdir / "prometheus.yml"
+        prom_config.write_text(yaml.safe_dump(
+            prometheus_config(sidecar.url.removeprefix("http://"), am.url.removeprefix("http://"), rules),
+            sort_keys=False))
+        prom = start_process("prometheus", lambda port: [
+            prometheus, f"--config.file={prom_config}", f"--storage.tsdb.path={workdir / 'prometheus-data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ], workdir, "/-/ready")
+        stack.callback(prom.stop)
+
+        chain = Chain(workdir, webhook, settings, simulator, sidecar, prom, am)
+        stack.callback(chain.client.close)
+        yield chain
+
+
+# ------------------------------------------------------------------------------------ interactive mode
+
+
+def interactive(args: argparse.Namespace) -> int:
+    """Start the chain, print where to look, run the scripted drop/recovery, tail the webhook."""
+    try:
+        with running_chain(Path(args.workdir) if args.workdir else None, echo_webhook=True) as chain:
+            print("The chain is up (all on 127.0.0.1):")
+            for name, url in chain.urls().items():
+                print(f"  {name:13} {url}")
+            print(f"Rules: alerts/generate.py --profile {PROFILE} (page: {chain.alpha_record} < "
+                  f"{chain.page_threshold:g} for {chain.page_for_s:g}s); routing: {AM_EXAMPLE.relative_to(ROOT)}")
+            if args.manual:
+                print(f"Drive it yourself: curl -XPOST {chain.simulator.url}/-/phase -d '{{\"acceptance_rate\":0.35}}'"
+                      f"  ...  -d '{{\"resume\":true}}'.  Ctrl-C stops everything.")
+                while True:
+                    chain.check_alive()
+                    time.sleep(1)
+            chain.wait_healthy(timeout=120)
+            print(f"Healthy: {chain.alpha_record} = {chain.alpha():.3f}. Dropping α to 0.35 now.", flush=True)
+            t_switch = time.time()
+            chain.phase(acceptance_rate=0.35)
+            t_cross = chain.wait(lambda: (chain.alpha() or 1.0) < chain.page_threshold, 120, "α below threshold")
+            print(f"+{t_cross - t_switch:5.1f}s  {chain.alpha_record} < {chain.page_threshold:g} "
+                  f"(pending for {chain.page_for_s:g}s)", flush=True)
+            page = chain.webhook.wait_for(120, receiver="/pager", alertname=PAGE_ALERT, status="firing")
+            if page is None:
+                print("no page within 120 s", file=sys.stderr)
+                return 1
+            print(f"+{page.received - t_switch:5.1f}s  page received: {page.received - t_cross:.1f}s after the "
+                  "windowed α crossed the threshold. Recovering α now.", flush=True)
+            t_resume = time.time()
+            chain.phase(resume=True)
+            resolved = chain.webhook.wait_for(180, receiver="/pager", alertname=PAGE_ALERT, status="resolved",
+                                              since=t_resume)
+            if resolved is not None:
+                print(f"+{resolved.received - t_switch:5.1f}s  resolved received "
+                      f"({resolved.received - t_resume:.1f}s after α recovered).", flush=True)
+            if args.keep:
+                print("Still running (--keep); Ctrl-C stops everything.")
+                while True:
+                    time.sleep(1)
+    except KeyboardInterrupt:
+        print("\nstopped.")
+    except StartError as exc:
+        print(f"see-it-work: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="see-it-work", description=interactive.__doc__)
+    parser.add_argument("--manual", action="store_true", help="start the chain and wait; drive the simulator yourself")
+    parser.add_argument("--keep", action="store_true", help="keep everything running after the scripted scenario")
+    parser.add_argument("--workdir", help="keep configs, data and logs here (default: a temporary directory)")
+    return interactive(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,28 @@
+"""The README's metric reference is generated from the code; this fails when they drift."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from exporter.metrics import CONTRACT, reference_table
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def test_readme_metric_table_matches_the_code() -> None:
+    text = README.read_text(encoding="utf-8")
+    block = re.search(r"<!-- metric-reference:start -->\n(.*?)\n<!-- metric-reference:end -->", text, re.DOTALL)
+    assert block is not None, "README lost its metric-reference markers"
+    assert block.group(1) == reference_table(), "run `make generate` to refresh README.md"
+
+
+def test_every_contract_metric_is_in_the_readme() -> None:
+    text = README.read_text(encoding="utf-8")
+    for spec in CONTRACT:
+        assert f"`{spec.exposed_name}`" in text
+
+
+def test_readme_names_the_two_commands() -> None:
+    text = README.read_text(encoding="utf-8")
+    assert "make demo" in text and "make test" in text
