@@ -7,6 +7,7 @@ See DESIGN.md §5 for the cost model.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from exporter.store import Totals, WindowDelta
@@ -81,10 +82,15 @@ def token_acceptance_probability(
 
 
 def geometric_prefix_mean(p: float, k: float) -> float:
-    """Expected accepted prefix length for per-token probability p and draft length k: Σ_{i=1..k} p^i."""
+    """Expected accepted prefix length for per-token probability p and draft length k: Σ_{i=1..k} p^i.
+
+    Written with expm1/log so that it neither cancels near p = 1 nor needs an integer k (k̄ is often not one).
+    """
+    if p <= 0.0:
+        return 0.0
     if p >= 1.0:
         return k
-    return p * (1.0 - p**k) / (1.0 - p)
+    return p * -math.expm1(k * math.log(p)) / (1.0 - p)
 
 
 def solve_geometric_probability(mean_accepted: float, k: float, iterations: int = 60) -> float:

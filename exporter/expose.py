@@ -34,8 +34,10 @@ class Families:
     def __init__(self) -> None:
         self._families = {spec.name: Metric(spec.name, spec.help, spec.type) for spec in m.CONTRACT}
 
-    def add(self, spec: m.MetricSpec, labels: Labels, value: float, suffix: str = "") -> None:
-        self._families[spec.name].add_sample(spec.exposed_name + suffix, labels, value)
+    def add(self, spec: m.MetricSpec, labels: Labels, value: float | None, suffix: str = "") -> None:
+        """Add a sample; an unknown value (None) adds nothing, so absent data stays absent."""
+        if value is not None:
+            self._families[spec.name].add_sample(spec.exposed_name + suffix, labels, value)
 
     def __iter__(self) -> Iterator[Metric]:
         return iter(self._families.values())
@@ -53,22 +55,17 @@ def series_labels(view: TargetView, series: SeriesView) -> Labels:
 
 def add_window(families: Families, labels: Labels, window: str, stats: WindowStats) -> None:
     w = {**labels, "window": window}
-    if stats.acceptance_ratio is not None:
-        families.add(m.ACCEPTANCE_RATIO, w, stats.acceptance_ratio)
-    if stats.mean_acceptance_length is not None:
-        families.add(m.MEAN_ACCEPTANCE_LENGTH, w, stats.mean_acceptance_length)
+    families.add(m.ACCEPTANCE_RATIO, w, stats.acceptance_ratio)
+    families.add(m.MEAN_ACCEPTANCE_LENGTH, w, stats.mean_acceptance_length)
     for position, ratio in enumerate(stats.position_acceptance_ratios):
         families.add(m.POSITION_ACCEPTANCE_RATIO, {**w, "position": str(position)}, ratio)
-    if stats.token_acceptance_probability is not None:
-        families.add(m.TOKEN_ACCEPTANCE_PROBABILITY, w, stats.token_acceptance_probability)
+    families.add(m.TOKEN_ACCEPTANCE_PROBABILITY, w, stats.token_acceptance_probability)
     families.add(m.DRAFT_TOKENS_PER_SECOND, w, stats.draft_tokens_per_second)
     families.add(m.ACCEPTED_TOKENS_PER_SECOND, w, stats.accepted_tokens_per_second)
-    if stats.expected_speedup is not None:
-        families.add(m.EXPECTED_SPEEDUP, w, stats.expected_speedup)
+    families.add(m.EXPECTED_SPEEDUP, w, stats.expected_speedup)
     for k_prime, speedup in enumerate(stats.speedup_by_length, start=1):
         families.add(m.EXPECTED_SPEEDUP_BY_LENGTH, {**w, "num_speculative_tokens": str(k_prime)}, speedup)
-    if stats.recommended_num_speculative_tokens is not None:
-        families.add(m.RECOMMENDED_K, w, stats.recommended_num_speculative_tokens)
+    families.add(m.RECOMMENDED_K, w, stats.recommended_num_speculative_tokens)
 
 
 def add_series(families: Families, view: TargetView, series: SeriesView) -> None:
@@ -79,10 +76,8 @@ def add_series(families: Families, view: TargetView, series: SeriesView) -> None
     totals = series.totals
     families.add(m.DRAFT_TOKENS, labels, totals.draft_tokens)
     families.add(m.ACCEPTED_TOKENS, labels, totals.accepted_tokens)
-    if totals.drafts is not None:
-        families.add(m.DRAFTS, labels, totals.drafts)
-    if totals.emitted_tokens is not None:
-        families.add(m.EMITTED_TOKENS, labels, totals.emitted_tokens)
+    families.add(m.DRAFTS, labels, totals.drafts)
+    families.add(m.EMITTED_TOKENS, labels, totals.emitted_tokens)
     for position, count in enumerate(totals.accepted_by_position):
         families.add(m.ACCEPTED_BY_POSITION, {**labels, "position": str(position)}, count)
     for window, stats in series.windows:
@@ -94,8 +89,7 @@ def add_series(families: Families, view: TargetView, series: SeriesView) -> None
     families.add(m.INTERVAL_ACCEPTANCE, {**labels, "le": "+Inf"}, histogram.count, "_bucket")
     families.add(m.INTERVAL_ACCEPTANCE, labels, histogram.count, "_count")
     families.add(m.INTERVAL_ACCEPTANCE, labels, histogram.sum, "_sum")
-    if series.lifetime_acceptance_ratio is not None:
-        families.add(m.LIFETIME_ACCEPTANCE, labels, series.lifetime_acceptance_ratio)
+    families.add(m.LIFETIME_ACCEPTANCE, labels, series.lifetime_acceptance_ratio)
     families.add(m.SOURCE_RESTARTS, labels, series.restarts)
 
 
@@ -105,8 +99,7 @@ def build_families(views: list[TargetView]) -> Families:
     for view in views:
         target = {"target": view.config.name, **dict(view.config.labels)}
         families.add(m.UP, target, 1.0 if view.up else 0.0)
-        if view.collect_duration is not None:
-            families.add(m.COLLECT_DURATION, target, view.collect_duration)
+        families.add(m.COLLECT_DURATION, target, view.collect_duration)
         for reason, count in view.errors:
             families.add(m.COLLECT_ERRORS, {**target, "reason": reason}, count)
         families.add(m.DROPPED_SERIES, target, view.dropped_series)

