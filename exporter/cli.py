@@ -62,6 +62,8 @@ def _listen(value: str) -> str:
 RUN_FLAGS: tuple[Flag, ...] = (
     Flag("--web.listen-address", "listen_address", _listen, "address to serve on", ":9877"),
     Flag("--web.telemetry-path", "telemetry_path", str, "path under which to expose metrics", "/metrics"),
+    Flag("--web.config.file", "web_config_file", str,
+         "exporter-toolkit web config: TLS and basic auth for the sidecar's endpoints", "none"),
     Flag("--collect.interval", "collect_interval", lambda v: parse_duration(v, "--collect.interval"),
          "how often to collect vLLM's metrics", "5s"),
     Flag("--collect.max-body-size", "max_body_bytes", lambda v: parse_size(v, "--collect.max-body-size"),
@@ -126,10 +128,13 @@ def config_from_args(args: argparse.Namespace) -> Config:
 
 def cmd_run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
+    from exporter.webconfig import WebSecurity, load_web_config
+
+    security = WebSecurity(load_web_config(config.web_config_file)) if config.web_config_file else None
     setup_logging(config.log_level, config.log_format)
     from exporter.web import serve
 
-    return serve(config)
+    return serve(config, load=lambda: config_from_args(args), security=security)
 
 
 def cmd_check(args: argparse.Namespace) -> int:

@@ -145,10 +145,10 @@ def parse_windows(value: str | list[Any], where: str) -> tuple[Window, ...]:
 def validate_url(url: Any, where: str) -> str:
     try:
         parts = urlsplit(str(url))
-        hostname = parts.hostname
+        ok = isinstance(url, str) and parts.scheme in ("http", "https") and bool(parts.hostname)
     except ValueError:  # e.g. an unbalanced [ in the host
-        hostname = None
-    if not isinstance(url, str) or parts.scheme not in ("http", "https") or not hostname:
+        ok = False
+    if not ok:
         raise ConfigError(f"{where}: expected an http(s) URL like {DEFAULT_TARGET_URL}, got {url!r}")
     if parts.username is not None or parts.password is not None:
         # URLs are logged and shown on the status page; secrets only ever come from files.

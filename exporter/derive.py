@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from exporter.store import Totals, WindowDelta
 
@@ -140,8 +141,7 @@ def recommended_num_speculative_tokens(speedups: tuple[float, ...]) -> int | Non
     return best_k
 
 
-@dataclass(frozen=True, slots=True)
-class WindowStats:
+class WindowStats(NamedTuple):
     acceptance_ratio: float | None
     mean_acceptance_length: float | None
     position_acceptance_ratios: tuple[float, ...]

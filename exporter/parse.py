@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 Labels = tuple[tuple[str, str], ...]
 
@@ -19,8 +19,7 @@ class ParseError(ValueError):
     """The body is not a Prometheus/OpenMetrics exposition, or a selected line is malformed."""
 
 
-@dataclass(frozen=True, slots=True)
-class Sample:
+class Sample(NamedTuple):
     name: str
     labels: Labels  # sorted by label name
     value: float
@@ -101,6 +100,42 @@ def _line_starts(text: str, prefix: str) -> Iterable[int]:
         pos = text.find(needle, pos + 1)
 
 
+# Line cache: "name{labels}" (everything before the single space that precedes the value) → (name, labels).
+# Between two scrapes of the same target only the values change, so after the first scrape each selected
+# line costs one rpartition, one dict lookup and one float(). Only lines without timestamp or exemplar are
+# cached (their head is then exactly name+labels); everything else takes the strict regex path every time.
+# Bounded: cleared when it grows past _HEAD_CACHE_MAX (label churn cannot grow it without limit).
+_HEAD_CACHE_MAX = 20_000
+_head_cache: dict[str, tuple[str, Labels]] = {}
+_selectors: dict[tuple[str, ...], re.Pattern[str]] = {}
+
+
+def _selector(prefixes: Sequence[str]) -> re.Pattern[str]:
+    """One regex that returns every line starting with one of the prefixes (one C-level scan of the body)."""
+    key = tuple(prefixes)
+    pattern = _selectors.get(key)
+    if pattern is None:
+        alternatives = "|".join(re.escape(p) for p in sorted(set(key), key=len, reverse=True))
+        # A literal "\n" first lets the regex engine use its fast literal search.
+        pattern = _selectors[key] = re.compile(rf"\n((?:{alternatives})[^\n]*)")
+    return pattern
+
+
+def _parse_and_cache(line: str, head: str, cache: dict[str, tuple[str, Labels]]) -> Sample:
+    stripped = line.rstrip("\r")
+    match = _LINE.fullmatch(stripped)
+    if match is None:
+        raise ParseError(f"malformed sample line {stripped[:120]!r}")
+    name, label_body, value = match.group(1, 2, 3)
+    sample = Sample(name, parse_labels(label_body) if label_body else (), parse_value(value))
+    # Cacheable only when the value token is the last thing on the line and follows the head's single space.
+    if match.end(3) == len(stripped) and match.start(3) == len(head) + 1 and line[len(head)] == " ":
+        if len(cache) >= _HEAD_CACHE_MAX:
+            cache.clear()
+        cache[head] = (sample.name, sample.labels)
+    return sample
+
+
 def select_samples(text: str, prefixes: Sequence[str]) -> list[Sample]:
     """Return the samples whose metric name starts with one of ``prefixes``, in exposition order.
 
@@ -109,13 +144,23 @@ def select_samples(text: str, prefixes: Sequence[str]) -> list[Sample]:
     """
     if not looks_like_exposition(text):
         raise ParseError("body is not a Prometheus exposition (first line: " + repr(text.lstrip()[:40]) + ")")
-    lines: dict[int, str] = {}
-    for prefix in prefixes:
-        for start in _line_starts(text, prefix):
-            if start not in lines:
-                end = text.find("\n", start)
-                lines[start] = (text[start:] if end == -1 else text[start:end]).rstrip("\r")
-    return [parse_line(lines[start]) for start in sorted(lines)]
+    if not prefixes:
+        return []
+    lines = _selector(prefixes).findall(text if text.startswith("\n") else "\n" + text)
+    cache = _head_cache
+    out: list[Sample] = []
+    append = out.append
+    for line in lines:
+        head, _, value = line.rpartition(" ")
+        hit = cache.get(head)
+        if hit is not None:
+            try:
+                append(Sample(hit[0], hit[1], float(value)))
+                continue
+            except ValueError:
+                pass  # not a plain value after all: take the strict path for the message
+        append(_parse_and_cache(line, head, cache))
+    return out
 
 
 def is_finite_count(value: float) -> bool:

@@ -8,7 +8,9 @@ series is seen, so until the first restart they equal vLLM's counters.
 from __future__ import annotations
 
 import bisect
+import operator
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from exporter.engines.base import SeriesReading
 
@@ -23,8 +25,7 @@ class SeriesKey:
     engine: str | None
 
 
-@dataclass(frozen=True, slots=True)
-class Totals:
+class Totals(NamedTuple):
     """Cumulative counts; ``None`` where the source does not export the quantity."""
 
     draft_tokens: float = 0.0
@@ -52,7 +53,7 @@ def _optional_minus(later: float | None, earlier: float | None) -> float | None:
 def _positions_minus(later: tuple[float, ...], earlier: tuple[float, ...]) -> tuple[float, ...]:
     if len(later) != len(earlier):
         return ()  # k changed inside the window: the per-position curve is not comparable
-    return tuple(a - b for a, b in zip(later, earlier, strict=True))
+    return tuple(map(operator.sub, later, earlier))
 
 
 def counter_increase(previous_raw: float | None, raw: float, restarted: bool) -> float:
@@ -130,8 +131,7 @@ class IntervalHistogram:
             self.bucket_counts[i] += 1
 
 
-@dataclass(frozen=True, slots=True)
-class WindowDelta:
+class WindowDelta(NamedTuple):
     seconds: float
     delta: Totals
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+import signal
+from collections.abc import AsyncIterator, Callable
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -18,28 +19,47 @@ from exporter.config import Config, split_listen_address
 from exporter.expose import SpecDecodeCollector, exporter_version
 from exporter.httpserver import bind_socket
 from exporter.log import event
+from exporter.reload import ReloadCollector, Reloader
 from exporter.status import status_html, status_json
+from exporter.webconfig import BasicAuthMiddleware, WebSecurity
 
 
-def build_registry(exporter: Exporter) -> CollectorRegistry:
+def build_registry(exporter: Exporter, reloader: Reloader | None = None) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=True)
     registry.register(SpecDecodeCollector(exporter.views))
+    if reloader is not None:
+        registry.register(ReloadCollector(reloader))
     ProcessCollector(registry=registry)
     PlatformCollector(registry=registry)
     GCCollector(registry=registry)
     return registry
 
 
-def build_app(exporter: Exporter, run_collection: bool = True) -> FastAPI:
+def _on_sighup(reloader: Reloader | None) -> Callable[[], None]:
+    """Reload on SIGHUP while the app runs (main thread only); returns the undo."""
+    if reloader is None:
+        return lambda: None
+    loop = asyncio.get_running_loop()
+    try:
+        loop.add_signal_handler(signal.SIGHUP, reloader.reload)
+    except (NotImplementedError, RuntimeError, ValueError, AttributeError):  # not the main thread, or no SIGHUP
+        return lambda: None
+    return lambda: loop.remove_signal_handler(signal.SIGHUP)
+
+
+def build_app(exporter: Exporter, run_collection: bool = True, reloader: Reloader | None = None,
+              security: WebSecurity | None = None) -> FastAPI:
     config: Config = exporter.config
-    registry = build_registry(exporter)
+    registry = build_registry(exporter, reloader)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         task = asyncio.create_task(exporter.run(), name="collection") if run_collection else None
+        undo_sighup = _on_sighup(reloader)
         try:
             yield
         finally:
+            undo_sighup()
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -74,25 +94,44 @@ def build_app(exporter: Exporter, run_collection: bool = True) -> FastAPI:
     def landing() -> HTMLResponse:
         return HTMLResponse(status_html(current_status(), config.telemetry_path))
 
+    if reloader is not None:
+        @app.post("/-/reload")
+        async def reload() -> PlainTextResponse:  # on the event loop, like the collection loops it changes
+            ok, message = reloader.reload()
+            return PlainTextResponse(("ok: " if ok else "failed: ") + message + "\n", status_code=200 if ok else 400)
+
+    if security is not None and security.users:
+        app.add_middleware(BasicAuthMiddleware, security=security)
     return app
 
 
-def serve(config: Config) -> int:
-    """Run the sidecar until SIGTERM/SIGINT; returns the process exit code."""
+def serve(config: Config, load: Callable[[], Config] | None = None, security: WebSecurity | None = None) -> int:
+    """Run the sidecar until SIGTERM/SIGINT; SIGHUP or POST /-/reload calls ``load`` again. Returns the exit code."""
     exporter = Exporter(config)
+    reloader = Reloader(exporter, load or (lambda: config), security)
     host, port = split_listen_address(config.listen_address)
-    server = uvicorn.Server(
-        uvicorn.Config(build_app(exporter), host=host, port=port, log_config=None, access_log=False,
-                       timeout_graceful_shutdown=5, lifespan="on")
-    )
+    uv_config = uvicorn.Config(build_app(exporter, reloader=reloader, security=security), host=host, port=port,
+                               log_config=None, access_log=False, timeout_graceful_shutdown=5, lifespan="on")
+    if security is not None and security.ssl_context is not None:
+        uv_config.load()
+        uv_config.ssl = security.ssl_context  # ours, so a reload can swap the certificate in place
+    server = uvicorn.Server(uv_config)
     event(logging.INFO, "starting", version=exporter_version(), listen_address=config.listen_address,
           telemetry_path=config.telemetry_path, targets=",".join(t.url for t in config.targets),
-          interval=f"{config.collect_interval:g}s", windows=",".join(w.name for w in config.windows))
+          interval=f"{config.collect_interval:g}s", windows=",".join(w.name for w in config.windows),
+          tls=security is not None and security.ssl_context is not None,
+          basic_auth=security is not None and bool(security.users))
     try:
         sock = bind_socket(host, port)
     except OSError as exc:
         event(logging.ERROR, "cannot listen", listen_address=config.listen_address, detail=exc.strerror or str(exc))
         return 1
+    # uvicorn re-raises a captured SIGTERM once it has shut down gracefully, with the handler found before it
+    # started: with this one that means "stop" (also before uvicorn listens) and the process exits 0.
+    def stop(_signum: int, _frame: object) -> None:
+        server.should_exit = True
+
+    signal.signal(signal.SIGTERM, stop)
     server.run(sockets=[sock])
     event(logging.INFO, "stopped")
     return 0

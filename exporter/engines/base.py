@@ -61,11 +61,26 @@ class Engine(Protocol):
     def new_decoder(self) -> Decoder: ...
 
 
+_KEY_CACHE_MAX = 20_000
+_key_cache: dict[tuple[tuple[str, ...], tuple[tuple[str, str], ...]], tuple[str | None, ...]] = {}
+
+
 def group_by_series(
     samples: Sequence[Sample], series_labels: tuple[str, ...]
 ) -> dict[tuple[str | None, ...], list[Sample]]:
+    # The series key of a label set never changes; cache it (bounded) instead of scanning labels per sample.
     groups: dict[tuple[str | None, ...], list[Sample]] = {}
+    cache = _key_cache
+    if len(cache) >= _KEY_CACHE_MAX:
+        cache.clear()
     for sample in samples:
-        key = tuple(sample.label(name) for name in series_labels)
-        groups.setdefault(key, []).append(sample)
+        labels = sample.labels
+        key = cache.get((series_labels, labels))
+        if key is None:
+            key = cache[(series_labels, labels)] = tuple(sample.label(name) for name in series_labels)
+        group = groups.get(key)
+        if group is None:
+            groups[key] = [sample]
+        else:
+            group.append(sample)
     return groups

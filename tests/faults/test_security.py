@@ -1,0 +1,241 @@
+"""Security: no SSRF, basic auth and TLS on the sidecar's endpoints (exporter-toolkit web config), bearer
+token and TLS settings for reaching vLLM, secrets never logged."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import bcrypt
+import httpx
+import pytest
+
+from exporter.collection import Exporter, TargetView, new_client
+from exporter.config import Config, ConfigError, TargetConfig, TLSConfig, config_from_mapping, parse_windows
+from exporter.httpserver import ThreadedServer, bind_socket
+from exporter.web import build_app
+from exporter.webconfig import WebSecurity, load_web_config, parse_basic
+from tests.faults.certs import Certs
+from tests.faults.conftest import PASSWORD, write
+from tests.faults.hostile import HostileServer, scripted, serve, v1_body
+
+TOKEN = "tok-7f3a9c1e5b"  # noqa: S105 - a test secret
+
+
+def collect(target: TargetConfig) -> TargetView:
+    exporter = Exporter(Config(targets=(target,), windows=parse_windows("1m", "windows")))
+
+    async def once() -> TargetView:
+        collector = exporter.collectors[target.name]
+        async with new_client(target) as client:
+            return await collector.collect(client)
+
+    return asyncio.run(once())
+
+
+@pytest.fixture
+def good_server() -> Iterator[HostileServer]:
+    server = serve(scripted(lambda: v1_body(300, 200)))
+    yield server
+    server.stop()
+
+
+# ---------- no way to make the sidecar fetch a URL that is not in its config ----------
+
+def test_no_route_or_parameter_steers_collection(good_server: HostileServer) -> None:
+    bait = serve(scripted(lambda: v1_body(1, 1)))
+    try:
+        config = Config(targets=(TargetConfig("vllm", good_server.url, timeout=1.0),),
+                        windows=parse_windows("1m", "windows"), collect_interval=0.1)
+        exporter = Exporter(config)
+        app = build_app(exporter, run_collection=True)
+        routes = sorted(getattr(r, "path", "") for r in app.routes)
+        assert routes == ["/", "/api/v1/status", "/healthz", "/metrics", "/readyz"]
+        with ThreadedServer(app, bind_socket(), name="sidecar").start() as sidecar:
+            for path in [*routes, "/probe", "/scrape", "/federate"]:
+                for params in ({"target": bait.url}, {"url": bait.url}, {"module": bait.url}):
+                    httpx.get(sidecar.base_url + path, params=params, timeout=5)
+                    httpx.post(sidecar.base_url + path, params=params, timeout=5)
+            time.sleep(0.3)
+        assert bait.requests == []
+        assert len(good_server.requests) >= 2
+    finally:
+        bait.stop()
+
+
+@pytest.mark.parametrize("url", ["http://user:pw@127.0.0.1:8000/metrics", "http://:pw@127.0.0.1:8000/metrics",
+                                 "file:///etc/passwd", "gopher://127.0.0.1/", "http://[::1/metrics"])
+def test_target_urls_are_http_without_credentials(url: str) -> None:
+    with pytest.raises(ConfigError, match=r"targets\[0\]\.url"):
+        config_from_mapping({"targets": [{"url": url}]}, "test")
+
+
+# ---------- bearer token and TLS for reaching vLLM ----------
+
+def test_bearer_token_is_sent_reread_and_never_logged(tmp_path: Path, good_server: HostileServer,
+                                                      caplog: pytest.LogCaptureFixture) -> None:
+    token_file = write(tmp_path / "token", TOKEN + "\n")
+    target = TargetConfig("vllm", good_server.url, timeout=1.0, bearer_token_file=str(token_file))
+    caplog.set_level(logging.DEBUG)
+    assert collect(target).up is True
+    assert f"Authorization: Bearer {TOKEN}".encode() in good_server.requests[-1]
+    write(token_file, "rotated-token\n")
+    assert collect(target).up is True
+    assert b"Authorization: Bearer rotated-token" in good_server.requests[-1]
+    # Broken token files: a header-injection attempt and a missing file fail cleanly, without echoing the token.
+    write(token_file, f"{TOKEN}\r\nX-Injected: 1")
+    view = collect(target)
+    assert view.up is False and view.last_error is not None and view.last_error.startswith("connect")
+    token_file.unlink()
+    assert collect(target).up is False
+    assert all(b"X-Injected" not in line for request in good_server.requests for line in request)
+    logged = "\n".join(f"{r.getMessage()} {getattr(r, 'fields', {})}" for r in caplog.records)
+    assert "collection failed" in logged
+    assert TOKEN not in logged and "rotated-token" not in logged
+    assert TOKEN not in repr(view)
+
+
+@pytest.fixture(scope="module")
+def tls_server(certs: Certs) -> Iterator[HostileServer]:
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(certs.server_cert, certs.server_key)
+    server = serve(scripted(lambda: v1_body(300, 200)), ssl=context)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def mtls_server(certs: Certs) -> Iterator[HostileServer]:
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=str(certs.ca))
+    context.load_cert_chain(certs.server_cert, certs.server_key)
+    context.verify_mode = ssl.CERT_REQUIRED
+    server = serve(scripted(lambda: v1_body(300, 200)), ssl=context)
+    yield server
+    server.stop()
+
+
+def test_tls_to_vllm_verifies_against_the_configured_ca(certs: Certs, tls_server: HostileServer) -> None:
+    assert collect(TargetConfig("vllm", tls_server.url, tls=TLSConfig(ca_file=str(certs.ca)))).up is True
+    wrong = collect(TargetConfig("vllm", tls_server.url, tls=TLSConfig(ca_file=str(certs.other_ca))))
+    assert wrong.up is False and (wrong.last_error or "").startswith("connect")
+    assert collect(TargetConfig("vllm", tls_server.url)).up is False  # system CAs do not know our CA
+    skip = TLSConfig(insecure_skip_verify=True)
+    assert collect(TargetConfig("vllm", tls_server.url, tls=skip)).up is True
+
+
+def test_tls_server_name_is_what_gets_verified(certs: Certs, tls_server: HostileServer) -> None:
+    url = tls_server.url.replace("127.0.0.1", "localhost")
+    named = TLSConfig(ca_file=str(certs.ca), server_name="vllm.internal")
+    assert collect(TargetConfig("vllm", url, tls=named)).up is True
+    wrong = TLSConfig(ca_file=str(certs.ca), server_name="not-in-the-cert.example")
+    assert collect(TargetConfig("vllm", url, tls=wrong)).up is False
+
+
+def test_tls_client_certificate_for_mtls_vllm(certs: Certs, mtls_server: HostileServer) -> None:
+    with_cert = TLSConfig(ca_file=str(certs.ca), cert_file=str(certs.client_cert), key_file=str(certs.client_key))
+    assert collect(TargetConfig("vllm", mtls_server.url, tls=with_cert)).up is True
+    assert collect(TargetConfig("vllm", mtls_server.url, tls=TLSConfig(ca_file=str(certs.ca)))).up is False
+
+
+def test_tls_config_is_validated_at_load(certs: Certs, tmp_path: Path) -> None:
+    def load(tls: dict[str, object]) -> Config:
+        return config_from_mapping({"targets": [{"url": "https://127.0.0.1/metrics", "tls_config": tls}]}, "t")
+
+    assert load({"ca_file": str(certs.ca)}).targets[0].tls == TLSConfig(ca_file=str(certs.ca))
+    for bad, message in [({"ca_file": str(tmp_path / "nope.crt")}, "cannot load"),
+                         ({"cert_file": str(certs.client_cert)}, "go together"),
+                         ({"cert_file": str(certs.client_key), "key_file": str(certs.client_key)}, "cannot load"),
+                         ({"insecure_skip_verify": "yes"}, "true or false"),
+                         ({"ca": "x"}, "unknown key")]:
+        with pytest.raises(ConfigError, match=message):
+            load(bad)
+
+
+# ---------- the sidecar's own endpoints: exporter-toolkit web config ----------
+
+def web_config(tmp_path: Path, text: str) -> WebSecurity:
+    return WebSecurity(load_web_config(str(write(tmp_path / "web.yml", text))))
+
+
+@pytest.fixture
+def secured_sidecar(tmp_path: Path, password_hash: str, good_server: HostileServer) -> Iterator[str]:
+    security = web_config(tmp_path, f"basic_auth_users:\n  prometheus: {password_hash}\n")
+    exporter = Exporter(Config(targets=(TargetConfig("vllm", good_server.url),), windows=parse_windows("1m", "w")))
+    from exporter.reload import Reloader
+
+    app = build_app(exporter, run_collection=False, reloader=Reloader(exporter, lambda: exporter.config),
+                    security=security)
+    with ThreadedServer(app, bind_socket(), name="sidecar").start() as server:
+        yield server.base_url
+
+
+@pytest.mark.parametrize(("method", "path"), [("GET", "/metrics"), ("GET", "/"), ("GET", "/api/v1/status"),
+                                              ("POST", "/-/reload"), ("GET", "/nope")])
+def test_basic_auth_protects_every_endpoint_but_the_probes(secured_sidecar: str, method: str, path: str) -> None:
+    url = secured_sidecar + path
+    anonymous = httpx.request(method, url, timeout=5)
+    assert anonymous.status_code == 401
+    assert anonymous.headers["www-authenticate"].startswith("Basic ")
+    assert httpx.request(method, url, auth=("prometheus", "wrong"), timeout=5).status_code == 401
+    assert httpx.request(method, url, auth=("nobody", PASSWORD), timeout=5).status_code == 401
+    assert httpx.request(method, url, headers={"Authorization": "Basic !!notbase64"}, timeout=5).status_code == 401
+    authorised = httpx.request(method, url, auth=("prometheus", PASSWORD), timeout=5)
+    assert authorised.status_code == (404 if path == "/nope" else 200)
+
+
+def test_probes_need_no_credentials(secured_sidecar: str) -> None:
+    assert httpx.get(secured_sidecar + "/healthz", timeout=5).status_code == 200
+    assert httpx.get(secured_sidecar + "/readyz", timeout=5).status_code == 503  # no collection yet; not 401
+
+
+def test_bcrypt_results_are_cached(tmp_path: Path) -> None:
+    slow_hash = bcrypt.hashpw(b"pw", bcrypt.gensalt(rounds=10)).decode()
+    security = web_config(tmp_path, f"basic_auth_users:\n  u: '{slow_hash}'\n")
+    started = time.perf_counter()
+    assert security.check("u", "pw")
+    first = time.perf_counter() - started
+    started = time.perf_counter()
+    for _ in range(100):
+        assert security.check("u", "pw")
+        assert not security.check("u", "other")
+    repeated = (time.perf_counter() - started) / 200
+    assert repeated < first / 20, (first, repeated)
+    assert not security.check("unknown-user", "pw")
+
+
+def test_parse_basic_header() -> None:
+    assert parse_basic(b"Basic dTpwOnc=") == ("u", "p:w")
+    assert parse_basic(b"Bearer x") is None
+    assert parse_basic(b"Basic dXNlcg==") is None  # no colon
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [("basic_auth_users:\n  u: plaintext\n", "bcrypt hash"),
+     ("basic_auth_users:\n  u: $2b$12$tooshort\n", "not a valid bcrypt hash"),
+     ("basic_auth_user:\n  u: x\n", "unknown key .*did you mean 'basic_auth_users'"),
+     ("tls_server_config:\n  cert_file: server.crt\n", "cert_file and key_file are both required"),
+     ("tls_server_config:\n  cert_file: nope.crt\n  key_file: nope.key\n", "cannot load"),
+     ("tls_server_config:\n  cert_file: a\n  key_file: b\n  client_auth_type: RequireAnyClientCert\n",
+      "not supported"),
+     ("tls_server_config:\n  cert_file: a\n  key_file: b\n  client_auth_type: RequireAndVerifyClientCert\n",
+      "client_ca_file: required"),
+     ("tls_server_config:\n  cert_file: a\n  key_file: b\n  min_version: TLS9\n", "min_version"),
+     ("http_server_config:\n  http2: true\n", "not supported"),
+     ("tls_server_config: [\n", "invalid YAML")],
+)
+def test_bad_web_config_is_one_clear_error(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message) as error:
+        load_web_config(str(write(tmp_path / "web.yml", text)))
+    assert "\n" not in str(error.value)
+    assert str(error.value).startswith(str(tmp_path / "web.yml"))
+
+
+def test_web_config_paths_are_relative_to_the_file(certs: Certs) -> None:
+    config = load_web_config(str(write(certs.ca.parent / "web.yml",
+                                       "tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n")))
+    assert config.tls is not None and config.tls.cert_file == str(certs.server_cert)

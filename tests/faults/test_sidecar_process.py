@@ -1,0 +1,292 @@
+"""The sidecar as a process: bad config → one line and exit 2; SIGTERM → stops within seconds; SIGHUP or
+POST /-/reload → new config without losing window state; TLS and basic auth from --web.config.file."""
+
+from __future__ import annotations
+
+import os
+import signal
+import ssl
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from exporter.collection import Exporter
+from exporter.config import Config, TargetConfig, config_from_mapping, parse_windows
+from exporter.reload import Reloader
+from tests.faults.certs import Certs
+from tests.faults.conftest import PASSWORD, write
+from tests.faults.hostile import HostileServer, closed_port, scripted, serve, silent, v1_body
+from tests.helpers import Exposition, FakeClock
+
+EXE = [sys.executable, "-m", "exporter.cli"]
+
+
+def run_cli(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECDECODE_")}
+    return subprocess.run([*EXE, *args], capture_output=True, text=True, timeout=timeout, env=env)
+
+
+# ---------- bad configuration: one line, exit code 2 ----------
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [(None, "cannot read config file"),
+     ("targets: [\n", "invalid YAML at line"),
+     ("collect:\n  intervall: 5s\n", "collect.intervall: unknown key (did you mean 'interval'?)"),
+     ("targets:\n  - url: http://127.0.0.1:8000/metrics\n    tls_config: {ca_file: /nonexistent/ca.crt}\n",
+      "targets[0].tls_config: cannot load"),
+     ("windows: 1m,1m\n", "windows must be distinct"),
+     ("web:\n  config_file: /nonexistent/web.yml\n", "cannot read web config file")],
+)
+def test_bad_config_is_one_line_and_exit_code_2(tmp_path: Path, content: str | None, message: str) -> None:
+    path = tmp_path / "config.yml"
+    if content is not None:
+        write(path, content)
+    result = run_cli("run", "--config.file", str(path), "--web.listen-address", f"127.0.0.1:{closed_port()}")
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert message in lines[0] and "Traceback" not in result.stderr
+
+
+def test_bad_web_config_flag_is_exit_code_2(tmp_path: Path) -> None:
+    web = write(tmp_path / "web.yml", "basic_auth_users:\n  u: hunter2\n")
+    result = run_cli("run", "--web.config.file", str(web), "--web.listen-address", f"127.0.0.1:{closed_port()}")
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "bcrypt hash" in result.stderr
+    assert "hunter2" not in result.stderr  # a would-be password is not echoed
+
+
+# ---------- a running sidecar process ----------
+
+class Process:
+    def __init__(self, args: list[str], base_url: str, verify: object = True, auth: tuple[str, str] | None = None
+                 ) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SPECDECODE_")}
+        self.proc = subprocess.Popen([*EXE, "run", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True, env=env)
+        self.base_url = base_url
+        self.client = httpx.Client(verify=verify, auth=auth, timeout=5)  # type: ignore[arg-type]
+
+    def wait_until(self, check: Callable[[], bool], timeout: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"sidecar exited: {self.proc.communicate()[1]}")
+            try:
+                if check():
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise AssertionError("condition not reached in time")
+
+    def metrics(self) -> Exposition:
+        response = self.client.get(self.base_url + "/metrics")
+        response.raise_for_status()
+        return Exposition.parse(response.text)
+
+    def stop(self) -> str:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self.client.close()
+        return self.proc.communicate()[1]
+
+
+@pytest.fixture
+def servers() -> Iterator[Callable[..., HostileServer]]:
+    started: list[HostileServer] = []
+
+    def start(behaviour: Callable[[HostileServer], object], **kwargs: object) -> HostileServer:
+        server = serve(behaviour, **kwargs)  # type: ignore[arg-type]
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+class Counting:
+    """A vLLM whose counters grow by 300/200 tokens per request."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def __call__(self) -> bytes:
+        self.n += 1
+        return v1_body(300 * self.n, 200 * self.n)
+
+
+def config_text(targets: dict[str, str], windows: str = "1m") -> str:
+    lines = ["collect:", "  interval: 200ms", "  timeout: 1s", f"windows: {windows}", "targets:"]
+    lines += [f"  - name: {name}\n    url: {url}" for name, url in targets.items()]
+    return "\n".join(lines) + "\n"
+
+
+def test_sigterm_stops_within_seconds_even_with_a_hanging_target(tmp_path: Path,
+                                                                  servers: Callable[..., HostileServer]) -> None:
+    hang = servers(silent())
+    port = closed_port()
+    config = write(tmp_path / "c.yml", config_text({"hang": hang.url}).replace("timeout: 1s", "timeout: 30s"))
+    sidecar = Process(["--config.file", str(config), "--web.listen-address", f"127.0.0.1:{port}"],
+                      f"http://127.0.0.1:{port}")
+    try:
+        sidecar.wait_until(lambda: sidecar.client.get(sidecar.base_url + "/healthz").status_code == 200)
+        sidecar.wait_until(lambda: len(hang.requests) == 1)  # a collection is stuck right now
+        started = time.monotonic()
+        sidecar.proc.send_signal(signal.SIGTERM)
+        code = sidecar.proc.wait(10)
+        elapsed = time.monotonic() - started
+    finally:
+        stderr = sidecar.stop()
+    assert code == 0, stderr
+    assert elapsed < 3.0, f"took {elapsed:.1f}s"
+    assert "msg=stopped" in stderr and "Traceback" not in stderr
+
+
+def test_sighup_and_post_reload_keep_window_state(tmp_path: Path, servers: Callable[..., HostileServer]) -> None:
+    a = servers(scripted(Counting()))
+    b = servers(scripted(Counting()))
+    port = closed_port()
+    config = write(tmp_path / "c.yml", config_text({"a": a.url}))
+    sidecar = Process(["--config.file", str(config), "--web.listen-address", f"127.0.0.1:{port}"],
+                      f"http://127.0.0.1:{port}")
+    try:
+        sidecar.wait_until(lambda: (sidecar.metrics().get("specdecode_interval_acceptance_ratio_count",
+                                                          target="a") or 0) >= 5)
+        before = sidecar.metrics()
+        assert before.get("specdecode_config_last_reload_successful") == 1
+
+        # SIGHUP: add target b and a window; a keeps its counters, histogram and windows.
+        write(config, config_text({"a": a.url, "b": b.url}, windows="1m,5m"))
+        sidecar.proc.send_signal(signal.SIGHUP)
+        sidecar.wait_until(lambda: sidecar.metrics().get("specdecode_up", target="b") == 1)
+        after = sidecar.metrics()
+        for name in ("specdecode_interval_acceptance_ratio_count", "specdecode_draft_tokens_total"):
+            assert after.get(name, target="a") >= before.get(name, target="a")  # type: ignore[operator]
+        assert after.get("specdecode_source_restarts_total", target="a") == 0
+        assert after.get("specdecode_acceptance_ratio", target="a", window="5m") == pytest.approx(2 / 3)
+
+        # A bad config is rejected: the gauge says so, the old config keeps running.
+        write(config, "collect:\n  intervall: 1s\n")
+        sidecar.proc.send_signal(signal.SIGHUP)
+        sidecar.wait_until(lambda: sidecar.metrics().get("specdecode_config_last_reload_successful") == 0)
+        requests_a = len(a.requests)
+        sidecar.wait_until(lambda: len(a.requests) > requests_a + 2 and len(b.requests) > 2)
+        response = sidecar.client.post(sidecar.base_url + "/-/reload")
+        assert response.status_code == 400 and "intervall" in response.text
+
+        # POST /-/reload with a good config: b goes away, a stays.
+        write(config, config_text({"a": a.url}))
+        response = sidecar.client.post(sidecar.base_url + "/-/reload")
+        assert response.status_code == 200 and "target b removed" in response.text
+        final = sidecar.metrics()
+        assert final.get("specdecode_config_last_reload_successful") == 1
+        assert final.all("specdecode_up", target="b") == {}
+        assert final.get("specdecode_draft_tokens_total", target="a") >= after.get(  # type: ignore[operator]
+            "specdecode_draft_tokens_total", target="a")
+        assert sidecar.client.get(sidecar.base_url + "/-/reload").status_code == 405
+    finally:
+        stderr = sidecar.stop()
+    assert stderr.count("reload failed") == 2
+    assert "Traceback" not in stderr
+
+
+def test_tls_and_basic_auth_from_the_web_config_file(tmp_path: Path, certs: Certs, password_hash: str,
+                                                     servers: Callable[..., HostileServer]) -> None:
+    a = servers(scripted(Counting()))
+    web = write(certs.ca.parent / "web-auth.yml",
+                "tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n  min_version: TLS12\n"
+                f"basic_auth_users:\n  prometheus: '{password_hash}'\n")
+    port = closed_port()
+    sidecar = Process(["--target", a.url, "--collect.interval", "200ms", "--web.config.file", str(web),
+                       "--web.listen-address", f"127.0.0.1:{port}"], f"https://127.0.0.1:{port}",
+                      verify=_ca_context(certs), auth=("prometheus", PASSWORD))
+    try:
+        sidecar.wait_until(lambda: sidecar.metrics().get("specdecode_up") == 1)
+        with pytest.raises(httpx.HTTPError):  # plain HTTP on the TLS port
+            httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5)
+        with pytest.raises(httpx.ConnectError):  # a client that does not trust our CA
+            httpx.get(sidecar.base_url + "/metrics", timeout=5)
+        assert httpx.get(sidecar.base_url + "/metrics", verify=_ca_context(certs), timeout=5).status_code == 401
+        assert httpx.get(sidecar.base_url + "/healthz", verify=_ca_context(certs), timeout=5).status_code == 200
+    finally:
+        stderr = sidecar.stop()
+    assert PASSWORD not in stderr and password_hash not in stderr
+
+
+def test_mutual_tls_from_the_web_config_file(certs: Certs, servers: Callable[..., HostileServer]) -> None:
+    a = servers(scripted(Counting()))
+    web = write(certs.ca.parent / "web-mtls.yml",
+                "tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n"
+                "  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: ca.crt\n")
+    port = closed_port()
+    sidecar = Process(["--target", a.url, "--web.config.file", str(web), "--web.listen-address",
+                       f"127.0.0.1:{port}"], f"https://127.0.0.1:{port}",
+                      verify=_ca_context(certs))
+    sidecar.client = httpx.Client(verify=_client_context(certs), timeout=5)
+    try:
+        sidecar.wait_until(lambda: sidecar.client.get(sidecar.base_url + "/healthz").status_code == 200)
+        with pytest.raises(httpx.HTTPError):  # no client certificate
+            httpx.get(sidecar.base_url + "/healthz", verify=_ca_context(certs), timeout=5)
+    finally:
+        sidecar.stop()
+
+
+def _ca_context(certs: Certs) -> ssl.SSLContext:
+    return ssl.create_default_context(cafile=str(certs.ca))
+
+
+def _client_context(certs: Certs) -> ssl.SSLContext:
+    context = ssl.create_default_context(cafile=str(certs.ca))
+    context.load_cert_chain(certs.client_cert, certs.client_key)
+    return context
+
+
+# ---------- reload, exactly, in process ----------
+
+def test_apply_config_keeps_state_of_targets_that_stay(servers: Callable[..., HostileServer]) -> None:
+    import asyncio
+
+    a, b = servers(scripted(Counting())), servers(scripted(Counting()))
+    clock = FakeClock()
+    windows = parse_windows("1m", "w")
+    exporter = Exporter(Config(targets=(TargetConfig("a", a.url),), windows=windows), clock=clock)
+
+    def step() -> None:
+        clock.advance(5)
+
+        async def once() -> None:
+            async with httpx.AsyncClient() as client:
+                await exporter.collect_all_once(client)
+        asyncio.run(once())
+
+    for _ in range(5):
+        step()
+    (state,) = exporter.store.series.values()
+    snapshot = (len(state.times), state.histogram.count, state.totals)
+    new = config_from_mapping({"windows": "1m,5m", "targets": [{"name": "a", "url": a.url, "labels": {"x": "1"}},
+                                                               {"name": "b", "url": b.url}]}, "reload")
+    reloader = Reloader(exporter, lambda: new)
+    ok, message = reloader.reload()
+    assert ok and "target b added" in message and "target a updated" in message
+    assert exporter.store.series[state.key] is state
+    assert (len(state.times), state.histogram.count, state.totals) == snapshot
+    assert exporter.collectors["a"].config.labels == (("x", "1"),)
+    step()
+    assert state.histogram.count == snapshot[1] + 1
+    # A new URL for an existing name is a new source: its state starts afresh.
+    moved = config_from_mapping({"targets": [{"name": "a", "url": b.url}]}, "reload")
+    ok, message = Reloader(exporter, lambda: moved).reload()
+    assert ok and "new URL" in message and "target b removed" in message
+    assert list(exporter.store.series) == []
