@@ -8,6 +8,7 @@ See DESIGN.md §5 for the cost model.
 from __future__ import annotations
 
 import math
+from itertools import accumulate
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -56,7 +57,9 @@ def position_acceptance_ratios(accepted_by_position: tuple[float, ...], drafts: 
     """P(accepted prefix is longer than i) for each position i."""
     if drafts is None or drafts <= 0:
         return ()
-    return tuple(min(1.0, max(0.0, count / drafts)) for count in accepted_by_position)
+    scale = 1.0 / drafts
+    # Counts come from monotonic totals, so they are ≥ 0; only the upper bound needs a clamp.
+    return tuple([min(1.0, count * scale) for count in accepted_by_position])
 
 
 def token_acceptance_probability(
@@ -119,12 +122,10 @@ def expected_speedup(mean_length: float | None, draft_length: float | None, cost
 
 def speedup_by_length(position_ratios: tuple[float, ...], cost: CostModel) -> tuple[float, ...]:
     """S(k') for k' = 1..k from the per-position curve: (1 + Σ_{i<k'} r_i) / (1 + k'·c)."""
-    speedups: list[float] = []
-    expected_tokens = 1.0
-    for k_prime, ratio in enumerate(position_ratios, start=1):
-        expected_tokens += ratio
-        speedups.append(expected_tokens / (1.0 + k_prime * cost.per_draft_token))
-    return tuple(speedups)
+    c = cost.per_draft_token
+    expected_tokens = accumulate(position_ratios, initial=1.0)
+    next(expected_tokens)  # k' = 0: plain decoding
+    return tuple([tokens / (1.0 + k_prime * c) for k_prime, tokens in enumerate(expected_tokens, start=1)])
 
 
 def recommended_num_speculative_tokens(speedups: tuple[float, ...]) -> int | None:
