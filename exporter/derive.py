@@ -57,9 +57,8 @@ def position_acceptance_ratios(accepted_by_position: tuple[float, ...], drafts: 
     """P(accepted prefix is longer than i) for each position i."""
     if drafts is None or drafts <= 0:
         return ()
-    scale = 1.0 / drafts
     # Counts come from monotonic totals, so they are ≥ 0; only the upper bound needs a clamp.
-    return tuple([min(1.0, count * scale) for count in accepted_by_position])
+    return tuple([min(1.0, count / drafts) for count in accepted_by_position])
 
 
 def token_acceptance_probability(

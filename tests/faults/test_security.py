@@ -23,7 +23,7 @@ from tests.faults.certs import Certs
 from tests.faults.conftest import PASSWORD, write
 from tests.faults.hostile import HostileServer, scripted, serve, v1_body
 
-TOKEN = "tok-7f3a9c1e5b"  # noqa: S105 - a test secret
+TOKEN = "tok-7f3a9c1e5b"
 
 
 def collect(target: TargetConfig) -> TargetView:
