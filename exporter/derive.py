@@ -8,8 +8,8 @@ See DESIGN.md §5 for the cost model.
 from __future__ import annotations
 
 import math
-from itertools import accumulate
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import NamedTuple
 
 from exporter.store import Totals, WindowDelta
@@ -127,10 +127,16 @@ def speedup_by_length(position_ratios: tuple[float, ...], cost: CostModel) -> tu
     return tuple([tokens / (1.0 + k_prime * c) for k_prime, tokens in enumerate(expected_tokens, start=1)])
 
 
-def recommended_num_speculative_tokens(speedups: tuple[float, ...]) -> int | None:
+MIN_RECOMMENDATION_GAIN = 0.02
+
+
+def recommended_num_speculative_tokens(speedups: tuple[float, ...],
+                                       min_gain: float = MIN_RECOMMENDATION_GAIN) -> int | None:
     """The k' with the highest modelled speedup; 0 (turn spec decode off) when no k' beats plain decoding.
 
-    Ties go to the smaller k' (less draft work for the same gain).
+    ``speedups[-1]`` is the current k. A shorter k' must beat it by ``min_gain`` (2 %) to be recommended:
+    a model this coarse should not send anyone to change k for a 1 % difference, nor flap between two
+    near-equal lengths. Ties go to the smaller k'.
     """
     if not speedups:
         return None
@@ -138,6 +144,9 @@ def recommended_num_speculative_tokens(speedups: tuple[float, ...]) -> int | Non
     for k_prime, speedup in enumerate(speedups, start=1):
         if speedup > best + 1e-12:
             best_k, best = k_prime, speedup
+    current_k, current = len(speedups), speedups[-1]
+    if best_k not in (0, current_k) and best < current * (1.0 + min_gain):
+        return current_k
     return best_k
 
 

@@ -100,7 +100,8 @@ EXPECTED_SPEEDUP_BY_LENGTH = _windowed(
 )
 RECOMMENDED_K = _windowed(
     "specdecode_recommended_num_speculative_tokens",
-    "The number of speculative tokens with the highest modelled speedup; 0 means plain decoding would be faster.",
+    "The number of speculative tokens with the highest modelled speedup (a shorter one only if at least 2 % "
+    "faster than the current); 0 means plain decoding would be faster.",
 )
 BREAK_EVEN = MetricSpec(
     "specdecode_break_even_acceptance_ratio", "gauge",

@@ -137,7 +137,7 @@ build_model() {  # name, extra args...
   fi
   log "building model $name"
   rm -rf "$dir"
-  OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}" "$VPY" "$MAKER" --out "$dir" "$@"
+  OMP_NUM_THREADS=1 "$VPY" "$MAKER" --out "$dir" "$@"
   echo "$want" > "$dir/.specdecode-model-ok"
 }
 build_model tiny-llama --seed 0 --hidden-size 64 --layers 2 --heads 2 --train-steps 2000

@@ -85,7 +85,8 @@ def in_ci() -> bool:
 
 def find_tool(env: str, *names: str) -> str | None:
     if os.environ.get(env):
-        return os.environ[env]
+        path = shutil.which(os.environ[env])
+        return path  # set but not an executable: missing, never silently another binary
     return next((p for p in (shutil.which(n) for n in names) if p), None)
 
 
@@ -492,6 +493,7 @@ def running_chain(workdir: Path | None = None, echo_webhook: bool = False) -> It
     with contextlib.ExitStack() as stack:
         if workdir is None:
             workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="specdecode-e2e-")))
+        workdir.mkdir(parents=True, exist_ok=True)
         webhook = Webhook(echo=echo_webhook)
         stack.callback(webhook.close)
         exporter = exporter_command()
@@ -585,8 +587,8 @@ def interactive(args: argparse.Namespace) -> int:
             t_cross = _progress(chain, t_switch, lambda: (chain.alpha() or 1.0) < chain.page_threshold and time.time(),
                                 window_s + 60)
             if t_cross:
-                print(f"+{t_cross - t_switch:5.1f}s  {chain.alpha_record} < {chain.page_threshold:g}: "
-                      f"{PAGE_ALERT} pending for {chain.page_for_s:g}s", flush=True)
+                print(f"+{t_cross - t_switch:5.1f}s  {chain.alpha_record} < {chain.page_threshold:g}: {PAGE_ALERT} "
+                      f"goes pending and fires if it stays below for {chain.page_for_s:g}s", flush=True)
             page = _progress(chain, t_switch, lambda: chain.webhook.find(
                 receiver="/pager", alertname=PAGE_ALERT, status="firing"), chain.page_for_s + 60)
             if not page or not t_cross:

@@ -351,3 +351,24 @@ def test_a_hanging_target_delays_neither_the_others_nor_metrics(hostile: Callabl
     assert len(hang.requests) == 1
     assert metrics.get("specdecode_up", target="good") == 1.0
     assert metrics.get("specdecode_up", target="hang") == 0.0
+
+
+@pytest.mark.xfail(strict=True, reason="engines/vllm_v0.py keeps a _ModelState per model_name ever seen; "
+                                       "fix proposed in docs/faults.md")
+def test_v0_label_explosion_keeps_decoder_state_bounded(hostile: Callable[..., HostileServer]) -> None:
+    counter = {"n": 0}
+
+    def body() -> bytes:  # V0 dialect, 500 brand-new model names per collection
+        counter["n"] += 1
+        return b"".join(
+            f'vllm:spec_decode_draft_acceptance_rate{{model_name="m-{counter["n"]}-{i}"}} 0.5\n'
+            f'vllm:spec_decode_num_accepted_tokens_total{{model_name="m-{counter["n"]}-{i}"}} 5\n'
+            f'vllm:spec_decode_num_draft_tokens_total{{model_name="m-{counter["n"]}-{i}"}} 10\n'.encode()
+            for i in range(500))
+
+    server = hostile(scripted(body))
+    sidecar = Sidecar(server.url, max_series_per_target=50)
+    for _ in range(4):
+        sidecar.collect(advance=1.0)
+    decoder = sidecar.exporter.collectors["vllm"].decoder
+    assert len(decoder.models) <= 2 * 500  # type: ignore[union-attr]

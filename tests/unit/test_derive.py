@@ -95,6 +95,14 @@ def test_recommendation_prefers_the_shorter_draft_on_a_tie() -> None:
     assert recommended_num_speculative_tokens((1.2, 1.2, 1.1)) == 1
 
 
+def test_recommendation_keeps_the_current_k_unless_a_shorter_one_gains_2_percent() -> None:
+    # α = 0.75, k = 3, c = 0.5: S(2) = 1.318 is only 1.4 % above S(3) = 1.30 — not worth a change.
+    assert recommended_num_speculative_tokens((1.24, 1.318, 1.30)) == 3
+    assert recommended_num_speculative_tokens((1.24, 1.33, 1.30)) == 2
+    # Turning spec decode off is recommended whenever it is modelled to be faster at all.
+    assert recommended_num_speculative_tokens((0.95, 0.99, 0.99)) == 0
+
+
 def test_window_stats_from_a_window_delta() -> None:
     delta = Totals(draft_tokens=DRAFTED, accepted_tokens=ACCEPTED, drafts=DRAFTS, emitted_tokens=ACCEPTED + DRAFTS,
                    accepted_by_position=PER_POS)
