@@ -56,5 +56,11 @@ bench: install  ## benchmarks (about 3 minutes; --long for N=500 and the long so
 	command -v wrk >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk)
 	$(PY) bench/run.py
 
+fuzz: install  ## a long fuzz run of the parser and the collection path (hypothesis and atheris)
+	SPECDECODE_FUZZ_EXAMPLES=20000 SPECDECODE_ATHERIS_RUNS=50000 $(PY) -m pytest -q -s tests/fuzz -p no:cacheprovider
+
+soak: install  ## 24 simulated hours with restarts, failures and label churn: no lost counts, flat memory
+	SPECDECODE_SOAK_HOURS=24 $(PY) -m pytest -q -s tests/soak -p no:cacheprovider
+
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis build *.egg-info

@@ -187,7 +187,7 @@ class TargetCollector:
                   reason=failure.reason.value, detail=failure.detail)
             self.last_failure_logged = now
         self.last_failure = signature
-        self.store.expire(now)
+        self.store.expire(self.config.name, now)
         return self._view(up=False, duration=duration, error=f"{failure.reason.value}: {failure.detail}")
 
     def _recovered(self) -> None:
@@ -336,9 +336,7 @@ class Exporter:
         return notes
 
     def _forget(self, target: str) -> None:
-        for key in [k for k in self.store.series if k.target == target]:
-            del self.store.series[key]
-        self.store.dropped_series.pop(target, None)
+        self.store.drop_target(target)
 
     async def run(self) -> None:
         self._limit = asyncio.Semaphore(self.config.concurrency)

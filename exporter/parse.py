@@ -35,9 +35,12 @@ _METRIC_NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
 # Label bodies are matched quote-aware so that a '}' inside a value, or an OpenMetrics exemplar after the
 # value, cannot end them early or late.
 _LINE = re.compile(
-    rf'({_METRIC_NAME})(?:\{{((?:[^"}}]|"(?:[^"\\]|\\.)*")*)\}})?[ \t]+(\S+)(?:[ \t]+\S+)?[ \t]*(?:#.*)?'
+    rf'({_METRIC_NAME})(?:\{{((?:[^"}}]++|"(?:[^"\\]++|\\.)*+")*+)\}})?[ \t]+(\S+)(?:[ \t]+\S+)?[ \t]*(?:#.*)?'
 )
-_LABEL_PAIR = re.compile(r'[ \t]*([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"((?:[^"\\]|\\.)*)"[ \t]*(,|$)')
+# Possessive quantifiers (++, *+): without them a long label body makes the regex engine keep backtracking
+# state per character (hundreds of MiB for a few MiB of hostile labels).
+_LABEL_PAIR = re.compile(r'[ \t]*([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"((?:[^"\\]++|\\.)*+)"[ \t]*(,|$)')
+MAX_LABELS_PER_SAMPLE = 64
 _ESCAPES = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
 _ESCAPE = re.compile(r"\\[\\\"n]")
 _FIRST_CHAR = re.compile(r"[#a-zA-Z_:]")
@@ -68,6 +71,8 @@ def parse_labels(body: str) -> Labels:
         if match is None:
             raise ParseError(f"malformed labels {{{body[:80]}}}")
         pairs.append((match.group(1), _unescape(match.group(2))))
+        if len(pairs) > MAX_LABELS_PER_SAMPLE:
+            raise ParseError(f"more than {MAX_LABELS_PER_SAMPLE} labels on one sample")
         pos = match.end()
         if match.group(3) == "" and pos < len(body):
             raise ParseError(f"malformed labels {{{body[:80]}}}")

@@ -192,39 +192,50 @@ class SeriesState:
 
 @dataclass
 class Store:
-    """All series, keyed by target and labels. Only the collection loop of each target writes here."""
+    """All series, indexed by target. Only the collection loop of each target writes that target's part."""
 
     keep_seconds: float
     stale_after: float
     max_series_per_target: int = 1000
-    series: dict[SeriesKey, SeriesState] = field(default_factory=dict)
+    by_target: dict[str, dict[SeriesKey, SeriesState]] = field(default_factory=dict)
     dropped_series: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def series(self) -> dict[SeriesKey, SeriesState]:
+        """Every series of every target (a new dict; for inspection and tests)."""
+        return {key: state for states in self.by_target.values() for key, state in states.items()}
 
     def update(self, target: str, readings: list[SeriesReading], pending: list[tuple[str | None, str | None]],
                now: float) -> list[SeriesState]:
+        states = self.by_target.setdefault(target, {})
         for reading in readings:
-            state = self._state(SeriesKey(target, reading.model_name, reading.engine), now)
+            state = self._state(states, SeriesKey(target, reading.model_name, reading.engine), now)
             if state is not None:
                 state.update(reading, now, self.keep_seconds)
         for model_name, engine in pending:
-            state = self.series.get(SeriesKey(target, model_name, engine))
+            state = states.get(SeriesKey(target, model_name, engine))
             if state is not None:
                 state.touch(now)
-        self.expire(now)
+        self.expire(target, now)
         return self.for_target(target)
 
-    def _state(self, key: SeriesKey, now: float) -> SeriesState | None:
-        state = self.series.get(key)
+    def _state(self, states: dict[SeriesKey, SeriesState], key: SeriesKey, now: float) -> SeriesState | None:
+        state = states.get(key)
         if state is None:
-            if sum(1 for k in self.series if k.target == key.target) >= self.max_series_per_target:
+            if len(states) >= self.max_series_per_target:
                 self.dropped_series[key.target] = self.dropped_series.get(key.target, 0) + 1
                 return None
-            state = self.series[key] = SeriesState(key, last_seen=now)
+            state = states[key] = SeriesState(key, last_seen=now)
         return state
 
-    def expire(self, now: float) -> None:
-        for key in [k for k, s in self.series.items() if now - s.last_seen > self.stale_after]:
-            del self.series[key]
+    def expire(self, target: str, now: float) -> None:
+        states = self.by_target.get(target, {})
+        for key in [k for k, s in states.items() if now - s.last_seen > self.stale_after]:
+            del states[key]
 
     def for_target(self, target: str) -> list[SeriesState]:
-        return [s for k, s in self.series.items() if k.target == target]
+        return list(self.by_target.get(target, {}).values())
+
+    def drop_target(self, target: str) -> None:
+        self.by_target.pop(target, None)
+        self.dropped_series.pop(target, None)

@@ -87,7 +87,11 @@ class V0Decoder:
 
     def decode(self, samples: Sequence[Sample], timing: FetchTiming) -> DecodeResult:
         result = DecodeResult()
-        for (model_name,), group in group_by_series(samples, ("model_name",)).items():
+        groups = group_by_series(samples, ("model_name",))
+        # A model gone from the exposition loses its state (as vLLM loses it on restart): memory stays bounded
+        # by what the current exposition holds.
+        self.models = {name: state for name, state in self.models.items() if (name,) in groups}
+        for (model_name,), group in groups.items():
             values = {s.name: s.value for s in reversed(group)}  # first occurrence wins
             state = self.models.setdefault(model_name, _ModelState())
             reading = self._decode_model(model_name, values, timing, state)

@@ -353,8 +353,6 @@ def test_a_hanging_target_delays_neither_the_others_nor_metrics(hostile: Callabl
     assert metrics.get("specdecode_up", target="hang") == 0.0
 
 
-@pytest.mark.xfail(strict=True, reason="engines/vllm_v0.py keeps a _ModelState per model_name ever seen; "
-                                       "fix proposed in docs/faults.md")
 def test_v0_label_explosion_keeps_decoder_state_bounded(hostile: Callable[..., HostileServer]) -> None:
     counter = {"n": 0}
 

@@ -196,18 +196,9 @@ PATHOLOGICAL = {
 }
 
 
-# Python's re keeps a backtracking entry per repetition of the label-body groups in parse._LINE and
-# parse._LABEL_PAIR: ~175 bytes per character, i.e. ~2.8 GB for one 16 MiB line (the default body cap).
-# Found by this test; the fix (possessive quantifiers, Python 3.11+) is proposed in docs/faults.md.
-REGEX_STACK = pytest.mark.xfail(strict=True, reason="parse.py regexes: ~700 MiB peak for a 4 MiB label body; "
-                                                    "fix proposed in docs/faults.md")
-
-
-REGEX_STACK_CASES = ("braces", "long_label_value", "unquoted_label_body", "unclosed_quote", "many_labels")
-
-
-@pytest.mark.parametrize("name", [pytest.param(n, marks=REGEX_STACK) if n in REGEX_STACK_CASES else n
-                                  for n in sorted(PATHOLOGICAL)])
+# Regression: before parse.py used possessive quantifiers, Python's re kept a backtracking entry per
+# character of a label body (~175 bytes each, ~2.8 GB for one 16 MiB line). Found by this test.
+@pytest.mark.parametrize("name", sorted(PATHOLOGICAL))
 def test_pathological_bodies_are_fast_and_memory_bounded(name: str) -> None:
     body = PATHOLOGICAL[name]
     target = Target()
