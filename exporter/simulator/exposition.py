@@ -167,21 +167,26 @@ def _v1_labels(m: ModelSnapshot, e: EngineSnapshot, *extra: tuple[str, str]) -> 
 
 
 class _CreatedStamps:
-    """Distinct, increasing ``_created`` values per series, as a real registry's creation order gives."""
+    """Distinct, increasing ``_created`` values per series, as a real registry's creation order gives.
+
+    Numbered within each (model, engine), so adding or removing another model never shifts them (which a
+    sidecar would rightly read as a restart).
+    """
 
     def __init__(self) -> None:
-        self.n = 0
+        self.n: dict[tuple[str, int], int] = {}
 
-    def __call__(self, e: EngineSnapshot) -> float:
-        self.n += 1
-        return e.created + 2e-6 * self.n
+    def __call__(self, m: ModelSnapshot, e: EngineSnapshot) -> float:
+        key = (m.spec.name, e.engine)
+        self.n[key] = self.n.get(key, 0) + 1
+        return e.created + 2e-6 * self.n[key]
 
 
 def v1_families(models: tuple[ModelSnapshot, ...]) -> list[Family]:
     stamp = _CreatedStamps()
 
     def counter(name: str, help_: str, value: str) -> Family:
-        series = tuple(Series(_v1_labels(m, e), float(getattr(e, value)), stamp(e))
+        series = tuple(Series(_v1_labels(m, e), float(getattr(e, value)), stamp(m, e))
                        for m in models for e in m.engines)
         return Family(name, "counter", help_, series)
 
@@ -190,16 +195,16 @@ def v1_families(models: tuple[ModelSnapshot, ...]) -> list[Family]:
         return Family(name, "gauge", help_, series)
 
     def histogram(name: str, help_: str, key: str) -> Family:
-        series = tuple(Series(_v1_labels(m, e), e.histograms[key], stamp(e))
+        series = tuple(Series(_v1_labels(m, e), e.histograms[key], stamp(m, e))
                        for m in models for e in m.engines)
         return Family(name, "histogram", help_, series)
 
     def per_position() -> tuple[Series, ...]:
-        return tuple(Series(_v1_labels(m, e, ("position", str(i))), float(n), stamp(e))
+        return tuple(Series(_v1_labels(m, e, ("position", str(i))), float(n), stamp(m, e))
                      for m in models for e in m.engines for i, n in enumerate(e.per_pos))
 
     def by_reason() -> tuple[Series, ...]:
-        return tuple(Series(_v1_labels(m, e, ("finished_reason", r)), float(e.requests.get(r, 0)), stamp(e))
+        return tuple(Series(_v1_labels(m, e, ("finished_reason", r)), float(e.requests.get(r, 0)), stamp(m, e))
                      for m in models for e in m.engines for r in REQUEST_REASONS_V1)
 
     # A list display evaluates in order, so _created stamps increase in registration order.
