@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import threading
 from collections.abc import AsyncIterator, Callable
 
 import uvicorn
@@ -14,7 +15,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Res
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 from prometheus_client.exposition import choose_encoder
 
-from exporter.collection import Exporter
+from exporter.collection import Exporter, TargetView
 from exporter.config import Config, split_listen_address
 from exporter.expose import SpecDecodeCollector, exporter_version
 from exporter.httpserver import bind_socket
@@ -23,16 +24,48 @@ from exporter.reload import ReloadCollector, Reloader
 from exporter.status import status_html, status_json
 from exporter.webconfig import BasicAuthMiddleware, WebSecurity
 
+Encoder = Callable[[CollectorRegistry], bytes]
+_OPENMETRICS_EOF = b"# EOF\n"
 
-def build_registry(exporter: Exporter, reloader: Reloader | None = None) -> CollectorRegistry:
-    registry = CollectorRegistry(auto_describe=True)
-    registry.register(SpecDecodeCollector(exporter.views))
-    if reloader is not None:
-        registry.register(ReloadCollector(reloader))
-    ProcessCollector(registry=registry)
-    PlatformCollector(registry=registry)
-    GCCollector(registry=registry)
-    return registry
+
+class MetricsRenderer:
+    """Renders /metrics. The spec-decode families change only when a collection publishes new views, so their
+    text is rendered once per set of views and reused by every scrape until then; the process, platform, GC
+    and reload families are cheap and rendered fresh each time."""
+
+    def __init__(self, exporter: Exporter, reloader: Reloader | None = None) -> None:
+        self._views = exporter.views
+        self._specdecode = CollectorRegistry(auto_describe=True)
+        self._specdecode.register(SpecDecodeCollector(self._current_views))
+        self._live = CollectorRegistry(auto_describe=True)
+        if reloader is not None:
+            self._live.register(ReloadCollector(reloader))
+        ProcessCollector(registry=self._live)
+        PlatformCollector(registry=self._live)
+        GCCollector(registry=self._live)
+        self._pending: list[TargetView] = []
+        # (encoder, views it was rendered from, text); keeping the views keeps their ids meaningful
+        self._cached: tuple[Encoder, list[TargetView], bytes] | None = None
+        self._lock = threading.Lock()
+
+    def _current_views(self) -> list[TargetView]:
+        return self._pending
+
+    def render(self, encoder: Encoder) -> bytes:
+        views = self._views()
+        with self._lock:
+            cached = self._cached
+            if cached is None or cached[0] is not encoder or not _same_views(cached[1], views):
+                self._pending = views
+                cached = self._cached = (encoder, views, encoder(self._specdecode))
+        body = cached[2]
+        if body.endswith(_OPENMETRICS_EOF):
+            body = body[: -len(_OPENMETRICS_EOF)]  # one # EOF, after the live families
+        return body + encoder(self._live)
+
+
+def _same_views(a: list[TargetView], b: list[TargetView]) -> bool:
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
 
 
 def _on_sighup(reloader: Reloader | None) -> Callable[[], None]:
@@ -50,7 +83,7 @@ def _on_sighup(reloader: Reloader | None) -> Callable[[], None]:
 def build_app(exporter: Exporter, run_collection: bool = True, reloader: Reloader | None = None,
               security: WebSecurity | None = None) -> FastAPI:
     config: Config = exporter.config
-    registry = build_registry(exporter, reloader)
+    renderer = MetricsRenderer(exporter, reloader)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -75,7 +108,7 @@ def build_app(exporter: Exporter, run_collection: bool = True, reloader: Reloade
     @app.get(config.telemetry_path)
     def metrics(request: Request) -> Response:
         encoder, content_type = choose_encoder(request.headers.get("accept", ""))
-        return Response(encoder(registry), media_type=content_type)
+        return Response(renderer.render(encoder), media_type=content_type)
 
     @app.get("/healthz")
     def healthz() -> PlainTextResponse:

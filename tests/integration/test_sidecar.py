@@ -263,3 +263,27 @@ def test_openmetrics_negotiation(harness: Harness) -> None:
     response = httpx.get(harness.sidecar_url + "/metrics", headers={"Accept": "application/openmetrics-text"})
     assert response.headers["content-type"].startswith("application/openmetrics-text")
     assert response.text.rstrip().endswith("# EOF")
+
+
+def test_specdecode_families_are_rendered_once_per_collection(harness: Harness) -> None:
+    from prometheus_client import generate_latest
+
+    from exporter.web import MetricsRenderer
+
+    harness.step(5.0)
+    harness.step(5.0)
+    renderer = MetricsRenderer(harness.exporter)
+    rendered: list[bytes] = []
+
+    def encoder(registry) -> bytes:
+        text = generate_latest(registry)
+        rendered.append(text)
+        return text
+
+    first, second = renderer.render(encoder), renderer.render(encoder)
+    assert len(rendered) == 3  # spec-decode once, the live process families twice
+    assert first.split(b"# HELP process_")[0] == second.split(b"# HELP process_")[0]
+    harness.step(5.0)
+    third = renderer.render(encoder)
+    assert len(rendered) == 5  # a new collection: rendered again
+    assert b"specdecode_draft_tokens_total" in third and third != first
