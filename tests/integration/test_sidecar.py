@@ -287,3 +287,18 @@ def test_specdecode_families_are_rendered_once_per_collection(harness: Harness) 
     third = renderer.render(encoder)
     assert len(rendered) == 5  # a new collection: rendered again
     assert b"specdecode_draft_tokens_total" in third and third != first
+
+
+def test_targets_share_one_default_tls_context() -> None:
+    """Each default TLS context loads the CA bundle (~0.8 MB): 100 targets once cost 80 MB of RSS."""
+    from exporter.collection import default_ssl_context, new_client
+
+    def rss_mib() -> float:
+        with open("/proc/self/status") as status:
+            return int(status.read().split("VmRSS:")[1].split()[0]) / 1024
+
+    before = rss_mib()
+    clients = [new_client(TargetConfig(name=f"t{i}", url=f"http://127.0.0.1:1/m{i}")) for i in range(100)]
+    assert rss_mib() - before < 20, "per-target clients must not each load the CA bundle"
+    assert default_ssl_context() is default_ssl_context()
+    assert len(clients) == 100
