@@ -170,7 +170,11 @@ def test_sighup_and_post_reload_keep_window_state(tmp_path: Path, servers: Calla
         # SIGHUP: add target b and a window; a keeps its counters, histogram and windows.
         write(config, config_text({"a": a.url, "b": b.url}, windows="1m,5m"))
         sidecar.proc.send_signal(signal.SIGHUP)
-        sidecar.wait_until(lambda: sidecar.metrics().get("specdecode_up", target="b") == 1)
+        # The new window shows from a's next collection on; b must have been collected too.
+        sidecar.wait_until(
+            lambda: sidecar.metrics().get("specdecode_up", target="b") == 1
+            and sidecar.metrics().get("specdecode_acceptance_ratio", target="a", window="5m") is not None
+        )
         after = sidecar.metrics()
         for name in ("specdecode_interval_acceptance_ratio_count", "specdecode_draft_tokens_total"):
             assert after.get(name, target="a") >= before.get(name, target="a")  # type: ignore[operator]
