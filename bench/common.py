@@ -8,20 +8,13 @@ import socket
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+
+from exporter.simulator.clock import ManualClock
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
-@dataclass
-class FakeClock:
-    now: float = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
+FakeClock = ManualClock
 
 
 def time_call(fn: Callable[[], object], *, repeat: int, number: int = 1) -> list[float]:

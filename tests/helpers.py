@@ -14,6 +14,7 @@ from exporter.collection import Exporter, TargetView
 from exporter.config import Config, TargetConfig, parse_windows
 from exporter.httpserver import ThreadedServer, bind_socket
 from exporter.simulator import ModelSpec, Scenario, Simulator, steady_scenario
+from exporter.simulator.clock import ManualClock
 from exporter.simulator.server import serve_in_thread
 from exporter.web import build_app
 
@@ -24,15 +25,7 @@ def fixture_text(name: str) -> str:
     return (FIXTURES / name).read_text(encoding="utf-8")
 
 
-@dataclass
-class FakeClock:
-    now: float = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
+FakeClock = ManualClock
 
 
 Key = tuple[str, frozenset[tuple[str, str]]]
