@@ -67,7 +67,7 @@ class CollectionFailure(Exception):
         self.detail = detail
 
 
-def samples_from_body(result: FetchResult) -> str:
+def body_text(result: FetchResult) -> str:
     """Decode and sanity-check a fetched body; raises CollectionFailure(parse)."""
     assert result.body is not None
     if "html" in result.content_type.lower():
@@ -160,7 +160,7 @@ class TargetCollector:
         return self.view
 
     def _ingest(self, result: FetchResult) -> None:
-        text = samples_from_body(result)
+        text = body_text(result)
         try:
             samples = select_samples(text, ALL_PREFIXES)
         except ParseError as exc:

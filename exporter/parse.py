@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import NamedTuple
 
 Labels = tuple[tuple[str, str], ...]
@@ -93,16 +93,6 @@ def parse_line(line: str) -> Sample:
         raise ParseError(f"malformed sample line {line[:120]!r}")
     name, label_body, value = match.groups()
     return Sample(name, parse_labels(label_body) if label_body else (), parse_value(value))
-
-
-def _line_starts(text: str, prefix: str) -> Iterable[int]:
-    if text.startswith(prefix):
-        yield 0
-    needle = "\n" + prefix
-    pos = text.find(needle)
-    while pos != -1:
-        yield pos + 1
-        pos = text.find(needle, pos + 1)
 
 
 # Line cache: "name{labels}" (everything before the single space that precedes the value) → (name, labels).

@@ -30,9 +30,4 @@ __all__ = [
     "FetchTiming",
     "SeriesReading",
     "detect_engine",
-    "engine_by_api",
 ]
-
-
-def engine_by_api(api: str) -> Engine | None:
-    return next((e for e in ENGINES if e.api == api), None)
