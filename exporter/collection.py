@@ -15,23 +15,23 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import certifi
 import httpx
 
 from exporter.config import Config, TargetConfig, Window
-from exporter.derive import WindowStats, window_stats
-from exporter.engines import ALL_PREFIXES, Decoder, Engine, detect_engine
+from exporter.derive import WindowStats, span_stats
+from exporter.engines import ALL_PREFIXES, Decoder, DecodeResult, Engine, FetchTiming, detect_engine
 from exporter.log import event
-from exporter.parse import ParseError, select_samples
+from exporter.parse import ParseError, Selection, select
 from exporter.scrape import FailureReason, FetchResult, fetch, valid_bearer_token
 from exporter.store import IntervalHistogram, SeriesKey, SeriesState, Store, Totals
 
 LOG_REPEAT_SECONDS = 60.0
 
 
-@dataclass(frozen=True, slots=True)
-class SeriesView:
+class SeriesView(NamedTuple):  # built per series per collection: a NamedTuple is cheaper than a frozen dataclass
     key: SeriesKey
     totals: Totals
     histogram: IntervalHistogram
@@ -80,24 +80,24 @@ def body_text(result: FetchResult) -> str:
 
 def series_view(state: SeriesState, now: float, fresh: bool, windows: tuple[Window, ...], slack: float,
                 config: TargetConfig) -> SeriesView:
-    computed: list[tuple[Window, WindowStats]] = []
     reading = state.last_reading
     k = config.num_speculative_tokens or (reading.num_speculative_tokens if reading else None)
+    computed: list[tuple[Window, WindowStats]] = []
     if fresh:
+        cost, window_span = config.cost, state.window_span
         for window in windows:
-            delta = state.window(now, window.seconds, slack)
-            stats = window_stats(delta, config.cost, k) if delta else None
+            span = window_span(now, window.seconds, slack)
+            stats = span_stats(span, cost, k) if span else None
             if stats is not None:
                 computed.append((window, stats))
-    histogram = IntervalHistogram(list(state.histogram.bucket_counts), state.histogram.count, state.histogram.sum)
     return SeriesView(
-        key=state.key,
-        totals=state.totals,
-        histogram=histogram,
-        windows=tuple(computed),
-        num_speculative_tokens=k,
-        lifetime_acceptance_ratio=reading.lifetime_acceptance_ratio if reading else None,
-        restarts=state.restarts,
+        state.key,
+        state.totals,
+        state.histogram,
+        tuple(computed),
+        k,
+        reading.lifetime_acceptance_ratio if reading else None,
+        state.restarts,
     )
 
 
@@ -162,10 +162,19 @@ class TargetCollector:
     def _ingest(self, result: FetchResult) -> None:
         text = body_text(result)
         try:
-            samples = select_samples(text, ALL_PREFIXES)
+            selection = select(text, ALL_PREFIXES)
+            # Same lines as last time: same engine, and the decoder needs no parsing.
+            decoded = self.decoder.decode_known(selection, result.timing) if self.decoder else None
+            if decoded is None:
+                decoded = self._decode(selection, result.timing)
         except ParseError as exc:
             raise CollectionFailure(FailureReason.PARSE, str(exc)) from None
-        engine = detect_engine(samples)
+        for warning in decoded.warnings:
+            event(logging.DEBUG, "series not decodable this time", target=self.config.name, detail=warning)
+        self.store.update(self.config.name, decoded.series, decoded.pending, self.clock())
+
+    def _decode(self, selection: Selection, timing: FetchTiming) -> DecodeResult:
+        engine = detect_engine(selection.samples())
         if engine is None:
             raise CollectionFailure(FailureReason.NO_SPEC_METRICS, "no speculative-decoding metrics in the exposition")
         if engine is not self.engine or self.decoder is None:
@@ -175,10 +184,7 @@ class TargetCollector:
             self.engine, self.decoder = engine, engine.new_decoder()
             if self.config.num_speculative_tokens and hasattr(self.decoder, "num_speculative_tokens"):
                 self.decoder.num_speculative_tokens = self.config.num_speculative_tokens
-        decoded = self.decoder.decode(samples, result.timing)
-        for warning in decoded.warnings:
-            event(logging.DEBUG, "series not decodable this time", target=self.config.name, detail=warning)
-        self.store.update(self.config.name, decoded.series, decoded.pending, self.clock())
+        return self.decoder.decode(selection, timing)
 
     def _failed(self, failure: CollectionFailure, duration: float) -> TargetView:
         self.errors[failure.reason.value] += 1
@@ -265,7 +271,7 @@ class Exporter:
     async def collect_all_once(self, client: httpx.AsyncClient) -> list[TargetView]:
         return list(await asyncio.gather(*(c.collect(client) for c in self.collectors.values())))
 
-    async def _loop(self, collector: TargetCollector, limit: asyncio.Semaphore) -> None:
+    async def _loop(self, collector: TargetCollector, limit: asyncio.Semaphore, phase: float) -> None:
         try:
             client = new_client(collector.config)
         except (OSError, ssl.SSLError, ValueError) as exc:  # the TLS files went away since the config was loaded
@@ -274,6 +280,7 @@ class Exporter:
                 collector.view = collector._failed(CollectionFailure(FailureReason.CONNECT, detail), 0.0)
                 await asyncio.sleep(collector.interval)
         async with client:
+            delay_once = phase  # fraction of an interval, added once after the first collection
             while True:
                 started = self.clock()
                 async with limit:
@@ -281,13 +288,18 @@ class Exporter:
                 # Sleep to the next tick of this target's own schedule; an overrun skips ticks, never stacks them.
                 interval = collector.interval
                 elapsed = self.clock() - started
-                await asyncio.sleep(interval - (elapsed % interval))
+                await asyncio.sleep(interval - (elapsed % interval) + delay_once * interval)
+                delay_once = 0.0
 
     def _start(self, collector: TargetCollector) -> None:
         if self._limit is None:
             return  # not running (tests drive collections themselves)
         name = collector.config.name
-        self._tasks[name] = asyncio.create_task(self._loop(collector, self._limit), name=f"collect-{name}")
+        # Every target is collected at once when the sidecar starts; after that, target i of N runs i/N of an
+        # interval later, so many targets are spread over the interval instead of queueing in one burst.
+        names = list(self.collectors)
+        phase = names.index(name) / len(names)
+        self._tasks[name] = asyncio.create_task(self._loop(collector, self._limit, phase), name=f"collect-{name}")
 
     def _stop(self, name: str) -> asyncio.Task[None] | None:
         task = self._tasks.pop(name, None)

@@ -7,12 +7,14 @@ See DESIGN.md §5 for the cost model.
 
 from __future__ import annotations
 
+import functools
 import math
+import operator
 from dataclasses import dataclass
-from itertools import accumulate
+from itertools import accumulate, repeat
 from typing import NamedTuple
 
-from exporter.store import Totals, WindowDelta
+from exporter.store import WindowDelta, WindowSpan
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,18 +34,24 @@ class CostModel:
         return self.per_draft_token
 
 
+def _unit(x: float) -> float:
+    """x clamped to [0, 1] (NaN to 0, as min(1, max(0, x)) does); conditionals are ~6× faster than the builtins."""
+    return x if 0.0 <= x <= 1.0 else (1.0 if x > 1.0 else 0.0)
+
+
 def acceptance_ratio(accepted_tokens: float, draft_tokens: float) -> float | None:
     """α: accepted draft tokens / drafted tokens."""
     if draft_tokens <= 0:
         return None
-    return min(1.0, max(0.0, accepted_tokens / draft_tokens))
+    return _unit(accepted_tokens / draft_tokens)
 
 
 def mean_acceptance_length(accepted_tokens: float, drafts: float | None) -> float | None:
     """Tokens produced per verification step, bonus token included (vLLM's definition): 1 + accepted/drafts."""
     if drafts is None or drafts <= 0:
         return None
-    return 1.0 + max(0.0, accepted_tokens / drafts)
+    accepted_per_draft = accepted_tokens / drafts
+    return 1.0 + accepted_per_draft if accepted_per_draft > 0.0 else 1.0
 
 
 def mean_draft_length(draft_tokens: float, drafts: float | None) -> float | None:
@@ -57,8 +65,11 @@ def position_acceptance_ratios(accepted_by_position: tuple[float, ...], drafts: 
     """P(accepted prefix is longer than i) for each position i."""
     if drafts is None or drafts <= 0:
         return ()
+    ratios = tuple(map(operator.truediv, accepted_by_position, repeat(drafts, len(accepted_by_position))))
     # Counts come from monotonic totals, so they are ≥ 0; only the upper bound needs a clamp.
-    return tuple([min(1.0, count / drafts) for count in accepted_by_position])
+    if ratios and max(ratios) > 1.0:
+        return tuple([min(1.0, ratio) for ratio in ratios])
+    return ratios
 
 
 def token_acceptance_probability(
@@ -76,9 +87,9 @@ def token_acceptance_probability(
     if drafts is None or drafts <= 0:
         return None
     if accepted_by_position:
-        rejections = max(0.0, drafts - accepted_by_position[-1])
-        trials = accepted_tokens + rejections
-        return None if trials <= 0 else min(1.0, max(0.0, accepted_tokens / trials))
+        full = accepted_by_position[-1]
+        trials = accepted_tokens + (drafts - full if drafts > full else 0.0)  # + rejections
+        return None if trials <= 0 else _unit(accepted_tokens / trials)
     if not num_speculative_tokens or num_speculative_tokens <= 0:
         return None
     return solve_geometric_probability(accepted_tokens / drafts, num_speculative_tokens)
@@ -119,12 +130,17 @@ def expected_speedup(mean_length: float | None, draft_length: float | None, cost
     return mean_length / (1.0 + draft_length * cost.per_draft_token)
 
 
+@functools.lru_cache(maxsize=64)
+def _step_costs(per_draft_token: float, k: int) -> tuple[float, ...]:
+    """1 + k'·c for k' = 1..k: the cost of one verification step at each draft length."""
+    return tuple([1.0 + k_prime * per_draft_token for k_prime in range(1, k + 1)])
+
+
 def speedup_by_length(position_ratios: tuple[float, ...], cost: CostModel) -> tuple[float, ...]:
     """S(k') for k' = 1..k from the per-position curve: (1 + Σ_{i<k'} r_i) / (1 + k'·c)."""
-    c = cost.per_draft_token
     expected_tokens = accumulate(position_ratios, initial=1.0)
     next(expected_tokens)  # k' = 0: plain decoding
-    return tuple([tokens / (1.0 + k_prime * c) for k_prime, tokens in enumerate(expected_tokens, start=1)])
+    return tuple(map(operator.truediv, expected_tokens, _step_costs(cost.per_draft_token, len(position_ratios))))
 
 
 MIN_RECOMMENDATION_GAIN = 0.02
@@ -140,10 +156,8 @@ def recommended_num_speculative_tokens(speedups: tuple[float, ...],
     """
     if not speedups:
         return None
-    best_k, best = 0, 1.0
-    for k_prime, speedup in enumerate(speedups, start=1):
-        if speedup > best + 1e-12:
-            best_k, best = k_prime, speedup
+    best = max(speedups)
+    best_k = speedups.index(best) + 1 if best > 1.0 + 1e-12 else 0  # index(): the first, i.e. smallest, k'
     current_k, current = len(speedups), speedups[-1]
     if best_k not in (0, current_k) and best < current * (1.0 + min_gain):
         return current_k
@@ -164,28 +178,47 @@ class WindowStats(NamedTuple):
 
 def window_stats(window: WindowDelta, cost: CostModel, num_speculative_tokens: int | None) -> WindowStats | None:
     """Everything the sidecar reports for one window; None when the window carried no drafted tokens."""
-    delta: Totals = window.delta
-    alpha = acceptance_ratio(delta.accepted_tokens, delta.draft_tokens)
-    if alpha is None or window.seconds <= 0:
+    delta = window.delta
+    return counts_stats(window.seconds, delta.draft_tokens, delta.accepted_tokens, delta.drafts,
+                        delta.accepted_by_position, cost, num_speculative_tokens)
+
+
+def span_stats(span: WindowSpan, cost: CostModel, num_speculative_tokens: int | None) -> WindowStats | None:
+    """window_stats() for the window between two cumulative snapshots, without building the delta Totals
+    (this runs for every series × window on every collection)."""
+    start, end = span.start, span.end
+    drafts = None if start.drafts is None or end.drafts is None else end.drafts - start.drafts
+    start_positions, end_positions = start.accepted_by_position, end.accepted_by_position
+    # k changed inside the window: the per-position curve is not comparable
+    positions = tuple(map(operator.sub, end_positions, start_positions)) \
+        if len(start_positions) == len(end_positions) else ()
+    return counts_stats(span.seconds, end.draft_tokens - start.draft_tokens,
+                        end.accepted_tokens - start.accepted_tokens, drafts, positions, cost, num_speculative_tokens)
+
+
+def counts_stats(seconds: float, draft_tokens: float, accepted_tokens: float, drafts: float | None,
+                 accepted_by_position: tuple[float, ...], cost: CostModel,
+                 num_speculative_tokens: int | None) -> WindowStats | None:
+    """The window's statistics from its counts (increases over ``seconds``)."""
+    alpha = acceptance_ratio(accepted_tokens, draft_tokens)
+    if alpha is None or seconds <= 0:
         return None
-    drafts = delta.drafts
     if drafts is None and num_speculative_tokens:
-        drafts = delta.draft_tokens / num_speculative_tokens
-    length = mean_acceptance_length(delta.accepted_tokens, drafts)
-    positions = position_acceptance_ratios(delta.accepted_by_position, drafts)
+        drafts = draft_tokens / num_speculative_tokens
+    length = mean_acceptance_length(accepted_tokens, drafts)
+    positions = position_acceptance_ratios(accepted_by_position, drafts)
     by_length = speedup_by_length(positions, cost)
+    draft_length = mean_draft_length(draft_tokens, drafts)
     return WindowStats(
-        acceptance_ratio=alpha,
-        mean_acceptance_length=length,
-        position_acceptance_ratios=positions,
-        token_acceptance_probability=token_acceptance_probability(
-            delta.accepted_tokens, drafts, delta.accepted_by_position, mean_draft_length(delta.draft_tokens, drafts)
-        ),
-        draft_tokens_per_second=delta.draft_tokens / window.seconds,
-        accepted_tokens_per_second=delta.accepted_tokens / window.seconds,
-        expected_speedup=expected_speedup(length, mean_draft_length(delta.draft_tokens, drafts), cost),
-        speedup_by_length=by_length,
-        recommended_num_speculative_tokens=recommended_num_speculative_tokens(by_length),
+        alpha,
+        length,
+        positions,
+        token_acceptance_probability(accepted_tokens, drafts, accepted_by_position, draft_length),
+        draft_tokens / seconds,
+        accepted_tokens / seconds,
+        expected_speedup(length, draft_length, cost),
+        by_length,
+        recommended_num_speculative_tokens(by_length),
     )
 
 

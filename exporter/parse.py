@@ -2,11 +2,13 @@
 
 A vLLM exposition with several engines is about 1 MB and the sidecar needs a few dozen of its lines.
 Instead of tokenising every family, we jump straight to the lines whose metric name starts with one of
-the wanted prefixes (``str.find`` runs in C) and parse only those.
+the wanted prefixes (``str.find`` runs in C) and parse only those, and only when the decoder has not seen
+their layout before.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Sequence
@@ -97,38 +99,129 @@ def parse_line(line: str) -> Sample:
 
 # Line cache: "name{labels}" (everything before the single space that precedes the value) → (name, labels).
 # Between two scrapes of the same target only the values change, so after the first scrape each selected
-# line costs one rpartition, one dict lookup and one float(). Only lines without timestamp or exemplar are
-# cached (their head is then exactly name+labels); everything else takes the strict regex path every time.
+# line costs one dict lookup and one float(). Only lines without timestamp or exemplar are cached (their
+# head is then exactly name+labels); everything else takes the strict regex path every time.
 # Bounded: cleared when it grows past _HEAD_CACHE_MAX (label churn cannot grow it without limit).
 _HEAD_CACHE_MAX = 20_000
 _head_cache: dict[str, tuple[str, Labels]] = {}
-_selectors: dict[tuple[str, ...], re.Pattern[str]] = {}
 
 
-def _selector(prefixes: Sequence[str]) -> re.Pattern[str]:
-    """One regex that returns every line starting with one of the prefixes (one C-level scan of the body)."""
-    key = tuple(prefixes)
-    pattern = _selectors.get(key)
-    if pattern is None:
-        alternatives = "|".join(re.escape(p) for p in sorted(set(key), key=len, reverse=True))
-        # A literal "\n" first lets the regex engine use its fast literal search.
-        pattern = _selectors[key] = re.compile(rf"\n((?:{alternatives})[^\n]*)")
-    return pattern
-
-
-def _parse_and_cache(line: str, head: str, cache: dict[str, tuple[str, Labels]]) -> Sample:
+def _parse_and_cache(line: str, head: str, cache: dict[str, tuple[str, Labels]]) -> tuple[Sample, bool]:
+    """Strict parse of one line; also says whether the line is plain "head value" (its head then names it)."""
     stripped = line.rstrip("\r")
     match = _LINE.fullmatch(stripped)
     if match is None:
         raise ParseError(f"malformed sample line {stripped[:120]!r}")
     name, label_body, value = match.group(1, 2, 3)
     sample = Sample(name, parse_labels(label_body) if label_body else (), parse_value(value))
-    # Cacheable only when the value token is the last thing on the line and follows the head's single space.
-    if match.end(3) == len(stripped) and match.start(3) == len(head) + 1 and line[len(head)] == " ":
+    # Plain only when the value token is the last thing on the line and follows the head's single space.
+    plain = match.end(3) == len(stripped) and match.start(3) == len(head) + 1 and line[len(head)] == " "
+    if plain:
         if len(cache) >= _HEAD_CACHE_MAX:
             cache.clear()
         cache[head] = (sample.name, sample.labels)
-    return sample
+    return sample, plain
+
+
+class Selection:
+    """The lines of one exposition whose metric name starts with a wanted prefix, in exposition order.
+
+    ``heads[i]`` is line i up to its last space (``name{labels}`` on a plain line) and ``values[i]`` the text
+    after it. Two scrapes of one target usually have identical heads, which lets a decoder that has seen
+    the layout before skip parsing altogether (see ``Decoder.decode_known``); ``samples()`` parses strictly.
+    """
+
+    __slots__ = ("_plain", "_samples", "heads", "lines", "values")
+
+    def __init__(self, lines: list[str]) -> None:
+        self.lines = lines
+        parts = [line.rpartition(" ") for line in lines]
+        heads, _, values = zip(*parts, strict=True) if parts else ((), (), ())
+        self.heads: tuple[str, ...] = heads
+        self.values: tuple[str, ...] = values
+        self._samples: list[Sample] | None = None
+        self._plain = False
+
+    def samples(self) -> list[Sample]:
+        """Every selected line as a Sample; raises ParseError on the first malformed line."""
+        if self._samples is None:
+            cache = _head_cache
+            out: list[Sample] = []
+            append = out.append
+            plain = True
+            for line, head, value in zip(self.lines, self.heads, self.values, strict=True):
+                hit = cache.get(head)
+                if hit is not None:
+                    try:
+                        append(Sample(hit[0], hit[1], float(value)))
+                        continue
+                    except ValueError:
+                        pass  # not a plain value after all: take the strict path for the message
+                sample, line_plain = _parse_and_cache(line, head, cache)
+                plain = plain and line_plain
+                append(sample)
+            self._samples, self._plain = out, plain
+        return self._samples
+
+    @property
+    def plain(self) -> bool:
+        """Every line is exactly "name{labels} value": the heads alone identify the samples' names and labels."""
+        self.samples()
+        return self._plain
+
+
+@functools.lru_cache(maxsize=16)
+def _common_start(words: tuple[str, ...]) -> str:
+    low, high = min(words), max(words)  # the common start of the extremes is everyone's
+    size = 0
+    while size < len(low) and low[size] == high[size]:
+        size += 1
+    return low[:size]
+
+
+def _wanted_lines(text: str, start: int, end: int, wanted: tuple[str, ...]) -> list[str]:
+    """The lines of text[start:end] that start with a wanted prefix."""
+    region = text[start:end].split("\n")
+    first = region[0]
+    for prefix in wanted:
+        if first.startswith(prefix):
+            # Usually the region is this one family: a C-level count proves it and spares the check per line.
+            if text.count("\n" + prefix, start, end) == len(region) - 1:
+                return region
+            break
+    return [line for line in region if line.startswith(wanted)]
+
+
+def select(text: str, prefixes: Sequence[str]) -> Selection:
+    """Find the lines whose metric name starts with one of ``prefixes``; raises ParseError when the body is
+    not an exposition at all.
+
+    The text format keeps each family's samples together, after its ``# HELP``/``# TYPE`` lines. So one
+    C-level ``str.find`` jumps to the next line with the prefixes' common start, and everything up to the
+    next comment is split into lines in one call.
+    """
+    if not looks_like_exposition(text):
+        raise ParseError("body is not a Prometheus exposition (first line: " + repr(text.lstrip()[:40]) + ")")
+    wanted = tuple(prefixes)
+    if not wanted:
+        return Selection([])
+    common = _common_start(wanted)
+    needle = "\n" + common
+    find = text.find
+    lines: list[str] = []
+    found = -1 if text.startswith(common) else find(needle)  # the newline before a wanted line (-1: none)
+    if found == -1 and not text.startswith(common):
+        return Selection([])
+    while True:
+        start = found + 1
+        end = find("\n#", start)
+        if end == -1:
+            end = len(text)
+        lines.extend(_wanted_lines(text, start, end, wanted))
+        found = find(needle, end)
+        if found == -1:
+            break
+    return Selection(lines)
 
 
 def select_samples(text: str, prefixes: Sequence[str]) -> list[Sample]:
@@ -137,25 +230,7 @@ def select_samples(text: str, prefixes: Sequence[str]) -> list[Sample]:
     Raises ParseError when the body is not an exposition at all, or when a selected line is malformed
     (Prometheus rejects a whole scrape for one bad line; so do we, for the lines we read).
     """
-    if not looks_like_exposition(text):
-        raise ParseError("body is not a Prometheus exposition (first line: " + repr(text.lstrip()[:40]) + ")")
-    if not prefixes:
-        return []
-    lines = _selector(prefixes).findall(text if text.startswith("\n") else "\n" + text)
-    cache = _head_cache
-    out: list[Sample] = []
-    append = out.append
-    for line in lines:
-        head, _, value = line.rpartition(" ")
-        hit = cache.get(head)
-        if hit is not None:
-            try:
-                append(Sample(hit[0], hit[1], float(value)))
-                continue
-            except ValueError:
-                pass  # not a plain value after all: take the strict path for the message
-        append(_parse_and_cache(line, head, cache))
-    return out
+    return select(text, prefixes).samples()
 
 
 def is_finite_count(value: float) -> bool:

@@ -18,8 +18,7 @@ from exporter.engines.base import SeriesReading
 INTERVAL_BUCKETS: tuple[float, ...] = tuple(round(0.05 * i, 2) for i in range(1, 21))
 
 
-@dataclass(frozen=True, slots=True)
-class SeriesKey:
+class SeriesKey(NamedTuple):
     target: str
     model_name: str | None
     engine: str | None
@@ -35,25 +34,18 @@ class Totals(NamedTuple):
     accepted_by_position: tuple[float, ...] = ()
 
     def minus(self, earlier: Totals) -> Totals:
+        # Positional and inlined: this runs for every series × window on every collection.
+        drafts, emitted = self.drafts, self.emitted_tokens
+        later_positions, earlier_positions = self.accepted_by_position, earlier.accepted_by_position
         return Totals(
-            draft_tokens=self.draft_tokens - earlier.draft_tokens,
-            accepted_tokens=self.accepted_tokens - earlier.accepted_tokens,
-            drafts=_optional_minus(self.drafts, earlier.drafts),
-            emitted_tokens=_optional_minus(self.emitted_tokens, earlier.emitted_tokens),
-            accepted_by_position=_positions_minus(self.accepted_by_position, earlier.accepted_by_position),
+            self.draft_tokens - earlier.draft_tokens,
+            self.accepted_tokens - earlier.accepted_tokens,
+            None if drafts is None or earlier.drafts is None else drafts - earlier.drafts,
+            None if emitted is None or earlier.emitted_tokens is None else emitted - earlier.emitted_tokens,
+            # k changed inside the window: the per-position curve is not comparable
+            tuple(map(operator.sub, later_positions, earlier_positions))
+            if len(later_positions) == len(earlier_positions) else (),
         )
-
-
-def _optional_minus(later: float | None, earlier: float | None) -> float | None:
-    if later is None or earlier is None:
-        return None
-    return later - earlier
-
-
-def _positions_minus(later: tuple[float, ...], earlier: tuple[float, ...]) -> tuple[float, ...]:
-    if len(later) != len(earlier):
-        return ()  # k changed inside the window: the per-position curve is not comparable
-    return tuple(map(operator.sub, later, earlier))
 
 
 def counter_increase(previous_raw: float | None, raw: float, restarted: bool) -> float:
@@ -79,61 +71,85 @@ def reading_totals(reading: SeriesReading) -> Totals:
     )
 
 
+def _decreased(earlier: float | None, later: float | None) -> bool:
+    return earlier is not None and later is not None and later < earlier
+
+
 def is_restart(previous: SeriesReading, current: SeriesReading) -> bool:
     if previous.created is not None and current.created is not None and current.created != previous.created:
         return True
-    pairs = [
-        (previous.draft_tokens, current.draft_tokens),
-        (previous.accepted_tokens, current.accepted_tokens),
-        (previous.drafts, current.drafts),
-        (previous.emitted_tokens, current.emitted_tokens),
-        *zip(previous.accepted_by_position, current.accepted_by_position, strict=False),
-    ]
-    return any(b is not None and a is not None and b < a for a, b in pairs)
+    return (
+        current.draft_tokens < previous.draft_tokens
+        or current.accepted_tokens < previous.accepted_tokens
+        or _decreased(previous.drafts, current.drafts)
+        or _decreased(previous.emitted_tokens, current.emitted_tokens)
+        or any(map(operator.lt, current.accepted_by_position, previous.accepted_by_position))
+    )
 
 
-def add_reading(totals: Totals, previous: SeriesReading | None, current: SeriesReading, restarted: bool) -> Totals:
-    """New reset-safe totals after one more raw reading."""
-    prev_positions = previous.accepted_by_position if previous else ()
-    positions = list(totals.accepted_by_position)
-    for i, raw in enumerate(current.accepted_by_position):
-        prev_raw = prev_positions[i] if i < len(prev_positions) else None
+def _positions_increase(totals: tuple[float, ...], previous: tuple[float, ...], current: tuple[float, ...],
+                        restarted: bool) -> tuple[float, ...]:
+    if not restarted and len(totals) == len(previous) == len(current):  # the usual case, in C
+        return tuple(map(operator.add, totals, map(operator.sub, current, previous)))
+    positions = list(totals)
+    for i, raw in enumerate(current):
+        prev_raw = previous[i] if i < len(previous) else None
         increase = counter_increase(prev_raw, raw, restarted)
         if i < len(positions):
             positions[i] += increase
         else:
             positions.append(increase)
+    return tuple(positions)
+
+
+def add_reading(totals: Totals, previous: SeriesReading | None, current: SeriesReading, restarted: bool) -> Totals:
+    """New reset-safe totals after one more raw reading."""
+    if previous is None:
+        return Totals(
+            totals.draft_tokens + current.draft_tokens,
+            totals.accepted_tokens + current.accepted_tokens,
+            _accumulate(totals.drafts, None, current.drafts, restarted),
+            _accumulate(totals.emitted_tokens, None, current.emitted_tokens, restarted),
+            _positions_increase(totals.accepted_by_position, (), current.accepted_by_position, restarted),
+        )
     return Totals(
-        draft_tokens=totals.draft_tokens
-        + counter_increase(previous.draft_tokens if previous else None, current.draft_tokens, restarted),
-        accepted_tokens=totals.accepted_tokens
-        + counter_increase(previous.accepted_tokens if previous else None, current.accepted_tokens, restarted),
-        drafts=_accumulate(totals.drafts, previous.drafts if previous else None, current.drafts, restarted),
-        emitted_tokens=_accumulate(
-            totals.emitted_tokens, previous.emitted_tokens if previous else None, current.emitted_tokens, restarted
-        ),
-        accepted_by_position=tuple(positions),
+        totals.draft_tokens + counter_increase(previous.draft_tokens, current.draft_tokens, restarted),
+        totals.accepted_tokens + counter_increase(previous.accepted_tokens, current.accepted_tokens, restarted),
+        _accumulate(totals.drafts, previous.drafts, current.drafts, restarted),
+        _accumulate(totals.emitted_tokens, previous.emitted_tokens, current.emitted_tokens, restarted),
+        _positions_increase(totals.accepted_by_position, previous.accepted_by_position,
+                            current.accepted_by_position, restarted),
     )
 
 
-@dataclass(slots=True)
-class IntervalHistogram:
-    """Cumulative histogram of per-interval α; monotonic for the life of the sidecar."""
+class IntervalHistogram(NamedTuple):
+    """Cumulative histogram of per-interval α; monotonic for the life of the sidecar. Immutable, so a view can
+    hold the series' current histogram without copying it."""
 
-    bucket_counts: list[int] = field(default_factory=lambda: [0] * len(INTERVAL_BUCKETS))
+    bucket_counts: tuple[int, ...] = (0,) * len(INTERVAL_BUCKETS)
     count: int = 0
     sum: float = 0.0
 
-    def observe(self, value: float) -> None:
-        self.count += 1
-        self.sum += value
-        for i in range(bisect.bisect_left(INTERVAL_BUCKETS, value), len(INTERVAL_BUCKETS)):
-            self.bucket_counts[i] += 1
+    def observed(self, value: float) -> IntervalHistogram:
+        """This histogram with one more observation."""
+        first = bisect.bisect_left(INTERVAL_BUCKETS, value)  # the buckets from here on contain it
+        counts = self.bucket_counts
+        return IntervalHistogram(counts[:first] + tuple([c + 1 for c in counts[first:]]), self.count + 1,
+                                 self.sum + value)
+
+
+NO_OBSERVATIONS = IntervalHistogram()
 
 
 class WindowDelta(NamedTuple):
     seconds: float
     delta: Totals
+
+
+class WindowSpan(NamedTuple):
+    seconds: float
+    start: Totals
+    end: Totals
 
 
 @dataclass
@@ -143,7 +159,7 @@ class SeriesState:
     totals: Totals = field(default_factory=Totals)
     times: list[float] = field(default_factory=list)
     snapshots: list[Totals] = field(default_factory=list)
-    histogram: IntervalHistogram = field(default_factory=IntervalHistogram)
+    histogram: IntervalHistogram = NO_OBSERVATIONS
     last_seen: float = 0.0
     restarts: int = 0
 
@@ -157,9 +173,10 @@ class SeriesState:
         self.last_reading = reading
         self.last_seen = now
         if previous is not None:
-            step = self.totals.minus(before)
-            if step.draft_tokens > 0:
-                self.histogram.observe(min(1.0, max(0.0, step.accepted_tokens / step.draft_tokens)))
+            drafted = self.totals.draft_tokens - before.draft_tokens
+            accepted = self.totals.accepted_tokens - before.accepted_tokens
+            if drafted > 0:
+                self.histogram = self.histogram.observed(min(1.0, max(0.0, accepted / drafted)))
         self._append(now, keep_seconds)
 
     def touch(self, now: float) -> None:
@@ -176,18 +193,23 @@ class SeriesState:
             del self.snapshots[:cut]
 
     def window(self, now: float, seconds: float, slack: float) -> WindowDelta | None:
-        """Totals' change over the window ending at the latest snapshot; None with fewer than 2 snapshots.
+        """Totals' change over the window ending at the latest snapshot; None with fewer than 2 snapshots."""
+        span = self.window_span(now, seconds, slack)
+        return None if span is None else WindowDelta(span.seconds, span.end.minus(span.start))
+
+    def window_span(self, now: float, seconds: float, slack: float) -> WindowSpan | None:
+        """The snapshots that open and close the window ending at the latest snapshot; None with fewer than 2.
 
         ``slack`` lets a snapshot taken a little before the window's start count as its start, so a 1m
-        window at a 5 s interval spans 60 s rather than 55 s.
+        window at a 5 s interval spans 60 s rather than 55 s. Finding the start is a bisection of the ring;
+        the window's counts are the difference of two cumulative snapshots, so nothing is summed per scrape.
         """
-        if not self.times:
-            return None
-        start = bisect.bisect_left(self.times, now - seconds - slack)
-        last = len(self.times) - 1
+        times = self.times
+        start = bisect.bisect_left(times, now - seconds - slack)
+        last = len(times) - 1
         if start >= last:
             return None
-        return WindowDelta(self.times[last] - self.times[start], self.snapshots[last].minus(self.snapshots[start]))
+        return WindowSpan(times[last] - times[start], self.snapshots[start], self.snapshots[last])
 
 
 @dataclass

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
-from exporter.parse import Sample
+from exporter.parse import Sample, Selection
 
 
 @dataclass(frozen=True, slots=True)
@@ -17,8 +17,7 @@ class FetchTiming:
     finished: float
 
 
-@dataclass(frozen=True, slots=True)
-class SeriesReading:
+class SeriesReading(NamedTuple):  # a NamedTuple, not a frozen dataclass: built per series per collection
     """One (model, engine) series as the engine's counters stand now, in vLLM-V1 terms.
 
     Values are raw cumulative counts since the engine's own start; the store makes them reset-safe.
@@ -47,7 +46,12 @@ class DecodeResult:
 
 
 class Decoder(Protocol):
-    def decode(self, samples: Sequence[Sample], timing: FetchTiming) -> DecodeResult: ...
+    def decode(self, selection: Selection, timing: FetchTiming) -> DecodeResult: ...
+
+    def decode_known(self, selection: Selection, timing: FetchTiming) -> DecodeResult | None:
+        """The fast path: what decode() would return, without parsing, when the selection has the layout
+        (the same heads) of the last one decoded; None when it does not, and decode() must run."""
+        ...
 
 
 class Engine(Protocol):
@@ -67,20 +71,21 @@ _key_cache: dict[tuple[tuple[str, ...], tuple[tuple[str, str], ...]], tuple[str 
 
 def group_by_series(
     samples: Sequence[Sample], series_labels: tuple[str, ...]
-) -> dict[tuple[str | None, ...], list[Sample]]:
+) -> dict[tuple[str | None, ...], list[int]]:
+    """Indices of the samples of each series (its values of ``series_labels``), series in order of appearance."""
     # The series key of a label set never changes; cache it (bounded) instead of scanning labels per sample.
-    groups: dict[tuple[str | None, ...], list[Sample]] = {}
+    groups: dict[tuple[str | None, ...], list[int]] = {}
     cache = _key_cache
     if len(cache) >= _KEY_CACHE_MAX:
         cache.clear()
-    for sample in samples:
+    for index, sample in enumerate(samples):
         labels = sample.labels
         key = cache.get((series_labels, labels))
         if key is None:
             key = cache[(series_labels, labels)] = tuple(sample.label(name) for name in series_labels)
         group = groups.get(key)
         if group is None:
-            groups[key] = [sample]
+            groups[key] = [index]
         else:
-            group.append(sample)
+            group.append(index)
     return groups

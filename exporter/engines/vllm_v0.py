@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from exporter.engines.base import DecodeResult, FetchTiming, SeriesReading, group_by_series
-from exporter.parse import Sample, is_finite_count
+from exporter.parse import Sample, Selection, is_finite_count
 
 ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
 DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
@@ -85,14 +85,18 @@ class V0Decoder:
     num_speculative_tokens: int | None = None  # from config, when given
     models: dict[str | None, _ModelState] = field(default_factory=dict)
 
-    def decode(self, samples: Sequence[Sample], timing: FetchTiming) -> DecodeResult:
+    def decode_known(self, selection: Selection, timing: FetchTiming) -> DecodeResult | None:
+        return None  # stateful: every fetch must go through decode()
+
+    def decode(self, selection: Selection, timing: FetchTiming) -> DecodeResult:
         result = DecodeResult()
+        samples = selection.samples()
         groups = group_by_series(samples, ("model_name",))
         # A model gone from the exposition loses its state (as vLLM loses it on restart): memory stays bounded
         # by what the current exposition holds.
         self.models = {name: state for name, state in self.models.items() if (name,) in groups}
-        for (model_name,), group in groups.items():
-            values = {s.name: s.value for s in reversed(group)}  # first occurrence wins
+        for (model_name,), indices in groups.items():
+            values = {samples[i].name: samples[i].value for i in reversed(indices)}  # first occurrence wins
             state = self.models.setdefault(model_name, _ModelState())
             reading = self._decode_model(model_name, values, timing, state)
             if isinstance(reading, SeriesReading):

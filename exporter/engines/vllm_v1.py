@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from exporter.engines.base import DecodeResult, FetchTiming, SeriesReading, group_by_series
-from exporter.parse import Sample, is_finite_count
+from exporter.parse import Sample, Selection, is_finite_count
 
 DRAFTS = "vllm:spec_decode_num_drafts_total"
 DRAFTS_CREATED = "vllm:spec_decode_num_drafts_created"
@@ -18,61 +18,132 @@ PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
 CREATED_SUFFIX = "_created"
 
 
-def _reading(model_name: str | None, engine: str | None, samples: list[Sample]) -> SeriesReading | str:
-    """Build one reading, or return why it cannot be trusted this time."""
-    values: dict[str, float] = {}
-    per_position: dict[int, float] = {}
-    created: float | None = None
-    for sample in samples:
+@dataclass(frozen=True, slots=True)
+class _Slots:
+    """Where one series' counters sit in a selection: indices into its lines."""
+
+    model_name: str | None
+    engine: str | None
+    draft_tokens: int
+    accepted_tokens: int
+    drafts: int | None
+    created: int | None
+    positions: tuple[int, ...]
+
+
+def _slots(model_name: str | None, engine: str | None, group: list[tuple[int, Sample]]) -> _Slots | str:
+    """Which line holds which counter of one series, or why the series cannot be read (from names and
+    labels alone, so it holds for every scrape with the same layout)."""
+    first: dict[str, int] = {}
+    per_position: dict[int, int] = {}
+    created: int | None = None
+    for index, sample in group:
         name = sample.name
         if name.endswith(CREATED_SUFFIX):
-            # Any change of _created means the engine restarted.
-            if math.isfinite(sample.value):
-                created = sample.value
-            continue
-        if not is_finite_count(sample.value):
-            return f"{name} has unusable value {sample.value}"
-        if name == PER_POSITION:
+            created = index  # any change of _created means the engine restarted
+        elif name == PER_POSITION:
             position = sample.label("position")
             if position is None or not position.isdigit():
                 return f"{name} has position label {position!r}"
-            per_position[int(position)] = sample.value
+            per_position[int(position)] = index
         else:
-            values.setdefault(name, sample.value)  # a duplicate series: keep the first, like a scrape would
-    if DRAFT_TOKENS not in values or ACCEPTED not in values:
+            first.setdefault(name, index)  # a duplicate series: keep the first, like a scrape would
+    if DRAFT_TOKENS not in first or ACCEPTED not in first:
         return "draft or accepted token counter missing"
-    drafts = values.get(DRAFTS)
-    by_position: tuple[float, ...] = ()
+    positions: tuple[int, ...] = ()
     if per_position:
         k = max(per_position) + 1
         if len(per_position) != k:
             return f"position series have gaps ({sorted(per_position)})"
-        by_position = tuple(per_position[i] for i in range(k))
+        positions = tuple(per_position[i] for i in range(k))
+    return _Slots(model_name, engine, first[DRAFT_TOKENS], first[ACCEPTED], first.get(DRAFTS), created, positions)
+
+
+def _unusable_value(group: list[tuple[int, Sample]]) -> str | None:
+    for _, sample in group:
+        if sample.name.endswith(CREATED_SUFFIX):
+            continue  # a bad _created only loses restart detection by timestamp
+        if not is_finite_count(sample.value):
+            return f"{sample.name} has unusable value {sample.value}"
+    return None
+
+
+def _reading(slots: _Slots, values: Sequence[float]) -> SeriesReading:
+    drafts = None if slots.drafts is None else values[slots.drafts]
+    accepted = values[slots.accepted_tokens]
+    created = None if slots.created is None else values[slots.created]
+    by_position = tuple([values[i] for i in slots.positions])
     return SeriesReading(
-        model_name=model_name,
-        engine=engine,
+        model_name=slots.model_name,
+        engine=slots.engine,
         drafts=drafts,
-        draft_tokens=values[DRAFT_TOKENS],
-        accepted_tokens=values[ACCEPTED],
+        draft_tokens=values[slots.draft_tokens],
+        accepted_tokens=accepted,
         # Each verification step emits the accepted prefix plus one token from the target model.
-        emitted_tokens=None if drafts is None else values[ACCEPTED] + drafts,
+        emitted_tokens=None if drafts is None else accepted + drafts,
         accepted_by_position=by_position,
-        created=created,
+        created=created if created is not None and math.isfinite(created) else None,
         num_speculative_tokens=len(by_position) or None,
     )
 
 
+@dataclass(frozen=True, slots=True)
+class _Layout:
+    """What a decode learned about one layout of lines: the series' slots, and the series that cannot be
+    read whatever the values are."""
+
+    heads: tuple[str, ...]
+    slots: tuple[_Slots, ...]
+    pending: tuple[tuple[str | None, str | None], ...]
+    warnings: tuple[str, ...]
+
+
 class V1Decoder:
-    def decode(self, samples: Sequence[Sample], timing: FetchTiming) -> DecodeResult:
+    """Stateless apart from the last layout, which lets the next scrape with the same lines skip parsing."""
+
+    def __init__(self) -> None:
+        self._layout: _Layout | None = None
+
+    def decode(self, selection: Selection, timing: FetchTiming) -> DecodeResult:
+        samples = selection.samples()
+        values = [s.value for s in samples]
         result = DecodeResult()
-        for (model_name, engine), group in group_by_series(samples, ("model_name", "engine")).items():
-            reading = _reading(model_name, engine, group)
-            if isinstance(reading, str):
+        slots: list[_Slots] = []
+        static_pending: list[tuple[str | None, str | None]] = []
+        static_warnings: list[str] = []
+        for (model_name, engine), indices in group_by_series(samples, ("model_name", "engine")).items():
+            group = [(i, samples[i]) for i in indices]
+            found = _slots(model_name, engine, group)
+            problem = found if isinstance(found, str) else _unusable_value(group)
+            if problem is not None:
                 result.pending.append((model_name, engine))
-                result.warnings.append(f"model_name={model_name} engine={engine}: {reading}")
+                result.warnings.append(f"model_name={model_name} engine={engine}: {problem}")
+                if isinstance(found, str):
+                    static_pending.append((model_name, engine))
+                    static_warnings.append(result.warnings[-1])
             else:
-                result.series.append(reading)
+                assert not isinstance(found, str)
+                result.series.append(_reading(found, values))
+            if not isinstance(found, str):
+                slots.append(found)
+        self._layout = _Layout(selection.heads, tuple(slots), tuple(static_pending), tuple(static_warnings)) \
+            if selection.plain else None
         return result
+
+    def decode_known(self, selection: Selection, timing: FetchTiming) -> DecodeResult | None:
+        layout = self._layout
+        if layout is None or selection.heads != layout.heads:
+            return None
+        try:
+            values = list(map(float, selection.values))
+        except ValueError:
+            return None
+        # Every value finite and ≥ 0 (NaN and ±Inf make the sum non-finite): then no series has an unusable
+        # value and the result is what decode() would give. Anything else takes decode() for its messages.
+        if not (math.isfinite(sum(values)) and min(values, default=0.0) >= 0):
+            return None
+        return DecodeResult(series=[_reading(slots, values) for slots in layout.slots],
+                            pending=list(layout.pending), warnings=list(layout.warnings))
 
 
 @dataclass(frozen=True)

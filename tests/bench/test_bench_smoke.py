@@ -36,7 +36,7 @@ def test_pipeline_runs_the_real_collection_and_fills_windows() -> None:
 
 def test_stage_breakdown_has_every_stage() -> None:
     stages = collect.stage_breakdown(collect.body_sequence(1, 1, 3, 3), 2)
-    assert set(stages) == {"decode", "select", "detect", "decode_series", "store", "view"}
+    assert set(stages) == {"text", "select", "decode", "store", "view"}
     assert all(v >= 0 for v in stages.values())
 
 

@@ -6,15 +6,15 @@ import pytest
 
 from exporter.engines import ALL_PREFIXES, FetchTiming, detect_engine
 from exporter.engines.vllm_v0 import V0Decoder, infer_num_speculative_tokens
-from exporter.parse import select_samples
+from exporter.parse import select, select_samples
 from tests.helpers import fixture_text
 
 
 def decode(name: str):
-    samples = select_samples(fixture_text(name), ALL_PREFIXES)
-    engine = detect_engine(samples)
+    selection = select(fixture_text(name), ALL_PREFIXES)
+    engine = detect_engine(selection.samples())
     assert engine is not None
-    return engine, engine.new_decoder().decode(samples, FetchTiming(0.0, 0.1))
+    return engine, engine.new_decoder().decode(selection, FetchTiming(0.0, 0.1))
 
 
 def test_real_capture_is_v1_with_created_and_k_3() -> None:
@@ -54,10 +54,10 @@ def test_v1_series_with_a_nan_counter_is_pending_not_zero() -> None:
     text = ('vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} NaN\n'
             'vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="m"} 10\n'
             'vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} 5\n')
-    samples = select_samples(text, ALL_PREFIXES)
-    engine = detect_engine(samples)
+    selection = select(text, ALL_PREFIXES)
+    engine = detect_engine(selection.samples())
     assert engine is not None
-    result = engine.new_decoder().decode(samples, FetchTiming(0, 0))
+    result = engine.new_decoder().decode(selection, FetchTiming(0, 0))
     assert result.series == []
     assert result.pending == [("m", "0")]
 
@@ -98,7 +98,7 @@ class V0Engine:
 
 
 def decode_v0(decoder: V0Decoder, text: str, started: float, finished: float | None = None):
-    return decoder.decode(select_samples(text, ALL_PREFIXES), FetchTiming(started, finished or started + 0.01))
+    return decoder.decode(select(text, ALL_PREFIXES), FetchTiming(started, finished or started + 0.01))
 
 
 def test_v0_decodes_lifetime_totals_from_one_report_between_close_fetches() -> None:

@@ -1,0 +1,44 @@
+"""The collection schedule with many targets: everyone is collected at start, then target i of N runs i/N
+of an interval later, so N targets are spread over the interval instead of queueing in one burst."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from exporter.collection import Exporter
+from exporter.config import Config, TargetConfig, parse_windows
+from exporter.httpserver import ThreadedServer, bind_socket
+from exporter.web import build_app
+from tests.faults.hostile import scripted, serve, v1_body
+
+INTERVAL = 1.0
+TARGETS = 4
+
+
+def _recording(times: list[float]) -> Callable[[], bytes]:
+    def body() -> bytes:
+        times.append(time.monotonic())
+        return v1_body(300, 200)
+    return body
+
+
+def test_targets_are_spread_over_the_interval_after_the_first_collection() -> None:
+    times: list[list[float]] = [[] for _ in range(TARGETS)]
+    servers = [serve(scripted(_recording(times[i]))).start() for i in range(TARGETS)]
+    try:
+        config = Config(targets=tuple(TargetConfig(f"t{i}", s.url) for i, s in enumerate(servers)),
+                        windows=parse_windows("1m", "windows"), collect_interval=INTERVAL)
+        with ThreadedServer(build_app(Exporter(config), run_collection=True), bind_socket(), name="sidecar").start():
+            time.sleep(2.6 * INTERVAL)
+    finally:
+        for server in servers:
+            server.stop()
+    assert all(len(t) >= 2 for t in times), times
+    first_round = min(t[0] for t in times)
+    assert max(t[0] for t in times) - first_round < 0.3 * INTERVAL, "every target is collected at start"
+    for i, fetched in enumerate(times):
+        expected = INTERVAL * (1 + i / TARGETS)
+        assert abs((fetched[1] - fetched[0]) - expected) < 0.15 * INTERVAL, (i, fetched[1] - fetched[0], expected)
+        if len(fetched) >= 3:
+            assert abs((fetched[2] - fetched[1]) - INTERVAL) < 0.15 * INTERVAL, "then the plain interval"
