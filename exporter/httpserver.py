@@ -15,7 +15,9 @@ from fastapi import FastAPI
 
 def bind_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # proto must say TCP: asyncio sets TCP_NODELAY only on sockets that do, and without it every response on a
+    # kept-alive connection (headers and body are two writes) waits ~40 ms for the client's delayed ACK.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
