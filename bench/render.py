@@ -65,8 +65,9 @@ class WrkRun:
     p99: float
 
 
-def wrk(url: str, seconds: int, connections: int = 8, threads: int = 2) -> WrkRun:
-    out = subprocess.run(["wrk", f"-t{threads}", f"-c{connections}", f"-d{seconds}s", "--latency", url],
+def wrk(url: str, seconds: int, connections: int = 8, threads: int = 2, headers: tuple[str, ...] = ()) -> WrkRun:
+    flags = [arg for header in headers for arg in ("-H", header)]
+    out = subprocess.run(["wrk", f"-t{threads}", f"-c{connections}", f"-d{seconds}s", "--latency", *flags, url],
                          capture_output=True, text=True, timeout=seconds + 30, check=True).stdout
     lat = {p: float(v) * _UNIT[u] for p, v, u in _LAT.findall(out)}
     rps = _RPS.search(out)
@@ -78,7 +79,10 @@ def wrk(url: str, seconds: int, connections: int = 8, threads: int = 2) -> WrkRu
 class ServeResult:
     healthz: WrkRun
     metrics_idle: WrkRun
+    metrics_gzip: WrkRun  # idle, as Prometheus asks: Accept-Encoding: gzip
     metrics_busy: WrkRun
+    plain_kib: float  # /metrics body as sent, identity
+    gzip_kib: float  # and gzipped
     busy_collect_duty: float  # share of wall time the sidecar spent collecting during the busy run
 
 
@@ -93,8 +97,10 @@ def bench_serve(seconds: int, body: bytes) -> ServeResult:
         url = base + "/metrics"
         with sidecar([url], interval="1h") as (_, side):
             _wait_up(side)
+            plain_kib, gzip_kib = _body_kib(side, "identity"), _body_kib(side, "gzip")
             healthz = wrk(side + "/healthz", seconds)
             idle = wrk(side + "/metrics", seconds)
+            gzipped = wrk(side + "/metrics", seconds, headers=("Accept-Encoding: gzip",))
         with sidecar([url], interval="250ms") as (_, side):
             _wait_up(side)
             from bench.procs import fetch_stats
@@ -105,7 +111,15 @@ def bench_serve(seconds: int, body: bytes) -> ServeResult:
             span = time.monotonic() - t0
             collections = len(fetch_stats(base).get("/metrics", [])) - before
             duration = _collect_duration(side)
-    return ServeResult(healthz, idle, busy, min(1.0, collections * duration / span))
+    return ServeResult(healthz, idle, gzipped, busy, plain_kib, gzip_kib, min(1.0, collections * duration / span))
+
+
+def _body_kib(side: str, encoding: str) -> float:
+    import httpx
+
+    with httpx.stream("GET", side + "/metrics", headers={"Accept-Encoding": encoding}, timeout=10,
+                      trust_env=False) as response:
+        return len(b"".join(response.iter_raw())) / 1024
 
 
 def _wait_up(side: str, timeout: float = 30.0) -> None:

@@ -93,11 +93,13 @@ def run_render(rep: Report, rounds: int, wrk_seconds: int) -> None:
     s = render.bench_serve(wrk_seconds, collect.body_sequence(4, 20, 8, 1)[0])
     rep.add(f"\nServing over loopback with wrk (2 threads, 8 connections, {wrk_seconds} s each), the real sidecar "
             "process with one ~1 MB target (4 models × 20 engines, k=8). Baseline = /healthz on the same server. "
-            f"Busy = interval 250 ms, a collection in progress ~{100 * s.busy_collect_duty:.0f}% of the time.\n")
+            f"Busy = interval 250 ms, a collection in progress ~{100 * s.busy_collect_duty:.0f}% of the time. The "
+            f"sidecar's /metrics is {s.plain_kib:.0f} KiB, {s.gzip_kib:.0f} KiB gzipped (Prometheus asks for gzip; "
+            "the spec-decode part is compressed once per collection).\n")
     base = s.healthz
     rows = []
     for name, w in (("/healthz (baseline)", s.healthz), ("/metrics, idle", s.metrics_idle),
-                    ("/metrics, collecting", s.metrics_busy)):
+                    ("/metrics, idle, gzip", s.metrics_gzip), ("/metrics, collecting", s.metrics_busy)):
         rows.append([name, f"{w.rps:.0f}", f"{w.rps / base.rps:.2f}", fmt_ms(w.p50), fmt_ms(w.p99),
                      f"{w.p99 / s.metrics_idle.p99:.2f}"])
     rep.table(["endpoint", "req/s", "req/s vs /healthz", "p50", "p99", "p99 vs idle /metrics"], rows)

@@ -7,7 +7,9 @@ import contextlib
 import logging
 import signal
 import threading
+import zlib
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -28,10 +30,20 @@ Encoder = Callable[[CollectorRegistry], bytes]
 _OPENMETRICS_EOF = b"# EOF\n"
 
 
+@dataclass
+class _Rendered:
+    encoder: Encoder
+    views: list[TargetView]  # what it was rendered from; keeping them keeps their ids meaningful
+    text: bytes  # without OpenMetrics' "# EOF": the live families follow it
+    # gzip of the text on first demand, and the compressor right after it: each compressed scrape copies it to
+    # add its live families, so a response is one gzip stream without compressing the large part again.
+    gzipped: tuple[bytes, zlib._Compress] | None = None
+
+
 class MetricsRenderer:
     """Renders /metrics. The spec-decode families change only when a collection publishes new views, so their
-    text is rendered once per set of views and reused by every scrape until then; the process, platform, GC
-    and reload families are cheap and rendered fresh each time."""
+    text (and its gzip) is rendered once per set of views and reused by every scrape until then; the process,
+    platform, GC and reload families are cheap and rendered fresh each time."""
 
     def __init__(self, exporter: Exporter, reloader: Reloader | None = None) -> None:
         self._views = exporter.views
@@ -44,24 +56,47 @@ class MetricsRenderer:
         PlatformCollector(registry=self._live)
         GCCollector(registry=self._live)
         self._pending: list[TargetView] = []
-        # (encoder, views it was rendered from, text); keeping the views keeps their ids meaningful
-        self._cached: tuple[Encoder, list[TargetView], bytes] | None = None
+        self._cached: _Rendered | None = None
         self._lock = threading.Lock()
 
     def _current_views(self) -> list[TargetView]:
         return self._pending
 
-    def render(self, encoder: Encoder) -> bytes:
+    def render(self, encoder: Encoder, compress: bool = False) -> bytes:
+        """The exposition; with ``compress``, gzipped."""
         views = self._views()
         with self._lock:
             cached = self._cached
-            if cached is None or cached[0] is not encoder or not _same_views(cached[1], views):
+            if cached is None or cached.encoder is not encoder or not _same_views(cached.views, views):
                 self._pending = views
-                cached = self._cached = (encoder, views, encoder(self._specdecode))
-        body = cached[2]
-        if body.endswith(_OPENMETRICS_EOF):
-            body = body[: -len(_OPENMETRICS_EOF)]  # one # EOF, after the live families
-        return body + encoder(self._live)
+                text = encoder(self._specdecode)
+                if text.endswith(_OPENMETRICS_EOF):
+                    text = text[: -len(_OPENMETRICS_EOF)]  # one # EOF, after the live families
+                cached = self._cached = _Rendered(encoder, views, text)
+            if compress and cached.gzipped is None:
+                compressor = zlib.compressobj(6, zlib.DEFLATED, 16 + zlib.MAX_WBITS)  # 16+: gzip framing
+                cached.gzipped = (compressor.compress(cached.text), compressor)
+        live = encoder(self._live)
+        if not compress:
+            return cached.text + live
+        assert cached.gzipped is not None
+        head, compressor = cached.gzipped
+        rest = compressor.copy()
+        return head + rest.compress(live) + rest.flush()
+
+
+def accepts_gzip(accept_encoding: str) -> bool:
+    """Whether an Accept-Encoding header allows gzip (q=0 forbids it)."""
+    for item in accept_encoding.split(","):
+        coding, _, params = item.strip().partition(";")
+        if coding.strip().lower() in ("gzip", "*"):
+            params = params.strip()
+            q = params[2:] if params.startswith("q=") else "1"
+            try:
+                return float(q) > 0
+            except ValueError:
+                return False
+    return False
 
 
 def _same_views(a: list[TargetView], b: list[TargetView]) -> bool:
@@ -108,7 +143,9 @@ def build_app(exporter: Exporter, run_collection: bool = True, reloader: Reloade
     @app.get(config.telemetry_path)
     def metrics(request: Request) -> Response:
         encoder, content_type = choose_encoder(request.headers.get("accept", ""))
-        return Response(renderer.render(encoder), media_type=content_type)
+        compress = accepts_gzip(request.headers.get("accept-encoding", ""))
+        headers = {"Vary": "Accept-Encoding"} | ({"Content-Encoding": "gzip"} if compress else {})
+        return Response(renderer.render(encoder, compress), media_type=content_type, headers=headers)
 
     @app.get("/healthz")
     def healthz() -> PlainTextResponse:

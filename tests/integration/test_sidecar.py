@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Iterator
 
 import httpx
@@ -263,6 +264,40 @@ def test_openmetrics_negotiation(harness: Harness) -> None:
     response = httpx.get(harness.sidecar_url + "/metrics", headers={"Accept": "application/openmetrics-text"})
     assert response.headers["content-type"].startswith("application/openmetrics-text")
     assert response.text.rstrip().endswith("# EOF")
+
+
+def _raw_metrics(harness: Harness, accept_encoding: str, accept: str = "text/plain") -> tuple[httpx.Headers, bytes]:
+    """Headers and the body as sent (httpx would decode a gzip body)."""
+    with httpx.stream("GET", harness.sidecar_url + "/metrics",
+                      headers={"Accept-Encoding": accept_encoding, "Accept": accept}) as response:
+        return response.headers, b"".join(response.iter_raw())
+
+
+def _spec_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if "specdecode_" in line and "build_info" not in line]
+
+
+@pytest.mark.parametrize("accept", ["text/plain", "application/openmetrics-text"])
+def test_metrics_are_gzipped_for_clients_that_ask(harness: Harness, accept: str) -> None:
+    harness.step(5.0)
+    harness.step(5.0)
+    plain_headers, plain = _raw_metrics(harness, "identity", accept)
+    assert "content-encoding" not in plain_headers
+    assert plain_headers["vary"] == "Accept-Encoding"
+    for _ in range(2):  # the second one reuses the compressed spec-decode part
+        headers, packed = _raw_metrics(harness, "gzip, deflate", accept)
+        assert headers["content-encoding"] == "gzip"
+        assert headers["vary"] == "Accept-Encoding"
+        assert len(packed) < len(plain) / 4
+        # One gzip stream that zlib reads to its end: every reader, not only multi-member-aware ones.
+        inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        text = inflater.decompress(packed).decode()
+        assert inflater.eof and not inflater.unused_data
+        assert _spec_lines(text) == _spec_lines(plain.decode())
+        assert "process_resident_memory_bytes" in text  # the live families follow
+        if accept.startswith("application/openmetrics"):
+            assert text.endswith("# EOF\n") and text.count("# EOF") == 1
+    assert "content-encoding" not in _raw_metrics(harness, "gzip;q=0, identity")[0]
 
 
 def test_specdecode_families_are_rendered_once_per_collection(harness: Harness) -> None:

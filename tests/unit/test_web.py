@@ -1,0 +1,22 @@
+"""Content negotiation helpers of the /metrics endpoint."""
+
+from __future__ import annotations
+
+import pytest
+
+from exporter.web import accepts_gzip
+
+
+@pytest.mark.parametrize(("header", "expected"), [
+    ("gzip", True),
+    ("gzip, deflate, br", True),  # what Prometheus and most clients send
+    ("deflate, GZIP;q=0.5", True),
+    ("*", True),
+    ("gzip;q=0", False),
+    ("gzip; q=0.0, identity", False),
+    ("identity", False),
+    ("", False),
+    ("gzip;q=oops", False),
+])
+def test_accepts_gzip(header: str, expected: bool) -> None:
+    assert accepts_gzip(header) is expected
