@@ -23,15 +23,22 @@ from exporter.simulator.exposition import render
 from exporter.store import Store
 
 INTERVAL = 5.0
-SPEC_NEEDLE = "\nvllm:spec_decode_"
+SPEC_PREFIX = "vllm:spec_decode_"
+SPEC_NEEDLE = "\n" + SPEC_PREFIX
 
 
 def baseline_parse(body: bytes) -> int:
     return sum(len(f.samples) for f in text_string_to_metric_families(body.decode("utf-8")))
 
 
-def floor_scan(body: bytes) -> int:
-    """Find every spec-decode line and slice it out; no parsing at all."""
+def line_scan(body: bytes) -> int:
+    """The issue's floor: a plain scan of the lines that keeps the spec-decode ones; no parsing at all."""
+    text = body.decode("utf-8")
+    return len([line for line in text.split("\n") if line.startswith(SPEC_PREFIX)])
+
+
+def jump_scan(body: bytes) -> int:
+    """A stricter floor: str.find from one spec-decode line to the next, slicing each out; no parsing."""
     text = body.decode("utf-8")
     lines = []
     pos = text.find(SPEC_NEEDLE)
@@ -94,12 +101,7 @@ class Pipeline:
 
     def __call__(self) -> int:
         body = self.bodies[self.i % len(self.bodies)]
-        if self.i and self.i % len(self.bodies) == 0:
-            # Wrapping around would look like a restart; start a fresh collector instead (cost is untimed
-            # in the median because it only happens once per cycle and takes the same path).
-            self.clock = FakeClock()
-            self.collector = new_collector(self.clock)
-        self.i += 1
+        self.i += 1  # wrapping around looks like a vLLM restart to the collector: a legitimate scrape too
         return scrape_once(self.collector, self.clock, body)
 
 
@@ -145,22 +147,20 @@ class CollectResult:
     kib: float
     lines: int
     baseline: float
-    floor: float
+    line_scan: float
+    jump_scan: float
     select: float
     pipeline: float
-    stages: dict[str, float] | None = None
 
     @property
     def speedup_vs_baseline(self) -> float:
         return self.baseline / self.pipeline
 
-    @property
-    def vs_floor(self) -> float:
-        return self.pipeline / self.floor
-
 
 def bench_corpus(corpus: Corpus, bodies: list[bytes] | None, rounds: int) -> CollectResult:
-    """bodies: a moving sequence for the stateful pipeline (None: the corpus body, made to move)."""
+    """bodies: a moving sequence for the stateful pipeline (None: the corpus body, made to move). Every
+    function runs several times in a row per round (the first call of a round is cold, the others warm),
+    round-robin, so the ratios compare like with like."""
     body = corpus.body
     seq = bodies or moving_bodies(body, 12)
     pipeline = Pipeline(seq)
@@ -169,12 +169,14 @@ def bench_corpus(corpus: Corpus, bodies: list[bytes] | None, rounds: int) -> Col
     medians = interleaved(
         {
             "baseline": lambda: baseline_parse(body),
-            "floor": lambda: floor_scan(body),
+            "line_scan": lambda: line_scan(body),
+            "jump_scan": lambda: jump_scan(body),
             "select": lambda: select(body.decode("utf-8"), ALL_PREFIXES),
             "pipeline": pipeline,
         },
         rounds=rounds,
-        number={"baseline": baseline_n, "floor": 20 * scale, "select": 3 * scale, "pipeline": 1},
+        number={"baseline": baseline_n, "line_scan": 5 * scale, "jump_scan": 5 * scale, "select": 5 * scale,
+                "pipeline": 5 * scale},
     )
-    return CollectResult(corpus.name, corpus.kib, floor_scan(body), medians["baseline"], medians["floor"],
-                         medians["select"], medians["pipeline"])
+    return CollectResult(corpus.name, corpus.kib, jump_scan(body), medians["baseline"], medians["line_scan"],
+                         medians["jump_scan"], medians["select"], medians["pipeline"])

