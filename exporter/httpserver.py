@@ -4,10 +4,12 @@ Used by the demo and the tests; `specdecode-exporter run` serves on the main thr
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import socket
 import threading
 import time
-from types import TracebackType
+from types import FrameType, TracebackType
 
 import uvicorn
 from fastapi import FastAPI
@@ -37,6 +39,39 @@ def url_for(sock: socket.socket) -> str:
     return f"http://{'127.0.0.1' if host == '0.0.0.0' else host}:{port}"
 
 
+class QuietServer(uvicorn.Server):
+    """uvicorn's server, waking once a second instead of ten times. uvicorn's loop ticks every 0.1 s to refresh
+    its Date header (one-second resolution) and to notice a shutdown; that was nine-tenths of an idle sidecar's
+    CPU (0.33 % of a core → 0.03 %). A shutdown wakes the loop at once instead of waiting for the tick."""
+
+    TICK_SECONDS = 1.0
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake: asyncio.Event | None = None
+
+    async def main_loop(self) -> None:
+        self._loop, self._wake = asyncio.get_running_loop(), asyncio.Event()
+        counter = 0
+        while not await self.on_tick(counter):
+            counter = (counter + 10) % 864_000  # on_tick refreshes the Date header when counter % 10 == 0
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.TICK_SECONDS)
+
+    def request_exit(self) -> None:
+        """Shut down gracefully; callable from any thread and from a signal handler."""
+        self.should_exit = True
+        loop, wake = self._loop, self._wake
+        if loop is not None and wake is not None:
+            with contextlib.suppress(RuntimeError):  # the loop is already closed
+                loop.call_soon_threadsafe(wake.set)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        super().handle_exit(sig, frame)
+        self.request_exit()
+
+
 class ThreadedServer:
     """A uvicorn server on its own thread; ``stop()`` (or leaving the ``with`` block) shuts it down."""
 
@@ -44,7 +79,7 @@ class ThreadedServer:
         config = uvicorn.Config(app, log_config=None, lifespan=lifespan, access_log=False,
                                 timeout_graceful_shutdown=1)
         self.base_url = url_for(sock)
-        self._server = uvicorn.Server(config)
+        self._server = QuietServer(config)
         self._sock = sock
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]}, name=name, daemon=True)
 
@@ -58,7 +93,7 @@ class ThreadedServer:
         return self
 
     def stop(self, timeout: float = 5.0) -> None:
-        self._server.should_exit = True
+        self._server.request_exit()
         self._thread.join(timeout)
         self._sock.close()
 

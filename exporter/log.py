@@ -52,5 +52,14 @@ def setup_logging(level: str = "info", fmt: str = "logfmt") -> None:
     logging.getLogger("uvicorn.access").disabled = True
 
 
+def reconfigure_logging(level: str, fmt: str) -> None:
+    """A reloaded log level and format, applied to the handlers setup_logging installed."""
+    logger = logging.getLogger(LOGGER_NAME)
+    logger.setLevel(_LEVELS.get(level, logging.INFO))
+    for handler in logger.handlers:
+        if isinstance(handler.formatter, EventFormatter):
+            handler.formatter.json_format = fmt == "json"
+
+
 def event(level: int, msg: str, **fields: Any) -> None:
     logging.getLogger(LOGGER_NAME).log(level, msg, extra={"fields": fields})

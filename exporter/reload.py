@@ -18,7 +18,7 @@ from prometheus_client.registry import Collector
 
 from exporter.collection import Exporter
 from exporter.config import Config, ConfigError
-from exporter.log import event
+from exporter.log import event, reconfigure_logging
 from exporter.webconfig import WebSecurity
 
 RESTART_ONLY = ("listen_address", "telemetry_path", "web_config_file")
@@ -53,6 +53,9 @@ class Reloader:
         # Keep what is actually in force, so the next reload compares against it.
         config = replace(config, **{key: getattr(running, key) for key in RESTART_ONLY})
         notes += self.exporter.apply_config(config)
+        if (config.log_level, config.log_format) != (running.log_level, running.log_format):
+            reconfigure_logging(config.log_level, config.log_format)
+            notes.append(f"log.level {config.log_level}, log.format {config.log_format}")
         self.last_successful = True
         self.last_success_time = time.time()
         message = "; ".join(notes) or "no changes"

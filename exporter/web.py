@@ -20,7 +20,7 @@ from prometheus_client.exposition import choose_encoder
 from exporter.collection import Exporter, TargetView
 from exporter.config import Config, split_listen_address
 from exporter.expose import SpecDecodeCollector, exporter_version
-from exporter.httpserver import bind_socket
+from exporter.httpserver import QuietServer, bind_socket
 from exporter.log import event
 from exporter.reload import ReloadCollector, Reloader
 from exporter.status import status_html, status_json
@@ -185,7 +185,7 @@ def serve(config: Config, load: Callable[[], Config] | None = None, security: We
     if security is not None and security.ssl_context is not None:
         uv_config.load()
         uv_config.ssl = security.ssl_context  # ours, so a reload can swap the certificate in place
-    server = uvicorn.Server(uv_config)
+    server = QuietServer(uv_config)
     event(logging.INFO, "starting", version=exporter_version(), listen_address=config.listen_address,
           telemetry_path=config.telemetry_path, targets=",".join(t.url for t in config.targets),
           interval=f"{config.collect_interval:g}s", windows=",".join(w.name for w in config.windows),
@@ -199,7 +199,7 @@ def serve(config: Config, load: Callable[[], Config] | None = None, security: We
     # uvicorn re-raises a captured SIGTERM once it has shut down gracefully, with the handler found before it
     # started: with this one that means "stop" (also before uvicorn listens) and the process exits 0.
     def stop(_signum: int, _frame: object) -> None:
-        server.should_exit = True
+        server.request_exit()
 
     signal.signal(signal.SIGTERM, stop)
     server.run(sockets=[sock])

@@ -3,6 +3,7 @@ POST /-/reload → new config without losing window state; TLS and basic auth fr
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import ssl
@@ -294,3 +295,27 @@ def test_apply_config_keeps_state_of_targets_that_stay(servers: Callable[..., Ho
     ok, message = Reloader(exporter, lambda: moved).reload()
     assert ok and "new URL" in message and "target b removed" in message
     assert list(exporter.store.series) == []
+
+
+def test_reload_applies_log_level_and_format(tmp_path: Path, servers: Callable[..., HostileServer]) -> None:
+    """One of two engines lacks its accepted counter: every collection logs it at debug level, so the lines
+    show up exactly when a reload turns debug on, and in JSON when the reload asks for JSON."""
+    body = v1_body(300, 200) + b'vllm:spec_decode_num_draft_tokens_total{engine="1",model_name="m"} 10\n'
+    a = servers(scripted(lambda: body))
+    port = closed_port()
+    config = write(tmp_path / "c.yml", config_text({"a": a.url}))
+    sidecar = Process(["--config.file", str(config), "--web.listen-address", f"127.0.0.1:{port}"],
+                      f"http://127.0.0.1:{port}")
+    try:
+        sidecar.wait_until(lambda: len(a.requests) >= 3)
+        write(config, config_text({"a": a.url}) + "log:\n  level: debug\n  format: json\n")
+        response = sidecar.client.post(sidecar.base_url + "/-/reload")
+        assert response.status_code == 200 and "log.level debug, log.format json" in response.text
+        requests = len(a.requests)
+        sidecar.wait_until(lambda: len(a.requests) >= requests + 3)
+    finally:
+        stderr = sidecar.stop()
+    before, _, after = stderr.partition("configuration reloaded")
+    assert "series not decodable" not in before
+    debug = [json.loads(line) for line in after.splitlines() if "series not decodable" in line]
+    assert len(debug) >= 2 and all(d["level"] == "debug" and d["target"] == "a" for d in debug)

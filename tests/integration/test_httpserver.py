@@ -5,7 +5,12 @@ from __future__ import annotations
 import asyncio
 import socket
 
-from exporter.httpserver import bind_socket
+import httpx
+import pytest
+from fastapi import FastAPI
+from fastapi.responses import PlainTextResponse
+
+from exporter.httpserver import QuietServer, ThreadedServer, bind_socket
 
 
 def test_accepted_connections_have_nodelay() -> None:
@@ -34,3 +39,18 @@ def test_accepted_connections_have_nodelay() -> None:
     with bind_socket() as sock:
         assert sock.proto == socket.IPPROTO_TCP
     assert asyncio.run(main()) != 0
+
+
+def test_quiet_server_serves_a_date_and_stops_without_waiting_for_its_tick(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(QuietServer, "TICK_SECONDS", 600.0)  # a stop that waited for the tick would never end
+    app = FastAPI()
+
+    @app.get("/")
+    def root() -> PlainTextResponse:
+        return PlainTextResponse("ok")
+
+    server = ThreadedServer(app, bind_socket(), lifespan="off").start()
+    response = httpx.get(server.base_url + "/")
+    assert response.text == "ok" and response.headers["date"].endswith("GMT")
+    server.stop(timeout=10.0)
+    assert not server._thread.is_alive()
