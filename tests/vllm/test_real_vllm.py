@@ -117,15 +117,16 @@ def test_simulator_spec_families_match_real(vllm_ngram_url: str) -> None:
     """The simulator's V1 exposition has the same spec-decode families, types and label names as a real
     vLLM. (The simulator lives in exporter.simulator; imported lazily so this file runs without it.)"""
     sim_mod = pytest.importorskip("exporter.simulator")
-    from fastapi.testclient import TestClient
+    from exporter.simulator.server import serve_in_thread
 
     sim = sim_mod.Simulator(sim_mod.default_scenario())
     assert sim.format == "v1", f"default scenario format is {sim.format!r}; compare a V1 one"
-    with TestClient(sim_mod.build_app(sim)) as client:
-        r = client.get("/metrics")
-    r.raise_for_status()
+    server, base_url = serve_in_thread(sim)  # the simulator over real loopback HTTP, like everything else
+    try:
+        simulated = h.family_shapes(h.scrape(base_url))
+    finally:
+        server.stop()
     real = h.family_shapes(h.scrape(vllm_ngram_url))
-    simulated = h.family_shapes(r.text)
     assert simulated == real
 
 
