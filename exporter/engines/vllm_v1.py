@@ -114,18 +114,20 @@ class V1Decoder:
         for (model_name, engine), indices in group_by_series(samples, ("model_name", "engine")).items():
             group = [(i, samples[i]) for i in indices]
             found = _slots(model_name, engine, group)
-            problem = found if isinstance(found, str) else _unusable_value(group)
-            if problem is not None:
+            if isinstance(found, str):  # the names and labels rule it out, so will every scrape with this layout
+                warning = f"model_name={model_name} engine={engine}: {found}"
+                result.pending.append((model_name, engine))
+                result.warnings.append(warning)
+                static_pending.append((model_name, engine))
+                static_warnings.append(warning)
+                continue
+            slots.append(found)
+            problem = _unusable_value(group)
+            if problem is None:
+                result.series.append(_reading(found, values))
+            else:  # this scrape's values only
                 result.pending.append((model_name, engine))
                 result.warnings.append(f"model_name={model_name} engine={engine}: {problem}")
-                if isinstance(found, str):
-                    static_pending.append((model_name, engine))
-                    static_warnings.append(result.warnings[-1])
-            else:
-                assert not isinstance(found, str)
-                result.series.append(_reading(found, values))
-            if not isinstance(found, str):
-                slots.append(found)
         self._layout = _Layout(selection.heads, tuple(slots), tuple(static_pending), tuple(static_warnings)) \
             if selection.plain else None
         return result
