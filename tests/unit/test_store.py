@@ -84,8 +84,32 @@ def test_ring_keeps_only_what_the_longest_window_needs() -> None:
     state = SeriesState(SeriesKey("t", "m", "0"))
     for i in range(1000):
         state.update(reading(float(i), float(i)), float(i), keep_seconds=100.0)
-    assert 100 <= len(state.times) <= 102
-    assert state.window(999.0, 100.0, 0.5) is not None
+    assert state.times[0] <= 999.0 - 100.0 < state.times[1]  # one older than the window: it spans in full
+    assert state.times[-60:] == [float(t) for t in range(940, 1000)]  # the last 60 intervals: every one
+    assert len(state.times) < 100  # older ones thinned
+    window = state.window(999.0, 100.0, 0.5)
+    assert window is not None and window.seconds >= 100.0 - 100.0 / 30 - 1.0
+
+
+def test_thinned_ring_keeps_every_window_within_3_percent_of_its_length() -> None:
+    """A 1h ring at 5 s holds ~180 snapshots instead of 720, and every window still starts where it should,
+    give or take 1/30 of its length; its counts are exact for the span it covers."""
+    state = SeriesState(SeriesKey("t", "m", "0"))
+    interval, keep = 5.0, 3600.0 + 10.0
+    for i in range(3 * 720):  # three hours: 10 tokens/s drafted, 40 % accepted
+        state.update(reading(50.0 * i, 20.0 * i), interval * i, keep)
+        now = interval * i
+        if i < 800:
+            continue
+        for seconds in (60.0, 300.0, 900.0, 3600.0):
+            window = state.window(now, seconds, interval / 2)
+            assert window is not None
+            assert seconds - seconds / 30 - interval <= window.seconds <= seconds + interval / 2, (seconds, window)
+            assert window.delta.draft_tokens == 10.0 * window.seconds
+            assert window.delta.accepted_tokens == 4.0 * window.seconds
+            if seconds <= 300.0:
+                assert window.seconds == seconds  # the recent past is never thinned
+    assert len(state.times) < 200
 
 
 def test_interval_histogram_observes_each_interval_alpha() -> None:
