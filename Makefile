@@ -52,7 +52,7 @@ generate: install  ## regenerate rules, dashboard and manifests after changing t
 	$(PY) deploy/generate.py
 	$(PY) scripts/readme_metrics.py
 
-bench: install  ## benchmarks (about 3½ minutes, N = 10/100/500 targets; bench/run.py --long: longer spans, long soak)
+bench: install  ## benchmarks (about 4½ minutes, N = 10/100/500 targets; bench/run.py --long: longer spans, long soak)
 	command -v wrk >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk)
 	$(PY) bench/run.py
 

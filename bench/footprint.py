@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import statistics
 import subprocess
 import sys
@@ -85,3 +86,42 @@ def measure(body: bytes, targets: int, interval: float, span: float, warmup: flo
         rss_mb=rss, hwm_mb=hwm, collections=collections, expected=(t1 - t0) / interval * targets,
         lag_p50=statistics.median(lags), lag_max=worst, max_collect_duration=max(durations, default=float("nan")),
     )
+
+
+_RING_FILL = """
+import json, sys
+from bench import collect
+from bench.common import proc_rss_mb
+from bench.corpus import simulator_series
+from exporter.simulator.exposition import render
+models, engines, k, collections = (int(a) for a in sys.argv[1:5])
+sim = simulator_series(models, engines, k, "v1")
+sim.advance(60.0)
+clock = collect.FakeClock()
+collector = collect.new_collector(clock)
+first = None
+for i in range(collections):
+    sim.advance(collect.INTERVAL)
+    collect.scrape_once(collector, clock, render("v1", sim.snapshot()))
+    if i == 1:
+        first = proc_rss_mb(__import__("os").getpid())
+states = collector.store.for_target("vllm")
+print(json.dumps({"series": len(states), "snapshots": max(len(s.times) for s in states),
+                  "first_mb": first, "end_mb": proc_rss_mb(__import__("os").getpid())}))
+"""
+
+
+@dataclass
+class RingFill:
+    series: int
+    snapshots: int  # per series, once the longest window has filled
+    growth_mb: float  # RSS after the fill − RSS after the second collection
+
+
+def ring_fill(models: int, engines: int, k: int, collections: int = 780) -> RingFill:
+    """The memory the series' state takes once the 1h window has filled (65 min of collections at 5 s on a fake
+    clock, in a child process so the figure is the state's alone)."""
+    out = subprocess.run([sys.executable, "-c", _RING_FILL, str(models), str(engines), str(k), str(collections)],
+                         capture_output=True, text=True, env=_env(), cwd=ROOT, check=True, timeout=600).stdout
+    data = json.loads(out.strip().splitlines()[-1])
+    return RingFill(data["series"], data["snapshots"], data["end_mb"] - data["first_mb"])
