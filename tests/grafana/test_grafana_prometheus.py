@@ -99,8 +99,10 @@ def stop(procs: list[subprocess.Popen[bytes]]) -> None:
 
 def instant(client: httpx.Client, expr: str) -> dict[str, Any]:
     resp = client.get("/api/v1/query", params={"query": expr})
+    # Until its storage is ready Prometheus answers 503 in plain text, not JSON.
+    assert resp.status_code == 200, f"{expr}\n→ {resp.status_code} {resp.text[:200]}"
     body: dict[str, Any] = resp.json()
-    assert resp.status_code == 200 and body.get("status") == "success", f"{expr}\n→ {resp.status_code} {body}"
+    assert body.get("status") == "success", f"{expr}\n→ {body}"
     return body
 
 
