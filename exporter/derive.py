@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from itertools import accumulate, repeat
 from typing import NamedTuple
 
-from exporter.store import WindowDelta, WindowSpan
+from exporter.store import WindowDelta, WindowSpan, optional_minus, positions_minus
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,13 +187,10 @@ def span_stats(span: WindowSpan, cost: CostModel, num_speculative_tokens: int | 
     """window_stats() for the window between two cumulative snapshots, without building the delta Totals
     (this runs for every series × window on every collection)."""
     start, end = span.start, span.end
-    drafts = None if start.drafts is None or end.drafts is None else end.drafts - start.drafts
-    start_positions, end_positions = start.accepted_by_position, end.accepted_by_position
-    # k changed inside the window: the per-position curve is not comparable
-    positions = tuple(map(operator.sub, end_positions, start_positions)) \
-        if len(start_positions) == len(end_positions) else ()
     return counts_stats(span.seconds, end.draft_tokens - start.draft_tokens,
-                        end.accepted_tokens - start.accepted_tokens, drafts, positions, cost, num_speculative_tokens)
+                        end.accepted_tokens - start.accepted_tokens, optional_minus(end.drafts, start.drafts),
+                        positions_minus(end.accepted_by_position, start.accepted_by_position), cost,
+                        num_speculative_tokens)
 
 
 def counts_stats(seconds: float, draft_tokens: float, accepted_tokens: float, drafts: float | None,

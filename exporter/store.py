@@ -34,18 +34,23 @@ class Totals(NamedTuple):
     accepted_by_position: tuple[float, ...] = ()
 
     def minus(self, earlier: Totals) -> Totals:
-        # Positional and inlined: this runs for every series × window on every collection.
-        drafts, emitted = self.drafts, self.emitted_tokens
-        later_positions, earlier_positions = self.accepted_by_position, earlier.accepted_by_position
         return Totals(
             self.draft_tokens - earlier.draft_tokens,
             self.accepted_tokens - earlier.accepted_tokens,
-            None if drafts is None or earlier.drafts is None else drafts - earlier.drafts,
-            None if emitted is None or earlier.emitted_tokens is None else emitted - earlier.emitted_tokens,
-            # k changed inside the window: the per-position curve is not comparable
-            tuple(map(operator.sub, later_positions, earlier_positions))
-            if len(later_positions) == len(earlier_positions) else (),
+            optional_minus(self.drafts, earlier.drafts),
+            optional_minus(self.emitted_tokens, earlier.emitted_tokens),
+            positions_minus(self.accepted_by_position, earlier.accepted_by_position),
         )
+
+
+def optional_minus(later: float | None, earlier: float | None) -> float | None:
+    return None if later is None or earlier is None else later - earlier
+
+
+def positions_minus(later: tuple[float, ...], earlier: tuple[float, ...]) -> tuple[float, ...]:
+    if len(later) != len(earlier):
+        return ()  # k changed inside the window: the per-position curve is not comparable
+    return tuple(map(operator.sub, later, earlier))
 
 
 def counter_increase(previous_raw: float | None, raw: float, restarted: bool) -> float:
@@ -104,20 +109,15 @@ def _positions_increase(totals: tuple[float, ...], previous: tuple[float, ...], 
 
 def add_reading(totals: Totals, previous: SeriesReading | None, current: SeriesReading, restarted: bool) -> Totals:
     """New reset-safe totals after one more raw reading."""
-    if previous is None:
-        return Totals(
-            totals.draft_tokens + current.draft_tokens,
-            totals.accepted_tokens + current.accepted_tokens,
-            _accumulate(totals.drafts, None, current.drafts, restarted),
-            _accumulate(totals.emitted_tokens, None, current.emitted_tokens, restarted),
-            _positions_increase(totals.accepted_by_position, (), current.accepted_by_position, restarted),
-        )
     return Totals(
-        totals.draft_tokens + counter_increase(previous.draft_tokens, current.draft_tokens, restarted),
-        totals.accepted_tokens + counter_increase(previous.accepted_tokens, current.accepted_tokens, restarted),
-        _accumulate(totals.drafts, previous.drafts, current.drafts, restarted),
-        _accumulate(totals.emitted_tokens, previous.emitted_tokens, current.emitted_tokens, restarted),
-        _positions_increase(totals.accepted_by_position, previous.accepted_by_position,
+        totals.draft_tokens + counter_increase(previous.draft_tokens if previous else None, current.draft_tokens,
+                                               restarted),
+        totals.accepted_tokens + counter_increase(previous.accepted_tokens if previous else None,
+                                                  current.accepted_tokens, restarted),
+        _accumulate(totals.drafts, previous.drafts if previous else None, current.drafts, restarted),
+        _accumulate(totals.emitted_tokens, previous.emitted_tokens if previous else None, current.emitted_tokens,
+                    restarted),
+        _positions_increase(totals.accepted_by_position, previous.accepted_by_position if previous else (),
                             current.accepted_by_position, restarted),
     )
 
