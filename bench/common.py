@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import gc
 import os
-import socket
 import statistics
 import time
 from collections.abc import Callable
 
+from devtools.procs import free_port as free_port  # re-exported: benches take it from here
 from exporter.simulator.clock import ManualClock
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -41,12 +41,6 @@ def interleaved(fns: dict[str, Callable[[], object]], *, rounds: int, number: di
         for name, fn in fns.items():
             samples[name].extend(time_call(fn, repeat=1, number=number.get(name, 1)))
     return {name: statistics.median(values) for name, values in samples.items()}
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def proc_cpu_seconds(pid: int) -> float:

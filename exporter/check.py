@@ -10,7 +10,7 @@ import httpx
 
 from exporter.collection import Exporter, TargetView
 from exporter.config import Config, TargetConfig, Window
-from exporter.derive import acceptance_ratio, verdict
+from exporter.derive import acceptance_ratio
 from exporter.status import verdict_stats
 
 CHECK_STEP_SECONDS = 2.0  # below V0's 5 s report period, so V0 counters can be decoded too
@@ -30,13 +30,13 @@ async def collect_for(exporter: Exporter, duration: float) -> TargetView:
     return view
 
 
-def render(view: TargetView, duration: float, page_threshold: float) -> str:
+def render(view: TargetView, duration: float) -> str:
     cost = view.config.cost
     lines = [f"target   {view.config.url}", f"api      {view.api}", ""]
     header = ("model", "engine", "α", "α since start", "mean len", "k", "speedup", "break-even", "best k", "verdict")
     rows = [header]
     for series in view.series:
-        _, stats = verdict_stats(series)
+        stats = verdict_stats(series)
         totals = series.totals
         rows.append((
             series.key.model_name or "", series.key.engine or "",
@@ -47,12 +47,14 @@ def render(view: TargetView, duration: float, page_threshold: float) -> str:
             _fmt(stats.expected_speedup if stats else None, ".2f"),
             _fmt(cost.break_even_acceptance_ratio, ".2f"),
             _fmt(stats.recommended_num_speculative_tokens if stats else None, "d"),
-            verdict(stats, cost, page_threshold),
+            series.judgement.verdict.value,
         ))
     widths = [max(len(str(row[i])) for row in rows) for i in range(len(header))]
     lines += ["  ".join(str(cell).ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in rows]
     if not any(s.windows for s in view.series):
         lines += ["", f"No drafted tokens in the last {duration:g}s: send traffic, or check for longer (--duration)."]
+    lines += [""] + [f"{series.key.model_name or ''} {series.key.engine or ''}".strip()
+                     + f": {series.judgement.verdict.value} ({series.judgement.reason})" for series in view.series]
     lines += ["", f"Cost model: c_draft={cost.c_draft:g} c_verify={cost.c_verify:g} (break-even α = their sum); "
                   "speedup is modelled, not measured."]
     return "\n".join(lines) + "\n"
@@ -67,5 +69,5 @@ def run_check(url: str, duration: float, timeout: float, out: TextIO) -> int:
     if not view.up:
         out.write(f"specdecode-exporter: cannot collect {url}: {view.last_error}\n")
         return 1
-    out.write(render(view, duration, config.page_threshold))
+    out.write(render(view, duration))
     return 0

@@ -91,6 +91,10 @@ def _dest(flag: str) -> str:
 def add_run_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config.file", dest="config_file", metavar="FILE",
                         help=f"YAML configuration (env {env_name('--config.file')})")
+    parser.add_argument("--monitoring.config-file", dest="monitoring_config_file", metavar="FILE",
+                        help="the monitoring config the verdict reads (thresholds, bands), merged onto the shipped "
+                             f"one; the same file the rules and dashboard are built from "
+                             f"(env {env_name('--monitoring.config-file')})")
     parser.add_argument("--target", action="append", metavar="[NAME=]URL",
                         help=f"vLLM /metrics URL; repeatable (default {DEFAULT_TARGET_URL}; env SPECDECODE_TARGET, "
                              "comma-separated)")
@@ -104,7 +108,9 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
 def config_from_args(args: argparse.Namespace) -> Config:
     """Flags > env > config file > defaults."""
     config_file = _from_env(args, "config_file", "--config.file")
-    config = load_config_file(config_file) if config_file else config_from_mapping({}, "defaults")
+    monitoring_file = _from_env(args, "monitoring_config_file", "--monitoring.config-file")
+    config = (load_config_file(config_file, monitoring_file) if config_file
+              else config_from_mapping({}, "defaults", monitoring_file))
     overrides: dict[str, Any] = {}
     for flag in RUN_FLAGS:
         value = _from_env(args, _dest(flag.flag), flag.flag)
@@ -176,14 +182,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--duration", help="stop after this long (default: run until Ctrl-C)")
     demo.set_defaults(handler=cmd_demo)
 
-    try:
-        from exporter.simulator import cli as simulator_cli
-    except ImportError:  # pragma: no cover - the simulator ships with the package
-        simulator_cli = None
-    if simulator_cli is not None:
-        simulate = commands.add_parser("simulate", help="serve a fake vLLM /metrics (for demos and tests)")
-        simulator_cli.add_arguments(simulate)
-        simulate.set_defaults(handler=simulator_cli.main)
+    from exporter.simulator import cli as simulator_cli
+
+    simulate = commands.add_parser("simulate", help="serve a fake vLLM /metrics (for demos and tests)")
+    simulator_cli.add_arguments(simulate)
+    simulate.set_defaults(handler=simulator_cli.main)
     return parser
 
 

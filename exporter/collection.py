@@ -20,13 +20,14 @@ from typing import NamedTuple
 import certifi
 import httpx
 
-from exporter.config import Config, TargetConfig, Window
+from exporter.config import Config, TargetConfig, Window, parse_duration
 from exporter.derive import WindowStats, span_stats
-from exporter.engines import ALL_PREFIXES, Decoder, DecodeResult, Engine, FetchTiming, detect_engine
+from exporter.engines import ALL_PREFIXES, Decoder, DecodeResult, DecoderOptions, Engine, FetchTiming, detect_engine
 from exporter.log import event
-from exporter.parse import ParseError, Selection, select
+from exporter.parse import LineCache, ParseError, Selection, select
 from exporter.scrape import FailureReason, FetchResult, fetch, valid_bearer_token
 from exporter.store import IntervalHistogram, SeriesKey, SeriesState, Store, Totals
+from exporter.verdict import Evidence, Judgement, judge
 
 LOG_REPEAT_SECONDS = 60.0
 
@@ -39,6 +40,8 @@ class SeriesView(NamedTuple):  # built per series per collection: a NamedTuple i
     num_speculative_tokens: int | None
     lifetime_acceptance_ratio: float | None
     restarts: int
+    verdict_window: str | None  # the window the judgement is for
+    judgement: Judgement
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,8 +81,32 @@ def body_text(result: FetchResult) -> str:
         raise CollectionFailure(FailureReason.PARSE, f"body is not UTF-8 (byte {exc.start})") from None
 
 
+@functools.cache
+def _seconds(duration: str) -> float:
+    return parse_duration(duration, "windows.verdict")
+
+
+def verdict_window(windows: tuple[tuple[Window, WindowStats], ...],
+                   wanted_seconds: float) -> tuple[Window, WindowStats] | None:
+    """The window a verdict is given for: the first with data that is at least as long as the configured one
+    (monitoring config windows.verdict), else the longest with data."""
+    for window, stats in windows:
+        if window.seconds >= wanted_seconds:
+            return window, stats
+    return windows[-1] if windows else None
+
+
+def series_judgement(windows: tuple[tuple[Window, WindowStats], ...], app: Config
+                     ) -> tuple[str | None, Judgement]:
+    chosen = verdict_window(windows, _seconds(app.verdict_window))
+    if chosen is None:
+        return None, judge(Evidence(None, None), app.verdict)
+    window, stats = chosen
+    return window.name, judge(Evidence(stats.acceptance_ratio, stats.expected_speedup), app.verdict)
+
+
 def series_view(state: SeriesState, now: float, fresh: bool, windows: tuple[Window, ...], slack: float,
-                config: TargetConfig) -> SeriesView:
+                config: TargetConfig, app: Config) -> SeriesView:
     reading = state.last_reading
     k = config.num_speculative_tokens or (reading.num_speculative_tokens if reading else None)
     computed: list[tuple[Window, WindowStats]] = []
@@ -90,6 +117,7 @@ def series_view(state: SeriesState, now: float, fresh: bool, windows: tuple[Wind
             stats = span_stats(span, cost, k) if span else None
             if stats is not None:
                 computed.append((window, stats))
+    judged_window, judgement = series_judgement(tuple(computed), app)
     return SeriesView(
         state.key,
         state.totals,
@@ -98,6 +126,8 @@ def series_view(state: SeriesState, now: float, fresh: bool, windows: tuple[Wind
         k,
         reading.lifetime_acceptance_ratio if reading else None,
         state.restarts,
+        judged_window,
+        judgement,
     )
 
 
@@ -109,6 +139,8 @@ class TargetCollector:
     clock: Callable[[], float] = time.monotonic
     engine: Engine | None = None
     decoder: Decoder | None = None
+    decoder_options: DecoderOptions | None = None
+    line_cache: LineCache = field(default_factory=LineCache)
     errors: dict[str, int] = field(default_factory=lambda: {r.value: 0 for r in FailureReason})
     last_failure: tuple[str, str] | None = None
     last_failure_logged: float = float("-inf")
@@ -150,8 +182,8 @@ class TargetCollector:
         except Exception as exc:  # a bug must not stop this target's loop; say so loudly, keep going
             event(logging.ERROR, "collection crashed", target=self.config.name, error=type(exc).__name__,
                   detail=str(exc)[:200])
-            failure = CollectionFailure(FailureReason.PARSE, f"internal error {type(exc).__name__}")
-            self.view = self._failed(failure, time.perf_counter() - started)
+            crash = CollectionFailure(FailureReason.PARSE, f"internal error {type(exc).__name__}")
+            self.view = self._failed(crash, time.perf_counter() - started)
             return self.view
         self._recovered()
         self.last_success_wall = time.time()
@@ -162,7 +194,7 @@ class TargetCollector:
     def _ingest(self, result: FetchResult) -> None:
         text = body_text(result)
         try:
-            selection = select(text, ALL_PREFIXES)
+            selection = select(text, ALL_PREFIXES, self.line_cache)
             # Same lines as last time: same engine, and the decoder needs no parsing.
             decoded = self.decoder.decode_known(selection, result.timing) if self.decoder else None
             if decoded is None:
@@ -177,13 +209,12 @@ class TargetCollector:
         engine = detect_engine(selection.samples())
         if engine is None:
             raise CollectionFailure(FailureReason.NO_SPEC_METRICS, "no speculative-decoding metrics in the exposition")
-        if engine is not self.engine or self.decoder is None:
-            if self.engine is not None:
+        options = DecoderOptions(num_speculative_tokens=self.config.num_speculative_tokens)
+        if engine is not self.engine or self.decoder is None or options != self.decoder_options:
+            if self.engine is not None and engine is not self.engine:
                 event(logging.WARNING, "target changed metrics dialect", target=self.config.name,
                       old_api=self.engine.api, new_api=engine.api)
-            self.engine, self.decoder = engine, engine.new_decoder()
-            if self.config.num_speculative_tokens and hasattr(self.decoder, "num_speculative_tokens"):
-                self.decoder.num_speculative_tokens = self.config.num_speculative_tokens
+            self.engine, self.decoder, self.decoder_options = engine, engine.new_decoder(options), options
         return self.decoder.decode(selection, timing)
 
     def _failed(self, failure: CollectionFailure, duration: float) -> TargetView:
@@ -211,7 +242,7 @@ class TargetCollector:
         freshness = 2 * interval + self.config.timeout
         series = tuple(
             series_view(state, now, bool(state.times) and now - state.times[-1] <= freshness,
-                        self.app.windows, interval / 2, self.config)
+                        self.app.windows, interval / 2, self.config, self.app)
             for state in self.store.for_target(self.config.name)
         )
         return TargetView(
@@ -315,7 +346,6 @@ class Exporter:
         starts afresh. Removed targets stop and their series go. Returns what changed, one note each.
         """
         notes: list[str] = []
-        old = self.config
         self.config = config
         self.store.keep_seconds = config.longest_window + 2 * config.collect_interval
         self.store.stale_after = config.stale_after
@@ -345,9 +375,17 @@ class Exporter:
                 notes.append(f"target {name} updated")
             if (previous.url, previous.tls) != (target.url, target.tls) and self._stop(name) is not None:
                 self._start(collector)
-        if config.concurrency != old.concurrency:
-            notes.append("collect.concurrency applies after a restart")
+        self.republish()
         return notes
+
+    def republish(self) -> None:
+        """Build every collected target's view again from the store, under the config in force now (after a
+        reload, so the verdict, windows and thresholds it changed show at once, not at the next collection)."""
+        for collector in self.collectors.values():
+            if collector.view is not None:
+                view = collector.view
+                collector.view = collector._view(up=view.up, duration=view.collect_duration or 0.0,
+                                                 error=view.last_error)
 
     def _forget(self, target: str) -> None:
         self.store.drop_target(target)

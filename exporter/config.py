@@ -6,7 +6,7 @@ import contextlib
 import difflib
 import re
 import ssl
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -15,6 +15,8 @@ from urllib.parse import urlsplit
 import yaml
 
 from exporter.derive import CostModel
+from exporter.monitoring import config as monitoring_config
+from exporter.verdict import VerdictBands
 
 RESERVED_LABELS = frozenset(
     {"target", "model_name", "engine", "window", "position", "reason", "api", "method", "num_speculative_tokens",
@@ -81,7 +83,10 @@ class Config:
     stale_after: float = 600.0
     concurrency: int = 16
     max_series_per_target: int = 1000
-    page_threshold: float = 0.5
+    # From the monitoring config (the shipped one unless monitoring.config_file names another).
+    verdict: VerdictBands = field(default_factory=lambda: monitoring_config.shipped().verdict)
+    verdict_window: str = field(default_factory=lambda: monitoring_config.shipped().verdict_window)
+    monitoring_config_file: str | None = None  # None: the shipped monitoring config
     listen_address: str = ":9877"
     telemetry_path: str = "/metrics"
     web_config_file: str | None = None
@@ -93,8 +98,12 @@ class Config:
     def longest_window(self) -> float:
         return max((w.seconds for w in self.windows), default=0.0)
 
+    @property
+    def page_threshold(self) -> float:
+        return self.verdict.page_acceptance_ratio
 
-DEFAULT_WINDOWS = "1m,5m,15m,1h"
+
+DEFAULT_WINDOWS = ",".join(monitoring_config.shipped().sidecar_windows)
 DEFAULT_TARGET_URL = "http://127.0.0.1:8000/metrics"
 
 
@@ -153,7 +162,7 @@ def validate_url(url: Any, where: str) -> str:
     if parts.username is not None or parts.password is not None:
         # URLs are logged and shown on the status page; secrets only ever come from files.
         raise ConfigError(f"{where}: credentials in the URL are not allowed; use bearer_token_file")
-    return url
+    return str(url)
 
 
 def validate_listen_address(address: str, where: str) -> str:
@@ -293,10 +302,31 @@ def parse_target(data: Any, where: str, default_timeout: float, default_cost: Co
     )
 
 
-TOP_LEVEL_KEYS = {"web", "collect", "windows", "targets", "cost_model", "page_threshold", "log"}
+TOP_LEVEL_KEYS = {"web", "collect", "windows", "targets", "cost_model", "page_threshold", "log", "monitoring"}
 
 
-def config_from_mapping(data: Any, source: str) -> Config:
+def load_monitoring(data: Mapping[str, Any], monitoring_file: str | None) -> tuple[str | None,
+                                                                                   monitoring_config.MonitoringConfig]:
+    """The monitoring config the verdict reads: ``monitoring_file`` (a flag) wins over monitoring.config_file."""
+    section = _mapping(data.get("monitoring"), "monitoring")
+    _check_keys(section, {"config_file"}, "monitoring")
+    path = monitoring_file or _optional_str(section, "config_file", "monitoring", "a path")
+    try:
+        return path, monitoring_config.load(path) if path else monitoring_config.shipped()
+    except monitoring_config.MonitoringConfigError as exc:
+        raise ConfigError(f"monitoring.config_file: {exc}") from None
+
+
+def verdict_bands(data: Mapping[str, Any], monitoring: monitoring_config.MonitoringConfig) -> VerdictBands:
+    """The monitoring config's bands; a page_threshold in the sidecar's own config overrides its threshold (for
+    this sidecar's verdict only: the alert rules keep the monitoring config's)."""
+    if "page_threshold" not in data:
+        return monitoring.verdict
+    threshold = _number(data["page_threshold"], "page_threshold", 0, 1)
+    return replace(monitoring.verdict, page_acceptance_ratio=threshold)
+
+
+def config_from_mapping(data: Any, source: str, monitoring_file: str | None = None) -> Config:
     if data is None:
         data = {}
     if not isinstance(data, Mapping):
@@ -317,15 +347,18 @@ def config_from_mapping(data: Any, source: str) -> Config:
     targets = tuple(
         parse_target(t, f"targets[{i}]", default_timeout, default_cost) for i, t in enumerate(targets_data)
     )
+    monitoring_path, monitoring = load_monitoring(data, monitoring_file)
     config = Config(
         targets=targets,
-        windows=parse_windows(data.get("windows", DEFAULT_WINDOWS), "windows"),
+        windows=parse_windows(data.get("windows", ",".join(monitoring.sidecar_windows)), "windows"),
         collect_interval=parse_duration(collect.get("interval", "5s"), "collect.interval"),
         max_body_bytes=parse_size(collect.get("max_body_size", "16MiB"), "collect.max_body_size"),
         stale_after=parse_duration(collect.get("stale_after", "10m"), "collect.stale_after"),
         concurrency=_int(collect.get("concurrency", 16), "collect.concurrency", 1),
         max_series_per_target=_int(collect.get("max_series_per_target", 1000), "collect.max_series_per_target", 1),
-        page_threshold=_number(data.get("page_threshold", 0.5), "page_threshold", 0, 1),
+        verdict=verdict_bands(data, monitoring),
+        verdict_window=monitoring.verdict_window,
+        monitoring_config_file=monitoring_path,
         listen_address=validate_listen_address(str(web.get("listen_address", ":9877")), "web.listen_address"),
         telemetry_path=_path(web.get("telemetry_path", "/metrics"), "web.telemetry_path"),
         web_config_file=web.get("config_file"),
@@ -365,7 +398,7 @@ def validate(config: Config) -> Config:
 RESERVED_PATHS = frozenset({"/", "/healthz", "/readyz", "/api/v1/status", "/-/reload"})
 
 
-def load_config_file(path: str) -> Config:
+def load_config_file(path: str, monitoring_file: str | None = None) -> Config:
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
@@ -378,7 +411,7 @@ def load_config_file(path: str) -> Config:
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise ConfigError(f"{path}: invalid YAML{at}: {problem}") from None
     try:
-        return config_from_mapping(data, path)
+        return config_from_mapping(data, path, monitoring_file)
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None
 
@@ -392,10 +425,3 @@ def targets_from_flags(urls: list[str], timeout: float) -> tuple[TargetConfig, .
             name, url = ("vllm" if i == 0 else f"vllm-{i + 1}"), spec
         targets.append(TargetConfig(name=name, url=validate_url(url, "--target"), timeout=timeout))
     return tuple(targets)
-
-
-def apply_overrides(config: Config, overrides: Mapping[str, Any], converters: Mapping[str, Callable[[Any], Any]]
-                    ) -> Config:
-    """Flags given on the command line (or via env) win over the file."""
-    values = {key: converters.get(key, lambda v: v)(value) for key, value in overrides.items() if value is not None}
-    return validate(replace(config, **values))

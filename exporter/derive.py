@@ -2,7 +2,7 @@
 per-token acceptance probability, the break-even cost model and the recommended number of draft tokens.
 
 Every function returns None when its inputs cannot support an answer (no drafts, unknown counts).
-See DESIGN.md §5 for the cost model.
+The cost model is described in docs/architecture.md ("Break-even model").
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from itertools import accumulate, repeat
 from typing import NamedTuple
 
-from exporter.store import WindowDelta, WindowSpan, optional_minus, positions_minus
+from exporter.store import WindowSpan, optional_minus, positions_minus
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,16 +176,10 @@ class WindowStats(NamedTuple):
     recommended_num_speculative_tokens: int | None
 
 
-def window_stats(window: WindowDelta, cost: CostModel, num_speculative_tokens: int | None) -> WindowStats | None:
-    """Everything the sidecar reports for one window; None when the window carried no drafted tokens."""
-    delta = window.delta
-    return counts_stats(window.seconds, delta.draft_tokens, delta.accepted_tokens, delta.drafts,
-                        delta.accepted_by_position, cost, num_speculative_tokens)
-
-
 def span_stats(span: WindowSpan, cost: CostModel, num_speculative_tokens: int | None) -> WindowStats | None:
-    """window_stats() for the window between two cumulative snapshots, without building the delta Totals
-    (this runs for every series × window on every collection)."""
+    """Everything the sidecar reports for the window between two cumulative snapshots; None when it carried no
+    drafted tokens. Computed from the snapshots directly, without building a delta (this runs for every
+    series × window on every collection)."""
     start, end = span.start, span.end
     return counts_stats(span.seconds, end.draft_tokens - start.draft_tokens,
                         end.accepted_tokens - start.accepted_tokens, optional_minus(end.drafts, start.drafts),
@@ -217,15 +211,3 @@ def counts_stats(seconds: float, draft_tokens: float, accepted_tokens: float, dr
         by_length,
         recommended_num_speculative_tokens(by_length),
     )
-
-
-def verdict(stats: WindowStats | None, cost: CostModel, page_threshold: float = 0.5) -> str:
-    """One word for humans: the status page and `check` use it."""
-    if stats is None or stats.acceptance_ratio is None:
-        return "no traffic"
-    below_break_even = stats.acceptance_ratio < cost.break_even_acceptance_ratio
-    if below_break_even or (stats.expected_speedup is not None and stats.expected_speedup < 1.0):
-        return "hurting"
-    if stats.acceptance_ratio < page_threshold:
-        return "marginal"
-    return "paying off"

@@ -86,9 +86,12 @@ def add_series(families: Families, view: TargetView, series: SeriesView) -> None
     histogram = series.histogram
     for bound, count in zip(INTERVAL_BUCKETS, histogram.bucket_counts, strict=True):
         families.add(m.INTERVAL_ACCEPTANCE, {**labels, "le": _fmt_bucket(bound)}, count, "_bucket")
-    families.add(m.INTERVAL_ACCEPTANCE, {**labels, "le": "+Inf"}, histogram.count, "_bucket")
-    families.add(m.INTERVAL_ACCEPTANCE, labels, histogram.count, "_count")
+    families.add(m.INTERVAL_ACCEPTANCE, {**labels, "le": "+Inf"}, histogram.observations, "_bucket")
+    families.add(m.INTERVAL_ACCEPTANCE, labels, histogram.observations, "_count")
     families.add(m.INTERVAL_ACCEPTANCE, labels, histogram.sum, "_sum")
+    judgement = series.judgement
+    families.add(m.VERDICT, {**labels, "window": series.verdict_window or "", "verdict": judgement.verdict.value,
+                             "basis": judgement.basis}, 1.0)
     families.add(m.LIFETIME_ACCEPTANCE, labels, series.lifetime_acceptance_ratio)
     families.add(m.SOURCE_RESTARTS, labels, series.restarts)
 

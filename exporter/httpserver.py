@@ -10,6 +10,7 @@ import socket
 import threading
 import time
 from types import FrameType, TracebackType
+from typing import Literal
 
 import uvicorn
 from fastapi import FastAPI
@@ -75,7 +76,8 @@ class QuietServer(uvicorn.Server):
 class ThreadedServer:
     """A uvicorn server on its own thread; ``stop()`` (or leaving the ``with`` block) shuts it down."""
 
-    def __init__(self, app: FastAPI, sock: socket.socket, *, lifespan: str = "on", name: str = "http") -> None:
+    def __init__(self, app: FastAPI, sock: socket.socket, *, lifespan: Literal["auto", "on", "off"] = "on",
+                 name: str = "http") -> None:
         config = uvicorn.Config(app, log_config=None, lifespan=lifespan, access_log=False,
                                 timeout_graceful_shutdown=1)
         self.base_url = url_for(sock)

@@ -1,5 +1,5 @@
-"""The exported metric contract (DESIGN.md §4) as data: the collector, the README reference table and
-the golden-file test all read this one table."""
+"""The exported metric contract (docs/architecture.md, "What the sidecar exports") as data: the collector, the
+README reference table and the golden-file test all read this one table."""
 
 from __future__ import annotations
 
@@ -113,6 +113,13 @@ INTERVAL_ACCEPTANCE = MetricSpec(
     "α of each collection interval that carried drafts, one observation per interval." + WINDOWED_NOTE,
     SERIES_LABELS,
 )
+VERDICT = MetricSpec(
+    "specdecode_verdict", "gauge",
+    "Always 1, for the verdict in force (paying off, marginal, hurting, no traffic) over the verdict window "
+    "(monitoring config windows.verdict, else the next longer one with data, else the longest with data); basis: "
+    "observed (against a baseline) or modelled (the cost model).",
+    (*SERIES_LABELS, "window", "verdict", "basis"),
+)
 LIFETIME_ACCEPTANCE = MetricSpec(
     "specdecode_lifetime_acceptance_ratio", "gauge",
     "vLLM V0 only: the engine's own lifetime acceptance rate gauge, passed through (since vLLM start, not windowed).",
@@ -135,7 +142,7 @@ CONTRACT: tuple[MetricSpec, ...] = (
     DRAFTS, DRAFT_TOKENS, ACCEPTED_TOKENS, EMITTED_TOKENS, ACCEPTED_BY_POSITION,
     ACCEPTANCE_RATIO, MEAN_ACCEPTANCE_LENGTH, POSITION_ACCEPTANCE_RATIO, TOKEN_ACCEPTANCE_PROBABILITY,
     DRAFT_TOKENS_PER_SECOND, ACCEPTED_TOKENS_PER_SECOND, INTERVAL_ACCEPTANCE,
-    BREAK_EVEN, EXPECTED_SPEEDUP, EXPECTED_SPEEDUP_BY_LENGTH, RECOMMENDED_K,
+    BREAK_EVEN, EXPECTED_SPEEDUP, EXPECTED_SPEEDUP_BY_LENGTH, RECOMMENDED_K, VERDICT,
     LIFETIME_ACCEPTANCE, SOURCE_RESTARTS, DROPPED_SERIES, BUILD_INFO,
 )
 

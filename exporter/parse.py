@@ -97,16 +97,26 @@ def parse_line(line: str) -> Sample:
     return Sample(name, parse_labels(label_body) if label_body else (), parse_value(value))
 
 
-# Line cache: "name{labels}" (everything before the single space that precedes the value) → (name, labels).
-# Between two scrapes of the same target only the values change, so after the first scrape each selected
-# line costs one dict lookup and one float(). Only lines without timestamp or exemplar are cached (their
-# head is then exactly name+labels); everything else takes the strict regex path every time.
-# Bounded: cleared when it grows past _HEAD_CACHE_MAX (label churn cannot grow it without limit).
-_HEAD_CACHE_MAX = 20_000
-_head_cache: dict[str, tuple[str, Labels]] = {}
+class LineCache:
+    """Heads of the plain lines parsed before: "name{labels}" (everything before the single space that precedes
+    the value) → (name, labels). Between two scrapes of one target only the values change, so after the first
+    scrape each selected line costs one dict lookup and one float(). Only lines without timestamp or exemplar
+    are cached (their head is then exactly name+labels). One per target, so one target's label churn never
+    evicts another's; bounded: cleared when it grows past ``max_entries``."""
+
+    __slots__ = ("heads", "max_entries")
+
+    def __init__(self, max_entries: int = 20_000) -> None:
+        self.heads: dict[str, tuple[str, Labels]] = {}
+        self.max_entries = max_entries
+
+    def remember(self, head: str, name: str, labels: Labels) -> None:
+        if len(self.heads) >= self.max_entries:
+            self.heads.clear()
+        self.heads[head] = (name, labels)
 
 
-def _parse_and_cache(line: str, head: str, cache: dict[str, tuple[str, Labels]]) -> tuple[Sample, bool]:
+def _parse_and_cache(line: str, head: str, cache: LineCache) -> tuple[Sample, bool]:
     """Strict parse of one line; also says whether the line is plain "head value" (its head then names it)."""
     stripped = line.rstrip("\r")
     match = _LINE.fullmatch(stripped)
@@ -117,9 +127,7 @@ def _parse_and_cache(line: str, head: str, cache: dict[str, tuple[str, Labels]])
     # Plain only when the value token is the last thing on the line and follows the head's single space.
     plain = match.end(3) == len(stripped) and match.start(3) == len(head) + 1 and line[len(head)] == " "
     if plain:
-        if len(cache) >= _HEAD_CACHE_MAX:
-            cache.clear()
-        cache[head] = (sample.name, sample.labels)
+        cache.remember(head, sample.name, sample.labels)
     return sample, plain
 
 
@@ -131,10 +139,11 @@ class Selection:
     the layout before skip parsing altogether (see ``Decoder.decode_known``); ``samples()`` parses strictly.
     """
 
-    __slots__ = ("_plain", "_samples", "heads", "lines", "values")
+    __slots__ = ("_cache", "_plain", "_samples", "heads", "lines", "values")
 
-    def __init__(self, lines: list[str]) -> None:
+    def __init__(self, lines: list[str], cache: LineCache | None = None) -> None:
         self.lines = lines
+        self._cache = cache if cache is not None else LineCache()
         parts = [line.rpartition(" ") for line in lines]
         heads, _, values = zip(*parts, strict=True) if parts else ((), (), ())
         self.heads: tuple[str, ...] = heads
@@ -145,12 +154,13 @@ class Selection:
     def samples(self) -> list[Sample]:
         """Every selected line as a Sample; raises ParseError on the first malformed line."""
         if self._samples is None:
-            cache = _head_cache
+            cache = self._cache
+            heads = cache.heads
             out: list[Sample] = []
             append = out.append
             plain = True
             for line, head, value in zip(self.lines, self.heads, self.values, strict=True):
-                hit = cache.get(head)
+                hit = heads.get(head)
                 if hit is not None:
                     try:
                         append(Sample(hit[0], hit[1], float(value)))
@@ -192,7 +202,7 @@ def _wanted_lines(text: str, start: int, end: int, wanted: tuple[str, ...]) -> l
     return [line for line in region if line.startswith(wanted)]
 
 
-def select(text: str, prefixes: Sequence[str]) -> Selection:
+def select(text: str, prefixes: Sequence[str], cache: LineCache | None = None) -> Selection:
     """Find the lines whose metric name starts with one of ``prefixes``; raises ParseError when the body is
     not an exposition at all.
 
@@ -204,14 +214,14 @@ def select(text: str, prefixes: Sequence[str]) -> Selection:
         raise ParseError("body is not a Prometheus exposition (first line: " + repr(text.lstrip()[:40]) + ")")
     wanted = tuple(prefixes)
     if not wanted:
-        return Selection([])
+        return Selection([], cache)
     common = _common_start(wanted)
     needle = "\n" + common
     find = text.find
     lines: list[str] = []
     found = -1 if text.startswith(common) else find(needle)  # the newline before a wanted line (-1: none)
     if found == -1 and not text.startswith(common):
-        return Selection([])
+        return Selection([], cache)
     while True:
         start = found + 1
         end = find("\n#", start)
@@ -221,7 +231,7 @@ def select(text: str, prefixes: Sequence[str]) -> Selection:
         found = find(needle, end)
         if found == -1:
             break
-    return Selection(lines)
+    return Selection(lines, cache)
 
 
 def select_samples(text: str, prefixes: Sequence[str]) -> list[Sample]:

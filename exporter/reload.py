@@ -2,8 +2,9 @@
 
 The config (file + flags + env) is read again and validated in full before anything changes; a bad one
 is rejected with one log line and the running configuration stays. Targets that keep their name and URL
-keep their window state (see Exporter.apply_config). Settings that need the listener again (listen
-address, telemetry path, the web config file's path or turning TLS on/off) are reported as needing a restart.
+keep their window state (see Exporter.apply_config). Every other changed setting is named in the answer,
+as applied (it is, at once: the views are published again) or as needing a restart (the listener's address,
+path and web config file, and the collection concurrency).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -21,7 +22,35 @@ from exporter.config import Config, ConfigError
 from exporter.log import event, reconfigure_logging
 from exporter.webconfig import WebSecurity
 
-RESTART_ONLY = ("listen_address", "telemetry_path", "web_config_file")
+RESTART_ONLY = ("listen_address", "telemetry_path", "web_config_file", "concurrency")
+# Config fields a reload applies, with the names a user knows them by. Targets are described by apply_config.
+APPLIED = {
+    "windows": "windows", "collect_interval": "collect.interval", "max_body_bytes": "collect.max_body_size",
+    "stale_after": "collect.stale_after", "max_series_per_target": "collect.max_series_per_target",
+    "verdict": "verdict (page_threshold and bands)", "verdict_window": "verdict window",
+    "monitoring_config_file": "monitoring.config_file", "log_level": "log.level", "log_format": "log.format",
+}
+NOT_SETTINGS = ("targets", "source")
+
+
+def _shown(value: object) -> str:
+    if isinstance(value, tuple):
+        return ",".join(getattr(item, "name", str(item)) for item in value)
+    return str(value)
+
+
+def describe_changes(running: Config, new: Config) -> list[str]:
+    """One note per changed setting, saying whether the reload applied it."""
+    notes = []
+    for item in fields(Config):
+        old_value, new_value = getattr(running, item.name), getattr(new, item.name)
+        if item.name in NOT_SETTINGS or old_value == new_value:
+            continue
+        if item.name in RESTART_ONLY:
+            notes.append(f"{item.name} changed; it applies after a restart")
+        else:
+            notes.append(f"{APPLIED[item.name]} {_shown(old_value)} → {_shown(new_value)} applied")
+    return notes
 
 
 @dataclass
@@ -37,8 +66,7 @@ class Reloader:
         running = self.exporter.config
         try:
             config = self.load()
-            notes = [f"{key} changed; it applies after a restart" for key in RESTART_ONLY
-                     if getattr(config, key) != getattr(running, key)]
+            notes = describe_changes(running, config)
             if self.web is not None and config.web_config_file == running.web_config_file:
                 notes += self.web.reload()
         except ConfigError as exc:
@@ -55,7 +83,6 @@ class Reloader:
         notes += self.exporter.apply_config(config)
         if (config.log_level, config.log_format) != (running.log_level, running.log_format):
             reconfigure_logging(config.log_level, config.log_format)
-            notes.append(f"log.level {config.log_level}, log.format {config.log_format}")
         self.last_successful = True
         self.last_success_time = time.time()
         message = "; ".join(notes) or "no changes"

@@ -7,20 +7,13 @@ import time
 from typing import Any
 
 from exporter.collection import SeriesView, TargetView
-from exporter.derive import WindowStats, verdict
+from exporter.config import Config
+from exporter.derive import WindowStats
 
-VERDICT_WINDOW_SECONDS = 300.0
 
-
-def verdict_stats(series: SeriesView) -> tuple[str | None, WindowStats | None]:
-    """The window a verdict is given for: the first with data of at least 5 minutes, else the longest."""
-    if not series.windows:
-        return None, None
-    for window, stats in series.windows:
-        if window.seconds >= VERDICT_WINDOW_SECONDS:
-            return window.name, stats
-    window, stats = series.windows[-1]
-    return window.name, stats
+def verdict_stats(series: SeriesView) -> WindowStats | None:
+    """The statistics of the window the series' verdict is for."""
+    return next((stats for window, stats in series.windows if window.name == series.verdict_window), None)
 
 
 def _round(value: float | None, digits: int = 4) -> float | None:
@@ -41,16 +34,17 @@ def window_json(stats: WindowStats) -> dict[str, Any]:
     }
 
 
-def series_json(view: TargetView, series: SeriesView, page_threshold: float) -> dict[str, Any]:
-    window_name, stats = verdict_stats(series)
+def series_json(view: TargetView, series: SeriesView) -> dict[str, Any]:
     totals = series.totals
     return {
         "model_name": series.key.model_name,
         "engine": series.key.engine,
         "num_speculative_tokens": series.num_speculative_tokens,
         "break_even_acceptance_ratio": _round(view.config.cost.break_even_acceptance_ratio),
-        "verdict": verdict(stats, view.config.cost, page_threshold),
-        "verdict_window": window_name,
+        "verdict": series.judgement.verdict.value,
+        "verdict_basis": series.judgement.basis,
+        "verdict_reason": series.judgement.reason,
+        "verdict_window": series.verdict_window,
         "totals": {
             "drafts": totals.drafts,
             "draft_tokens": totals.draft_tokens,
@@ -65,13 +59,16 @@ def series_json(view: TargetView, series: SeriesView, page_threshold: float) -> 
 
 
 def status_json(views: list[TargetView], ready: tuple[bool, str], version: str, uptime: float,
-                page_threshold: float) -> dict[str, Any]:
+                config: Config) -> dict[str, Any]:
+    bands = config.verdict
     return {
         "version": version,
         "uptime_seconds": round(uptime, 1),
         "ready": ready[0],
         "ready_reason": ready[1],
-        "page_threshold": page_threshold,
+        "page_threshold": bands.page_acceptance_ratio,
+        "verdict_bands": {"hurting_below": bands.hurting_below, "paying_off_from": bands.paying_off_from,
+                          "page_acceptance_ratio": bands.page_acceptance_ratio, "window": config.verdict_window},
         "targets": [
             {
                 "name": view.config.name,
@@ -87,7 +84,7 @@ def status_json(views: list[TargetView], ready: tuple[bool, str], version: str, 
                 "errors": dict(view.errors),
                 "dropped_series": view.dropped_series,
                 "cost_model": {"c_draft": view.config.cost.c_draft, "c_verify": view.config.cost.c_verify},
-                "series": [series_json(view, s, page_threshold) for s in view.series],
+                "series": [series_json(view, s) for s in view.series],
             }
             for view in views
         ],
@@ -123,7 +120,8 @@ def status_html(status: dict[str, Any], telemetry_path: str) -> str:
                 f"<td>{_cell(series['break_even_acceptance_ratio'], '{:.2f}')}</td>"
                 f"<td>{_cell(window.get('recommended_num_speculative_tokens'), '{}')} "
                 f"/ {_cell(series['num_speculative_tokens'], '{}')}</td>"
-                f"<td style='color:{colour};font-weight:bold'>{e(series['verdict'])}</td>"
+                f"<td style='color:{colour};font-weight:bold'>{e(series['verdict'])}"
+                f"<br><small>{e(series['verdict_reason'])}</small></td>"
                 "</tr>"
             )
     body = "\n".join(rows) or "<tr><td colspan=9>no targets configured</td></tr>"
@@ -134,7 +132,9 @@ td,th{{border:1px solid #d0d7de;padding:.4em .7em;text-align:left;vertical-align
 </head><body>
 <h1>specdecode-exporter</h1>
 <p>Is speculative decoding paying off? α = accepted / drafted tokens; below the break-even α it costs more than
-it saves. Verdict over the 5m window (page threshold α &lt; {status['page_threshold']}).</p>
+it saves. Verdict over the {e(status['verdict_bands']['window'])} window: hurting below
+{status['verdict_bands']['hurting_below']:g}× speedup, paying off from {status['verdict_bands']['paying_off_from']:g}×
+with α not below the page threshold {status['page_threshold']:g}, marginal between.</p>
 <table><tr><th>target</th><th>model</th><th>engine</th><th>α by window</th><th>mean acceptance length</th>
 <th>expected speedup</th><th>break-even α</th><th>recommended / current k</th><th>verdict</th></tr>
 {body}

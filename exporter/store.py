@@ -33,15 +33,6 @@ class Totals(NamedTuple):
     emitted_tokens: float | None = None
     accepted_by_position: tuple[float, ...] = ()
 
-    def minus(self, earlier: Totals) -> Totals:
-        return Totals(
-            self.draft_tokens - earlier.draft_tokens,
-            self.accepted_tokens - earlier.accepted_tokens,
-            optional_minus(self.drafts, earlier.drafts),
-            optional_minus(self.emitted_tokens, earlier.emitted_tokens),
-            positions_minus(self.accepted_by_position, earlier.accepted_by_position),
-        )
-
 
 def optional_minus(later: float | None, earlier: float | None) -> float | None:
     return None if later is None or earlier is None else later - earlier
@@ -64,16 +55,6 @@ def _accumulate(total: float | None, previous_raw: float | None, raw: float | No
     if raw is None:
         return total
     return (total or 0.0) + counter_increase(previous_raw, raw, restarted)
-
-
-def reading_totals(reading: SeriesReading) -> Totals:
-    return Totals(
-        draft_tokens=reading.draft_tokens,
-        accepted_tokens=reading.accepted_tokens,
-        drafts=reading.drafts,
-        emitted_tokens=reading.emitted_tokens,
-        accepted_by_position=reading.accepted_by_position,
-    )
 
 
 def _decreased(earlier: float | None, later: float | None) -> bool:
@@ -127,25 +108,20 @@ class IntervalHistogram(NamedTuple):
     hold the series' current histogram without copying it."""
 
     bucket_counts: tuple[int, ...] = (0,) * len(INTERVAL_BUCKETS)
-    count: int = 0
+    observations: int = 0
     sum: float = 0.0
 
     def observed(self, value: float) -> IntervalHistogram:
         """This histogram with one more observation."""
         first = bisect.bisect_left(INTERVAL_BUCKETS, value)  # the buckets from here on contain it
         counts = self.bucket_counts
-        return IntervalHistogram(counts[:first] + tuple([c + 1 for c in counts[first:]]), self.count + 1,
+        return IntervalHistogram(counts[:first] + tuple([c + 1 for c in counts[first:]]), self.observations + 1,
                                  self.sum + value)
 
 
 NO_OBSERVATIONS = IntervalHistogram()
 RING_RESOLUTION = 60  # an old snapshot is kept when it is ≥ 1/60 of its age after the one kept before it
 THIN_EVERY = 12  # snapshots appended between two thinnings (once a minute at 5 s)
-
-
-class WindowDelta(NamedTuple):
-    seconds: float
-    delta: Totals
 
 
 class WindowSpan(NamedTuple):
@@ -220,11 +196,6 @@ class SeriesState:
         kept_times.append(times[last])
         kept_snapshots.append(snapshots[last])
         self.times, self.snapshots = kept_times, kept_snapshots
-
-    def window(self, now: float, seconds: float, slack: float) -> WindowDelta | None:
-        """Totals' change over the window ending at the latest snapshot; None with fewer than 2 snapshots."""
-        span = self.window_span(now, seconds, slack)
-        return None if span is None else WindowDelta(span.seconds, span.end.minus(span.start))
 
     def window_span(self, now: float, seconds: float, slack: float) -> WindowSpan | None:
         """The snapshots that open and close the window ending at the latest snapshot; None with fewer than 2.

@@ -112,12 +112,15 @@ def _on_sighup(reloader: Reloader | None) -> Callable[[], None]:
         loop.add_signal_handler(signal.SIGHUP, reloader.reload)
     except (NotImplementedError, RuntimeError, ValueError, AttributeError):  # not the main thread, or no SIGHUP
         return lambda: None
-    return lambda: loop.remove_signal_handler(signal.SIGHUP)
+    def undo() -> None:
+        loop.remove_signal_handler(signal.SIGHUP)
+
+    return undo
 
 
 def build_app(exporter: Exporter, run_collection: bool = True, reloader: Reloader | None = None,
               security: WebSecurity | None = None) -> FastAPI:
-    config: Config = exporter.config
+    config: Config = exporter.config  # what the listener was built with; a reload changes exporter.config
     renderer = MetricsRenderer(exporter, reloader)
 
     @contextlib.asynccontextmanager
@@ -138,7 +141,7 @@ def build_app(exporter: Exporter, run_collection: bool = True, reloader: Reloade
 
     def current_status() -> dict[str, object]:
         return status_json(exporter.views(), exporter.ready(), exporter_version(),
-                           exporter.clock() - exporter.started_at, config.page_threshold)
+                           exporter.clock() - exporter.started_at, exporter.config)
 
     @app.get(config.telemetry_path)
     def metrics(request: Request) -> Response:

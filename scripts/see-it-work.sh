@@ -6,7 +6,7 @@
 #   bash scripts/see-it-work.sh --manual   # start the chain and wait; drive the fake vLLM yourself
 #
 # Starts, on 127.0.0.1 with free ports: the fake vLLM (specdecode-exporter simulate), the sidecar, Prometheus with
-# the real rules (alerts/generate.py --profile e2e: 1m window, for: 15s), Alertmanager with
+# the real rules (built with the e2e profile: 1m window, for: 15s), Alertmanager with
 # alerts/alertmanager.example.yml (webhooks pointed at a local receiver that prints what it gets). Ctrl-C or the
 # end of the scenario stops every process it started. The same chain as `pytest -m e2e tests/e2e`.
 #

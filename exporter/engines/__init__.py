@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from exporter.engines import vllm_v0, vllm_v1
-from exporter.engines.base import Decoder, DecodeResult, Engine, FetchTiming, SeriesReading
+from exporter.engines.base import Decoder, DecodeResult, DecoderOptions, Engine, FetchTiming, SeriesReading
 from exporter.parse import Sample
 
 # Order matters: the first engine whose detect() accepts the samples wins.
@@ -26,6 +26,7 @@ __all__ = [
     "ENGINES",
     "DecodeResult",
     "Decoder",
+    "DecoderOptions",
     "Engine",
     "FetchTiming",
     "SeriesReading",

@@ -45,6 +45,13 @@ class DecodeResult:
     warnings: list[str] = field(default_factory=list)
 
 
+@dataclass(frozen=True, slots=True)
+class DecoderOptions:
+    """What a target's configuration tells its decoder; given when the decoder is created."""
+
+    num_speculative_tokens: int | None = None  # k from config, where the source cannot prove it
+
+
 class Decoder(Protocol):
     def decode(self, selection: Selection, timing: FetchTiming) -> DecodeResult: ...
 
@@ -55,37 +62,55 @@ class Decoder(Protocol):
 
 
 class Engine(Protocol):
-    api: str  # the value of specdecode_info{api}
-    prefixes: tuple[str, ...]  # metric-name prefixes the parser must select for this engine
-    # Longest collection interval at which this engine's counters can be decoded; None = any.
-    max_collect_interval: float | None
+    """A source dialect. A new engine is one module with an object like this, registered in ENGINES."""
+
+    @property
+    def api(self) -> str:
+        """The value of specdecode_info{api}."""
+        ...
+
+    @property
+    def prefixes(self) -> tuple[str, ...]:
+        """Metric-name prefixes the parser must select for this engine."""
+        ...
+
+    @property
+    def max_collect_interval(self) -> float | None:
+        """Longest collection interval at which this engine's counters can be decoded; None = any."""
+        ...
 
     def detect(self, samples: Sequence[Sample]) -> bool: ...
 
-    def new_decoder(self) -> Decoder: ...
+    def new_decoder(self, options: DecoderOptions) -> Decoder: ...
 
 
-_KEY_CACHE_MAX = 20_000
-_key_cache: dict[tuple[tuple[str, ...], tuple[tuple[str, str], ...]], tuple[str | None, ...]] = {}
+SeriesKeyValues = tuple[str | None, ...]
 
 
-def group_by_series(
-    samples: Sequence[Sample], series_labels: tuple[str, ...]
-) -> dict[tuple[str | None, ...], list[int]]:
-    """Indices of the samples of each series (its values of ``series_labels``), series in order of appearance."""
-    # The series key of a label set never changes; cache it (bounded) instead of scanning labels per sample.
-    groups: dict[tuple[str | None, ...], list[int]] = {}
-    cache = _key_cache
-    if len(cache) >= _KEY_CACHE_MAX:
-        cache.clear()
-    for index, sample in enumerate(samples):
-        labels = sample.labels
-        key = cache.get((series_labels, labels))
-        if key is None:
-            key = cache[(series_labels, labels)] = tuple(sample.label(name) for name in series_labels)
-        group = groups.get(key)
-        if group is None:
-            groups[key] = [index]
-        else:
-            group.append(index)
-    return groups
+class SeriesGrouper:
+    """Groups samples by series (their values of ``series_labels``). The key of a label set never changes, so it
+    is remembered (bounded) instead of scanning the labels of every sample on every scrape; one per decoder."""
+
+    def __init__(self, series_labels: tuple[str, ...], max_entries: int = 20_000) -> None:
+        self.series_labels = series_labels
+        self.max_entries = max_entries
+        self._keys: dict[tuple[tuple[str, str], ...], SeriesKeyValues] = {}
+
+    def group(self, samples: Sequence[Sample]) -> dict[SeriesKeyValues, list[int]]:
+        """Indices of the samples of each series, series in order of appearance."""
+        groups: dict[SeriesKeyValues, list[int]] = {}
+        keys = self._keys
+        if len(keys) >= self.max_entries:
+            keys.clear()
+        names = self.series_labels
+        for index, sample in enumerate(samples):
+            labels = sample.labels
+            key = keys.get(labels)
+            if key is None:
+                key = keys[labels] = tuple(sample.label(name) for name in names)
+            group = groups.get(key)
+            if group is None:
+                groups[key] = [index]
+            else:
+                group.append(index)
+        return groups

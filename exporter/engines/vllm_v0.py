@@ -20,7 +20,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from exporter.engines.base import DecodeResult, FetchTiming, SeriesReading, group_by_series
+from exporter.engines.base import DecodeResult, DecoderOptions, FetchTiming, SeriesGrouper, SeriesReading
 from exporter.parse import Sample, Selection, is_finite_count
 
 ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
@@ -84,6 +84,7 @@ def decode_report(
 class V0Decoder:
     num_speculative_tokens: int | None = None  # from config, when given
     models: dict[str | None, _ModelState] = field(default_factory=dict)
+    _grouper: SeriesGrouper = field(default_factory=lambda: SeriesGrouper(("model_name",)))
 
     def decode_known(self, selection: Selection, timing: FetchTiming) -> DecodeResult | None:
         return None  # stateful: every fetch must go through decode()
@@ -91,7 +92,7 @@ class V0Decoder:
     def decode(self, selection: Selection, timing: FetchTiming) -> DecodeResult:
         result = DecodeResult()
         samples = selection.samples()
-        groups = group_by_series(samples, ("model_name",))
+        groups = self._grouper.group(samples)
         # A model gone from the exposition loses its state (as vLLM loses it on restart): memory stays bounded
         # by what the current exposition holds.
         self.models = {name: state for name, state in self.models.items() if (name,) in groups}
@@ -156,8 +157,8 @@ class VllmV0:
         names = {s.name for s in samples}
         return DRAFTS_V1 not in names and bool(names & {ACCEPTANCE_RATE, EFFICIENCY, EMITTED})
 
-    def new_decoder(self) -> V0Decoder:
-        return V0Decoder()
+    def new_decoder(self, options: DecoderOptions) -> V0Decoder:
+        return V0Decoder(num_speculative_tokens=options.num_speculative_tokens)
 
 
 ENGINE = VllmV0()

@@ -7,7 +7,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from exporter.engines.base import DecodeResult, FetchTiming, SeriesReading, group_by_series
+from exporter.engines.base import DecodeResult, DecoderOptions, FetchTiming, SeriesGrouper, SeriesReading
 from exporter.parse import Sample, Selection, is_finite_count
 
 DRAFTS = "vllm:spec_decode_num_drafts_total"
@@ -99,10 +99,12 @@ class _Layout:
 
 
 class V1Decoder:
-    """Stateless apart from the last layout, which lets the next scrape with the same lines skip parsing."""
+    """Stateless apart from its caches: the last layout, which lets the next scrape with the same lines skip
+    parsing, and the series keys of the label sets it has seen."""
 
     def __init__(self) -> None:
         self._layout: _Layout | None = None
+        self._grouper = SeriesGrouper(("model_name", "engine"))
 
     def decode(self, selection: Selection, timing: FetchTiming) -> DecodeResult:
         samples = selection.samples()
@@ -111,7 +113,7 @@ class V1Decoder:
         slots: list[_Slots] = []
         static_pending: list[tuple[str | None, str | None]] = []
         static_warnings: list[str] = []
-        for (model_name, engine), indices in group_by_series(samples, ("model_name", "engine")).items():
+        for (model_name, engine), indices in self._grouper.group(samples).items():
             group = [(i, samples[i]) for i in indices]
             found = _slots(model_name, engine, group)
             if isinstance(found, str):  # the names and labels rule it out, so will every scrape with this layout
@@ -158,8 +160,8 @@ class VllmV1:
     def detect(self, samples: Sequence[Sample]) -> bool:
         return any(s.name == DRAFTS for s in samples)
 
-    def new_decoder(self) -> V1Decoder:
-        return V1Decoder()
+    def new_decoder(self, options: DecoderOptions) -> V1Decoder:
+        return V1Decoder()  # V1 exports k (the number of position series): the config's k is only shown
 
 
 ENGINE = VllmV1()

@@ -19,7 +19,7 @@ import platform
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from prometheus_client.utils import floatToGoString
+from prometheus_client import utils as prometheus_utils
 
 from exporter.simulator.simulator import EngineSnapshot, HistogramSnapshot, ModelSnapshot
 
@@ -78,6 +78,12 @@ def _escape_help(text: str, openmetrics: bool) -> str:
     return out.replace('"', r"\"") if openmetrics else out
 
 
+def go_float(value: float) -> str:
+    """A float as Go (and so Prometheus' own exposition) writes it: +Inf, 1e+06, 0.5."""
+    text: str = prometheus_utils.floatToGoString(value)  # type: ignore[no-untyped-call]
+    return text
+
+
 def _labels(pairs: Labels) -> str:
     if not pairs:
         return ""
@@ -85,13 +91,13 @@ def _labels(pairs: Labels) -> str:
 
 
 def _line(name: str, labels: Labels, value: float) -> str:
-    return f"{name}{_labels(labels)} {floatToGoString(value)}\n"
+    return f"{name}{_labels(labels)} {go_float(value)}\n"
 
 
 def _histogram_lines(name: str, s: Series, sum_first: bool, openmetrics: bool) -> list[str]:
     h = s.value
     assert isinstance(h, HistogramSnapshot)
-    buckets = [_line(f"{name}_bucket", (*s.labels, ("le", floatToGoString(le))), n) for le, n in h.buckets]
+    buckets = [_line(f"{name}_bucket", (*s.labels, ("le", go_float(le))), n) for le, n in h.buckets]
     count, total = _line(f"{name}_count", s.labels, h.count), _line(f"{name}_sum", s.labels, h.sum)
     lines = [total, *buckets, count] if sum_first else [*buckets, count, total]
     if openmetrics and s.created is not None:

@@ -98,13 +98,14 @@ def test_config_mount_and_writable_tmp(overlay: str) -> None:
     volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
     config_map = volumes[mounts[CONFIG_DIR]["name"]]["configMap"]["name"]
     cm = find(docs, "ConfigMap", config_map)
-    assert "config.yaml" in cm["data"]
+    assert {"config.yaml", "monitoring.yaml"} <= set(cm["data"])
     assert "emptyDir" in volumes[mounts["/tmp"]["name"]]
 
 
 def test_sidecar_config_shape() -> None:
     config = yaml.safe_load((DEPLOY / "base" / "config.yaml").read_text(encoding="utf-8"))
-    assert set(config) <= {"collect", "windows", "targets"}
+    assert set(config) <= {"collect", "windows", "targets", "monitoring"}
+    assert config["monitoring"] == {"config_file": f"{CONFIG_DIR}/monitoring.yaml"}
     [target] = config["targets"]
     assert target["url"] == "http://127.0.0.1:8000/metrics", "a sidecar watches the vLLM in its own pod"
     assert set(target) <= {"name", "url", "timeout", "labels", "method", "num_speculative_tokens", "cost_model"}
@@ -141,7 +142,9 @@ def test_sidecar_config_loads_in_the_exporter() -> None:
     """The ConfigMap's config is accepted by the exporter's own loader (one clear error per bad key)."""
     from exporter.config import load_config_file
 
-    config = load_config_file(str(DEPLOY / "base" / "config.yaml"))
+    # The ConfigMap mounts config.yaml and monitoring.yaml side by side; here the flag points at the latter.
+    config = load_config_file(str(DEPLOY / "base" / "config.yaml"),
+                              monitoring_file=str(DEPLOY / "base" / "monitoring.yaml"))
     [target] = config.targets
     assert target.name == "vllm"
 

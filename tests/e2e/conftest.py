@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e import chain as c
+from devtools import chain as c
 
 # Measured figures, one dict per scenario; printed in the terminal summary (visible without -s) and, when
 # $SPECDECODE_E2E_REPORT names a file, written there as JSON.

@@ -33,7 +33,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.e2e import chain as c
+from devtools import chain as c
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 

@@ -12,7 +12,6 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "grafana" / "dashboards" / "specdecode.json"
-GENERATOR = ROOT / "grafana" / "generate.py"
 PROVISIONING = ROOT / "grafana" / "provisioning"
 
 # Grafana's built-in interval variables and what the tests put in their place: short ranges, because the

@@ -5,21 +5,22 @@ code instead."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
 import yaml
-from grafana_dashboard_helpers import (
+
+from exporter.monitoring import build
+from exporter.monitoring import config as monitoring_config
+from exporter.verdict import Verdict
+from tests.grafana.grafana_dashboard_helpers import (
     DASHBOARD,
-    GENERATOR,
     PROVISIONING,
     all_selection,
     annotation_queries,
@@ -42,18 +43,14 @@ CUSTOM_UNIT_PREFIXES = ("suffix:", "prefix:", "si:", "count:")
 
 
 def need_sdk() -> ModuleType:
-    """The generator needs grafana-foundation-sdk: skip without it, but fail in CI."""
+    """The dashboard module needs grafana-foundation-sdk: skip without it, but fail in CI."""
     try:
-        import grafana_foundation_sdk  # noqa: F401
+        from exporter.monitoring import dashboard as dashboard_module
     except ImportError:
         if IN_CI:
             pytest.fail("grafana-foundation-sdk is not installed (pip install the project's test extras)")
         pytest.skip("grafana-foundation-sdk not installed")
-    spec = importlib.util.spec_from_file_location("specdecode_grafana_generate", GENERATOR)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return dashboard_module
 
 
 @pytest.fixture(scope="module")
@@ -65,19 +62,21 @@ def dashboard() -> dict[str, Any]:
 
 
 def test_committed_json_matches_generator() -> None:
-    generate = need_sdk()
-    assert DASHBOARD.read_text(encoding="utf-8") == generate.render(), (
-        "grafana/dashboards/specdecode.json is stale: run .venv/bin/python grafana/generate.py"
+    dashboard_module = need_sdk()
+    assert DASHBOARD.read_text(encoding="utf-8") == dashboard_module.render(monitoring_config.load()), (
+        "grafana/dashboards/specdecode.json is stale: run make generate"
     )
 
 
-def test_generator_check_mode(tmp_path: Path) -> None:
+def test_build_check_mode_finds_a_stale_dashboard(tmp_path: Path) -> None:
     need_sdk()
-    stale = tmp_path / "stale.json"
-    stale.write_text("{}\n", encoding="utf-8")
-    cmd = [sys.executable, str(GENERATOR), "--check", "--out"]
-    assert subprocess.run([*cmd, str(DASHBOARD)], capture_output=True).returncode == 0
-    assert subprocess.run([*cmd, str(stale)], capture_output=True).returncode == 1
+    root = tmp_path / "checkout"
+    (root / "grafana" / "dashboards").mkdir(parents=True)
+    (root / "grafana" / "dashboards" / "specdecode.json").write_text("{}\n")
+    src = build.sources(None, root=root)
+    assert build.build(src, check=True, only=["grafana/dashboards/specdecode.json"]) == 1
+    assert build.build(src, check=False, only=["grafana/dashboards/specdecode.json"]) == 1
+    assert build.build(src, check=True, only=["grafana/dashboards/specdecode.json"]) == 0
 
 
 def test_round_trips_through_sdk_models(dashboard: dict[str, Any]) -> None:
@@ -261,14 +260,15 @@ def test_alpha_stat_thresholds(dashboard: dict[str, Any]) -> None:
 
 
 def test_verdict_maps_every_outcome(dashboard: dict[str, Any]) -> None:
+    """The verdict query evaluates to exporter.verdict's codes; every code (and no data) has its word."""
     panel = next(p for p in content_panels(dashboard) if p["title"] == "Verdict")
-    texts = set()
+    texts = {}
     for mapping in panel["fieldConfig"]["defaults"]["mappings"]:
-        if mapping["type"] == "range":
-            texts.add(mapping["options"]["result"]["text"])
+        if mapping["type"] == "value":
+            texts.update({code: result["text"] for code, result in mapping["options"].items()})
         if mapping["type"] == "special":
-            texts.add(mapping["options"]["result"]["text"])
-    assert texts == {"Hurting", "Marginal", "Paying off", "No traffic"}
+            texts["no data"] = mapping["options"]["result"]["text"]
+    assert texts == {str(v.code) if v.code is not None else "no data": v.value.capitalize() for v in Verdict}
 
 
 # --- variables ------------------------------------------------------------------------------------------

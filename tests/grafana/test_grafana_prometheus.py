@@ -7,23 +7,19 @@ Needs the Debian `prometheus` binary (scripts/install-tools.sh): skipped without
 
 from __future__ import annotations
 
+import contextlib
 import math
-import os
-import shutil
-import signal
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 import yaml
-from grafana_dashboard_helpers import (
+
+from devtools.procs import exporter_command, in_ci, prometheus_binary, running, tail
+from tests.grafana.grafana_dashboard_helpers import (
     ROOT,
     all_selection,
     annotation_queries,
@@ -35,7 +31,6 @@ from grafana_dashboard_helpers import (
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
-IN_CI = bool(os.environ.get("CI"))
 RULES = ROOT / "alerts" / "specdecode.rules.yaml"
 ACCEPTANCE = 0.7  # the simulator's steady acceptance rate
 SIDECAR_JOB = "specdecode-exporter"  # matches the alerts' exporter_job_selector job=~".*specdecode.*"
@@ -53,48 +48,11 @@ ALLOWED_EMPTY: dict[str, str] = {
 }
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-    return port
-
-
-def exporter_cli() -> list[str]:
-    script = Path(sys.executable).with_name("specdecode-exporter")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "exporter.cli"]
-
-
 @dataclass
 class Stack:
     prometheus: str  # base URL
     sidecar_instance: str
     model_name: str
-
-
-def log_tails(tmp: Path) -> str:
-    parts = []
-    for log in sorted(tmp.glob("*.log")):
-        lines = log.read_text(encoding="utf-8", errors="replace").splitlines()[-15:]
-        parts.append(f"--- {log.name}\n" + "\n".join(lines))
-    return "\n".join(parts)
-
-
-def start(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
-    fh = log.open("wb")
-    return subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
-
-
-def stop(procs: list[subprocess.Popen[bytes]]) -> None:
-    for proc in procs:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-    for proc in procs:
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
 
 
 def instant(client: httpx.Client, expr: str) -> dict[str, Any]:
@@ -115,85 +73,49 @@ def samples(body: Mapping[str, Any]) -> list[tuple[dict[str, str], float]]:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    prometheus = shutil.which("prometheus")
+    prometheus = prometheus_binary()
     if prometheus is None:
-        if IN_CI:
+        if in_ci():
             pytest.fail("prometheus binary missing (scripts/install-tools.sh)")
         pytest.skip("prometheus binary missing (scripts/install-tools.sh)")
     tmp = tmp_path_factory.mktemp("grafana-e2e")
-    sim_port, sidecar_port, prom_port = free_port(), free_port(), free_port()
-    sidecar = f"127.0.0.1:{sidecar_port}"
-    config = {
-        "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "900ms"},
-        "rule_files": [str(RULES)] if RULES.exists() else [],
-        "scrape_configs": [
-            {"job_name": SIDECAR_JOB, "static_configs": [{"targets": [sidecar], "labels": K8S_LABELS}]},
-            {"job_name": "vllm", "static_configs": [{"targets": [f"127.0.0.1:{sim_port}"], "labels": K8S_LABELS}]},
-        ],
-    }
-    (tmp / "prometheus.yml").write_text(yaml.safe_dump(config), encoding="utf-8")
-    cli = exporter_cli()
-    procs: list[subprocess.Popen[bytes]] = []
-    try:
-        procs.append(
-            start(
-                [
-                    *cli,
-                    "simulate",
-                    "--web.listen-address",
-                    f"127.0.0.1:{sim_port}",
-                    "--acceptance-rate",
-                    str(ACCEPTANCE),
-                ],
-                tmp / "simulator.log",
-            )
-        )
-        procs.append(
-            start(
-                [
-                    *cli,
-                    "run",
-                    "--target",
-                    f"http://127.0.0.1:{sim_port}/metrics",
-                    "--web.listen-address",
-                    sidecar,
-                    "--collect.interval",
-                    "1s",
-                ],
-                tmp / "sidecar.log",
-            )
-        )
-        procs.append(
-            start(
-                [
-                    prometheus,
-                    f"--config.file={tmp / 'prometheus.yml'}",
-                    f"--storage.tsdb.path={tmp / 'tsdb'}",
-                    f"--web.listen-address=127.0.0.1:{prom_port}",
-                    "--log.level=warn",
-                ],
-                tmp / "prometheus.log",
-            )
-        )
-        base = f"http://127.0.0.1:{prom_port}"
+    cli = exporter_command()
+    with contextlib.ExitStack() as started:
+        simulator = started.enter_context(running("simulator", lambda port: [
+            *cli, "simulate", "--web.listen-address", f"127.0.0.1:{port}", "--acceptance-rate", str(ACCEPTANCE),
+        ], tmp, "/health"))
+        sidecar = started.enter_context(running("sidecar", lambda port: [
+            *cli, "run", "--target", f"{simulator.url}/metrics", "--web.listen-address", f"127.0.0.1:{port}",
+            "--collect.interval", "1s",
+        ], tmp, "/healthz"))
+        sidecar_address = sidecar.url.removeprefix("http://")
+        config = {
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "900ms"},
+            "rule_files": [str(RULES)],
+            "scrape_configs": [
+                {"job_name": SIDECAR_JOB, "static_configs": [{"targets": [sidecar_address], "labels": K8S_LABELS}]},
+                {"job_name": "vllm", "static_configs": [{"targets": [simulator.url.removeprefix("http://")],
+                                                         "labels": K8S_LABELS}]},
+            ],
+        }
+        (tmp / "prometheus.yml").write_text(yaml.safe_dump(config), encoding="utf-8")
+        prom = started.enter_context(running("prometheus", lambda port: [
+            prometheus, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn",
+        ], tmp, "/-/ready"))
         deadline = time.monotonic() + STARTUP_S
-        with httpx.Client(base_url=base, timeout=5) as client:
+        with httpx.Client(base_url=prom.url, timeout=5) as client:
             model = ""
-            while time.monotonic() < deadline:
-                for proc in procs:
-                    assert proc.poll() is None, f"{proc.args[:2]} exited:\n{log_tails(tmp)}"
-                try:
-                    body = instant(client, "specdecode_drafts_total")
-                    if body["data"]["result"]:
-                        model = body["data"]["result"][0]["metric"]["model_name"]
-                        break
-                except (httpx.HTTPError, AssertionError):
-                    pass
+            while time.monotonic() < deadline and not model:
+                for proc in (simulator, sidecar, prom):
+                    assert proc.alive(), f"{proc.name} exited:\n{tail(proc.log)}"
+                with contextlib.suppress(httpx.HTTPError, AssertionError):
+                    result = instant(client, "specdecode_drafts_total")["data"]["result"]
+                    model = result[0]["metric"]["model_name"] if result else ""
                 time.sleep(0.5)
-            assert model, f"Prometheus never scraped the sidecar:\n{log_tails(tmp)}"
-        yield Stack(prometheus=base, sidecar_instance=sidecar, model_name=model)
-    finally:
-        stop(procs)
+            assert model, "Prometheus never scraped the sidecar:\n" + "\n".join(
+                f"--- {p.name}\n{tail(p.log)}" for p in (simulator, sidecar, prom))
+        yield Stack(prometheus=prom.url, sidecar_instance=sidecar_address, model_name=model)
 
 
 def grafana_regex(value: str) -> str:

@@ -1,5 +1,6 @@
 """The alert and recording rules in alerts/: generated output up to date, promtool check + unit tests,
-annotations and runbook anchors, and the example Alertmanager routing (amtool).
+annotations and runbook anchors, and the example Alertmanager routing (amtool). The rules are generated from the
+monitoring config (exporter/monitoring/monitoring.yaml) by exporter.monitoring.build.
 
 promtool/amtool come from Debian's `prometheus` and `prometheus-alertmanager` packages
 (scripts/install-tools.sh). Outside CI a missing tool skips its tests; with CI=true it fails them.
@@ -7,23 +8,24 @@ promtool/amtool come from Debian's `prometheus` and `prometheus-alertmanager` pa
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 import yaml
 
+from exporter.monitoring import build
+from exporter.monitoring import config as monitoring_config
+from exporter.monitoring.config import MonitoringConfigError
+from exporter.monitoring.rules import rule_groups
+
 ROOT = Path(__file__).resolve().parents[2]
 ALERTS = ROOT / "alerts"
 RULES = ALERTS / "specdecode.rules.yaml"
-CONFIG = ALERTS / "config.yaml"
 RUNBOOK = ALERTS / "runbook.md"
 AM_CONFIG = ALERTS / "alertmanager.example.yml"
 UNIT_TESTS = sorted((ALERTS / "tests").glob("*.test.yaml"))
@@ -58,15 +60,6 @@ def _run(*cmd: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False, cwd=ROOT)
 
 
-def _load_generator() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("specdecode_alerts_generate", ALERTS / "generate.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def _rules() -> list[dict[str, Any]]:
     doc = yaml.safe_load(RULES.read_text())
     return [rule for group in doc["groups"] for rule in group["rules"]]
@@ -91,14 +84,13 @@ def _runbook_anchors() -> set[str]:
 
 
 def test_committed_rules_are_up_to_date() -> None:
-    proc = _run(sys.executable, str(ALERTS / "generate.py"), "--check")
-    assert proc.returncode == 0, proc.stderr + "\nrun: .venv/bin/python alerts/generate.py"
+    assert build.build(build.sources(None), check=True, only=["alerts/specdecode.rules.yaml"]) == 0, \
+        "run: make generate"
 
 
 def test_e2e_profile_has_short_durations(tmp_path: Path, promtool: str) -> None:
     out = tmp_path / "e2e.rules.yaml"
-    proc = _run(sys.executable, str(ALERTS / "generate.py"), "--profile", "e2e", "--out", str(out))
-    assert proc.returncode == 0, proc.stderr
+    assert build.main(["--profile", "e2e", "--rules-out", str(out)]) == 0
     doc = yaml.safe_load(out.read_text())
     alerts = [r for g in doc["groups"] for r in g["rules"] if "alert" in r]
     assert {a["alert"] for a in alerts} == {a["alert"] for a in _alerts()}
@@ -111,30 +103,28 @@ def test_e2e_profile_has_short_durations(tmp_path: Path, promtool: str) -> None:
 
 
 def test_config_errors_name_the_key(tmp_path: Path) -> None:
-    gen = _load_generator()
-    cfg = yaml.safe_load(CONFIG.read_text())
-    cfg["alerts"]["SpecDecodeAcceptanceRateLow"]["threshold"] = 1.5
-    bad = tmp_path / "config.yaml"
-    bad.write_text(yaml.safe_dump(cfg))
-    with pytest.raises(gen.ConfigError, match=r"alerts\.SpecDecodeAcceptanceRateLow\.threshold"):
-        gen.load_config(bad)
-    cfg["alerts"]["SpecDecodeAcceptanceRateLow"]["threshold"] = 0.5
-    cfg["alerts"]["SpecDecodeTargetDown"]["for"] = "5 minutes"
-    bad.write_text(yaml.safe_dump(cfg))
-    with pytest.raises(gen.ConfigError, match=r"alerts\.SpecDecodeTargetDown\.for"):
-        gen.load_config(bad)
+    bad = tmp_path / "monitoring.yaml"
+    bad.write_text("thresholds: {page_acceptance_ratio: 1.5}\n")
+    with pytest.raises(MonitoringConfigError, match=r"thresholds\.page_acceptance_ratio"):
+        monitoring_config.load(bad)
+    bad.write_text("alerts: {SpecDecodeTargetDown: {for: 5 minutes}}\n")
+    with pytest.raises(MonitoringConfigError, match=r"alerts\.SpecDecodeTargetDown\.for"):
+        monitoring_config.load(bad)
+    bad.write_text("thresholds: {page_acceptance_ratoi: 0.4}\n")
+    with pytest.raises(MonitoringConfigError, match=r"thresholds\.page_acceptance_ratoi: unknown key"):
+        monitoring_config.load(bad)
+    # The build says it in one line and exits 2.
+    assert build.main(["--config", str(bad), "--check"]) == 2
 
 
 def test_config_changes_reach_every_rule(tmp_path: Path) -> None:
-    gen = _load_generator()
-    cfg = yaml.safe_load(CONFIG.read_text())
-    cfg["metric_selector"] = 'cluster="prod"'
-    cfg["levels"]["model"] = ["cluster", "namespace", "model_name"]
-    cfg["alerts"]["SpecDecodeAcceptanceRateLow"]["threshold"] = 0.4
-    path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    text = gen.render(gen.load_config(path), None)
-    doc = yaml.safe_load(text)
+    path = tmp_path / "monitoring.yaml"
+    path.write_text(yaml.safe_dump({
+        "selectors": {"metric": 'cluster="prod"'},
+        "levels": {"model": ["cluster", "namespace", "model_name"]},
+        "thresholds": {"page_acceptance_ratio": 0.4},
+    }))
+    doc = rule_groups(monitoring_config.load(path))
     for group in doc["groups"]:
         for rule in group["rules"]:
             # every raw specdecode_* selector (not the recorded level:metric:op names) has the matcher
@@ -180,7 +170,7 @@ def test_every_alert_has_severity_annotations_and_runbook() -> None:
     alerts = _alerts()
     assert len(alerts) >= 9
     anchors = _runbook_anchors()
-    base = yaml.safe_load(CONFIG.read_text())["runbook_base_url"].rstrip("/")
+    base = monitoring_config.load().runbook_base_url.rstrip("/")
     for alert in alerts:
         name = alert["alert"]
         assert alert["labels"]["severity"] in SEVERITIES, name

@@ -81,12 +81,15 @@ def test_check_prints_a_verdict_against_the_simulator() -> None:
     finally:
         server.stop()
     assert result.returncode == 0, result.stderr
-    header, row = [line for line in result.stdout.splitlines() if "Llama" in line or line.startswith("model")]
+    header, row, reason = [line for line in result.stdout.splitlines()
+                           if "Llama" in line or line.startswith("model")]
     assert header.split()[:3] == ["model", "engine", "α"]
     cells = row.split()
     assert cells[0] == "meta-llama/Llama-3.1-8B-Instruct"
     assert float(cells[2]) == pytest.approx(0.75, abs=0.01)
     assert "paying off" in row
+    # S = (1 + 3·0.75) / (1 + 3·0.5) = 1.30
+    assert reason == "meta-llama/Llama-3.1-8B-Instruct 0: paying off (modelled 1.30×)"
 
 
 def test_check_unreachable_is_one_line_exit_1() -> None:

@@ -1,4 +1,4 @@
-"""The math against values computed by hand (DESIGN.md §4–§5)."""
+"""The math against values computed by hand (docs/architecture.md: the exported contract, the break-even model)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import pytest
 from exporter.derive import (
     CostModel,
     acceptance_ratio,
+    counts_stats,
     expected_speedup,
     geometric_prefix_mean,
     mean_acceptance_length,
@@ -15,10 +16,7 @@ from exporter.derive import (
     solve_geometric_probability,
     speedup_by_length,
     token_acceptance_probability,
-    verdict,
-    window_stats,
 )
-from exporter.store import Totals, WindowDelta
 
 # The real vLLM 0.32.0 capture: drafts 308, draft tokens 857, accepted 211, per position 152, 37, 22.
 DRAFTS, DRAFTED, ACCEPTED, PER_POS = 308.0, 857.0, 211.0, (152.0, 37.0, 22.0)
@@ -103,10 +101,8 @@ def test_recommendation_keeps_the_current_k_unless_a_shorter_one_gains_2_percent
     assert recommended_num_speculative_tokens((0.95, 0.99, 0.99)) == 0
 
 
-def test_window_stats_from_a_window_delta() -> None:
-    delta = Totals(draft_tokens=DRAFTED, accepted_tokens=ACCEPTED, drafts=DRAFTS, emitted_tokens=ACCEPTED + DRAFTS,
-                   accepted_by_position=PER_POS)
-    stats = window_stats(WindowDelta(60.0, delta), CostModel(0.0, 0.2), None)
+def test_window_stats_from_the_window_counts() -> None:
+    stats = counts_stats(60.0, DRAFTED, ACCEPTED, DRAFTS, PER_POS, CostModel(0.0, 0.2), None)
     assert stats is not None
     assert stats.acceptance_ratio == pytest.approx(211 / 857)
     assert stats.mean_acceptance_length == pytest.approx(1 + 211 / 308)
@@ -119,28 +115,10 @@ def test_window_stats_from_a_window_delta() -> None:
 
 
 def test_window_without_drafts_has_no_stats() -> None:
-    assert window_stats(WindowDelta(60.0, Totals(drafts=0.0)), CostModel(), None) is None
+    assert counts_stats(60.0, 0.0, 0.0, 0.0, (), CostModel(), None) is None
 
 
 def test_v0_window_uses_k_to_count_drafts() -> None:
-    stats = window_stats(WindowDelta(10.0, Totals(draft_tokens=500.0, accepted_tokens=350.0)), CostModel(), 5)
+    stats = counts_stats(10.0, 500.0, 350.0, None, (), CostModel(), 5)
     assert stats is not None
     assert stats.mean_acceptance_length == pytest.approx(1 + 350 / 100)
-
-
-@pytest.mark.parametrize(
-    ("alpha", "expected"),
-    [(0.75, "paying off"), (0.45, "hurting"), (None, "no traffic")],
-)
-def test_verdict(alpha: float | None, expected: str) -> None:
-    stats = None
-    if alpha is not None:
-        delta = Totals(draft_tokens=300.0, accepted_tokens=300 * alpha, drafts=100.0)
-        stats = window_stats(WindowDelta(60.0, delta), CostModel(), None)
-    assert verdict(stats, CostModel(), 0.5) == expected
-
-
-def test_verdict_marginal_between_break_even_and_page_threshold() -> None:
-    delta = Totals(draft_tokens=300.0, accepted_tokens=135.0, drafts=100.0)  # α = 0.45
-    cheap = CostModel(0.0, 0.3)
-    assert verdict(window_stats(WindowDelta(60.0, delta), cheap, None), cheap, 0.5) == "marginal"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from exporter.engines import ALL_PREFIXES, FetchTiming, detect_engine
+from exporter.engines import ALL_PREFIXES, DecoderOptions, FetchTiming, detect_engine
 from exporter.engines.vllm_v0 import V0Decoder, infer_num_speculative_tokens
 from exporter.parse import select, select_samples
 from tests.helpers import fixture_text
@@ -14,7 +14,7 @@ def decode(name: str):
     selection = select(fixture_text(name), ALL_PREFIXES)
     engine = detect_engine(selection.samples())
     assert engine is not None
-    return engine, engine.new_decoder().decode(selection, FetchTiming(0.0, 0.1))
+    return engine, engine.new_decoder(DecoderOptions()).decode(selection, FetchTiming(0.0, 0.1))
 
 
 def test_real_capture_is_v1_with_created_and_k_3() -> None:
@@ -57,7 +57,7 @@ def test_v1_series_with_a_nan_counter_is_pending_not_zero() -> None:
     selection = select(text, ALL_PREFIXES)
     engine = detect_engine(selection.samples())
     assert engine is not None
-    result = engine.new_decoder().decode(selection, FetchTiming(0, 0))
+    result = engine.new_decoder(DecoderOptions()).decode(selection, FetchTiming(0, 0))
     assert result.series == []
     assert result.pending == [("m", "0")]
 

@@ -2,10 +2,27 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import pytest
 
 from exporter.engines.base import SeriesReading
 from exporter.store import INTERVAL_BUCKETS, SeriesKey, SeriesState, Store, counter_increase
+
+
+class Delta(NamedTuple):
+    seconds: float
+    draft_tokens: float
+    accepted_tokens: float
+
+
+def window_delta(state: SeriesState, now: float, seconds: float, slack: float) -> Delta | None:
+    """The counts over a window, from the two snapshots that bound it (as derive.span_stats reads them)."""
+    span = state.window_span(now, seconds, slack)
+    if span is None:
+        return None
+    return Delta(span.seconds, span.end.draft_tokens - span.start.draft_tokens,
+                 span.end.accepted_tokens - span.start.accepted_tokens)
 
 
 def reading(drafted: float, accepted: float, drafts: float | None = None, created: float | None = None,
@@ -54,30 +71,30 @@ def test_window_spans_the_requested_time_with_slack() -> None:
     for i in range(30):  # every 5 s, 10 tokens/s drafted, half accepted
         state.update(reading(50.0 * i, 25.0 * i), 5.0 * i, 3600)
     now = 5.0 * 29
-    window = state.window(now, 60.0, slack=2.5)
+    window = window_delta(state, now, 60.0, slack=2.5)
     assert window is not None
     assert window.seconds == 60.0
-    assert window.delta.draft_tokens == 600.0
-    assert window.delta.accepted_tokens == 300.0
+    assert window.draft_tokens == 600.0
+    assert window.accepted_tokens == 300.0
 
 
 def test_window_needs_two_snapshots() -> None:
     state = SeriesState(SeriesKey("t", "m", "0"))
-    assert state.window(0.0, 60.0, 2.5) is None
+    assert window_delta(state, 0.0, 60.0, 2.5) is None
     state.update(reading(10.0, 5.0), 0.0, 3600)
-    assert state.window(0.0, 60.0, 2.5) is None
+    assert window_delta(state, 0.0, 60.0, 2.5) is None
     state.update(reading(20.0, 10.0), 5.0, 3600)
-    assert state.window(5.0, 60.0, 2.5) is not None
+    assert window_delta(state, 5.0, 60.0, 2.5) is not None
 
 
 def test_window_delta_has_no_negative_values_across_a_restart() -> None:
     state = SeriesState(SeriesKey("t", "m", "0"))
     for t, raw in enumerate([1000.0, 1100.0, 5.0, 105.0]):
         state.update(reading(raw, raw * 0.6), 5.0 * t, 3600)
-    window = state.window(15.0, 60.0, 2.5)
+    window = window_delta(state, 15.0, 60.0, 2.5)
     assert window is not None
-    assert window.delta.draft_tokens == 100.0 + 5.0 + 100.0
-    assert window.delta.accepted_tokens == pytest.approx(0.6 * 205.0)
+    assert window.draft_tokens == 100.0 + 5.0 + 100.0
+    assert window.accepted_tokens == pytest.approx(0.6 * 205.0)
 
 
 def test_ring_keeps_only_what_the_longest_window_needs() -> None:
@@ -87,7 +104,7 @@ def test_ring_keeps_only_what_the_longest_window_needs() -> None:
     assert state.times[0] <= 999.0 - 100.0 < state.times[1]  # one older than the window: it spans in full
     assert state.times[-60:] == [float(t) for t in range(940, 1000)]  # the last 60 intervals: every one
     assert len(state.times) < 100  # older ones thinned
-    window = state.window(999.0, 100.0, 0.5)
+    window = window_delta(state, 999.0, 100.0, 0.5)
     assert window is not None and window.seconds >= 100.0 - 100.0 / 30 - 1.0
 
 
@@ -102,11 +119,11 @@ def test_thinned_ring_keeps_every_window_within_3_percent_of_its_length() -> Non
         if i < 800:
             continue
         for seconds in (60.0, 300.0, 900.0, 3600.0):
-            window = state.window(now, seconds, interval / 2)
+            window = window_delta(state, now, seconds, interval / 2)
             assert window is not None
             assert seconds - seconds / 30 - interval <= window.seconds <= seconds + interval / 2, (seconds, window)
-            assert window.delta.draft_tokens == 10.0 * window.seconds
-            assert window.delta.accepted_tokens == 4.0 * window.seconds
+            assert window.draft_tokens == 10.0 * window.seconds
+            assert window.accepted_tokens == 4.0 * window.seconds
             if seconds <= 300.0:
                 assert window.seconds == seconds  # the recent past is never thinned
     assert len(state.times) < 200
@@ -119,7 +136,7 @@ def test_interval_histogram_observes_each_interval_alpha() -> None:
     state.update(reading(300.0, 150.0), 10.0, 3600)  # α = 0.30
     state.update(reading(300.0, 150.0), 15.0, 3600)  # no drafts: no observation
     hist = state.histogram
-    assert hist.count == 2
+    assert hist.observations == 2
     assert hist.sum == pytest.approx(1.0)
     counts = dict(zip(INTERVAL_BUCKETS, hist.bucket_counts, strict=True))
     assert counts[0.25] == 0

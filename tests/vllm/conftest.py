@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from devtools.procs import StartError, tail
+
 from . import vllm_harness as h
 
 START_TIMEOUT = float(os.environ.get("SPECDECODE_VLLM_START_TIMEOUT", "300"))
@@ -50,7 +52,7 @@ def _start(server: h.VllmServer) -> Iterator[h.VllmServer]:
     try:
         try:
             server.start(START_TIMEOUT)
-        except h.ServerStartError as e:
+        except StartError as e:
             pytest.fail(str(e), pytrace=False)
         print(f"\nvLLM up at {server.base_url} after {server.start_seconds:.1f} s (log {server.log_path})")
         yield server
@@ -95,4 +97,4 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):  # type
     report = outcome.get_result()
     if report.failed:
         for server in _servers:
-            report.sections.append((f"vLLM log tail ({server.log_path})", h.tail(server.log_path, 80)))
+            report.sections.append((f"vLLM log tail ({server.log_path})", tail(server.log_path, 80)))

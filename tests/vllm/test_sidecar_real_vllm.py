@@ -7,12 +7,6 @@ Needs the exporter's CLI in the project venv (.venv/bin/specdecode-exporter, fro
 
 from __future__ import annotations
 
-import contextlib
-import os
-import shutil
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,6 +16,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from devtools.procs import Process, exporter_command, start_process, tail
+
 from . import vllm_harness as h
 
 pytestmark = pytest.mark.vllm
@@ -30,68 +26,26 @@ COLLECT_INTERVAL = 1.0
 TARGET_NAME = "vllm"  # the name the CLI gives the first unnamed --target
 
 
-def exporter_cli() -> Path | None:
-    candidates = [
-        h.REPO_ROOT / ".venv" / "bin" / "specdecode-exporter",
-        Path(sys.executable).parent / "specdecode-exporter",
-    ]
-    which = shutil.which("specdecode-exporter")
-    if which:
-        candidates.append(Path(which))
-    return next((c for c in candidates if c.exists()), None)
-
-
 @dataclass
 class Sidecar:
-    proc: subprocess.Popen
-    base_url: str
-    log_path: Path
+    process: Process
+
+    @property
+    def base_url(self) -> str:
+        return self.process.url
 
 
 @pytest.fixture
 def sidecar(vllm_ngram_url: str, tmp_path: Path) -> Iterator[Sidecar]:
-    cli = exporter_cli()
-    if cli is None:
-        msg = "specdecode-exporter CLI not installed in .venv (pip install -e .)"
-        if h.vllm_required():
-            pytest.fail(msg, pytrace=False)
-        pytest.skip(msg)
-    port = h.free_port()
-    log_path = tmp_path / "sidecar.log"
-    cmd = [
-        str(cli), "run",
-        "--target", f"{vllm_ngram_url}/metrics",
-        "--web.listen-address", f"127.0.0.1:{port}",
-        "--collect.interval", f"{COLLECT_INTERVAL:g}s",
-    ]  # fmt: skip
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECDECODE_")}
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True
-        )
-    side = Sidecar(proc, f"http://127.0.0.1:{port}", log_path)
+    process = start_process("sidecar", lambda port: [
+        *exporter_command(), "run", "--target", f"{vllm_ngram_url}/metrics",
+        "--web.listen-address", f"127.0.0.1:{port}", "--collect.interval", f"{COLLECT_INTERVAL:g}s",
+    ], tmp_path, "/readyz", timeout=30)
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"sidecar exited with {proc.returncode}:\n{h.tail(log_path)}", pytrace=False)
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(side.base_url + "/readyz", timeout=2).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                pytest.fail(f"sidecar /readyz not 200 after 30 s:\n{h.tail(log_path)}", pytrace=False)
-            time.sleep(0.2)
-        yield side
+        yield Sidecar(process)
     finally:
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(5)
-        print(f"\nsidecar log tail ({log_path}):\n{h.tail(log_path, 20)}")
+        process.stop()
+        print(f"\nsidecar log tail ({process.log}):\n{tail(process.log, 20)}")
 
 
 @dataclass(frozen=True)

@@ -12,17 +12,17 @@ import contextlib
 import json
 import os
 import random
-import signal
-import socket
-import subprocess
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
+
+from devtools.procs import Process, child_env, start_process
 
 VLLM_VERSION = os.environ.get("SPECDECODE_VLLM_VERSION", "0.32.0")
 SERVED_MODEL_NAME = "tiny"  # the name in tests/fixtures/captured_vllm_cpu_0.32.0_ngram.prom
@@ -60,7 +60,7 @@ def model_dir(name: str = "tiny-llama") -> Path:
     return vllm_home() / "models" / name
 
 
-def draft_model_spec() -> dict:
+def draft_model_spec() -> dict[str, Any]:
     """A separate, smaller tiny Llama (same tokenizer) as the draft: a different α than ngram."""
     return {
         "method": "draft_model",
@@ -85,46 +85,33 @@ def vllm_required() -> bool:
     return (ci not in ("", "0", "false", "no")) or os.environ.get("SPECDECODE_REQUIRE_VLLM") == "1"
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def tail(path: Path, n: int = 60) -> str:
-    try:
-        lines = path.read_text(errors="replace").splitlines()
-    except OSError as e:
-        return f"(no log: {e})"
-    return "\n".join(lines[-n:])
-
-
-class ServerStartError(RuntimeError):
-    pass
 
 
 @dataclass
 class VllmServer:
-    """One vLLM OpenAI API server in its own process group."""
+    """One vLLM OpenAI API server, started and stopped by devtools.procs (its own process group)."""
 
     model: Path
-    spec_config: dict
+    spec_config: dict[str, Any] | None  # None: no speculative decoding (a control server)
     log_path: Path
     extra_args: list[str] = field(default_factory=list)
-    port: int = 0
-    proc: subprocess.Popen | None = None
-    start_seconds: float = 0.0
+    process: Process | None = None
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        assert self.process is not None, "not started"
+        return self.process.url
 
-    def command(self) -> list[str]:
+    @property
+    def start_seconds(self) -> float:
+        return self.process.started_seconds if self.process else 0.0
+
+    def command(self, port: int) -> list[str]:
         return [
             str(vllm_python()), "-m", "vllm.entrypoints.openai.api_server",
             "--model", str(self.model),
             "--served-model-name", SERVED_MODEL_NAME,
-            "--host", "127.0.0.1", "--port", str(self.port),
+            "--host", "127.0.0.1", "--port", str(port),
             "--max-model-len", "512",
             "--dtype", "bfloat16",
             "--max-num-seqs", "8",
@@ -132,77 +119,28 @@ class VllmServer:
             # Eager mode: no torch.compile/inductor, so no C++ compiler needed and a ~2x faster start
             # (38 s vs 75 s here); SPECDECODE_VLLM_EAGER=0 tests the compiled path.
             *(["--enforce-eager"] if os.environ.get("SPECDECODE_VLLM_EAGER", "1") != "0" else []),
-            "--speculative-config", json.dumps(self.spec_config),
+            *(["--speculative-config", json.dumps(self.spec_config)] if self.spec_config else []),
             *self.extra_args,
         ]  # fmt: skip
 
     def env(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
-        env.update(
-            HF_HUB_OFFLINE="1",
-            TRANSFORMERS_OFFLINE="1",
-            VLLM_NO_USAGE_STATS="1",
-            DO_NOT_TRACK="1",
-            VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
-            VLLM_CPU_OMP_THREADS_BIND=os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind"),
-        )
-        return env
+        return child_env(drop=("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV"), extra={
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "VLLM_NO_USAGE_STATS": "1",
+            "DO_NOT_TRACK": "1",
+            "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+            "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind"),
+        })
 
     def start(self, timeout: float) -> None:
-        self.port = self.port or free_port()
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "wb")  # noqa: SIM115 - the child owns it; closed in stop()
-        self._log = log
-        log.write(("$ " + " ".join(self.command()) + "\n").encode())
-        log.flush()
-        t0 = time.monotonic()
-        self.proc = subprocess.Popen(
-            self.command(),
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=self.env(),
-            cwd=str(self.log_path.parent),
-            start_new_session=True,  # own process group: stop() kills the engine core too
-        )
-        deadline = t0 + timeout
-        with httpx.Client(timeout=2.0) as client:
-            while True:
-                rc = self.proc.poll()
-                if rc is not None:
-                    raise ServerStartError(
-                        f"vLLM exited with {rc} before /health answered; log {self.log_path}:\n" + tail(self.log_path)
-                    )
-                try:
-                    if client.get(self.base_url + "/health").status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise ServerStartError(
-                        f"vLLM /health not ready after {timeout:.0f} s; log {self.log_path}:\n" + tail(self.log_path)
-                    )
-                time.sleep(0.5)
-        self.start_seconds = time.monotonic() - t0
+        self.process = start_process("vllm", self.command, self.log_path.parent, "/health", timeout=timeout,
+                                     env=self.env(), log=self.log_path, poll=0.5)
 
     def stop(self, grace: float = 20.0) -> None:
-        proc, self.proc = self.proc, None
-        if proc is not None and proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(grace)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(10)
-        if proc is not None:
-            # The API server may exit before its engine-core child; reap the rest of the group.
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
-        if getattr(self, "_log", None) is not None:
-            self._log.close()
-            self._log = None
+        process, self.process = self.process, None
+        if process is not None:
+            process.stop(grace)
 
 
 @contextlib.contextmanager

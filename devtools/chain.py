@@ -1,9 +1,8 @@
 """The real alert chain on loopback: fake vLLM → sidecar → Prometheus (the generated rules) → Alertmanager
 (the example routing tree) → a local webhook receiver.
 
-Used by tests/e2e/test_alert_chain.py and, interactively, by scripts/see-it-work.sh
-(`python -m tests.e2e.chain`). Every process runs in its own process group and is stopped (SIGTERM, then
-SIGKILL) when the chain closes, whatever happened before.
+Used by tests/e2e/test_alert_chain.py and, interactively, by `make see-it-work` (scripts/see-it-work.sh runs
+`python -m devtools.chain`). Every process is started and stopped by devtools.procs.
 
 Prometheus and Alertmanager are Debian's packages (scripts/install-tools.sh): /usr/bin/prometheus and
 /usr/bin/prometheus-alertmanager. Override with $PROMETHEUS and $ALERTMANAGER.
@@ -13,14 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import json
-import os
-import re
-import shutil
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -29,20 +21,32 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import httpx
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
-ALERTS = ROOT / "alerts"
-AM_EXAMPLE = ALERTS / "alertmanager.example.yml"
+from devtools.procs import (
+    ROOT,
+    Process,
+    StartError,
+    alertmanager_binary,
+    exporter_command,
+    prometheus_binary,
+    start_process,
+    tail,
+)
+from exporter.monitoring import config as monitoring_config
+from exporter.monitoring.build import render_rules, sources
+from exporter.monitoring.config import MonitoringConfig, duration_seconds
+from exporter.monitoring.rules import alpha_record
+
+AM_EXAMPLE = ROOT / "alerts" / "alertmanager.example.yml"
 PROFILE = "e2e"
 
 PAGE_ALERT = "SpecDecodeAcceptanceRateLow"
 NAMESPACE = "e2e"
-JOB = "specdecode-sidecar"  # matches the rules' exporter_job_selector job=~".*specdecode.*"
+JOB = "specdecode-sidecar"  # matches the rules' exporter_job selector job=~".*specdecode.*"
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"  # the simulator's default model
 HEALTHY_ALPHA = 0.75
 DRAFTS_PER_SECOND = 200.0
@@ -55,146 +59,15 @@ GROUP_WAIT_S = 1.0
 GROUP_INTERVAL_S = 2.0
 REPEAT_INTERVAL = "5m"
 
-_DURATION_PART = re.compile(r"([0-9]+)(ms|s|m|h|d|w|y)")
-_UNIT_S = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
-
 
 def seconds(duration: str) -> float:
     """A Prometheus duration (15s, 1m30s) in seconds."""
-    parts = _DURATION_PART.findall(duration)
-    if not parts or "".join(n + u for n, u in parts) != duration:
-        raise ValueError(f"not a Prometheus duration: {duration!r}")
-    return float(sum(int(n) * _UNIT_S[u] for n, u in parts))
+    return duration_seconds(duration)
 
 
 def fmt_duration(value: float) -> str:
     """Seconds as a Prometheus duration: 1.0 -> 1s, 0.5 -> 500ms."""
     return f"{value:g}s" if float(value).is_integer() else f"{round(value * 1000)}ms"
-
-
-def free_port() -> int:
-    """A port the kernel just handed out for 127.0.0.1 (bound to port 0, then released)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def in_ci() -> bool:
-    return os.environ.get("CI", "").lower() in {"1", "true", "yes"}
-
-
-def find_tool(env: str, *names: str) -> str | None:
-    if os.environ.get(env):
-        path = shutil.which(os.environ[env])
-        return path  # set but not an executable: missing, never silently another binary
-    return next((p for p in (shutil.which(n) for n in names) if p), None)
-
-
-def prometheus_binary() -> str | None:
-    return find_tool("PROMETHEUS", "prometheus")
-
-
-def alertmanager_binary() -> str | None:
-    return find_tool("ALERTMANAGER", "prometheus-alertmanager", "alertmanager")
-
-
-def exporter_command() -> list[str]:
-    cli = Path(sys.executable).parent / "specdecode-exporter"
-    if cli.exists():
-        return [str(cli)]
-    return [sys.executable, "-c", "import sys; from exporter.cli import main; sys.exit(main())"]
-
-
-def load_generator() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("specdecode_alerts_generate_e2e", ALERTS / "generate.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-# ------------------------------------------------------------------------------------------- processes
-
-
-def tail(path: Path, lines: int = 15) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
-
-
-@dataclass
-class Process:
-    name: str
-    popen: subprocess.Popen[bytes]
-    log: Path
-    url: str
-
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
-    def stop(self, grace: float = 10.0) -> None:
-        """SIGTERM the whole process group, SIGKILL it after `grace` seconds; always reaps the child."""
-        if self.popen.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.popen.pid, signal.SIGTERM)
-            try:
-                self.popen.wait(grace)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.popen.pid, signal.SIGKILL)
-                self.popen.wait(5)
-        # Anything the leader left behind in its group goes too.
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.popen.pid, signal.SIGKILL)
-
-
-class StartError(RuntimeError):
-    pass
-
-
-def _die_with_parent() -> None:
-    """In the child before exec (Linux): get SIGKILL if the process that started us dies, even by SIGKILL."""
-    with contextlib.suppress(Exception):
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
-def start_process(name: str, make_cmd: Callable[[int], list[str]], workdir: Path, ready_path: str,
-                  timeout: float = 60.0, attempts: int = 3) -> Process:
-    """Start `make_cmd(port)` on a free loopback port in its own session; wait until GET ready_path is 200.
-
-    The port comes from the kernel (bind to 0); if another process grabs it before ours binds, the
-    process exits early and we retry with a new port.
-    """
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECDECODE_")}
-    last = ""
-    for attempt in range(attempts):
-        port = free_port()
-        log = workdir / f"{name}.{attempt}.log"
-        with open(log, "wb") as out:
-            popen = subprocess.Popen(make_cmd(port), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     env=env, cwd=workdir, start_new_session=True,
-                                     preexec_fn=_die_with_parent if sys.platform == "linux" else None)
-        proc = Process(name, popen, log, f"http://127.0.0.1:{port}")
-        deadline = time.monotonic() + timeout
-        try:
-            with httpx.Client(trust_env=False, timeout=2) as client:
-                while popen.poll() is None and time.monotonic() < deadline:
-                    with contextlib.suppress(httpx.HTTPError):
-                        if client.get(proc.url + ready_path).status_code == 200:
-                            return proc
-                    time.sleep(0.2)
-        except BaseException:
-            proc.stop()
-            raise
-        proc.stop()
-        last = f"{name} not ready on {proc.url}{ready_path} (exit code {popen.returncode}):\n{tail(log)}"
-        if "address already in use" not in tail(log).lower():
-            break
-    raise StartError(last)
 
 
 # ---------------------------------------------------------------------------------------- the webhook
@@ -301,16 +174,13 @@ def describe_notification(n: Notification) -> str:
 # ----------------------------------------------------------------------------------------- the configs
 
 
-def rules_settings() -> dict[str, Any]:
-    """alerts/config.yaml with the e2e profile applied (the same values generate.py used)."""
-    return dict(load_generator().load_config(ALERTS / "config.yaml", PROFILE))
+def rules_settings() -> MonitoringConfig:
+    """The monitoring config with the e2e profile applied (the values the chain's rules are built from)."""
+    return monitoring_config.load(profile=PROFILE)
 
 
 def write_rules(out: Path) -> None:
-    proc = subprocess.run([sys.executable, str(ALERTS / "generate.py"), "--profile", PROFILE, "--out", str(out)],
-                          capture_output=True, text=True, timeout=60, check=False, cwd=ROOT)
-    if proc.returncode != 0:
-        raise StartError(f"alerts/generate.py --profile {PROFILE} failed:\n{proc.stderr}")
+    out.write_text(render_rules(sources(None, PROFILE)), encoding="utf-8")
 
 
 def prometheus_config(sidecar: str, alertmanager: str, rules: Path) -> dict[str, Any]:
@@ -334,7 +204,7 @@ def alertmanager_config(webhook_url: str, example: Path = AM_EXAMPLE) -> dict[st
 
     Routes, matchers, grouping and inhibitions stay exactly as shipped, so the routing under test is the real one.
     """
-    cfg = yaml.safe_load(example.read_text())
+    cfg: dict[str, Any] = yaml.safe_load(example.read_text())
     for receiver in cfg["receivers"]:
         hooks = receiver.get("webhook_configs")
         assert hooks, f"receiver {receiver['name']} has no webhook_configs to redirect"
@@ -361,7 +231,7 @@ def alertmanager_config(webhook_url: str, example: Path = AM_EXAMPLE) -> dict[st
 class Chain:
     workdir: Path
     webhook: Webhook
-    settings: dict[str, Any]
+    settings: MonitoringConfig
     simulator: Process
     sidecar: Process
     prometheus: Process
@@ -372,20 +242,20 @@ class Chain:
     # --- the rules' own figures
     @property
     def page_for_s(self) -> float:
-        return seconds(self.settings["alerts"][PAGE_ALERT]["for"])
+        return seconds(self.settings.alert(PAGE_ALERT).for_)
 
     @property
     def page_threshold(self) -> float:
-        return float(self.settings["alerts"][PAGE_ALERT]["threshold"])
+        return self.settings.thresholds.page_acceptance_ratio
 
     @property
     def page_window(self) -> str:
-        return str(self.settings["windows"][self.settings["alerts"][PAGE_ALERT]["window"]])
+        return self.settings.window(self.settings.alert(PAGE_ALERT).window or "short")
 
     @property
     def alpha_record(self) -> str:
         """The recording rule the page fires on, e.g. model:specdecode_acceptance_ratio:rate1m."""
-        return f"{self.settings['alert_level']}:specdecode_acceptance_ratio:rate{self.page_window}"
+        return alpha_record(self.settings, self.page_window)
 
     @property
     def model_selector(self) -> str:
@@ -505,7 +375,7 @@ def running_chain(workdir: Path | None = None, echo_webhook: bool = False) -> It
         stack.callback(simulator.stop)
 
         settings = rules_settings()
-        windows = sorted({settings["windows"]["short"], settings["sidecar_window"], "5m"}, key=seconds)
+        windows = sorted({settings.short_window, settings.sidecar_alert_window, "5m"}, key=seconds)
         sidecar = start_process("sidecar", lambda port: [
             *exporter, "run", "--target", f"{simulator.url}/metrics",
             "--web.listen-address", f"127.0.0.1:{port}",
@@ -569,7 +439,7 @@ def interactive(args: argparse.Namespace) -> int:
             print("The chain is up (all on 127.0.0.1):")
             for name, url in chain.urls().items():
                 print(f"  {name:13} {url}")
-            print(f"Rules: alerts/generate.py --profile {PROFILE} (page: {chain.alpha_record} < "
+            print(f"Rules: python -m exporter.monitoring.build --profile {PROFILE} (page: {chain.alpha_record} < "
                   f"{chain.page_threshold:g} for {chain.page_for_s:g}s); routing: {AM_EXAMPLE.relative_to(ROOT)}; "
                   f"files and logs in {chain.workdir}", flush=True)
             if args.manual:

@@ -1,0 +1,110 @@
+"""Shared PromQL: the recording rules, the alerts and the dashboard panels build their queries from these.
+
+Ratios are pooled the one right way: numerator and denominator summed separately, then divided, guarded with
+``/ (… > 0)`` so an idle model has no sample (the dashboard shows "No traffic", never NaN). Metric names come
+from the exporter's metric contract (exporter/metrics.py), never retyped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from exporter import metrics as m
+from exporter.verdict import VerdictBands
+
+
+@dataclass(frozen=True, slots=True)
+class Scope:
+    """Which series a query reads (label matchers, possibly empty) and what it pools them by."""
+
+    matchers: str
+    by: tuple[str, ...]
+
+    def also(self, *matchers: str) -> str:
+        """The matchers plus more, as the inside of a selector's braces."""
+        return ", ".join(part for part in (self.matchers, *matchers) if part)
+
+    @property
+    def by_clause(self) -> str:
+        return ", ".join(self.by)
+
+
+def by(labels: Sequence[str]) -> str:
+    return ", ".join(labels)
+
+
+def selector(metric: str, matchers: str = "") -> str:
+    return f"{metric}{{{matchers}}}" if matchers else metric
+
+
+def fmt_num(x: float) -> str:
+    return f"{x:g}"
+
+
+def rate_sum(metric: str, scope: Scope, window: str, *matchers: str) -> str:
+    return f"sum by ({scope.by_clause}) (rate({selector(metric, scope.also(*matchers))}[{window}]))"
+
+
+def guarded_ratio(numerator: str, denominator: str) -> str:
+    """numerator / denominator, with no sample (rather than NaN or Inf) where the denominator is 0."""
+    return f"{numerator}\n/\n({denominator} > 0)"
+
+
+def acceptance_ratio(scope: Scope, window: str) -> str:
+    """α pooled over the scope: Σ accepted / Σ drafted."""
+    return guarded_ratio(rate_sum(m.ACCEPTED_TOKENS.exposed_name, scope, window),
+                         rate_sum(m.DRAFT_TOKENS.exposed_name, scope, window))
+
+
+def mean_acceptance_length(scope: Scope, window: str) -> str:
+    """1 + Σ accepted / Σ drafts (vLLM's definition, the bonus token included)."""
+    return "1 + " + guarded_ratio(rate_sum(m.ACCEPTED_TOKENS.exposed_name, scope, window),
+                                  rate_sum(m.DRAFTS.exposed_name, scope, window))
+
+
+def break_even(scope: Scope) -> str:
+    """The sidecars' break-even α (= their cost per drafted token), the highest in the scope."""
+    return f"max by ({scope.by_clause}) ({selector(m.BREAK_EVEN.name, scope.matchers)})"
+
+
+def expected_speedup(scope: Scope, window: str) -> str:
+    """The modelled speedup from counters: S = (1 + A/D) / (1 + T/D · break-even), pooled over the scope."""
+    drafts = f"({rate_sum(m.DRAFTS.exposed_name, scope, window)} > 0)"
+    accepted = rate_sum(m.ACCEPTED_TOKENS.exposed_name, scope, window)
+    drafted = rate_sum(m.DRAFT_TOKENS.exposed_name, scope, window)
+    return f"(1 + {accepted} / {drafts})\n/\n(1 + {drafted} / {drafts}\n   * {break_even(scope)})"
+
+
+def histogram_quantile(q: float, histogram: str, scope: Scope, window: str, *matchers: str) -> str:
+    """histogram_quantile over the scope, with no sample (not NaN) when the histogram saw nothing."""
+    inner = Scope(scope.also(*matchers), (*scope.by, "le"))
+    buckets = rate_sum(f"{histogram}_bucket", inner, window)
+    count = rate_sum(f"{histogram}_count", Scope(scope.also(*matchers), scope.by), window)
+    return f"histogram_quantile({fmt_num(q)}, {buckets})\nand on ({scope.by_clause})\n({count} > 0)"
+
+
+def share_below(histogram: str, bound: float, scope: Scope, window: str) -> str:
+    """The share of a histogram's observations at or below ``bound`` (one of its bucket bounds)."""
+    return guarded_ratio(rate_sum(f"{histogram}_bucket", scope, window, f'le="{fmt_num(bound)}"'),
+                         rate_sum(f"{histogram}_count", scope, window))
+
+
+def verdict_code(alpha: str, speedup: str, bands: VerdictBands) -> str:
+    """exporter.verdict.judge() in PromQL, for series with no observed speedup: 0 hurting, 1 marginal,
+    2 paying off, no sample without traffic. ``alpha`` and ``speedup`` must carry the same labels."""
+    hurting, paying = fmt_num(bands.hurting_below), fmt_num(bands.paying_off_from)
+    page = fmt_num(bands.page_acceptance_ratio)
+    # Comparisons bind looser than + and * in PromQL: every one is parenthesised.
+    return (f"(({speedup}) >= bool {hurting})\n+\n"
+            f"((({speedup}) >= bool {paying})\n*\n(({alpha}) >= bool {page}))")
+
+
+def quantile_name(q: float) -> str:
+    """0.1 -> p10, 0.5 -> p50, 0.999 -> p99_9."""
+    text = f"{q * 100:.6f}".rstrip("0").rstrip(".")
+    return "p" + text.replace(".", "_")
+
+
+def record_name(level: str, metric: str, op: str) -> str:
+    return f"{level}:{metric}:{op}"

@@ -1,0 +1,284 @@
+"""Recording and alerting rules from the monitoring config.
+
+Alerts are a table: each entry says what is wrong (its expression and words) and nothing else. One pass over
+every rule (``finish``) adds what all of them share: the low-traffic guard, ``for:``, the severity and extra
+labels, and the runbook link — the way kubernetes-mixin adds ``runbook_url`` to every group with one function.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from exporter import metrics as m
+from exporter.monitoring.config import MonitoringConfig
+from exporter.monitoring.promql import (
+    Scope,
+    by,
+    fmt_num,
+    guarded_ratio,
+    histogram_quantile,
+    quantile_name,
+    rate_sum,
+    record_name,
+    selector,
+)
+
+Rule = dict[str, Any]
+ALERT_NAME_PREFIX = "SpecDecode"  # every alert's name starts with it (the dashboard selects ALERTS by it)
+WHERE = "{{ $labels.model_name }}{{ with $labels.namespace }} (namespace {{ . }}){{ end }}"
+PCT = "{{ $value | humanizePercentage }}"
+ACCEPTANCE = m.ACCEPTANCE_RATIO.name
+INTERVAL = m.INTERVAL_ACCEPTANCE.name
+
+
+@dataclass(frozen=True, slots=True)
+class Alert:
+    """What one alert says; ``finish`` turns it into a rule."""
+
+    name: str
+    expr: str
+    summary: str
+    description: str
+    guard_window: str | None = None  # the low-traffic guard, at this rate window (acceptance alerts)
+
+
+# ------------------------------------------------------------------------------------------- recording
+
+
+def _records(cfg: MonitoringConfig, level: str, window: str) -> Iterator[Rule]:
+    scope = Scope(cfg.metric_selector, cfg.level_labels(level))
+    op = f"rate{window}"
+    rates = {spec.name: rate_sum(spec.exposed_name, scope, window)
+             for spec in (m.DRAFT_TOKENS, m.ACCEPTED_TOKENS, m.DRAFTS)}
+    for name, expr in rates.items():
+        yield {"record": record_name(level, name, op), "expr": expr}
+    yield {"record": record_name(level, ACCEPTANCE, op),
+           "expr": guarded_ratio(rates[m.ACCEPTED_TOKENS.name], rates[m.DRAFT_TOKENS.name])}
+    yield {"record": record_name(level, m.MEAN_ACCEPTANCE_LENGTH.name, op),
+           "expr": "1 + " + guarded_ratio(rates[m.ACCEPTED_TOKENS.name], rates[m.DRAFTS.name])}
+
+
+def _quantile_records(cfg: MonitoringConfig, level: str) -> Iterator[Rule]:
+    scope = Scope(cfg.metric_selector, cfg.level_labels(level))
+    for q in cfg.quantiles:
+        yield {"record": record_name(level, INTERVAL, f"{quantile_name(q)}_rate{cfg.long_window}"),
+               "expr": histogram_quantile(q, INTERVAL, scope, cfg.long_window)}
+
+
+def baseline_record(cfg: MonitoringConfig) -> str:
+    return record_name(cfg.alert_level, ACCEPTANCE, f"baseline{cfg.baseline_range}")
+
+
+def _baseline_rule(cfg: MonitoringConfig) -> Rule:
+    level, labels = cfg.alert_level, by(cfg.level_labels())
+    rng, off, long_w = cfg.baseline_range, cfg.baseline_offset, cfg.long_window
+    accepted = record_name(level, m.ACCEPTED_TOKENS.name, f"rate{long_w}")
+    drafted = record_name(level, m.DRAFT_TOKENS.name, f"rate{long_w}")
+    return {"record": baseline_record(cfg),
+            "expr": guarded_ratio(f"sum by ({labels}) (sum_over_time({accepted}[{rng}] offset {off}))",
+                                  f"sum by ({labels}) (sum_over_time({drafted}[{rng}] offset {off}))")}
+
+
+def recording_groups(cfg: MonitoringConfig) -> list[dict[str, Any]]:
+    windows = list(dict.fromkeys([cfg.short_window, cfg.long_window]))
+    groups = [{"name": f"specdecode.rules.{level}",
+               "rules": [*(r for w in windows for r in _records(cfg, level, w)), *_quantile_records(cfg, level)]}
+              for level, _ in cfg.levels]
+    groups.append({"name": "specdecode.rules.baseline", "rules": [_baseline_rule(cfg)]})
+    return groups
+
+
+# ---------------------------------------------------------------------------------------------- alerts
+
+
+def alpha_record(cfg: MonitoringConfig, window: str) -> str:
+    return record_name(cfg.alert_level, ACCEPTANCE, f"rate{window}")
+
+
+def query_value(promql: str, fmt: str, *args: str, default: str = "unknown") -> str:
+    """An annotation snippet that runs ``printf promql args`` and prints the first result's value through fmt."""
+    return (f'{{{{ with printf "{promql}" {" ".join(args)} | query }}}}'
+            f"{{{{ . | first | value | {fmt} }}}}{{{{ else }}}}{default}{{{{ end }}}}")
+
+
+def _model_query(cfg: MonitoringConfig) -> tuple[str, list[str]]:
+    """Matchers and template arguments that select the alert's own model in an annotation query."""
+    labels = cfg.level_labels()
+    return ", ".join(f"{label}=%q" for label in labels), [f"$labels.{label}" for label in labels]
+
+
+def _target_query(cfg: MonitoringConfig) -> tuple[str, str]:
+    return (", ".join(f"{label}=%q" for label in cfg.target_labels),
+            " ".join(f"$labels.{label}" for label in cfg.target_labels))
+
+
+def acceptance_low(cfg: MonitoringConfig) -> Alert:
+    name = "SpecDecodeAcceptanceRateLow"
+    w, thr = cfg.window(cfg.alert(name).window or "short"), cfg.thresholds.page_acceptance_ratio
+    return Alert(
+        name, f"{alpha_record(cfg, w)} < {fmt_num(thr)}",
+        f"Speculative decoding acceptance rate for {{{{ $labels.model_name }}}} is below {thr:.0%}",
+        f"Over the last {w}, {WHERE} accepted only {PCT} of its drafted tokens (page threshold "
+        f"{thr:.0%}, all pods together). At this rate speculative decoding most likely makes generation "
+        "slower than plain decoding.", guard_window=w)
+
+
+def below_break_even(cfg: MonitoringConfig) -> Alert:
+    name = "SpecDecodeBelowBreakEven"
+    w, on = cfg.window(cfg.alert(name).window or "long"), f"on ({by(cfg.level_labels())})"
+    model_match, model_args = _model_query(cfg)
+    break_even = f"max by ({by(cfg.level_labels())}) ({selector(m.BREAK_EVEN.name, cfg.metric_selector)})"
+    break_even_now = query_value(f"max({m.BREAK_EVEN.name}{{{model_match}}})", "humanizePercentage", *model_args)
+    return Alert(
+        name, f"{alpha_record(cfg, w)}\n< {on}\n{break_even}",
+        "Speculative decoding for {{ $labels.model_name }} is below break-even (modelled speedup < 1)",
+        f"Over the last {w}, {WHERE} accepted {PCT} of its drafted tokens, below the break-even "
+        f"acceptance rate of {break_even_now} from the sidecar's cost model: speculative decoding is modelled "
+        "to cost more time than it saves.", guard_window=w)
+
+
+def acceptance_drift(cfg: MonitoringConfig) -> Alert:
+    name = "SpecDecodeAcceptanceRateDrift"
+    w, drop, rng = cfg.window(cfg.alert(name).window or "long"), cfg.thresholds.drift_drop, cfg.baseline_range
+    model_match, model_args = _model_query(cfg)
+    base = baseline_record(cfg)
+    return Alert(
+        name, f"{alpha_record(cfg, w)}\n< on ({by(cfg.level_labels())})\n({base} - {fmt_num(drop)})",
+        f"Speculative decoding acceptance rate for {{{{ $labels.model_name }}}} dropped more than "
+        f"{drop * 100:g} points below its {rng} baseline",
+        f"Over the last {w}, {WHERE} accepted {PCT} of its drafted tokens; its baseline over the "
+        f"previous {rng} was {query_value(f'{base}{{{model_match}}}', 'humanizePercentage', *model_args)}. "
+        "A drop like this usually means drift in the traffic, a stale draft model, or a quantization or "
+        "version change.", guard_window=w)
+
+
+def interval_acceptance_low(cfg: MonitoringConfig) -> Alert:
+    q, thr, long_w = cfg.thresholds.interval_quantile, cfg.thresholds.interval_acceptance_ratio, cfg.long_window
+    qname = quantile_name(q)
+    return Alert(
+        "SpecDecodeIntervalAcceptanceLow",
+        f"{record_name(cfg.alert_level, INTERVAL, f'{qname}_rate{long_w}')} < {fmt_num(thr)}",
+        f"{qname.upper()} of per-interval acceptance rate for {{{{ $labels.model_name }}}} is below {thr:.0%}",
+        f"Over the last {long_w}, {q:.0%} of the collection intervals of {WHERE} had an acceptance rate "
+        f"below {PCT} (threshold {thr:.0%}): for a sizeable share of the time speculative decoding was "
+        "net-negative, even if the average looks fine.", guard_window=long_w)
+
+
+def _no_spec_metrics(cfg: MonitoringConfig) -> str:
+    window = cfg.window(cfg.alert("SpecDecodeMetricsMissing").window or "short")
+    errors = selector(m.COLLECT_ERRORS.exposed_name, ", ".join(
+        p for p in (cfg.metric_selector, 'reason="no_spec_metrics"') if p))
+    return f"increase({errors}[{window}]) > 0"
+
+
+def target_down(cfg: MonitoringConfig) -> Alert:
+    name = "SpecDecodeTargetDown"
+    window = cfg.window(cfg.alert("SpecDecodeMetricsMissing").window or "short")
+    target_match, target_args = _target_query(cfg)
+    reason_q = f"topk(1, increase({m.COLLECT_ERRORS.exposed_name}{{{target_match}}}[{window}]) > 0)"
+    reason = f'{{{{ range printf "{reason_q}" {target_args} | query }}}}{{{{ .Labels.reason }}}}' \
+             "{{ else }}unknown{{ end }}"
+    return Alert(
+        name, f"{selector(m.UP.name, cfg.metric_selector)} == 0\nunless on ({by(cfg.target_labels)})\n"
+              f"{_no_spec_metrics(cfg)}",
+        "specdecode sidecar cannot collect metrics from {{ $labels.target }}",
+        "The sidecar {{ $labels.instance }} (job {{ $labels.job }}) has failed to collect from target "
+        f"{{{{ $labels.target }}}} for {cfg.alert(name).for_}; most frequent error reason: {reason}. "
+        "No acceptance-rate alert can fire for this target meanwhile.")
+
+
+def metrics_missing(cfg: MonitoringConfig) -> Alert:
+    window = cfg.window(cfg.alert("SpecDecodeMetricsMissing").window or "short")
+    return Alert(
+        "SpecDecodeMetricsMissing", _no_spec_metrics(cfg),
+        "vLLM at {{ $labels.target }} serves no speculative-decoding metrics",
+        f"{{{{ $value | humanize }}}} collections by {{{{ $labels.instance }}}} in the last {window} found "
+        "target {{ $labels.target }} answering without any speculative-decoding metrics: spec decode was "
+        "switched off, or a vLLM upgrade renamed the metrics.")
+
+
+def exporter_down(cfg: MonitoringConfig) -> Alert:
+    name = "SpecDecodeExporterDown"
+    return Alert(
+        name, f"up{{{cfg.exporter_job_selector}}} == 0",
+        "Prometheus cannot scrape the specdecode sidecar {{ $labels.instance }}",
+        "Prometheus has failed to scrape the specdecode sidecar {{ $labels.instance }} (job "
+        f"{{{{ $labels.job }}}}) for {cfg.alert(name).for_}. The acceptance-rate alerts are blind for "
+        "the models it watches.")
+
+
+def exporter_absent(cfg: MonitoringConfig) -> Alert:
+    name, job = "SpecDecodeExporterAbsent", cfg.exporter_job_selector
+    return Alert(
+        name, f"absent(up{{{job}}} == 1)", "No specdecode sidecar is up",
+        f"For {cfg.alert(name).for_} Prometheus has had no successfully scraped target matching "
+        f"up{{{job.replace(chr(34), chr(39))}}}. Every speculative-decoding alert is blind. Check that the "
+        "sidecars run and that the scrape job (or ServiceMonitor/PodMonitor) still selects them.")
+
+
+def recommended_k_lower(cfg: MonitoringConfig) -> Alert:
+    name, sw = "SpecDecodeRecommendedKLower", cfg.sidecar_alert_window
+    window = ", ".join(p for p in (cfg.metric_selector, f'window="{sw}"') if p)
+    recommended = selector(m.RECOMMENDED_K.name, window)
+    info = selector(m.INFO.name, ", ".join(p for p in (cfg.metric_selector, 'num_speculative_tokens!=""') if p))
+    target_match, target_args = _target_query(cfg)
+    k_q = f"max by (num_speculative_tokens) ({m.INFO.name}{{{target_match}, model_name=%q}})"
+    configured_k = (f'{{{{ range printf "{k_q}" {target_args} $labels.model_name | query }}}}'
+                    "{{ .Labels.num_speculative_tokens }}{{ else }}unknown{{ end }}")
+    return Alert(
+        name,
+        f"{recommended}\nunless ignoring (window, num_speculative_tokens)\n"
+        f'(count_values without (window) ("num_speculative_tokens", {recommended})\n'
+        f" and ignoring (api, method) {info})\n"
+        f"and ignoring (window, api, method, num_speculative_tokens) {info}\n"
+        f"and {selector(m.DRAFT_TOKENS_PER_SECOND.name, window)} >= {fmt_num(cfg.min_draft_tokens_per_second)}",
+        "Fewer speculative tokens would be faster for {{ $labels.model_name }} on {{ $labels.target }}",
+        f"For {cfg.alert(name).for_} the sidecar's cost model has recommended num_speculative_tokens = "
+        f"{{{{ $value }}}} for {{{{ $labels.model_name }}}} on {{{{ $labels.target }}}}, lower than the "
+        f"configured {configured_k} (window {sw}): later draft positions are rarely accepted.")
+
+
+# The alert table: one entry per alert, in the order of the rules file. A new alert is a function above,
+# an entry here, its severity and for: in monitoring.yaml, a runbook section and a promtool test.
+ALERTS: tuple[Callable[[MonitoringConfig], Alert], ...] = (
+    acceptance_low,
+    below_break_even,
+    acceptance_drift,
+    interval_acceptance_low,
+    target_down,
+    metrics_missing,
+    exporter_down,
+    exporter_absent,
+    recommended_k_lower,
+)
+
+
+def runbook_url(cfg: MonitoringConfig, alert: str) -> str:
+    return f"{cfg.runbook_base_url.rstrip('/')}/alerts/runbook.md#{alert.lower()}"
+
+
+def finish(alert: Alert, cfg: MonitoringConfig) -> Rule:
+    """The pass over every alert: low-traffic guard, for:, severity and extra labels, runbook link."""
+    if not alert.name.startswith(ALERT_NAME_PREFIX):
+        raise ValueError(f"alert {alert.name}: names start with {ALERT_NAME_PREFIX}")
+    settings = cfg.alert(alert.name)
+    expr = alert.expr
+    if alert.guard_window is not None:
+        traffic = record_name(cfg.alert_level, m.DRAFT_TOKENS.name, f"rate{alert.guard_window}")
+        expr += (f"\nand on ({by(cfg.level_labels())})\n"
+                 f"{traffic} >= {fmt_num(cfg.min_draft_tokens_per_second)}")
+    return {
+        "alert": alert.name,
+        "expr": expr,
+        "for": settings.for_,
+        "labels": {"severity": settings.severity, **dict(cfg.extra_alert_labels)},
+        "annotations": {"summary": alert.summary, "description": alert.description,
+                        "runbook_url": runbook_url(cfg, alert.name)},
+    }
+
+
+def rule_groups(cfg: MonitoringConfig) -> dict[str, Any]:
+    alerts = [finish(make(cfg), cfg) for make in ALERTS]
+    return {"groups": [*recording_groups(cfg), {"name": "specdecode.alerts", "rules": alerts}]}

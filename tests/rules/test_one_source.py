@@ -1,0 +1,157 @@
+"""One monitoring config feeds the rules, the dashboard, the deploy manifests and the sidecar's own verdict: a
+change of one threshold and one verdict band reaches all of them, and the sidecar's verdict and the dashboard's
+verdict query (evaluated by the real Prometheus engine in promtool) agree on a grid of α, k and costs."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from tests.grafana.grafana_dashboard_helpers import all_selection, content_panels, substitute
+
+from devtools.procs import in_ci
+from exporter.config import load_config_file
+from exporter.derive import CostModel, counts_stats
+from exporter.monitoring import build
+from exporter.monitoring import config as monitoring_config
+from exporter.verdict import Evidence, Verdict, judge
+from tests.helpers import start_harness
+
+ROOT = Path(__file__).resolve().parents[2]
+USER_CONFIG = {"thresholds": {"page_acceptance_ratio": 0.6}, "verdict": {"paying_off_from": 1.25}}
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Every artefact, built into a scratch checkout from a user's file that changes one threshold and one band."""
+    root = tmp_path_factory.mktemp("checkout")
+    for source in ("README.md", "deploy/sidecar/sidecar-patch.yaml"):
+        (root / source).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / source, root / source)
+    user = root / "my-monitoring.yaml"
+    user.write_text(yaml.safe_dump(USER_CONFIG))
+    assert build.main(["--config", str(user), "--root", str(root)]) == 0
+    return root
+
+
+def _alert(groups: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(r for g in groups["groups"] for r in g["rules"] if r.get("alert") == name)
+
+
+def test_the_change_reaches_the_rules_and_the_prometheus_rule(built: Path) -> None:
+    rules = yaml.safe_load((built / "alerts/specdecode.rules.yaml").read_text())
+    page = _alert(rules, "SpecDecodeAcceptanceRateLow")
+    assert "model:specdecode_acceptance_ratio:rate5m < 0.6" in page["expr"]
+    assert "below 60%" in page["annotations"]["summary"]
+    operator_rule = yaml.safe_load((built / "deploy/base/prometheusrule.yaml").read_text())
+    assert operator_rule["spec"]["groups"] == rules["groups"]
+
+
+def test_the_change_reaches_the_dashboard_and_its_configmap(built: Path) -> None:
+    dashboard = json.loads((built / "grafana/dashboards/specdecode.json").read_text())
+    verdict = next(p for p in content_panels(dashboard) if p["title"] == "Verdict")
+    expr = verdict["targets"][0]["expr"]
+    assert ">= bool 1.25)" in expr and ">= bool 0.6)" in expr and ">= bool 1)\n" in expr
+    assert "from 1.25×" not in verdict["description"] and "below 1.25×" in verdict["description"]
+    alpha = next(p for p in content_panels(dashboard) if p["title"] == "Acceptance rate α")
+    assert [s["value"] for s in alpha["fieldConfig"]["defaults"]["thresholds"]["steps"]] == [None, 0.6, 0.6]
+    configmap = yaml.safe_load((built / "deploy/base/grafana-dashboard.yaml").read_text())
+    assert json.loads(configmap["data"]["specdecode.json"]) == dashboard
+
+
+def test_the_change_reaches_the_sidecars_verdict(built: Path, tmp_path: Path) -> None:
+    """The in-cluster sidecar reads deploy/base/monitoring.yaml, which the same build wrote."""
+    harness = start_harness(windows="1m,5m")  # the simulator's steady α = 0.75, k = 3: modelled 1.30×
+    try:
+        sidecar_config = tmp_path / "config.yaml"
+        sidecar_config.write_text(yaml.safe_dump({
+            "monitoring": {"config_file": str(built / "deploy/base/monitoring.yaml")},
+            "targets": [{"name": "vllm", "url": harness.exporter.config.targets[0].url}],
+        }))
+        config = load_config_file(str(sidecar_config))
+        assert config.verdict.page_acceptance_ratio == 0.6 and config.verdict.paying_off_from == 1.25
+        harness.exporter.apply_config(config)
+        for _ in range(13):
+            harness.step(5.0)
+        series = harness.status()["targets"][0]["series"][0]  # type: ignore[index]
+        assert series["verdict"] == "paying off"  # 1.30 ≥ 1.25 and α 0.75 ≥ 0.6
+        assert harness.status()["page_threshold"] == 0.6
+        harness.simulator.set_override(acceptance_rate=0.58)  # S = (1 + 1.74) / 2.5 = 1.096
+        for _ in range(62):
+            harness.step(5.0)
+        series = harness.status()["targets"][0]["series"][0]  # type: ignore[index]
+        assert series["verdict"] == "marginal"
+        assert series["verdict_reason"] == "modelled 1.10×, but α 0.58 is below the page threshold 0.6"
+    finally:
+        harness.stop()
+
+
+# ------------------------------------------------------------------ the sidecar and the dashboard agree
+
+
+ALPHAS = (0.2, 0.35, 0.45, 0.52, 0.58, 0.64, 0.75, 0.9)
+KS = (1, 2, 3, 5)
+COSTS = (CostModel(0.0, 0.1), CostModel(0.1, 0.4), CostModel(0.3, 0.5), CostModel(0.05, 0.2))
+DRAFTS_PER_MINUTE = 600
+
+
+def sidecar_verdict(alpha: float, k: int, cost: CostModel) -> Verdict:
+    """What the sidecar says for a window of these counts (its code path: counts → stats → judge)."""
+    drafted = DRAFTS_PER_MINUTE * k * 10.0
+    stats = counts_stats(600.0, drafted, drafted * alpha, DRAFTS_PER_MINUTE * 10.0, (), cost, k)
+    assert stats is not None
+    return judge(Evidence(stats.acceptance_ratio, stats.expected_speedup), monitoring_config.load().verdict).verdict
+
+
+def _on_a_boundary(alpha: float, k: int, cost: CostModel) -> bool:
+    """Exactly on a band's edge both sides may round differently: such points are left out of the grid."""
+    bands = monitoring_config.load().verdict
+    speedup = (1 + k * alpha) / (1 + k * cost.per_draft_token)
+    edges = ((speedup, bands.hurting_below), (speedup, bands.paying_off_from), (alpha, bands.page_acceptance_ratio))
+    return any(abs(a - b) < 1e-9 for a, b in edges)
+
+
+def test_sidecar_and_dashboard_verdicts_agree_on_a_grid(tmp_path: Path) -> None:
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        if in_ci():
+            pytest.fail("promtool not found: run scripts/install-tools.sh")
+        pytest.skip("promtool not found: run scripts/install-tools.sh")
+    dashboard = json.loads((ROOT / "grafana/dashboards/specdecode.json").read_text())
+    panel = next(p for p in content_panels(dashboard) if p["title"] == "Verdict")
+    expr = substitute(panel["targets"][0]["expr"], all_selection(dashboard, "5m"))
+    series: list[dict[str, str]] = []
+    expected: list[dict[str, Any]] = []
+    seen = set()
+    for i, (alpha, k, cost) in enumerate(itertools.product(ALPHAS, KS, COSTS)):
+        if _on_a_boundary(alpha, k, cost):
+            continue
+        labels = f'namespace="grid", job="specdecode", pod="p", instance="i", engine="0", model_name="g{i}"'
+        per_minute = DRAFTS_PER_MINUTE * k
+        series += [
+            {"series": f"specdecode_drafts_total{{{labels}}}", "values": f"0+{DRAFTS_PER_MINUTE}x10"},
+            {"series": f"specdecode_draft_tokens_total{{{labels}}}", "values": f"0+{per_minute}x10"},
+            {"series": f"specdecode_accepted_tokens_total{{{labels}}}", "values": f"0+{per_minute * alpha!r}x10"},
+            {"series": f"specdecode_break_even_acceptance_ratio{{{labels}}}",
+             "values": f"{cost.per_draft_token!r}x10"},
+        ]
+        verdict = sidecar_verdict(alpha, k, cost)
+        seen.add(verdict)
+        expected.append({"labels": f'{{model_name="g{i}", namespace="grid"}}', "value": verdict.code})
+    idle = 'namespace="grid", job="specdecode", pod="p", instance="i", engine="0", model_name="idle"'
+    series += [{"series": f"specdecode_{name}_total{{{idle}}}", "values": "0x10"}
+               for name in ("drafts", "draft_tokens", "accepted_tokens")]  # no traffic: no verdict at all
+    assert seen == {Verdict.HURTING, Verdict.MARGINAL, Verdict.PAYING_OFF}, "the grid must cover every verdict"
+    test_file = tmp_path / "verdict.test.yaml"
+    test_file.write_text(yaml.safe_dump({"rule_files": [], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m", "input_series": series,
+        "promql_expr_test": [{"expr": expr, "eval_time": "10m", "exp_samples": expected}]}]}))
+    proc = subprocess.run([promtool, "test", "rules", str(test_file)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert len(expected) > 100
