@@ -22,6 +22,7 @@ import httpx
 
 from exporter.config import Config, TargetConfig, Window, parse_duration
 from exporter.derive import WindowStats, span_stats
+from exporter.discover import served_model
 from exporter.engines import ALL_PREFIXES, Decoder, DecodeResult, DecoderOptions, Engine, FetchTiming, detect_engine
 from exporter.log import event
 from exporter.parse import LineCache, ParseError, Selection, select
@@ -140,6 +141,8 @@ class TargetCollector:
     engine: Engine | None = None
     decoder: Decoder | None = None
     decoder_options: DecoderOptions | None = None
+    discovered_model: str | None = None
+    next_model_lookup: float = float("-inf")
     line_cache: LineCache = field(default_factory=LineCache)
     errors: dict[str, int] = field(default_factory=lambda: {r.value: 0 for r in FailureReason})
     last_failure: tuple[str, str] | None = None
@@ -175,7 +178,7 @@ class TargetCollector:
                                  sni_hostname=self.config.tls.server_name if self.config.tls else None)
             if result.failure is not None:
                 raise CollectionFailure(result.failure, result.detail)
-            self._ingest(result)
+            await self._ingest(result, client)
         except CollectionFailure as failure:
             self.view = self._failed(failure, time.perf_counter() - started)
             return self.view
@@ -191,25 +194,42 @@ class TargetCollector:
         self.view = self._view(up=True, duration=time.perf_counter() - started)
         return self.view
 
-    def _ingest(self, result: FetchResult) -> None:
+    async def _ingest(self, result: FetchResult, client: httpx.AsyncClient) -> None:
         text = body_text(result)
         try:
             selection = select(text, ALL_PREFIXES, self.line_cache)
             # Same lines as last time: same engine, and the decoder needs no parsing.
             decoded = self.decoder.decode_known(selection, result.timing) if self.decoder else None
             if decoded is None:
-                decoded = self._decode(selection, result.timing)
+                engine = detect_engine(selection.samples())
+                if engine is None:
+                    raise CollectionFailure(FailureReason.NO_SPEC_METRICS,
+                                            "no speculative-decoding metrics in the exposition")
+                decoded = self._decode(engine, await self._options(engine, client), selection, result.timing)
         except ParseError as exc:
             raise CollectionFailure(FailureReason.PARSE, str(exc)) from None
         for warning in decoded.warnings:
             event(logging.DEBUG, "series not decodable this time", target=self.config.name, detail=warning)
         self.store.update(self.config.name, decoded.series, decoded.pending, self.clock())
 
-    def _decode(self, selection: Selection, timing: FetchTiming) -> DecodeResult:
-        engine = detect_engine(selection.samples())
-        if engine is None:
-            raise CollectionFailure(FailureReason.NO_SPEC_METRICS, "no speculative-decoding metrics in the exposition")
-        options = DecoderOptions(num_speculative_tokens=self.config.num_speculative_tokens)
+    async def _options(self, engine: Engine, client: httpx.AsyncClient) -> DecoderOptions:
+        """What the decoder is told: k from config, and the model name where the exposition has none (from
+        config, else the server's /v1/models, asked at most once a minute until it answers)."""
+        model = self.config.model_name or self.discovered_model
+        now = self.clock()
+        if model is None and not engine.labels_model and now >= self.next_model_lookup:
+            self.next_model_lookup = now + LOG_REPEAT_SECONDS
+            model, detail = await served_model(client, self.config.url, self.config.timeout, self._bearer_token(),
+                                               self.clock, self.config.tls.server_name if self.config.tls else None)
+            if model is None:
+                event(logging.WARNING, "model name unknown: the metrics have no model label", target=self.config.name,
+                      detail=detail, hint="set model_name on the target")
+            self.discovered_model = model
+        return DecoderOptions(num_speculative_tokens=self.config.num_speculative_tokens,
+                              model_name=model if not engine.labels_model else None)
+
+    def _decode(self, engine: Engine, options: DecoderOptions, selection: Selection,
+                timing: FetchTiming) -> DecodeResult:
         if engine is not self.engine or self.decoder is None or options != self.decoder_options:
             if self.engine is not None and engine is not self.engine:
                 event(logging.WARNING, "target changed metrics dialect", target=self.config.name,
@@ -370,6 +390,8 @@ class Exporter:
             if previous.url != target.url:
                 self._forget(name)
                 collector.engine = collector.decoder = None
+                collector.discovered_model = None
+                collector.next_model_lookup = float("-inf")
                 notes.append(f"target {name} has a new URL; its state starts afresh")
             else:
                 notes.append(f"target {name} updated")

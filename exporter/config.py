@@ -69,6 +69,7 @@ class TargetConfig:
     labels: tuple[tuple[str, str], ...] = ()
     method: str | None = None
     num_speculative_tokens: int | None = None
+    model_name: str | None = None  # for engines whose metrics carry no model label (llama.cpp)
     cost: CostModel = field(default_factory=CostModel)
     bearer_token_file: str | None = None
     tls: TLSConfig | None = None
@@ -275,8 +276,8 @@ def parse_tls_config(data: Any, where: str) -> TLSConfig | None:
 
 def parse_target(data: Any, where: str, default_timeout: float, default_cost: CostModel) -> TargetConfig:
     data = _mapping(data, where)
-    _check_keys(data, {"name", "url", "timeout", "labels", "method", "num_speculative_tokens", "cost_model",
-                       "bearer_token_file", "tls_config"}, where)
+    _check_keys(data, {"name", "url", "timeout", "labels", "method", "num_speculative_tokens", "model_name",
+                       "cost_model", "bearer_token_file", "tls_config"}, where)
     if "url" not in data:
         raise ConfigError(f"{where}.url: required")
     name = data.get("name", "vllm")
@@ -296,6 +297,7 @@ def parse_target(data: Any, where: str, default_timeout: float, default_cost: Co
         labels=parse_labels(data.get("labels"), f"{where}.labels"),
         method=method,
         num_speculative_tokens=None if k is None else _int(k, f"{where}.num_speculative_tokens", 1),
+        model_name=_optional_str(data, "model_name", where, "the served model's name"),
         cost=parse_cost_model(data.get("cost_model"), f"{where}.cost_model", default_cost),
         bearer_token_file=token_file,
         tls=parse_tls_config(data.get("tls_config"), f"{where}.tls_config"),

@@ -50,6 +50,7 @@ class DecoderOptions:
     """What a target's configuration tells its decoder; given when the decoder is created."""
 
     num_speculative_tokens: int | None = None  # k from config, where the source cannot prove it
+    model_name: str | None = None  # for sources without a model label: from config, or the server's /v1/models
 
 
 class Decoder(Protocol):
@@ -77,6 +78,11 @@ class Engine(Protocol):
     @property
     def max_collect_interval(self) -> float | None:
         """Longest collection interval at which this engine's counters can be decoded; None = any."""
+        ...
+
+    @property
+    def labels_model(self) -> bool:
+        """Whether the exposition names the model; when not, the decoder gets it in DecoderOptions.model_name."""
         ...
 
     def detect(self, samples: Sequence[Sample]) -> bool: ...

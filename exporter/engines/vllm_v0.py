@@ -152,6 +152,7 @@ class VllmV0:
     api: str = "vllm-v0"
     prefixes: tuple[str, ...] = (ACCEPTED, DRAFT_TOKENS, EMITTED, ACCEPTANCE_RATE, EFFICIENCY)
     max_collect_interval: float | None = 2.0
+    labels_model: bool = True
 
     def detect(self, samples: Sequence[Sample]) -> bool:
         names = {s.name for s in samples}

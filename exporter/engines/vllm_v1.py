@@ -156,6 +156,7 @@ class VllmV1:
     # Exact names, so the parser skips the other counters' _created lines (one _created tells a restart).
     prefixes: tuple[str, ...] = (DRAFTS, DRAFTS_CREATED, DRAFT_TOKENS, ACCEPTED, PER_POSITION)
     max_collect_interval: float | None = None
+    labels_model: bool = True
 
     def detect(self, samples: Sequence[Sample]) -> bool:
         return any(s.name == DRAFTS for s in samples)

@@ -1,0 +1,46 @@
+"""The served model's name, for engines whose metrics do not carry it (llama.cpp): the OpenAI-compatible
+``/v1/models`` beside the target's /metrics, fetched with the target's own deadline, size cap and credentials."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+
+from exporter.scrape import fetch
+
+MODELS_MAX_BYTES = 1024 * 1024
+
+
+def models_url(metrics_url: str) -> str:
+    """The /v1/models URL of the server that serves ``metrics_url`` (same scheme, host and port)."""
+    parts = urlsplit(metrics_url)
+    return urlunsplit((parts.scheme, parts.netloc, "/v1/models", "", ""))
+
+
+def first_model_id(body: bytes) -> str | None:
+    """``data[0].id`` of an OpenAI model list, or None when the body is not one."""
+    try:
+        document = json.loads(body)
+    except ValueError:
+        return None
+    data = document.get("data") if isinstance(document, dict) else None
+    if not isinstance(data, list) or not data or not isinstance(data[0], dict):
+        return None
+    model = data[0].get("id")
+    return model if isinstance(model, str) and model else None
+
+
+async def served_model(client: httpx.AsyncClient, metrics_url: str, timeout: float, bearer_token: str | None,
+                       clock: Callable[[], float] = time.monotonic, sni_hostname: str | None = None
+                       ) -> tuple[str | None, str]:
+    """(model id, "") or (None, why not)."""
+    url = models_url(metrics_url)
+    result = await fetch(client, url, timeout, MODELS_MAX_BYTES, bearer_token, clock, sni_hostname=sni_hostname)
+    if result.failure is not None or result.body is None:
+        return None, f"{url}: {result.failure}: {result.detail}"
+    model = first_model_id(result.body)
+    return (model, "") if model else (None, f"{url}: not an OpenAI model list")
