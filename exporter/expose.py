@@ -92,7 +92,8 @@ def add_series(families: Families, view: TargetView, series: SeriesView) -> None
     judgement = series.judgement
     families.add(m.VERDICT, {**labels, "window": series.verdict_window or "", "verdict": judgement.verdict.value,
                              "basis": judgement.basis}, 1.0)
-    families.add(m.LIFETIME_ACCEPTANCE, labels, series.lifetime_acceptance_ratio)
+    for spec, value in series.reported:
+        families.add(spec, labels, value)
     families.add(m.SOURCE_RESTARTS, labels, series.restarts)
 
 

@@ -125,6 +125,19 @@ LIFETIME_ACCEPTANCE = MetricSpec(
     "vLLM V0 only: the engine's own lifetime acceptance rate gauge, passed through (since vLLM start, not windowed).",
     SERIES_LABELS,
 )
+REPORTED_ACCEPTANCE_LENGTH = MetricSpec(
+    "specdecode_reported_acceptance_length", "gauge",
+    "The engine's own mean acceptance length over its own last reporting window or iteration (SGLang "
+    "spec_accept_length, TensorRT-LLM spec_decode_acceptance_length), passed through: not a window of this "
+    "sidecar, never averaged.",
+    SERIES_LABELS,
+)
+REPORTED_ACCEPTANCE_RATIO = MetricSpec(
+    "specdecode_reported_acceptance_ratio", "gauge",
+    "The engine's own acceptance rate over its own last reporting window (SGLang spec_accept_rate), passed "
+    "through: not a window of this sidecar, never averaged, and defined by the engine.",
+    SERIES_LABELS,
+)
 SOURCE_RESTARTS = MetricSpec(
     "specdecode_source_restarts", "counter",
     "vLLM restarts detected from counters that went down or a changed _created.", SERIES_LABELS,
@@ -143,7 +156,7 @@ CONTRACT: tuple[MetricSpec, ...] = (
     ACCEPTANCE_RATIO, MEAN_ACCEPTANCE_LENGTH, POSITION_ACCEPTANCE_RATIO, TOKEN_ACCEPTANCE_PROBABILITY,
     DRAFT_TOKENS_PER_SECOND, ACCEPTED_TOKENS_PER_SECOND, INTERVAL_ACCEPTANCE,
     BREAK_EVEN, EXPECTED_SPEEDUP, EXPECTED_SPEEDUP_BY_LENGTH, RECOMMENDED_K, VERDICT,
-    LIFETIME_ACCEPTANCE, SOURCE_RESTARTS, DROPPED_SERIES, BUILD_INFO,
+    LIFETIME_ACCEPTANCE, REPORTED_ACCEPTANCE_LENGTH, REPORTED_ACCEPTANCE_RATIO, SOURCE_RESTARTS, DROPPED_SERIES, BUILD_INFO,
 )
 
 

@@ -52,7 +52,7 @@ def series_json(view: TargetView, series: SeriesView) -> dict[str, Any]:
             "emitted_tokens": totals.emitted_tokens,
             "accepted_tokens_by_position": list(totals.accepted_by_position),
         },
-        "lifetime_acceptance_ratio": _round(series.lifetime_acceptance_ratio),
+        "reported_by_engine": {spec.name: _round(value) for spec, value in series.reported},
         "restarts": series.restarts,
         "windows": {window.name: window_json(stats) for window, stats in series.windows},
     }

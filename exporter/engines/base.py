@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
+from exporter.metrics import MetricSpec
 from exporter.parse import Sample, Selection
 
 
@@ -33,7 +34,9 @@ class SeriesReading(NamedTuple):  # a NamedTuple, not a frozen dataclass: built 
     accepted_by_position: tuple[float, ...] = ()
     created: float | None = None  # changes when the source restarts
     num_speculative_tokens: int | None = None  # inferred k, when the source lets us prove it
-    lifetime_acceptance_ratio: float | None = None  # V0's lifetime gauge, exported as such
+    # Figures the engine computes itself (V0's lifetime acceptance gauge, SGLang's last-window gauges), passed
+    # through under the contract metric that says what they are; never treated as the sidecar's own windows.
+    reported: tuple[tuple[MetricSpec, float], ...] = ()
 
 
 @dataclass(slots=True)

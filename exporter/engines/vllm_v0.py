@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from exporter.engines.base import DecodeResult, DecoderOptions, FetchTiming, SeriesGrouper, SeriesReading
+from exporter.metrics import LIFETIME_ACCEPTANCE
 from exporter.parse import Sample, Selection, is_finite_count
 
 ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
@@ -142,7 +143,7 @@ class V0Decoder:
             drafts=drafted / k if k else None,  # V0 always drafts k tokens per sequence per step
             emitted_tokens=emitted,
             num_speculative_tokens=k,
-            lifetime_acceptance_ratio=lifetime_ratio,
+            reported=() if lifetime_ratio is None else ((LIFETIME_ACCEPTANCE, lifetime_ratio),),
         )
         return state.decoded
 

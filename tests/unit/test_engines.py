@@ -6,6 +6,7 @@ import pytest
 
 from exporter.engines import ALL_PREFIXES, DecoderOptions, FetchTiming, detect_engine
 from exporter.engines.vllm_v0 import V0Decoder, infer_num_speculative_tokens
+from exporter.metrics import LIFETIME_ACCEPTANCE
 from exporter.parse import select, select_samples
 from tests.helpers import fixture_text
 
@@ -114,7 +115,7 @@ def test_v0_decodes_lifetime_totals_from_one_report_between_close_fetches() -> N
     assert series.accepted_tokens == pytest.approx(400 * 0.7 + 400 * 0.5)
     assert series.num_speculative_tokens == 4
     assert series.drafts == 200
-    assert series.lifetime_acceptance_ratio == pytest.approx(0.6)
+    assert dict(series.reported)[LIFETIME_ACCEPTANCE] == pytest.approx(0.6)
 
 
 def test_v0_refuses_to_decode_when_fetches_are_5s_apart() -> None:
