@@ -41,7 +41,7 @@ def render(view: TargetView, duration: float) -> str:
         rows.append((
             series.key.model_name or "", series.key.engine or "",
             _fmt(stats.acceptance_ratio if stats else None),
-            _fmt(acceptance_ratio(totals.accepted_tokens, totals.draft_tokens)),
+            _fmt(acceptance_ratio(totals.accepted_tokens or 0.0, totals.draft_tokens or 0.0)),
             _fmt(stats.mean_acceptance_length if stats else None, ".2f"),
             _fmt(series.num_speculative_tokens, "d"),
             _fmt(stats.expected_speedup if stats else None, ".2f"),

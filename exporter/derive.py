@@ -181,8 +181,11 @@ def span_stats(span: WindowSpan, cost: CostModel, num_speculative_tokens: int | 
     drafted tokens. Computed from the snapshots directly, without building a delta (this runs for every
     series × window on every collection)."""
     start, end = span.start, span.end
-    return counts_stats(span.seconds, end.draft_tokens - start.draft_tokens,
-                        end.accepted_tokens - start.accepted_tokens, optional_minus(end.drafts, start.drafts),
+    drafted = optional_minus(end.draft_tokens, start.draft_tokens)
+    accepted = optional_minus(end.accepted_tokens, start.accepted_tokens)
+    if drafted is None or accepted is None:
+        return None  # no token counters: nothing to say about acceptance
+    return counts_stats(span.seconds, drafted, accepted, optional_minus(end.drafts, start.drafts),
                         positions_minus(end.accepted_by_position, start.accepted_by_position), cost,
                         num_speculative_tokens)
 

@@ -27,8 +27,8 @@ class SeriesKey(NamedTuple):
 class Totals(NamedTuple):
     """Cumulative counts; ``None`` where the source does not export the quantity."""
 
-    draft_tokens: float = 0.0
-    accepted_tokens: float = 0.0
+    draft_tokens: float | None = None
+    accepted_tokens: float | None = None
     drafts: float | None = None
     emitted_tokens: float | None = None
     accepted_by_position: tuple[float, ...] = ()
@@ -65,8 +65,8 @@ def is_restart(previous: SeriesReading, current: SeriesReading) -> bool:
     if previous.created is not None and current.created is not None and current.created != previous.created:
         return True
     return (
-        current.draft_tokens < previous.draft_tokens
-        or current.accepted_tokens < previous.accepted_tokens
+        _decreased(previous.draft_tokens, current.draft_tokens)
+        or _decreased(previous.accepted_tokens, current.accepted_tokens)
         or _decreased(previous.drafts, current.drafts)
         or _decreased(previous.emitted_tokens, current.emitted_tokens)
         or any(map(operator.lt, current.accepted_by_position, previous.accepted_by_position))
@@ -91,10 +91,10 @@ def _positions_increase(totals: tuple[float, ...], previous: tuple[float, ...], 
 def add_reading(totals: Totals, previous: SeriesReading | None, current: SeriesReading, restarted: bool) -> Totals:
     """New reset-safe totals after one more raw reading."""
     return Totals(
-        totals.draft_tokens + counter_increase(previous.draft_tokens if previous else None, current.draft_tokens,
-                                               restarted),
-        totals.accepted_tokens + counter_increase(previous.accepted_tokens if previous else None,
-                                                  current.accepted_tokens, restarted),
+        _accumulate(totals.draft_tokens, previous.draft_tokens if previous else None, current.draft_tokens,
+                    restarted),
+        _accumulate(totals.accepted_tokens, previous.accepted_tokens if previous else None, current.accepted_tokens,
+                    restarted),
         _accumulate(totals.drafts, previous.drafts if previous else None, current.drafts, restarted),
         _accumulate(totals.emitted_tokens, previous.emitted_tokens if previous else None, current.emitted_tokens,
                     restarted),
@@ -151,9 +151,9 @@ class SeriesState:
         self.totals = add_reading(before, previous, reading, restarted)
         self.last_reading = reading
         self.last_seen = now
-        if previous is not None:
-            drafted = self.totals.draft_tokens - before.draft_tokens
-            accepted = self.totals.accepted_tokens - before.accepted_tokens
+        drafted = optional_minus(self.totals.draft_tokens, before.draft_tokens)
+        accepted = optional_minus(self.totals.accepted_tokens, before.accepted_tokens)
+        if previous is not None and drafted is not None and accepted is not None:
             if drafted > 0:
                 self.histogram = self.histogram.observed(min(1.0, max(0.0, accepted / drafted)))
         self._append(now, keep_seconds)

@@ -27,8 +27,8 @@ class SeriesReading(NamedTuple):  # a NamedTuple, not a frozen dataclass: built 
 
     model_name: str | None
     engine: str | None
-    draft_tokens: float
-    accepted_tokens: float
+    draft_tokens: float | None  # None: the source exports no token counters (a control target, SGLang)
+    accepted_tokens: float | None
     drafts: float | None = None
     emitted_tokens: float | None = None
     accepted_by_position: tuple[float, ...] = ()
