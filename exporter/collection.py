@@ -65,6 +65,10 @@ class TargetView:
         return self.config.method or "unknown"
 
 
+class ModelNameNeeded(Exception):
+    """The engine's metrics name no model and none is known yet: look it up, then ingest again."""
+
+
 class CollectionFailure(Exception):
     def __init__(self, reason: FailureReason, detail: str) -> None:
         super().__init__(detail)
@@ -179,7 +183,11 @@ class TargetCollector:
                                  sni_hostname=self.config.tls.server_name if self.config.tls else None)
             if result.failure is not None:
                 raise CollectionFailure(result.failure, result.detail)
-            await self._ingest(result, client)
+            try:
+                self._ingest(result)
+            except ModelNameNeeded:
+                await self._discover_model(client)
+                self._ingest(result)
         except CollectionFailure as failure:
             self.view = self._failed(failure, time.perf_counter() - started)
             return self.view
@@ -195,42 +203,44 @@ class TargetCollector:
         self.view = self._view(up=True, duration=time.perf_counter() - started)
         return self.view
 
-    async def _ingest(self, result: FetchResult, client: httpx.AsyncClient) -> None:
+    def _ingest(self, result: FetchResult) -> None:
         text = body_text(result)
         try:
             selection = select(text, ALL_PREFIXES, self.line_cache)
             # Same lines as last time: same engine, and the decoder needs no parsing.
             decoded = self.decoder.decode_known(selection, result.timing) if self.decoder else None
             if decoded is None:
-                engine = detect_engine(selection.samples())
-                if engine is None:
-                    raise CollectionFailure(FailureReason.NO_SPEC_METRICS,
-                                            "no speculative-decoding metrics in the exposition")
-                decoded = self._decode(engine, await self._options(engine, client), selection, result.timing)
+                decoded = self._decode(selection, result.timing)
         except ParseError as exc:
             raise CollectionFailure(FailureReason.PARSE, str(exc)) from None
         for warning in decoded.warnings:
             event(logging.DEBUG, "series not decodable this time", target=self.config.name, detail=warning)
         self.store.update(self.config.name, decoded.series, decoded.pending, self.clock())
 
-    async def _options(self, engine: Engine, client: httpx.AsyncClient) -> DecoderOptions:
+    def _options(self, engine: Engine) -> DecoderOptions:
         """What the decoder is told: k from config, and the model name where the exposition has none (from
-        config, else the server's /v1/models, asked at most once a minute until it answers)."""
+        config, else the server's /v1/models: ModelNameNeeded asks collect() to look it up, at most once a
+        minute until it answers)."""
         model = self.config.model_name or self.discovered_model
-        now = self.clock()
-        if model is None and not engine.labels_model and now >= self.next_model_lookup:
-            self.next_model_lookup = now + LOG_REPEAT_SECONDS
-            model, detail = await served_model(client, self.config.url, self.config.timeout, self._bearer_token(),
-                                               self.clock, self.config.tls.server_name if self.config.tls else None)
-            if model is None:
-                event(logging.WARNING, "model name unknown: the metrics have no model label", target=self.config.name,
-                      detail=detail, hint="set model_name on the target")
-            self.discovered_model = model
+        if model is None and not engine.labels_model and self.clock() >= self.next_model_lookup:
+            raise ModelNameNeeded()
         return DecoderOptions(num_speculative_tokens=self.config.num_speculative_tokens,
                               model_name=model if not engine.labels_model else None)
 
-    def _decode(self, engine: Engine, options: DecoderOptions, selection: Selection,
-                timing: FetchTiming) -> DecodeResult:
+    async def _discover_model(self, client: httpx.AsyncClient) -> None:
+        self.next_model_lookup = self.clock() + LOG_REPEAT_SECONDS
+        model, detail = await served_model(client, self.config.url, self.config.timeout, self._bearer_token(),
+                                           self.clock, self.config.tls.server_name if self.config.tls else None)
+        if model is None:
+            event(logging.WARNING, "model name unknown: the metrics have no model label", target=self.config.name,
+                  detail=detail, hint="set model_name on the target")
+        self.discovered_model = model
+
+    def _decode(self, selection: Selection, timing: FetchTiming) -> DecodeResult:
+        engine = detect_engine(selection.samples())
+        if engine is None:
+            raise CollectionFailure(FailureReason.NO_SPEC_METRICS, "no speculative-decoding metrics in the exposition")
+        options = self._options(engine)
         if engine is not self.engine or self.decoder is None or options != self.decoder_options:
             if self.engine is not None and engine is not self.engine:
                 event(logging.WARNING, "target changed metrics dialect", target=self.config.name,

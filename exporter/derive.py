@@ -23,10 +23,19 @@ class CostModel:
 
     c_draft: float = 0.1  # one draft token (≈ draft/target parameter ratio; ≈ 0 for ngram)
     c_verify: float = 0.4  # extra verification work per drafted token (0 idle … 1 compute-bound)
+    # Under load: c_verify grows linearly with the running batch, to c_verify_max at saturating_batch requests.
+    c_verify_max: float = 1.0
+    saturating_batch: float = 64.0
 
     @property
     def per_draft_token(self) -> float:
         return self.c_draft + self.c_verify
+
+    def per_draft_token_at(self, running: float) -> float:
+        """Cost per drafted token with ``running`` requests in the batch: the verification pass turns
+        compute-bound as the batch grows, so each drafted token's verification costs more."""
+        share = min(1.0, max(0.0, running) / self.saturating_batch) if self.saturating_batch > 0 else 1.0
+        return self.c_draft + self.c_verify + (max(self.c_verify, self.c_verify_max) - self.c_verify) * share
 
     @property
     def break_even_acceptance_ratio(self) -> float:

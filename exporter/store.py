@@ -12,7 +12,9 @@ import operator
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from exporter.engines.base import SeriesReading
+from exporter import latency
+from exporter.engines.base import LatencyReading, SeriesReading
+from exporter.latency import Histogram
 
 # Upper bounds of specdecode_interval_acceptance_ratio: 0.05, 0.10, … 1.0 (+Inf is implied).
 INTERVAL_BUCKETS: tuple[float, ...] = tuple(round(0.05 * i, 2) for i in range(1, 21))
@@ -32,6 +34,10 @@ class Totals(NamedTuple):
     drafts: float | None = None
     emitted_tokens: float | None = None
     accepted_by_position: tuple[float, ...] = ()
+    time_per_output_token: Histogram | None = None  # reset-safe, like the counters
+    time_to_first_token: Histogram | None = None
+    running_seconds: float | None = None  # ∫ requests running dt: a window's mean batch is its change / seconds
+    waiting_seconds: float | None = None
 
 
 def optional_minus(later: float | None, earlier: float | None) -> float | None:
@@ -70,6 +76,8 @@ def is_restart(previous: SeriesReading, current: SeriesReading) -> bool:
         or _decreased(previous.drafts, current.drafts)
         or _decreased(previous.emitted_tokens, current.emitted_tokens)
         or any(map(operator.lt, current.accepted_by_position, previous.accepted_by_position))
+        or (previous.latency is not None and current.latency is not None
+            and _decreased(previous.latency.observations, current.latency.observations))
     )
 
 
@@ -88,8 +96,32 @@ def _positions_increase(totals: tuple[float, ...], previous: tuple[float, ...], 
     return tuple(positions)
 
 
-def add_reading(totals: Totals, previous: SeriesReading | None, current: SeriesReading, restarted: bool) -> Totals:
-    """New reset-safe totals after one more raw reading."""
+def _latency_totals(totals: Totals, previous: LatencyReading | None, current: LatencyReading | None,
+                    restarted: bool, seconds: float) -> tuple[Histogram | None, Histogram | None, float | None,
+                                                              float | None]:
+    """The latency part of the totals after one more reading, ``seconds`` after the previous one."""
+    if current is None:
+        return (totals.time_per_output_token, totals.time_to_first_token, totals.running_seconds,
+                totals.waiting_seconds)
+
+    def histogram(total: Histogram | None, before: Histogram | None, now: Histogram | None) -> Histogram | None:
+        return total if now is None else latency.accumulate(total, before, now, restarted)
+
+    def integral(total: float | None, before: float | None, now: float | None) -> float | None:
+        if now is None:
+            return total
+        return (total or 0.0) + (before if before is not None else now) * seconds
+
+    before = previous or LatencyReading()
+    return (histogram(totals.time_per_output_token, before.time_per_output_token, current.time_per_output_token),
+            histogram(totals.time_to_first_token, before.time_to_first_token, current.time_to_first_token),
+            integral(totals.running_seconds, before.running, current.running),
+            integral(totals.waiting_seconds, before.waiting, current.waiting))
+
+
+def add_reading(totals: Totals, previous: SeriesReading | None, current: SeriesReading, restarted: bool,
+                seconds: float = 0.0) -> Totals:
+    """New reset-safe totals after one more raw reading, ``seconds`` after the previous one."""
     return Totals(
         _accumulate(totals.draft_tokens, previous.draft_tokens if previous else None, current.draft_tokens,
                     restarted),
@@ -100,6 +132,7 @@ def add_reading(totals: Totals, previous: SeriesReading | None, current: SeriesR
                     restarted),
         _positions_increase(totals.accepted_by_position, previous.accepted_by_position if previous else (),
                             current.accepted_by_position, restarted),
+        *_latency_totals(totals, previous.latency if previous else None, current.latency, restarted, seconds),
     )
 
 
@@ -148,7 +181,8 @@ class SeriesState:
         if restarted:
             self.restarts += 1
         before = self.totals
-        self.totals = add_reading(before, previous, reading, restarted)
+        seconds = now - self.times[-1] if self.times else 0.0
+        self.totals = add_reading(before, previous, reading, restarted, seconds)
         self.last_reading = reading
         self.last_seen = now
         drafted = optional_minus(self.totals.draft_tokens, before.draft_tokens)

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
+from exporter.latency import Histogram
 from exporter.metrics import MetricSpec
 from exporter.parse import Sample, Selection
 
@@ -16,6 +17,20 @@ class FetchTiming:
 
     started: float
     finished: float
+
+
+class LatencyReading(NamedTuple):
+    """The series' latency and load as the source stands now (vLLM V1's families)."""
+
+    time_per_output_token: Histogram | None = None  # per finished request: decode time / (tokens − 1)
+    time_to_first_token: Histogram | None = None
+    running: float | None = None  # requests in the batch now
+    waiting: float | None = None
+
+    @property
+    def observations(self) -> float | None:
+        tpot = self.time_per_output_token
+        return tpot.observations if tpot is not None else None
 
 
 class SeriesReading(NamedTuple):  # a NamedTuple, not a frozen dataclass: built per series per collection
@@ -37,6 +52,7 @@ class SeriesReading(NamedTuple):  # a NamedTuple, not a frozen dataclass: built 
     # Figures the engine computes itself (V0's lifetime acceptance gauge, SGLang's last-window gauges), passed
     # through under the contract metric that says what they are; never treated as the sidecar's own windows.
     reported: tuple[tuple[MetricSpec, float], ...] = ()
+    latency: LatencyReading | None = None
 
 
 @dataclass(slots=True)

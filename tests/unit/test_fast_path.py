@@ -8,10 +8,8 @@ a collector fed a simulator with restarts, engines coming and going and bad valu
 
 from __future__ import annotations
 
-import asyncio
 import re
 
-import httpx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -122,13 +120,7 @@ def _ingest(collector: TargetCollector, clock: ManualClock, body: bytes, slow: b
     if slow and collector.decoder is not None:
         collector.decoder._layout = None  # type: ignore[attr-defined]  # forget the layout: parse every time
     timing = FetchTiming(clock() - 0.01, clock())
-    result = FetchResult(timing=timing, body=body, content_type="text/plain; version=0.0.4")
-
-    async def ingest() -> None:
-        async with httpx.AsyncClient() as client:  # vLLM labels its models: no /v1/models lookup
-            await collector._ingest(result, client)
-
-    asyncio.run(ingest())
+    collector._ingest(FetchResult(timing=timing, body=body, content_type="text/plain; version=0.0.4"))
     collector.view = collector._view(up=True, duration=0.0)
 
 

@@ -1,0 +1,171 @@
+"""Pure functions for latency: cumulative histograms made reset-safe, a window's change of one, its mean and
+quantiles (the same interpolation as Prometheus' histogram_quantile), and what a baseline makes of them: the
+observed speedup and the cost that calibrates the break-even model to it.
+
+Every function returns None when its inputs cannot support an answer (no requests in the window, no baseline).
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from collections.abc import Sequence
+from typing import NamedTuple
+
+TPOT_QUANTILES = (0.5, 0.9, 0.99)
+TTFT_QUANTILES = (0.5, 0.99)
+
+
+class Histogram(NamedTuple):
+    """A cumulative histogram as exposed: upper bounds (+Inf last), cumulative counts per bound, and the sum."""
+
+    bounds: tuple[float, ...]
+    counts: Sequence[float]
+    total: float
+
+    @property
+    def observations(self) -> float:
+        return self.counts[-1] if self.counts else 0.0
+
+
+def valid_histogram(bounds: Sequence[float], counts: Sequence[float], total: float) -> str | None:
+    """Why a histogram cannot be used, or None. Counts that go down across buckets are mended (below), as
+    Prometheus does; a missing +Inf bucket, unsorted bounds or a non-finite count are not."""
+    if not bounds or bounds[-1] != math.inf:
+        return "no +Inf bucket"
+    if any(b >= a for a, b in zip(bounds[1:], bounds, strict=False)):
+        return "bucket bounds not increasing"
+    if not all(math.isfinite(c) and c >= 0 for c in counts) or not math.isfinite(total):
+        return "non-finite or negative count"
+    return None
+
+
+def monotonic(counts: Sequence[float]) -> list[float]:
+    """Cumulative counts made non-decreasing (float error or a torn scrape can break it; Prometheus mends it
+    the same way before interpolating)."""
+    out: list[float] = []
+    highest = 0.0
+    for count in counts:
+        highest = count if count > highest else highest
+        out.append(highest)
+    return out
+
+
+def accumulate(totals: Histogram | None, previous: Histogram | None, current: Histogram,
+               restarted: bool) -> Histogram:
+    """Reset-safe totals after one more reading (Prometheus' rate() rules per bucket and for the sum). New
+    bucket bounds are a new histogram: its totals start again from the reading."""
+    if totals is None or previous is None or totals.bounds != current.bounds or previous.bounds != current.bounds:
+        return Histogram(current.bounds, array("d", current.counts), current.total)
+    restarted = restarted or current.observations < previous.observations
+    if restarted:
+        counts = array("d", (t + c for t, c in zip(totals.counts, current.counts, strict=True)))
+        return Histogram(current.bounds, counts, totals.total + current.total)
+    counts = array("d", (t + c - p for t, c, p in zip(totals.counts, current.counts, previous.counts, strict=True)))
+    return Histogram(current.bounds, counts, totals.total + max(0.0, current.total - previous.total))
+
+
+def change(start: Histogram | None, end: Histogram | None) -> Histogram | None:
+    """What a window added to the histogram, or None when the ends are not the same histogram."""
+    if start is None or end is None or start.bounds != end.bounds:
+        return None
+    counts = monotonic([max(0.0, e - s) for s, e in zip(start.counts, end.counts, strict=True)])
+    return Histogram(end.bounds, counts, max(0.0, end.total - start.total))
+
+
+def pooled(histograms: Sequence[Histogram]) -> Histogram | None:
+    """Several series' window changes as one (engines of a model): bucket by bucket, when they share bounds."""
+    if not histograms or any(h.bounds != histograms[0].bounds for h in histograms):
+        return None
+    counts = [sum(column) for column in zip(*(h.counts for h in histograms), strict=True)]
+    return Histogram(histograms[0].bounds, counts, sum(h.total for h in histograms))
+
+
+def mean(histogram: Histogram | None) -> float | None:
+    """Exact mean from _sum / _count."""
+    if histogram is None or histogram.observations <= 0:
+        return None
+    return histogram.total / histogram.observations
+
+
+def quantile(q: float, histogram: Histogram | None) -> float | None:
+    """The q-quantile by linear interpolation within its bucket, as Prometheus' histogram_quantile computes it
+    (the lowest bucket starts at 0; a rank in the +Inf bucket gives the highest finite bound)."""
+    if histogram is None or histogram.observations <= 0 or len(histogram.bounds) < 2:
+        return None
+    counts, bounds = histogram.counts, histogram.bounds
+    rank = q * counts[-1]
+    index = next(i for i, count in enumerate(counts) if count >= rank or i == len(counts) - 1)
+    if index == len(bounds) - 1:
+        return bounds[-2]
+    if index == 0 and bounds[0] <= 0:
+        return bounds[0]
+    start = 0.0 if index == 0 else bounds[index - 1]
+    below = 0.0 if index == 0 else counts[index - 1]
+    in_bucket = counts[index] - below
+    if in_bucket <= 0:
+        return bounds[index]
+    return start + (bounds[index] - start) * (rank - below) / in_bucket
+
+
+def ratio(numerator: float | None, denominator: float | None) -> float | None:
+    if numerator is None or denominator is None or denominator <= 0:
+        return None
+    return numerator / denominator
+
+
+class LatencyStats(NamedTuple):
+    """One series' latency over one window."""
+
+    time_per_output_token: Histogram | None  # the window's change of vLLM's per-request TPOT histogram
+    time_to_first_token: Histogram | None
+    running: float | None  # mean requests running over the window
+    waiting: float | None
+
+    @property
+    def tpot_mean(self) -> float | None:
+        return mean(self.time_per_output_token)
+
+    def tpot(self, q: float) -> float | None:
+        return quantile(q, self.time_per_output_token)
+
+    def ttft(self, q: float) -> float | None:
+        return quantile(q, self.time_to_first_token)
+
+    @property
+    def requests(self) -> float:
+        return self.time_per_output_token.observations if self.time_per_output_token else 0.0
+
+
+class BaselineLatency(NamedTuple):
+    """What spec decode is compared with: TPOT without it (mean; quantiles where known)."""
+
+    mean: float | None
+    p50: float | None
+    p99: float | None
+    source: str  # in words: "control target vllm-nospec", "measured baseline"
+
+
+class ObservedSpeedup(NamedTuple):
+    mean: float | None  # baseline TPOT / current TPOT, exact means
+    p50: float | None
+    p99: float | None
+    baseline: str
+
+
+def observed_speedup(baseline: BaselineLatency, current: LatencyStats) -> ObservedSpeedup | None:
+    """Baseline TPOT / current TPOT: above 1 spec decode makes tokens come faster. None without requests."""
+    speedup = ratio(baseline.mean, current.tpot_mean)
+    if speedup is None:
+        return None
+    return ObservedSpeedup(speedup, ratio(baseline.p50, current.tpot(0.5)), ratio(baseline.p99, current.tpot(0.99)),
+                           baseline.source)
+
+
+def calibrated_cost(observed: float | None, mean_length: float | None, draft_length: float | None) -> float | None:
+    """The cost per drafted token c for which the model S = L / (1 + k̄·c) gives the observed speedup:
+    c = (L / S − 1) / k̄. Below 0 (faster than the model can be) is reported as 0."""
+    if observed is None or mean_length is None or not draft_length or observed <= 0:
+        return None
+    return max(0.0, (mean_length / observed - 1.0) / draft_length)
+
