@@ -7,7 +7,15 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from exporter.engines.base import DecodeResult, DecoderOptions, FetchTiming, SeriesGrouper, SeriesReading
+from exporter.engines.base import (
+    DecodeResult,
+    DecoderOptions,
+    FetchTiming,
+    LatencyReading,
+    SeriesGrouper,
+    SeriesReading,
+)
+from exporter.latency import Histogram, monotonic
 from exporter.parse import Sample, Selection, is_finite_count
 
 DRAFTS = "vllm:spec_decode_num_drafts_total"
@@ -16,6 +24,30 @@ DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
 ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
 PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
 CREATED_SUFFIX = "_created"
+# Latency and load (0.11+): the true per-request TPOT, TTFT, and the batch. Inter-token latency is per engine
+# step under spec decode (1 … k+1 tokens), so it is not read: it would make a good α look like slow tokens.
+TPOT = "vllm:request_time_per_output_token_seconds"
+TTFT = "vllm:time_to_first_token_seconds"
+RUNNING = "vllm:num_requests_running"
+WAITING = "vllm:num_requests_waiting"
+LATENCY_PREFIXES = (f"{TPOT}_bucket", f"{TPOT}_sum", f"{TPOT}_count", f"{TTFT}_bucket", f"{TTFT}_sum",
+                    f"{TTFT}_count", RUNNING, WAITING)
+SPEC_NAMES = frozenset({DRAFTS, DRAFT_TOKENS, ACCEPTED, PER_POSITION})
+
+
+@dataclass(frozen=True, slots=True)
+class _HistogramSlots:
+    bounds: tuple[float, ...]  # +Inf last
+    buckets: tuple[int, ...]  # line index of each bound's bucket
+    total: int  # line index of _sum
+
+
+@dataclass(frozen=True, slots=True)
+class _LatencySlots:
+    tpot: _HistogramSlots | None
+    ttft: _HistogramSlots | None
+    running: int | None
+    waiting: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,11 +56,39 @@ class _Slots:
 
     model_name: str | None
     engine: str | None
-    draft_tokens: int
-    accepted_tokens: int
+    draft_tokens: int | None  # None on a target without spec decode (a control): latency only
+    accepted_tokens: int | None
     drafts: int | None
     created: int | None
     positions: tuple[int, ...]
+    latency: _LatencySlots | None
+
+
+def _bound(sample: Sample) -> float | None:
+    le = sample.label("le")
+    try:
+        return None if le is None else float(le)
+    except ValueError:
+        return None
+
+
+def _histogram_slots(name: str, first: dict[str, int], buckets: dict[str, dict[float, int]]) -> _HistogramSlots | None:
+    """Where one histogram's lines are; None when it is absent or cannot be read (then it is left out, and
+    the series' counters are still read)."""
+    by_bound = buckets.get(name)
+    total = first.get(f"{name}_sum")
+    if not by_bound or total is None:
+        return None
+    bounds = tuple(sorted(by_bound))
+    if bounds[-1] != math.inf:
+        return None
+    return _HistogramSlots(bounds, tuple(by_bound[b] for b in bounds), total)
+
+
+def _latency_slots(first: dict[str, int], buckets: dict[str, dict[float, int]]) -> _LatencySlots | None:
+    slots = _LatencySlots(_histogram_slots(TPOT, first, buckets), _histogram_slots(TTFT, first, buckets),
+                          first.get(RUNNING), first.get(WAITING))
+    return None if slots == _LatencySlots(None, None, None, None) else slots
 
 
 def _slots(model_name: str | None, engine: str | None, group: list[tuple[int, Sample]]) -> _Slots | str:
@@ -36,6 +96,7 @@ def _slots(model_name: str | None, engine: str | None, group: list[tuple[int, Sa
     labels alone, so it holds for every scrape with the same layout)."""
     first: dict[str, int] = {}
     per_position: dict[int, int] = {}
+    buckets: dict[str, dict[float, int]] = {}
     created: int | None = None
     for index, sample in group:
         name = sample.name
@@ -46,9 +107,15 @@ def _slots(model_name: str | None, engine: str | None, group: list[tuple[int, Sa
             if position is None or not position.isdigit():
                 return f"{name} has position label {position!r}"
             per_position[int(position)] = index
+        elif name.endswith("_bucket"):
+            bound = _bound(sample)
+            if bound is not None:
+                buckets.setdefault(name.removesuffix("_bucket"), {}).setdefault(bound, index)
         else:
             first.setdefault(name, index)  # a duplicate series: keep the first, like a scrape would
-    if DRAFT_TOKENS not in first or ACCEPTED not in first:
+    latency = _latency_slots(first, buckets)
+    has_tokens = DRAFT_TOKENS in first and ACCEPTED in first
+    if not has_tokens and (latency is None or SPEC_NAMES & first.keys() or per_position):
         return "draft or accepted token counter missing"
     positions: tuple[int, ...] = ()
     if per_position:
@@ -56,7 +123,8 @@ def _slots(model_name: str | None, engine: str | None, group: list[tuple[int, Sa
         if len(per_position) != k:
             return f"position series have gaps ({sorted(per_position)})"
         positions = tuple(per_position[i] for i in range(k))
-    return _Slots(model_name, engine, first[DRAFT_TOKENS], first[ACCEPTED], first.get(DRAFTS), created, positions)
+    return _Slots(model_name, engine, first.get(DRAFT_TOKENS), first.get(ACCEPTED), first.get(DRAFTS), created,
+                  positions, latency)
 
 
 def _unusable_value(group: list[tuple[int, Sample]]) -> str | None:
@@ -68,22 +136,40 @@ def _unusable_value(group: list[tuple[int, Sample]]) -> str | None:
     return None
 
 
+def _value(values: Sequence[float], index: int | None) -> float | None:
+    return None if index is None else values[index]
+
+
+def _histogram(slots: _HistogramSlots | None, values: Sequence[float]) -> Histogram | None:
+    if slots is None:
+        return None
+    return Histogram(slots.bounds, monotonic([values[i] for i in slots.buckets]), values[slots.total])
+
+
+def _latency(slots: _LatencySlots | None, values: Sequence[float]) -> LatencyReading | None:
+    if slots is None:
+        return None
+    return LatencyReading(_histogram(slots.tpot, values), _histogram(slots.ttft, values),
+                          _value(values, slots.running), _value(values, slots.waiting))
+
+
 def _reading(slots: _Slots, values: Sequence[float]) -> SeriesReading:
-    drafts = None if slots.drafts is None else values[slots.drafts]
-    accepted = values[slots.accepted_tokens]
-    created = None if slots.created is None else values[slots.created]
+    drafts = _value(values, slots.drafts)
+    accepted = _value(values, slots.accepted_tokens)
+    created = _value(values, slots.created)
     by_position = tuple([values[i] for i in slots.positions])
     return SeriesReading(
         model_name=slots.model_name,
         engine=slots.engine,
         drafts=drafts,
-        draft_tokens=values[slots.draft_tokens],
+        draft_tokens=_value(values, slots.draft_tokens),
         accepted_tokens=accepted,
         # Each verification step emits the accepted prefix plus one token from the target model.
-        emitted_tokens=None if drafts is None else accepted + drafts,
+        emitted_tokens=None if drafts is None or accepted is None else accepted + drafts,
         accepted_by_position=by_position,
         created=created if created is not None and math.isfinite(created) else None,
         num_speculative_tokens=len(by_position) or None,
+        latency=_latency(slots.latency, values),
     )
 
 
@@ -154,12 +240,16 @@ class V1Decoder:
 class VllmV1:
     api: str = "vllm-v1"
     # Exact names, so the parser skips the other counters' _created lines (one _created tells a restart).
-    prefixes: tuple[str, ...] = (DRAFTS, DRAFTS_CREATED, DRAFT_TOKENS, ACCEPTED, PER_POSITION)
+    prefixes: tuple[str, ...] = (DRAFTS, DRAFTS_CREATED, DRAFT_TOKENS, ACCEPTED, PER_POSITION, *LATENCY_PREFIXES)
     max_collect_interval: float | None = None
     labels_model: bool = True
 
     def detect(self, samples: Sequence[Sample]) -> bool:
         return any(s.name == DRAFTS for s in samples)
+
+    def detect_latency(self, samples: Sequence[Sample]) -> bool:
+        """vLLM without spec decode (a control target): its TPOT histogram is there, spec counters are not."""
+        return any(s.name == f"{TPOT}_count" for s in samples)
 
     def new_decoder(self, options: DecoderOptions) -> V1Decoder:
         return V1Decoder()  # V1 exports k (the number of position series): the config's k is only shown

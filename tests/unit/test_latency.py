@@ -1,0 +1,122 @@
+"""Latency math against values worked out by hand, and vLLM's latency families decoded from real output."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from exporter import latency
+from exporter.derive import CostModel
+from exporter.engines import ALL_PREFIXES, DecoderOptions
+from exporter.engines.base import FetchTiming, LatencyReading, SeriesReading
+from exporter.engines.vllm_v1 import ENGINE as V1
+from exporter.latency import BaselineLatency, Histogram, LatencyStats
+from exporter.parse import select
+from exporter.store import SeriesKey, SeriesState
+from tests.helpers import fixture_text
+
+INF = math.inf
+BOUNDS = (0.01, 0.025, 0.05, 0.1, INF)
+
+
+def hist(counts: tuple[float, ...], total: float) -> Histogram:
+    return Histogram(BOUNDS, counts, total)
+
+
+def test_quantile_interpolates_within_the_bucket_like_prometheus() -> None:
+    h = hist((0, 40, 90, 100, 100), 3.0)  # 40 in (0.01, 0.025], 50 in (0.025, 0.05], 10 in (0.05, 0.1]
+    # p50: rank 50, in the third bucket: 0.025 + (0.05 − 0.025) · (50 − 40) / 50 = 0.03
+    assert latency.quantile(0.5, h) == pytest.approx(0.03)
+    # p99: rank 99, fourth bucket: 0.05 + 0.05 · (99 − 90) / 10 = 0.095
+    assert latency.quantile(0.99, h) == pytest.approx(0.095)
+    # p10: rank 10, second bucket: 0.01 + 0.015 · 10 / 40 = 0.01375
+    assert latency.quantile(0.1, h) == pytest.approx(0.01375)
+    # The lowest bucket starts at 0: 20 % of 5 in it → 0.01 · 1 / 5
+    assert latency.quantile(0.2, hist((5, 5, 5, 5, 5), 0.02)) == pytest.approx(0.002)
+
+
+def test_a_rank_in_the_inf_bucket_gives_the_highest_finite_bound() -> None:
+    assert latency.quantile(0.99, hist((0, 0, 0, 50, 100), 100.0)) == 0.1
+
+
+def test_no_observations_no_quantile_no_mean() -> None:
+    empty = hist((0, 0, 0, 0, 0), 0.0)
+    assert latency.quantile(0.5, empty) is None and latency.mean(empty) is None
+    assert latency.mean(hist((0, 40, 90, 100, 100), 3.0)) == pytest.approx(0.03)
+
+
+def test_accumulate_is_reset_safe_per_bucket() -> None:
+    first = hist((1, 2, 3, 4, 4), 0.1)
+    second = hist((2, 4, 6, 8, 8), 0.2)
+    totals = latency.accumulate(None, None, first, restarted=False)
+    totals = latency.accumulate(totals, first, second, restarted=False)
+    assert list(totals.counts) == [2, 4, 6, 8, 8] and totals.total == pytest.approx(0.2)
+    restarted = hist((1, 1, 1, 1, 1), 0.01)  # vLLM restarted: counts went down
+    totals = latency.accumulate(totals, second, restarted, restarted=False)
+    assert list(totals.counts) == [3, 5, 7, 9, 9] and totals.total == pytest.approx(0.21)
+
+
+def test_a_windows_change_and_pooling_engines() -> None:
+    start, end = hist((1, 2, 3, 4, 4), 0.1), hist((2, 4, 6, 8, 8), 0.3)
+    delta = latency.change(start, end)
+    assert delta is not None and list(delta.counts) == [1, 2, 3, 4, 4] and delta.total == pytest.approx(0.2)
+    both = latency.pooled([delta, delta])
+    assert both is not None and list(both.counts) == [2, 4, 6, 8, 8] and both.total == pytest.approx(0.4)
+    other = Histogram((0.5, INF), (1, 1), 0.1)
+    assert latency.change(start, other) is None and latency.pooled([delta, other]) is None
+
+
+def test_observed_speedup_and_calibration() -> None:
+    # Spec decode: TPOT mean 0.030; a baseline at 0.0393 → 1.31×.
+    current = LatencyStats(hist((0, 40, 90, 100, 100), 3.0), None, 8.0, 0.0)
+    observed = latency.observed_speedup(BaselineLatency(0.0393, 0.0393, 0.087, "control target c"), current)
+    assert observed is not None
+    assert observed.mean == pytest.approx(1.31)
+    assert observed.p50 == pytest.approx(0.0393 / 0.03)
+    assert observed.p99 == pytest.approx(0.087 / 0.095)  # < 1: the tail regressed
+    # Calibration: L = 2.8, k̄ = 3, observed 1.4 → c = (2.8 / 1.4 − 1) / 3 = 1/3
+    assert latency.calibrated_cost(1.4, 2.8, 3.0) == pytest.approx(1 / 3)
+    assert latency.calibrated_cost(None, 2.8, 3.0) is None
+    assert latency.calibrated_cost(5.0, 2.8, 3.0) == 0.0  # faster than any cost allows: c is 0, not negative
+
+
+def test_cost_grows_with_the_batch() -> None:
+    cost = CostModel(c_draft=0.1, c_verify=0.2, c_verify_max=1.0, saturating_batch=64)
+    assert cost.per_draft_token_at(0) == pytest.approx(0.3)
+    assert cost.per_draft_token_at(32) == pytest.approx(0.1 + 0.2 + 0.8 * 0.5)
+    assert cost.per_draft_token_at(640) == pytest.approx(1.1)
+
+
+def decode(name: str) -> list[SeriesReading]:
+    text = fixture_text(name)
+    return V1.new_decoder(DecoderOptions()).decode(select(text, ALL_PREFIXES), FetchTiming(0.0, 0.1)).series
+
+
+def test_v1_reads_latency_from_the_real_capture() -> None:
+    (reading,) = decode("vllm_0.32.0/metrics_ngram_per_request.prom")
+    assert reading.latency is not None and reading.latency.time_per_output_token is not None
+    tpot = reading.latency.time_per_output_token
+    assert tpot.bounds[-1] == INF and len(tpot.bounds) == 20  # .01 … 80 and +Inf
+    assert tpot.observations == 8.0  # vLLM counts the n=2 request twice
+    assert reading.latency.running == 0.0 and reading.latency.time_to_first_token is not None
+    assert reading.draft_tokens == 246.0
+
+
+def test_v1_reads_a_control_target_without_spec_counters() -> None:
+    text = fixture_text("vllm_0.32.0/metrics_nospec.prom")
+    samples = select(text, ALL_PREFIXES).samples()
+    assert not V1.detect(samples) and V1.detect_latency(samples)
+    (reading,) = decode("vllm_0.32.0/metrics_nospec.prom")
+    assert reading.draft_tokens is None and reading.accepted_tokens is None
+    assert reading.latency is not None and reading.latency.time_per_output_token is not None
+
+
+def test_windowed_running_requests_are_a_time_average() -> None:
+    state = SeriesState(SeriesKey("t", "m", "0"))
+    for t, running in ((0.0, 10.0), (5.0, 10.0), (10.0, 30.0), (15.0, 30.0)):
+        state.update(SeriesReading("m", "0", 0.0, 0.0, latency=LatencyReading(running=running)), t, 3600)
+    span = state.window_span(15.0, 15.0, 2.5)
+    assert span is not None and span.end.running_seconds is not None and span.start.running_seconds is not None
+    # 10 requests for 10 s, then 30 for 5 s (the value at each reading holds until the next): 250 / 15
+    assert (span.end.running_seconds - span.start.running_seconds) / span.seconds == pytest.approx(250 / 15)
