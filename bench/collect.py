@@ -1,7 +1,8 @@
 """Bench 1: collect+derive per scrape (bytes → samples → engine → decode → store → TargetView).
 
-Baseline: prometheus_client's own parser on the same text. Floor: a line scan that only finds the
-spec-decode lines (str.find in C, a slice per line), the least a Python parser can do.
+Baseline: prometheus_client's own parser on the same text. Floor: a line scan that only finds the lines the
+sidecar needs from vLLM V1 — the spec-decode counters and the latency families (str.find in C, a slice per line),
+the least a Python parser can do.
 """
 
 from __future__ import annotations
@@ -17,14 +18,14 @@ from bench.corpus import Corpus, simulator_series
 from exporter.collection import TargetCollector
 from exporter.config import Config, TargetConfig, parse_windows
 from exporter.engines import ALL_PREFIXES, DecodeResult, FetchTiming
+from exporter.engines.vllm_v1 import ENGINE as V1
 from exporter.parse import Selection, select
 from exporter.scrape import FetchResult
 from exporter.simulator.exposition import render
 from exporter.store import Store
 
 INTERVAL = 5.0
-SPEC_PREFIX = "vllm:spec_decode_"
-SPEC_NEEDLE = "\n" + SPEC_PREFIX
+WANTED = V1.prefixes  # every line the sidecar reads from a vLLM V1 exposition
 
 
 def baseline_parse(body: bytes) -> int:
@@ -32,20 +33,22 @@ def baseline_parse(body: bytes) -> int:
 
 
 def line_scan(body: bytes) -> int:
-    """The issue's floor: a plain scan of the lines that keeps the spec-decode ones; no parsing at all."""
+    """The issue's floor: a plain scan of the lines that keeps the wanted ones; no parsing at all."""
     text = body.decode("utf-8")
-    return len([line for line in text.split("\n") if line.startswith(SPEC_PREFIX)])
+    return len([line for line in text.split("\n") if line.startswith(WANTED)])
 
 
 def jump_scan(body: bytes) -> int:
-    """A stricter floor: str.find from one spec-decode line to the next, slicing each out; no parsing."""
+    """A stricter floor: str.find from one wanted line to the next, slicing each out; no parsing."""
     text = body.decode("utf-8")
     lines = []
-    pos = text.find(SPEC_NEEDLE)
-    while pos != -1:
-        end = text.find("\n", pos + 1)
-        lines.append(text[pos + 1:end])
-        pos = text.find(SPEC_NEEDLE, end)
+    for prefix in WANTED:
+        needle = "\n" + prefix
+        pos = text.find(needle)
+        while pos != -1:
+            end = text.find("\n", pos + 1)
+            lines.append(text[pos + 1:end])
+            pos = text.find(needle, end)
     return len(lines)
 
 

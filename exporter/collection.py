@@ -12,7 +12,7 @@ import functools
 import logging
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
@@ -20,30 +20,56 @@ from typing import NamedTuple
 import certifi
 import httpx
 
-from exporter.config import Config, TargetConfig, Window, parse_duration
-from exporter.derive import WindowStats, span_stats
+from exporter import latency
+from exporter.config import Config, TargetConfig, Window
 from exporter.discover import served_model
-from exporter.engines import ALL_PREFIXES, Decoder, DecodeResult, DecoderOptions, Engine, FetchTiming, detect_engine
+from exporter.engines import (
+    ALL_PREFIXES,
+    Decoder,
+    DecodeResult,
+    DecoderOptions,
+    Engine,
+    FetchTiming,
+    detect_engine,
+    no_engine_detail,
+)
+from exporter.latency import BaselineLatency
 from exporter.log import event
-from exporter.metrics import MetricSpec
 from exporter.parse import LineCache, ParseError, Selection, select
 from exporter.scrape import FailureReason, FetchResult, fetch, valid_bearer_token
-from exporter.store import IntervalHistogram, SeriesKey, SeriesState, Store, Totals
-from exporter.verdict import Evidence, Judgement, judge
+from exporter.series import BaselineFor, SeriesContext, SeriesView, series_view
+from exporter.store import SeriesKey, Store
 
 LOG_REPEAT_SECONDS = 60.0
+HISTORY_SECONDS = 3600.0  # what the status page's charts show
+HISTORY_STEP_SECONDS = 30.0
 
 
-class SeriesView(NamedTuple):  # built per series per collection: a NamedTuple is cheaper than a frozen dataclass
-    key: SeriesKey
-    totals: Totals
-    histogram: IntervalHistogram
-    windows: tuple[tuple[Window, WindowStats], ...]
-    num_speculative_tokens: int | None
-    reported: tuple[tuple[MetricSpec, float], ...]  # the engine's own figures, passed through
-    restarts: int
-    verdict_window: str | None  # the window the judgement is for
-    judgement: Judgement
+class HistoryPoint(NamedTuple):
+    """A series over its shortest window with data, at one moment (the collector's clock): for the charts."""
+
+    at: float
+    acceptance_ratio: float | None
+    tpot_mean: float | None
+    observed_speedup: float | None
+
+
+def history_point(now: float, series: SeriesView) -> HistoryPoint | None:
+    view = next((w for w in series.windows if w.acceptance is not None or w.latency is not None), None)
+    if view is None:
+        return None
+    return HistoryPoint(now, view.acceptance.acceptance_ratio if view.acceptance else None,
+                        view.latency.tpot_mean if view.latency else None,
+                        view.observed.mean if view.observed else None)
+
+
+def extended(points: tuple[HistoryPoint, ...], point: HistoryPoint) -> tuple[HistoryPoint, ...]:
+    """The history with one more point, at most one per step, none older than HISTORY_SECONDS. Immutable: the
+    status page (another thread) may be reading the previous tuple."""
+    if points and point.at - points[-1].at < HISTORY_STEP_SECONDS:
+        return points
+    keep = [p for p in points if point.at - p.at <= HISTORY_SECONDS]
+    return (*keep, point)
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,10 +85,11 @@ class TargetView:
     last_success_wall: float | None = None
     last_error: str | None = None
     last_success_monotonic: float | None = None
+    history: Mapping[SeriesKey, tuple[HistoryPoint, ...]] = field(default_factory=dict)
 
     @property
     def method(self) -> str:
-        return self.config.method or "unknown"
+        return self.config.method or next((s.method for s in self.series if s.method), None) or "unknown"
 
 
 class ModelNameNeeded(Exception):
@@ -87,54 +114,37 @@ def body_text(result: FetchResult) -> str:
         raise CollectionFailure(FailureReason.PARSE, f"body is not UTF-8 (byte {exc.start})") from None
 
 
-@functools.cache
-def _seconds(duration: str) -> float:
-    return parse_duration(duration, "windows.verdict")
+def control_baseline(view: TargetView, model: str | None, window: Window) -> BaselineLatency | None:
+    """A control target's TPOT for ``model`` over ``window``, pooled over its engines. A control serving one
+    model is the baseline of that model whatever its served name."""
+    models = {s.key.model_name for s in view.series}
+    series = [s for s in view.series if s.key.model_name == model or len(models) == 1]
+    windows = [s.window(window.name) for s in series]
+    histograms = [w.latency.time_per_output_token for w in windows
+                  if w is not None and w.latency is not None and w.latency.time_per_output_token is not None]
+    tpot = latency.pooled(histograms)
+    if tpot is None or latency.mean(tpot) is None:
+        return None
+    return BaselineLatency(latency.mean(tpot), latency.quantile(0.5, tpot), latency.quantile(0.99, tpot),
+                           f"control target {view.config.name}")
 
 
-def verdict_window(windows: tuple[tuple[Window, WindowStats], ...],
-                   wanted_seconds: float) -> tuple[Window, WindowStats] | None:
-    """The window a verdict is given for: the first with data that is at least as long as the configured one
-    (monitoring config windows.verdict), else the longest with data."""
-    for window, stats in windows:
-        if window.seconds >= wanted_seconds:
-            return window, stats
-    return windows[-1] if windows else None
+def baseline_provider(config: TargetConfig, peer_view: Callable[[str], TargetView | None]) -> BaselineFor:
+    """What the target's series are compared with: its configured baseline, as a function of model and window."""
+    baseline = config.baseline
+    if baseline is None:
+        return lambda model, window: None
+    if baseline.target is not None:
+        control = baseline.target
 
+        def from_control(model: str | None, window: Window) -> BaselineLatency | None:
+            view = peer_view(control)
+            return control_baseline(view, model, window) if view is not None else None
 
-def series_judgement(windows: tuple[tuple[Window, WindowStats], ...], app: Config
-                     ) -> tuple[str | None, Judgement]:
-    chosen = verdict_window(windows, _seconds(app.verdict_window))
-    if chosen is None:
-        return None, judge(Evidence(None, None), app.verdict)
-    window, stats = chosen
-    return window.name, judge(Evidence(stats.acceptance_ratio, stats.expected_speedup), app.verdict)
-
-
-def series_view(state: SeriesState, now: float, fresh: bool, windows: tuple[Window, ...], slack: float,
-                config: TargetConfig, app: Config) -> SeriesView:
-    reading = state.last_reading
-    k = config.num_speculative_tokens or (reading.num_speculative_tokens if reading else None)
-    computed: list[tuple[Window, WindowStats]] = []
-    if fresh:
-        cost, window_span = config.cost, state.window_span
-        for window in windows:
-            span = window_span(now, window.seconds, slack)
-            stats = span_stats(span, cost, k) if span else None
-            if stats is not None:
-                computed.append((window, stats))
-    judged_window, judgement = series_judgement(tuple(computed), app)
-    return SeriesView(
-        state.key,
-        state.totals,
-        state.histogram,
-        tuple(computed),
-        k,
-        reading.reported if reading else (),
-        state.restarts,
-        judged_window,
-        judgement,
-    )
+        return from_control
+    measured = BaselineLatency(baseline.time_per_output_token_seconds, baseline.p50, baseline.p99,
+                               "measured baseline")
+    return lambda model, window: measured
 
 
 @dataclass
@@ -155,6 +165,8 @@ class TargetCollector:
     last_success_wall: float | None = None
     last_success_monotonic: float | None = None
     view: TargetView | None = None
+    peer_view: Callable[[str], TargetView | None] = lambda name: None  # another target's latest view
+    history: dict[SeriesKey, tuple[HistoryPoint, ...]] = field(default_factory=dict)
 
     @property
     def interval(self) -> float:
@@ -206,10 +218,13 @@ class TargetCollector:
     def _ingest(self, result: FetchResult) -> None:
         text = body_text(result)
         try:
-            selection = select(text, ALL_PREFIXES, self.line_cache)
+            # Only the known engine's lines: each other dialect's prefixes would cost one more pass over the text.
+            selection = select(text, self.engine.prefixes if self.engine else ALL_PREFIXES, self.line_cache)
             # Same lines as last time: same engine, and the decoder needs no parsing.
             decoded = self.decoder.decode_known(selection, result.timing) if self.decoder else None
             if decoded is None:
+                if self.engine is not None and not self.engine.detect(selection.samples()):
+                    selection = select(text, ALL_PREFIXES, self.line_cache)  # the target changed dialect
                 decoded = self._decode(selection, result.timing)
         except ParseError as exc:
             raise CollectionFailure(FailureReason.PARSE, str(exc)) from None
@@ -239,7 +254,7 @@ class TargetCollector:
     def _decode(self, selection: Selection, timing: FetchTiming) -> DecodeResult:
         engine = detect_engine(selection.samples())
         if engine is None:
-            raise CollectionFailure(FailureReason.NO_SPEC_METRICS, "no speculative-decoding metrics in the exposition")
+            raise CollectionFailure(FailureReason.NO_SPEC_METRICS, no_engine_detail(selection.samples()))
         options = self._options(engine)
         if engine is not self.engine or self.decoder is None or options != self.decoder_options:
             if self.engine is not None and engine is not self.engine:
@@ -271,11 +286,12 @@ class TargetCollector:
         now = self.clock()
         interval = self.interval
         freshness = 2 * interval + self.config.timeout
+        context = SeriesContext(self.config, self.app, interval / 2, baseline_provider(self.config, self.peer_view))
         series = tuple(
-            series_view(state, now, bool(state.times) and now - state.times[-1] <= freshness,
-                        self.app.windows, interval / 2, self.config, self.app)
+            series_view(state, now, bool(state.times) and now - state.times[-1] <= freshness, context)
             for state in self.store.for_target(self.config.name)
         )
+        self._remember(now, series)
         return TargetView(
             config=self.config,
             up=up,
@@ -288,7 +304,17 @@ class TargetCollector:
             last_success_wall=self.last_success_wall,
             last_error=error,
             last_success_monotonic=self.last_success_monotonic,
+            history=dict(self.history),
         )
+
+    def _remember(self, now: float, series: tuple[SeriesView, ...]) -> None:
+        live = {s.key for s in series}
+        for key in [k for k in self.history if k not in live]:
+            del self.history[key]
+        for view in series:
+            point = history_point(now, view)
+            if point is not None:
+                self.history[view.key] = extended(self.history.get(view.key, ()), point)
 
 
 @dataclass
@@ -310,7 +336,14 @@ class Exporter:
             stale_after=self.config.stale_after,
             max_series_per_target=self.config.max_series_per_target,
         )
-        self.collectors = {t.name: TargetCollector(t, self.config, self.store, self.clock) for t in self.config.targets}
+        self.collectors = {t.name: self._collector(t, self.config) for t in self.config.targets}
+
+    def _collector(self, target: TargetConfig, config: Config) -> TargetCollector:
+        return TargetCollector(target, config, self.store, self.clock, peer_view=self._view_of)
+
+    def _view_of(self, name: str) -> TargetView | None:
+        collector = self.collectors.get(name)
+        return collector.view if collector is not None else None
 
     def views(self) -> list[TargetView]:
         return [c.view or self._pending_view(c) for c in self.collectors.values()]
@@ -390,7 +423,7 @@ class Exporter:
         for name, target in wanted.items():
             collector = self.collectors.get(name)
             if collector is None:
-                collector = self.collectors[name] = TargetCollector(target, config, self.store, self.clock)
+                collector = self.collectors[name] = self._collector(target, config)
                 self._start(collector)
                 notes.append(f"target {name} added")
                 continue
@@ -406,6 +439,8 @@ class Exporter:
                 notes.append(f"target {name} has a new URL; its state starts afresh")
             else:
                 notes.append(f"target {name} updated")
+                if previous.model_name != target.model_name:
+                    collector.decoder = None  # it names the series (llama.cpp): a new one, from the slow path
             if (previous.url, previous.tls) != (target.url, target.tls) and self._stop(name) is not None:
                 self._start(collector)
         self.republish()

@@ -62,6 +62,17 @@ class TLSConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class BaselineConfig:
+    """What a spec-decode target's latency is compared with: a control target (the same model served with spec
+    decode off) or TPOT figures from a measurement."""
+
+    target: str | None = None
+    time_per_output_token_seconds: float | None = None
+    p50: float | None = None
+    p99: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class TargetConfig:
     name: str
     url: str
@@ -70,6 +81,8 @@ class TargetConfig:
     method: str | None = None
     num_speculative_tokens: int | None = None
     model_name: str | None = None  # for engines whose metrics carry no model label (llama.cpp)
+    spec_decode: bool = True  # False: a control target (spec decode off), collected for its latency only
+    baseline: BaselineConfig | None = None
     cost: CostModel = field(default_factory=CostModel)
     bearer_token_file: str | None = None
     tls: TLSConfig | None = None
@@ -216,19 +229,43 @@ def _int(value: Any, where: str, low: int) -> int:
 
 def parse_cost_model(data: Any, where: str, default: CostModel) -> CostModel:
     data = _mapping(data, where)
-    _check_keys(data, {"c_draft", "c_verify", "draft_parameters", "target_parameters"}, where)
-    c_verify = _number(data["c_verify"], f"{where}.c_verify", 0, 10) if "c_verify" in data else default.c_verify
+    _check_keys(data, {"c_draft", "c_verify", "draft_parameters", "target_parameters", "c_verify_max",
+                       "saturating_batch"}, where)
+
+    def number(key: str, high: float | None, fallback: float) -> float:
+        return _number(data[key], f"{where}.{key}", 0, high) if key in data else fallback
+
+    load = {"c_verify_max": number("c_verify_max", 10, default.c_verify_max),
+            "saturating_batch": number("saturating_batch", None, default.saturating_batch)}
+    c_verify = number("c_verify", 10, default.c_verify)
     if "c_draft" in data:
         if "draft_parameters" in data or "target_parameters" in data:
             raise ConfigError(f"{where}: give c_draft or draft_parameters/target_parameters, not both")
-        return CostModel(_number(data["c_draft"], f"{where}.c_draft", 0, 10), c_verify)
+        return CostModel(number("c_draft", 10, default.c_draft), c_verify, **load)
     if "draft_parameters" in data or "target_parameters" in data:
         if not ("draft_parameters" in data and "target_parameters" in data):
             raise ConfigError(f"{where}: draft_parameters and target_parameters go together")
         draft = _number(data["draft_parameters"], f"{where}.draft_parameters", 0)
         target = _number(data["target_parameters"], f"{where}.target_parameters", 1)
-        return CostModel(draft / target, c_verify)
-    return CostModel(default.c_draft, c_verify)
+        return CostModel(draft / target, c_verify, **load)
+    return CostModel(default.c_draft, c_verify, **load)
+
+
+def parse_baseline(data: Any, where: str) -> BaselineConfig | None:
+    """baseline: {target: NAME} (a control target) or {time_per_output_token_seconds: S, p50: S, p99: S}."""
+    if data is None:
+        return None
+    data = _mapping(data, where)
+    _check_keys(data, {"target", "time_per_output_token_seconds", "p50", "p99"}, where)
+    numbers = {key: _number(data[key], f"{where}.{key}", 1e-9) for key in ("time_per_output_token_seconds", "p50",
+                                                                            "p99") if key in data}
+    target = _optional_str(data, "target", where, "the name of a target with spec_decode: false")
+    if (target is None) == ("time_per_output_token_seconds" not in numbers):
+        raise ConfigError(f"{where}: give target (a control target) or time_per_output_token_seconds, one of them")
+    if target is not None and numbers:
+        raise ConfigError(f"{where}: p50 and p99 go with time_per_output_token_seconds, not with a target")
+    return BaselineConfig(target=target, time_per_output_token_seconds=numbers.get("time_per_output_token_seconds"),
+                          p50=numbers.get("p50"), p99=numbers.get("p99"))
 
 
 def parse_labels(data: Any, where: str) -> tuple[tuple[str, str], ...]:
@@ -277,7 +314,10 @@ def parse_tls_config(data: Any, where: str) -> TLSConfig | None:
 def parse_target(data: Any, where: str, default_timeout: float, default_cost: CostModel) -> TargetConfig:
     data = _mapping(data, where)
     _check_keys(data, {"name", "url", "timeout", "labels", "method", "num_speculative_tokens", "model_name",
-                       "cost_model", "bearer_token_file", "tls_config"}, where)
+                       "spec_decode", "baseline", "cost_model", "bearer_token_file", "tls_config"}, where)
+    spec_decode = data.get("spec_decode", True)
+    if not isinstance(spec_decode, bool):
+        raise ConfigError(f"{where}.spec_decode: expected true or false, got {spec_decode!r}")
     if "url" not in data:
         raise ConfigError(f"{where}.url: required")
     name = data.get("name", "vllm")
@@ -298,6 +338,8 @@ def parse_target(data: Any, where: str, default_timeout: float, default_cost: Co
         method=method,
         num_speculative_tokens=None if k is None else _int(k, f"{where}.num_speculative_tokens", 1),
         model_name=_optional_str(data, "model_name", where, "the served model's name"),
+        spec_decode=spec_decode,
+        baseline=parse_baseline(data.get("baseline"), f"{where}.baseline"),
         cost=parse_cost_model(data.get("cost_model"), f"{where}.cost_model", default_cost),
         bearer_token_file=token_file,
         tls=parse_tls_config(data.get("tls_config"), f"{where}.tls_config"),
@@ -394,6 +436,13 @@ def validate(config: Config) -> Config:
         raise ConfigError(f"targets: duplicate target name {duplicates[0]!r}; every target needs its own name")
     if config.telemetry_path in RESERVED_PATHS:
         raise ConfigError(f"web.telemetry_path: {config.telemetry_path} is used by the exporter itself")
+    controls = {t.name for t in config.targets if not t.spec_decode}
+    for i, target in enumerate(config.targets):
+        wanted = target.baseline.target if target.baseline else None
+        if wanted is not None and wanted not in controls:
+            raise ConfigError(f"targets[{i}].baseline.target: {wanted!r} is not a target with spec_decode: false")
+        if not target.spec_decode and target.baseline is not None:
+            raise ConfigError(f"targets[{i}].baseline: a control target (spec_decode: false) has no baseline")
     return config
 
 

@@ -183,6 +183,7 @@ class WindowStats(NamedTuple):
     expected_speedup: float | None
     speedup_by_length: tuple[float, ...]
     recommended_num_speculative_tokens: int | None
+    mean_draft_length: float | None  # k̄: drafted tokens per draft
 
 
 def span_stats(span: WindowSpan, cost: CostModel, num_speculative_tokens: int | None) -> WindowStats | None:
@@ -222,4 +223,5 @@ def counts_stats(seconds: float, draft_tokens: float, accepted_tokens: float, dr
         expected_speedup(length, draft_length, cost),
         by_length,
         recommended_num_speculative_tokens(by_length),
+        draft_length,
     )

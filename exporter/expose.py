@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import math
 import platform
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from importlib.metadata import PackageNotFoundError, version
 
-from prometheus_client.metrics_core import Metric
+from prometheus_client.metrics_core import HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from exporter import latency
 from exporter import metrics as m
-from exporter.collection import SeriesView, TargetView
+from exporter.collection import TargetView
 from exporter.derive import WindowStats
+from exporter.latency import TPOT_QUANTILES, TTFT_QUANTILES, LatencyStats
+from exporter.monitoring.promql import quantile_name
+from exporter.series import SeriesView, WindowView
+from exporter.simulator.exposition import go_float
 from exporter.store import INTERVAL_BUCKETS
 
 Labels = dict[str, str]
@@ -24,20 +30,37 @@ def exporter_version() -> str:
         return "dev"
 
 
-def _fmt_bucket(bound: float) -> str:
-    return f"{bound:.2f}".rstrip("0").rstrip(".") if bound != 1.0 else "1.0"
+def bucket_label(bound: float) -> str:
+    """An upper bound as the le label: Go's float format, as Prometheus and vLLM write it (0.05, 1.0, +Inf)."""
+    return go_float(bound)
+
+
+class LabelledHistogram(HistogramMetricFamily):
+    """prometheus_client's histogram family, for series whose label names differ (per-target static labels)."""
+
+    def add(self, labels: Labels, buckets: Iterable[tuple[float, float]], total: float) -> None:
+        self._labelnames = tuple(labels)
+        self.add_metric(list(labels.values()), [(bucket_label(le), count) for le, count in buckets], total)
 
 
 class Families:
-    """One fresh Metric per contract entry, filled by add()."""
+    """One fresh metric family per contract entry, filled by add() (and histogram() for histograms)."""
 
     def __init__(self) -> None:
-        self._families = {spec.name: Metric(spec.name, spec.help, spec.type) for spec in m.CONTRACT}
+        self._families: dict[str, Metric] = {
+            spec.name: LabelledHistogram(spec.name, spec.help) if spec.type == "histogram"
+            else Metric(spec.name, spec.help, spec.type) for spec in m.CONTRACT}
 
-    def add(self, spec: m.MetricSpec, labels: Labels, value: float | None, suffix: str = "") -> None:
+    def add(self, spec: m.MetricSpec, labels: Labels, value: float | None) -> None:
         """Add a sample; an unknown value (None) adds nothing, so absent data stays absent."""
         if value is not None:
-            self._families[spec.name].add_sample(spec.exposed_name + suffix, labels, value)
+            self._families[spec.name].add_sample(spec.exposed_name, labels, value)
+
+    def histogram(self, spec: m.MetricSpec, labels: Labels, buckets: Iterable[tuple[float, float]],
+                  total: float) -> None:
+        family = self._families[spec.name]
+        assert isinstance(family, LabelledHistogram)
+        family.add(labels, buckets, total)
 
     def __iter__(self) -> Iterator[Metric]:
         return iter(self._families.values())
@@ -53,8 +76,7 @@ def series_labels(view: TargetView, series: SeriesView) -> Labels:
     return labels
 
 
-def add_window(families: Families, labels: Labels, window: str, stats: WindowStats) -> None:
-    w = {**labels, "window": window}
+def add_acceptance(families: Families, w: Labels, stats: WindowStats, recommended_k: int | None) -> None:
     families.add(m.ACCEPTANCE_RATIO, w, stats.acceptance_ratio)
     families.add(m.MEAN_ACCEPTANCE_LENGTH, w, stats.mean_acceptance_length)
     for position, ratio in enumerate(stats.position_acceptance_ratios):
@@ -65,13 +87,38 @@ def add_window(families: Families, labels: Labels, window: str, stats: WindowSta
     families.add(m.EXPECTED_SPEEDUP, w, stats.expected_speedup)
     for k_prime, speedup in enumerate(stats.speedup_by_length, start=1):
         families.add(m.EXPECTED_SPEEDUP_BY_LENGTH, {**w, "num_speculative_tokens": str(k_prime)}, speedup)
-    families.add(m.RECOMMENDED_K, w, stats.recommended_num_speculative_tokens)
+    families.add(m.RECOMMENDED_K, w, recommended_k)
+
+
+def add_latency(families: Families, w: Labels, stats: LatencyStats) -> None:
+    families.add(m.TIME_PER_OUTPUT_TOKEN, {**w, "statistic": "mean"}, stats.tpot_mean)
+    for q in TPOT_QUANTILES:
+        families.add(m.TIME_PER_OUTPUT_TOKEN, {**w, "statistic": quantile_name(q)}, stats.tpot(q))
+    families.add(m.TIME_PER_OUTPUT_TOKEN_TAIL, w, latency.ratio(stats.tpot(0.99), stats.tpot(0.5)))
+    for q in TTFT_QUANTILES:
+        families.add(m.TIME_TO_FIRST_TOKEN, {**w, "statistic": quantile_name(q)}, stats.ttft(q))
+    families.add(m.REQUESTS_RUNNING, w, stats.running)
+    families.add(m.REQUESTS_WAITING, w, stats.waiting)
+
+
+def add_window(families: Families, labels: Labels, view: WindowView) -> None:
+    w = {**labels, "window": view.window.name}
+    if view.acceptance is not None:
+        add_acceptance(families, w, view.acceptance, view.recommended_k)
+    if view.latency is not None:
+        add_latency(families, w, view.latency)
+    if view.observed is not None:
+        for statistic in ("mean", "p50", "p99"):
+            families.add(m.OBSERVED_SPEEDUP, {**w, "statistic": statistic}, getattr(view.observed, statistic))
+    families.add(m.CALIBRATED_COST, w, view.calibrated_cost)
+    families.add(m.BREAK_EVEN_AT_LOAD, w, view.cost_at_load)
 
 
 def add_series(families: Families, view: TargetView, series: SeriesView) -> None:
     labels = series_labels(view, series)
     k = series.num_speculative_tokens
-    families.add(m.INFO, {**labels, "api": view.api or "unknown", "method": view.method,
+    method = series.method or view.method if series.spec_decode else "off"
+    families.add(m.INFO, {**labels, "api": view.api or "unknown", "method": method,
                           "num_speculative_tokens": str(k) if k else "unknown"}, 1.0)
     totals = series.totals
     families.add(m.DRAFT_TOKENS, labels, totals.draft_tokens)
@@ -80,21 +127,33 @@ def add_series(families: Families, view: TargetView, series: SeriesView) -> None
     families.add(m.EMITTED_TOKENS, labels, totals.emitted_tokens)
     for position, count in enumerate(totals.accepted_by_position):
         families.add(m.ACCEPTED_BY_POSITION, {**labels, "position": str(position)}, count)
-    for window, stats in series.windows:
-        add_window(families, labels, window.name, stats)
-    families.add(m.BREAK_EVEN, labels, view.config.cost.break_even_acceptance_ratio)
-    histogram = series.histogram
-    for bound, count in zip(INTERVAL_BUCKETS, histogram.bucket_counts, strict=True):
-        families.add(m.INTERVAL_ACCEPTANCE, {**labels, "le": _fmt_bucket(bound)}, count, "_bucket")
-    families.add(m.INTERVAL_ACCEPTANCE, {**labels, "le": "+Inf"}, histogram.observations, "_bucket")
-    families.add(m.INTERVAL_ACCEPTANCE, labels, histogram.observations, "_count")
-    families.add(m.INTERVAL_ACCEPTANCE, labels, histogram.sum, "_sum")
-    judgement = series.judgement
-    families.add(m.VERDICT, {**labels, "window": series.verdict_window or "", "verdict": judgement.verdict.value,
-                             "basis": judgement.basis}, 1.0)
+    for window in series.windows:
+        add_window(families, labels, window)
+    families.add(m.BREAK_EVEN, {**labels, "cost_basis": series.cost_basis}, series.break_even)
+    if totals.draft_tokens is not None:
+        histogram = series.histogram
+        families.histogram(m.INTERVAL_ACCEPTANCE, labels,
+                           [*zip(INTERVAL_BUCKETS, histogram.bucket_counts, strict=True),
+                            (math.inf, histogram.observations)], histogram.sum)
+        judgement = series.judgement
+        families.add(m.VERDICT, {**labels, "window": series.verdict_window or "",
+                                 "verdict": judgement.verdict.value, "basis": judgement.basis}, 1.0)
+    tpot = totals.time_per_output_token
+    if tpot is not None:
+        families.histogram(m.REQUEST_TPOT, {**labels, "spec_decode": "true" if series.spec_decode else "false"},
+                           zip(tpot.bounds, tpot.counts, strict=True), tpot.total)
     for spec, value in series.reported:
         families.add(spec, labels, value)
     families.add(m.SOURCE_RESTARTS, labels, series.restarts)
+
+
+def add_baseline_info(families: Families, view: TargetView, target: Labels) -> None:
+    config = view.config
+    if not config.spec_decode:
+        families.add(m.BASELINE_INFO, {**target, "role": "control", "baseline": ""}, 1.0)
+    elif config.baseline is not None:
+        families.add(m.BASELINE_INFO, {**target, "role": "speculative",
+                                       "baseline": config.baseline.target or "measured"}, 1.0)
 
 
 def build_families(views: list[TargetView]) -> Families:
@@ -107,6 +166,7 @@ def build_families(views: list[TargetView]) -> Families:
         for reason, count in view.errors:
             families.add(m.COLLECT_ERRORS, {**target, "reason": reason}, count)
         families.add(m.DROPPED_SERIES, target, view.dropped_series)
+        add_baseline_info(families, view, target)
         for series in view.series:
             add_series(families, view, series)
     return families

@@ -101,12 +101,68 @@ EXPECTED_SPEEDUP_BY_LENGTH = _windowed(
 RECOMMENDED_K = _windowed(
     "specdecode_recommended_num_speculative_tokens",
     "The number of speculative tokens with the highest modelled speedup (a shorter one only if at least 2 % "
-    "faster than the current); 0 means plain decoding would be faster.",
+    "faster than the current); 0 means plain decoding would be faster. Under the calibrated cost where a "
+    "baseline gives one, else the configured.",
 )
 BREAK_EVEN = MetricSpec(
     "specdecode_break_even_acceptance_ratio", "gauge",
-    "α below which spec decode costs more than it saves under the configured cost model: c_draft + c_verify.",
-    SERIES_LABELS,
+    "α below which spec decode costs more than it saves: the cost per drafted token, c_draft + c_verify, as "
+    "configured (cost_basis=configured) or calibrated to the observed speedup over the verdict window "
+    "(cost_basis=calibrated).",
+    (*SERIES_LABELS, "cost_basis"),
+)
+BREAK_EVEN_AT_LOAD = _windowed(
+    "specdecode_break_even_acceptance_ratio_at_load",
+    "Break-even α at the window's mean running batch: the configured cost model with c_verify grown toward "
+    "c_verify_max as the batch nears saturating_batch (a model of load, not a measurement).",
+)
+TIME_PER_OUTPUT_TOKEN = _windowed(
+    "specdecode_time_per_output_token_seconds",
+    "Time per output token over the window, from vLLM's per-request histogram (each finished request's decode "
+    "time / (tokens − 1)): statistic=mean is exact (_sum/_count), p50/p90/p99 are interpolated within its buckets "
+    "as histogram_quantile does. Not inter-token latency, which under spec decode is one engine step (1…k+1 "
+    "tokens).",
+    ("statistic",),
+)
+TIME_PER_OUTPUT_TOKEN_TAIL = _windowed(
+    "specdecode_time_per_output_token_tail_ratio",
+    "P99 / P50 of time per output token over the window: how much longer the slowest requests' tokens take.",
+)
+TIME_TO_FIRST_TOKEN = _windowed(
+    "specdecode_time_to_first_token_seconds",
+    "Time to first token over the window (statistic p50, p99), from vLLM's histogram; spec decode does not "
+    "speed it up.",
+    ("statistic",),
+)
+REQUESTS_RUNNING = _windowed(
+    "specdecode_requests_running", "Mean number of requests in vLLM's running batch over the window."
+)
+REQUESTS_WAITING = _windowed(
+    "specdecode_requests_waiting", "Mean number of requests waiting in vLLM's queue over the window."
+)
+OBSERVED_SPEEDUP = _windowed(
+    "specdecode_observed_speedup",
+    "Measured speedup: baseline TPOT / current TPOT over the window (statistic=mean exact from _sum/_count; "
+    "p50, p99 from the histograms). Absent without a baseline (a control target or configured figures) or "
+    "without requests. p99 below 1 while p50 is above 1 is a tail regression.",
+    ("statistic",),
+)
+CALIBRATED_COST = _windowed(
+    "specdecode_calibrated_cost_per_draft_token",
+    "The cost per drafted token c = c_draft + c_verify that makes the modelled speedup L / (1 + k̄·c) equal the "
+    "observed mean speedup over the window: the break-even α measured rather than assumed.",
+)
+REQUEST_TPOT = MetricSpec(
+    "specdecode_request_time_per_output_token_seconds", "histogram",
+    "vLLM's per-request time-per-output-token histogram, reset-safe across vLLM restarts, marked with "
+    "spec_decode=true|false (a control target) so recording rules can compare the two across pods.",
+    (*SERIES_LABELS, "spec_decode"),
+)
+BASELINE_INFO = MetricSpec(
+    "specdecode_baseline_info", "gauge",
+    "Always 1 for a target whose latency takes part in a comparison: role=speculative (it has a baseline: "
+    "baseline=the control target's name, or measured) or role=control (spec decode off).",
+    ("target", "role", "baseline"),
 )
 INTERVAL_ACCEPTANCE = MetricSpec(
     "specdecode_interval_acceptance_ratio", "histogram",
@@ -156,7 +212,10 @@ CONTRACT: tuple[MetricSpec, ...] = (
     ACCEPTANCE_RATIO, MEAN_ACCEPTANCE_LENGTH, POSITION_ACCEPTANCE_RATIO, TOKEN_ACCEPTANCE_PROBABILITY,
     DRAFT_TOKENS_PER_SECOND, ACCEPTED_TOKENS_PER_SECOND, INTERVAL_ACCEPTANCE,
     BREAK_EVEN, EXPECTED_SPEEDUP, EXPECTED_SPEEDUP_BY_LENGTH, RECOMMENDED_K, VERDICT,
-    LIFETIME_ACCEPTANCE, REPORTED_ACCEPTANCE_LENGTH, REPORTED_ACCEPTANCE_RATIO, SOURCE_RESTARTS, DROPPED_SERIES, BUILD_INFO,
+    TIME_PER_OUTPUT_TOKEN, TIME_PER_OUTPUT_TOKEN_TAIL, TIME_TO_FIRST_TOKEN, REQUESTS_RUNNING, REQUESTS_WAITING,
+    REQUEST_TPOT, OBSERVED_SPEEDUP, CALIBRATED_COST, BREAK_EVEN_AT_LOAD, BASELINE_INFO,
+    LIFETIME_ACCEPTANCE, REPORTED_ACCEPTANCE_LENGTH, REPORTED_ACCEPTANCE_RATIO, SOURCE_RESTARTS, DROPPED_SERIES,
+    BUILD_INFO,
 )
 
 

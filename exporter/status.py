@@ -1,26 +1,28 @@
-"""The human views: /api/v1/status (JSON) and / (a small HTML page), from the same TargetViews."""
+"""/api/v1/status: the sidecar's state as JSON, from the latest TargetViews (the HTML page renders the same)."""
 
 from __future__ import annotations
 
-import html
 import time
 from typing import Any
 
-from exporter.collection import SeriesView, TargetView
+from exporter.collection import HistoryPoint, TargetView
 from exporter.config import Config
 from exporter.derive import WindowStats
+from exporter.latency import LatencyStats, ObservedSpeedup
+from exporter.series import SeriesView, WindowView
 
 
 def verdict_stats(series: SeriesView) -> WindowStats | None:
-    """The statistics of the window the series' verdict is for."""
-    return next((stats for window, stats in series.windows if window.name == series.verdict_window), None)
+    """The acceptance statistics of the window the series' verdict is for."""
+    view = series.window(series.verdict_window)
+    return view.acceptance if view is not None else None
 
 
 def _round(value: float | None, digits: int = 4) -> float | None:
     return None if value is None else round(value, digits)
 
 
-def window_json(stats: WindowStats) -> dict[str, Any]:
+def acceptance_json(stats: WindowStats) -> dict[str, Any]:
     return {
         "acceptance_ratio": _round(stats.acceptance_ratio),
         "mean_acceptance_length": _round(stats.mean_acceptance_length),
@@ -34,13 +36,50 @@ def window_json(stats: WindowStats) -> dict[str, Any]:
     }
 
 
-def series_json(view: TargetView, series: SeriesView) -> dict[str, Any]:
+def latency_json(stats: LatencyStats) -> dict[str, Any]:
+    return {
+        "time_per_output_token_seconds": {"mean": _round(stats.tpot_mean, 6), "p50": _round(stats.tpot(0.5), 6),
+                                          "p90": _round(stats.tpot(0.9), 6), "p99": _round(stats.tpot(0.99), 6)},
+        "time_to_first_token_seconds": {"p50": _round(stats.ttft(0.5), 6), "p99": _round(stats.ttft(0.99), 6)},
+        "requests": stats.requests,
+        "requests_running": _round(stats.running, 2),
+        "requests_waiting": _round(stats.waiting, 2),
+    }
+
+
+def observed_json(observed: ObservedSpeedup) -> dict[str, Any]:
+    return {"mean": _round(observed.mean), "p50": _round(observed.p50), "p99": _round(observed.p99),
+            "baseline": observed.baseline}
+
+
+def window_json(view: WindowView) -> dict[str, Any]:
+    out: dict[str, Any] = acceptance_json(view.acceptance) if view.acceptance is not None else {}
+    if view.acceptance is not None:
+        out["recommended_num_speculative_tokens"] = view.recommended_k
+    if view.latency is not None:
+        out["latency"] = latency_json(view.latency)
+    if view.observed is not None:
+        out["observed_speedup"] = observed_json(view.observed)
+    out["calibrated_cost_per_draft_token"] = _round(view.calibrated_cost)
+    out["break_even_acceptance_ratio_at_load"] = _round(view.cost_at_load)
+    return out
+
+
+def history_json(points: tuple[HistoryPoint, ...], now: float) -> list[dict[str, Any]]:
+    return [{"seconds_ago": round(now - p.at, 1), "acceptance_ratio": _round(p.acceptance_ratio),
+             "tpot_mean_seconds": _round(p.tpot_mean, 6), "observed_speedup": _round(p.observed_speedup)}
+            for p in points]
+
+
+def series_json(view: TargetView, series: SeriesView, now: float) -> dict[str, Any]:
     totals = series.totals
     return {
         "model_name": series.key.model_name,
         "engine": series.key.engine,
         "num_speculative_tokens": series.num_speculative_tokens,
-        "break_even_acceptance_ratio": _round(view.config.cost.break_even_acceptance_ratio),
+        "spec_decode": series.spec_decode,
+        "break_even_acceptance_ratio": _round(series.break_even),
+        "cost_basis": series.cost_basis,
         "verdict": series.judgement.verdict.value,
         "verdict_basis": series.judgement.basis,
         "verdict_reason": series.judgement.reason,
@@ -54,12 +93,23 @@ def series_json(view: TargetView, series: SeriesView) -> dict[str, Any]:
         },
         "reported_by_engine": {spec.name: _round(value) for spec, value in series.reported},
         "restarts": series.restarts,
-        "windows": {window.name: window_json(stats) for window, stats in series.windows},
+        "windows": {view.window.name: window_json(view) for view in series.windows},
+        "history": history_json(view.history.get(series.key, ()), now),
     }
 
 
+def baseline_json(view: TargetView) -> dict[str, Any] | None:
+    baseline = view.config.baseline
+    if baseline is None:
+        return None
+    if baseline.target is not None:
+        return {"target": baseline.target}
+    return {"time_per_output_token_seconds": baseline.time_per_output_token_seconds, "p50": baseline.p50,
+            "p99": baseline.p99}
+
+
 def status_json(views: list[TargetView], ready: tuple[bool, str], version: str, uptime: float,
-                config: Config) -> dict[str, Any]:
+                config: Config, now: float) -> dict[str, Any]:
     bands = config.verdict
     return {
         "version": version,
@@ -83,65 +133,13 @@ def status_json(views: list[TargetView], ready: tuple[bool, str], version: str, 
                 "last_error": view.last_error,
                 "errors": dict(view.errors),
                 "dropped_series": view.dropped_series,
-                "cost_model": {"c_draft": view.config.cost.c_draft, "c_verify": view.config.cost.c_verify},
-                "series": [series_json(view, s) for s in view.series],
+                "spec_decode": view.config.spec_decode,
+                "baseline": baseline_json(view),
+                "cost_model": {"c_draft": view.config.cost.c_draft, "c_verify": view.config.cost.c_verify,
+                               "c_verify_max": view.config.cost.c_verify_max,
+                               "saturating_batch": view.config.cost.saturating_batch},
+                "series": [series_json(view, s, now) for s in view.series],
             }
             for view in views
         ],
     }
-
-
-_VERDICT_COLOURS = {"paying off": "#1a7f37", "marginal": "#9a6700", "hurting": "#cf222e", "no traffic": "#57606a"}
-
-
-def _cell(value: float | int | None, fmt: str = "{:.3f}") -> str:
-    return "–" if value is None else html.escape(fmt.format(value))
-
-
-def status_html(status: dict[str, Any], telemetry_path: str) -> str:
-    e = html.escape
-    rows: list[str] = []
-    for target in status["targets"]:
-        state = "up" if target["up"] else f"down ({e(target['last_error'] or '')})"
-        if not target["series"]:
-            rows.append(f"<tr><td>{e(target['name'])}</td><td colspan=8>{state}</td></tr>")
-        for series in target["series"]:
-            windows = series["windows"]
-            window = windows.get(series["verdict_window"] or "", {})
-            alphas = " · ".join(f"{e(name)} {_cell(w['acceptance_ratio'], '{:.2f}')}" for name, w in windows.items())
-            colour = _VERDICT_COLOURS.get(series["verdict"], "#57606a")
-            rows.append(
-                "<tr>"
-                f"<td>{e(target['name'])}<br><small>{state}, {e(target['api'] or '?')}</small></td>"
-                f"<td>{e(series['model_name'] or '')}</td><td>{e(series['engine'] or '')}</td>"
-                f"<td>{alphas or 'no traffic'}</td>"
-                f"<td>{_cell(window.get('mean_acceptance_length'), '{:.2f}')}</td>"
-                f"<td>{_cell(window.get('expected_speedup'), '{:.2f}×')}</td>"
-                f"<td>{_cell(series['break_even_acceptance_ratio'], '{:.2f}')}</td>"
-                f"<td>{_cell(window.get('recommended_num_speculative_tokens'), '{}')} "
-                f"/ {_cell(series['num_speculative_tokens'], '{}')}</td>"
-                f"<td style='color:{colour};font-weight:bold'>{e(series['verdict'])}"
-                f"<br><small>{e(series['verdict_reason'])}</small></td>"
-                "</tr>"
-            )
-    body = "\n".join(rows) or "<tr><td colspan=9>no targets configured</td></tr>"
-    return f"""<!doctype html>
-<html><head><meta charset="utf-8"><title>specdecode-exporter</title>
-<style>body{{font-family:system-ui,sans-serif;margin:2em}}table{{border-collapse:collapse}}
-td,th{{border:1px solid #d0d7de;padding:.4em .7em;text-align:left;vertical-align:top}}th{{background:#f6f8fa}}</style>
-</head><body>
-<h1>specdecode-exporter</h1>
-<p>Is speculative decoding paying off? α = accepted / drafted tokens; below the break-even α it costs more than
-it saves. Verdict over the {e(status['verdict_bands']['window'])} window: hurting below
-{status['verdict_bands']['hurting_below']:g}× speedup, paying off from {status['verdict_bands']['paying_off_from']:g}×
-with α not below the page threshold {status['page_threshold']:g}, marginal between.</p>
-<table><tr><th>target</th><th>model</th><th>engine</th><th>α by window</th><th>mean acceptance length</th>
-<th>expected speedup</th><th>break-even α</th><th>recommended / current k</th><th>verdict</th></tr>
-{body}
-</table>
-<p><a href="{e(telemetry_path)}">Metrics</a> · <a href="/api/v1/status">Status (JSON)</a> ·
-<a href="/healthz">Health</a> · <a href="/readyz">Readiness</a></p>
-<p><small>version {e(status['version'])}, up {status['uptime_seconds']:.0f}s,
-{'ready' if status['ready'] else 'not ready: ' + e(status['ready_reason'])}</small></p>
-</body></html>
-"""

@@ -187,9 +187,8 @@ class SeriesState:
         self.last_seen = now
         drafted = optional_minus(self.totals.draft_tokens, before.draft_tokens)
         accepted = optional_minus(self.totals.accepted_tokens, before.accepted_tokens)
-        if previous is not None and drafted is not None and accepted is not None:
-            if drafted > 0:
-                self.histogram = self.histogram.observed(min(1.0, max(0.0, accepted / drafted)))
+        if previous is not None and drafted is not None and accepted is not None and drafted > 0:
+            self.histogram = self.histogram.observed(min(1.0, max(0.0, accepted / drafted)))
         self._append(now, keep_seconds)
 
     def touch(self, now: float) -> None:

@@ -23,7 +23,8 @@ from exporter.expose import SpecDecodeCollector, exporter_version
 from exporter.httpserver import QuietServer, bind_socket
 from exporter.log import event
 from exporter.reload import ReloadCollector, Reloader
-from exporter.status import status_html, status_json
+from exporter.status import status_json
+from exporter.status_page import status_html
 from exporter.webconfig import BasicAuthMiddleware, WebSecurity
 
 Encoder = Callable[[CollectorRegistry], bytes]
@@ -140,8 +141,9 @@ def build_app(exporter: Exporter, run_collection: bool = True, reloader: Reloade
                   docs_url=None, redoc_url=None, openapi_url=None)
 
     def current_status() -> dict[str, object]:
-        return status_json(exporter.views(), exporter.ready(), exporter_version(),
-                           exporter.clock() - exporter.started_at, exporter.config)
+        now = exporter.clock()
+        return status_json(exporter.views(), exporter.ready(), exporter_version(), now - exporter.started_at,
+                           exporter.config, now)
 
     @app.get(config.telemetry_path)
     def metrics(request: Request) -> Response:

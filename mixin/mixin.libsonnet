@@ -122,6 +122,45 @@
             "description": "For 6h the sidecar's cost model has recommended num_speculative_tokens = {{ $value }} for {{ $labels.model_name }} on {{ $labels.target }}, lower than the configured {{ range printf \"max by (num_speculative_tokens) (specdecode_info{job=%q, instance=%q, target=%q, model_name=%q})\" $labels.job $labels.instance $labels.target $labels.model_name | query }}{{ .Labels.num_speculative_tokens }}{{ else }}unknown{{ end }} (window 1h): later draft positions are rarely accepted.",
             "runbook_url": "https://github.com/specdecode-exporter/specdecode-exporter/blob/main/alerts/runbook.md#specdecoderecommendedklower"
           }
+        },
+        {
+          "alert": "SpecDecodeObservedSpeedupLow",
+          "expr": "((model:specdecode_observed_speedup:mean_rate1h < 1)\nor\n((max by (namespace, model_name) (specdecode_observed_speedup{statistic=\"mean\", window=\"1h\"}) < 1)\nunless on (namespace, model_name)\nmodel:specdecode_observed_speedup:mean_rate1h))\nand on (namespace, model_name)\nsum by (namespace, model_name) (rate(specdecode_request_time_per_output_token_seconds_count{spec_decode=\"true\"}[1h])) * 3600 >= 30",
+          "for": "30m",
+          "labels": {
+            "severity": "warning"
+          },
+          "annotations": {
+            "summary": "Speculative decoding makes {{ $labels.model_name }} slower, measured",
+            "description": "Over the last 1h, tokens of {{ $labels.model_name }}{{ with $labels.namespace }} (namespace {{ . }}){{ end }} came {{ $value | printf \"%.2f\" }}× as fast as without speculative decoding (baseline TPOT / current TPOT, below 1 means slower): measured against a baseline, not modelled. Turn it off or lower k; check load (verification turns compute-bound at large batches) and acceptance.",
+            "runbook_url": "https://github.com/specdecode-exporter/specdecode-exporter/blob/main/alerts/runbook.md#specdecodeobservedspeeduplow"
+          }
+        },
+        {
+          "alert": "SpecDecodeTailRegression",
+          "expr": "((model:specdecode_observed_speedup:p99_rate1h < 1\nand on (namespace, model_name)\nmodel:specdecode_observed_speedup:p50_rate1h > 1)\nor\n((max by (namespace, model_name) (specdecode_observed_speedup{statistic=\"p99\", window=\"1h\"}) < 1\nand on (namespace, model_name)\nmax by (namespace, model_name) (specdecode_observed_speedup{statistic=\"p50\", window=\"1h\"}) > 1)\nunless on (namespace, model_name)\nmodel:specdecode_observed_speedup:p99_rate1h))\nand on (namespace, model_name)\nsum by (namespace, model_name) (rate(specdecode_request_time_per_output_token_seconds_count{spec_decode=\"true\"}[1h])) * 3600 >= 30",
+          "for": "30m",
+          "labels": {
+            "severity": "warning"
+          },
+          "annotations": {
+            "summary": "Speculative decoding helps {{ $labels.model_name }}'s median but hurts its slowest requests",
+            "description": "Over the last 1h, the P99 time per output token of {{ $labels.model_name }}{{ with $labels.namespace }} (namespace {{ . }}){{ end }} is slower than without speculative decoding (P99 speedup {{ $value | printf \"%.2f\" }}×) while the median is faster: a tail regression, typical of mixed workloads where some requests accept few drafts. Find them per temperature and workload (the request tap) and disable spec decode for them.",
+            "runbook_url": "https://github.com/specdecode-exporter/specdecode-exporter/blob/main/alerts/runbook.md#specdecodetailregression"
+          }
+        },
+        {
+          "alert": "SpecDecodeLatencyMissing",
+          "expr": "(max by (job, instance, target) (specdecode_baseline_info)\nunless on (job, instance, target)\ngroup by (job, instance, target) (specdecode_request_time_per_output_token_seconds_count))\nand on (job, instance, target)\nspecdecode_up == 1",
+          "for": "15m",
+          "labels": {
+            "severity": "warning"
+          },
+          "annotations": {
+            "summary": "No latency metrics from {{ $labels.target }}, which takes part in a baseline comparison",
+            "description": "The sidecar {{ $labels.instance }} collects target {{ $labels.target }}, a spec-decode target with a baseline or a control target, but its exposition has no vllm:request_time_per_output_token_seconds histogram (vLLM older than 0.11, or renamed): no observed speedup can be measured.",
+            "runbook_url": "https://github.com/specdecode-exporter/specdecode-exporter/blob/main/alerts/runbook.md#specdecodelatencymissing"
+          }
         }
       ]
     }
@@ -241,6 +280,59 @@
         {
           "record": "model:specdecode_acceptance_ratio:baseline1d",
           "expr": "sum by (namespace, model_name) (sum_over_time(model:specdecode_accepted_tokens:rate1h[1d] offset 1h))\n/\n(sum by (namespace, model_name) (sum_over_time(model:specdecode_draft_tokens:rate1h[1d] offset 1h)) > 0)"
+        }
+      ]
+    },
+    {
+      "name": "specdecode.rules.latency",
+      "rules": [
+        {
+          "record": "model:specdecode_time_per_output_token_seconds:mean_rate5m",
+          "expr": "sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_sum[5m]))\n/\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_count[5m])) > 0)"
+        },
+        {
+          "record": "model:specdecode_time_per_output_token_seconds:p50_rate5m",
+          "expr": "histogram_quantile(0.5, sum by (namespace, model_name, spec_decode, le) (rate(specdecode_request_time_per_output_token_seconds_bucket[5m])))\nand on (namespace, model_name, spec_decode)\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_count[5m])) > 0)"
+        },
+        {
+          "record": "model:specdecode_time_per_output_token_seconds:p99_rate5m",
+          "expr": "histogram_quantile(0.99, sum by (namespace, model_name, spec_decode, le) (rate(specdecode_request_time_per_output_token_seconds_bucket[5m])))\nand on (namespace, model_name, spec_decode)\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_count[5m])) > 0)"
+        },
+        {
+          "record": "model:specdecode_observed_speedup:mean_rate5m",
+          "expr": "model:specdecode_time_per_output_token_seconds:mean_rate5m{spec_decode=\"false\"}\n/ ignoring (spec_decode)\n(model:specdecode_time_per_output_token_seconds:mean_rate5m{spec_decode=\"true\"} > 0)"
+        },
+        {
+          "record": "model:specdecode_observed_speedup:p50_rate5m",
+          "expr": "model:specdecode_time_per_output_token_seconds:p50_rate5m{spec_decode=\"false\"}\n/ ignoring (spec_decode)\n(model:specdecode_time_per_output_token_seconds:p50_rate5m{spec_decode=\"true\"} > 0)"
+        },
+        {
+          "record": "model:specdecode_observed_speedup:p99_rate5m",
+          "expr": "model:specdecode_time_per_output_token_seconds:p99_rate5m{spec_decode=\"false\"}\n/ ignoring (spec_decode)\n(model:specdecode_time_per_output_token_seconds:p99_rate5m{spec_decode=\"true\"} > 0)"
+        },
+        {
+          "record": "model:specdecode_time_per_output_token_seconds:mean_rate1h",
+          "expr": "sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_sum[1h]))\n/\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_count[1h])) > 0)"
+        },
+        {
+          "record": "model:specdecode_time_per_output_token_seconds:p50_rate1h",
+          "expr": "histogram_quantile(0.5, sum by (namespace, model_name, spec_decode, le) (rate(specdecode_request_time_per_output_token_seconds_bucket[1h])))\nand on (namespace, model_name, spec_decode)\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_count[1h])) > 0)"
+        },
+        {
+          "record": "model:specdecode_time_per_output_token_seconds:p99_rate1h",
+          "expr": "histogram_quantile(0.99, sum by (namespace, model_name, spec_decode, le) (rate(specdecode_request_time_per_output_token_seconds_bucket[1h])))\nand on (namespace, model_name, spec_decode)\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_count[1h])) > 0)"
+        },
+        {
+          "record": "model:specdecode_observed_speedup:mean_rate1h",
+          "expr": "model:specdecode_time_per_output_token_seconds:mean_rate1h{spec_decode=\"false\"}\n/ ignoring (spec_decode)\n(model:specdecode_time_per_output_token_seconds:mean_rate1h{spec_decode=\"true\"} > 0)"
+        },
+        {
+          "record": "model:specdecode_observed_speedup:p50_rate1h",
+          "expr": "model:specdecode_time_per_output_token_seconds:p50_rate1h{spec_decode=\"false\"}\n/ ignoring (spec_decode)\n(model:specdecode_time_per_output_token_seconds:p50_rate1h{spec_decode=\"true\"} > 0)"
+        },
+        {
+          "record": "model:specdecode_observed_speedup:p99_rate1h",
+          "expr": "model:specdecode_time_per_output_token_seconds:p99_rate1h{spec_decode=\"false\"}\n/ ignoring (spec_decode)\n(model:specdecode_time_per_output_token_seconds:p99_rate1h{spec_decode=\"true\"} > 0)"
         }
       ]
     }
@@ -643,7 +735,7 @@
           "type": "prometheus",
           "uid": "${datasource}"
         },
-        "description": "The sidecar's verdict, computed the same way (exporter/verdict.py, bands from the monitoring config): 'Hurting' below 1× modelled speedup; 'Marginal' below 1.1× or with α below the page threshold (50%); else 'Paying off'. 'No traffic' when the model drafted nothing over $window.",
+        "description": "The sidecar's verdict, computed the same way (exporter/verdict.py, bands from the monitoring config), from the observed speedup where there is a baseline (control pods, or the pods' own baselines), else the modelled one: 'Hurting' below 1×; 'Marginal' below 1.1×, with α below the page threshold (50%), or with an observed P99 speedup below 1× (a tail regression); else 'Paying off'. 'No traffic' when the model drafted nothing over $window.",
         "fieldConfig": {
           "defaults": {
             "mappings": [
@@ -732,7 +824,7 @@
               "type": "prometheus",
               "uid": "${datasource}"
             },
-            "expr": "(((1 + sum by (namespace, model_name) (rate(specdecode_accepted_tokens_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) / (sum by (namespace, model_name) (rate(specdecode_drafts_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) > 0))\n/\n(1 + sum by (namespace, model_name) (rate(specdecode_draft_tokens_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) / (sum by (namespace, model_name) (rate(specdecode_drafts_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) > 0)\n   * max by (namespace, model_name) (specdecode_break_even_acceptance_ratio{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}))) >= bool 1)\n+\n((((1 + sum by (namespace, model_name) (rate(specdecode_accepted_tokens_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) / (sum by (namespace, model_name) (rate(specdecode_drafts_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) > 0))\n/\n(1 + sum by (namespace, model_name) (rate(specdecode_draft_tokens_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) / (sum by (namespace, model_name) (rate(specdecode_drafts_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) > 0)\n   * max by (namespace, model_name) (specdecode_break_even_acceptance_ratio{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}))) >= bool 1.1)\n*\n((sum by (namespace, model_name) (rate(specdecode_accepted_tokens_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window]))\n/\n(sum by (namespace, model_name) (rate(specdecode_draft_tokens_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) > 0)) >= bool 0.5))",
+            "expr": "(((((sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_sum{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"false\"}[$window]))\n/\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_count{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"false\"}[$window])) > 0))\n/ ignoring (spec_decode)\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_sum{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"true\"}[$window]))\n/\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_count{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"true\"}[$window])) > 0) > 0))\nor\nmax by (namespace, model_name) (specdecode_observed_speedup{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", window=\"$window\", statistic=\"mean\"}))\nor\n((1 + sum by (namespace, model_name) (rate(specdecode_accepted_tokens_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) / (sum by (namespace, model_name) (rate(specdecode_drafts_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) > 0))\n/\n(1 + sum by (namespace, model_name) (rate(specdecode_draft_tokens_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) / (sum by (namespace, model_name) (rate(specdecode_drafts_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) > 0)\n   * max by (namespace, model_name) (specdecode_break_even_acceptance_ratio{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"})))) >= bool 1)\n+\n(((((((sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_sum{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"false\"}[$window]))\n/\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_count{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"false\"}[$window])) > 0))\n/ ignoring (spec_decode)\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_sum{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"true\"}[$window]))\n/\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_count{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"true\"}[$window])) > 0) > 0))\nor\nmax by (namespace, model_name) (specdecode_observed_speedup{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", window=\"$window\", statistic=\"mean\"}))\nor\n((1 + sum by (namespace, model_name) (rate(specdecode_accepted_tokens_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) / (sum by (namespace, model_name) (rate(specdecode_drafts_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) > 0))\n/\n(1 + sum by (namespace, model_name) (rate(specdecode_draft_tokens_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) / (sum by (namespace, model_name) (rate(specdecode_drafts_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) > 0)\n   * max by (namespace, model_name) (specdecode_break_even_acceptance_ratio{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"})))) >= bool 1.1)\n*\n((sum by (namespace, model_name) (rate(specdecode_accepted_tokens_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window]))\n/\n(sum by (namespace, model_name) (rate(specdecode_draft_tokens_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) > 0)) >= bool 0.5))\n*\n(((((histogram_quantile(0.99, sum by (namespace, model_name, spec_decode, le) (rate(specdecode_request_time_per_output_token_seconds_bucket{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"false\"}[$window])))\nand on (namespace, model_name, spec_decode)\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_count{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"false\"}[$window])) > 0))\n/ ignoring (spec_decode)\n(histogram_quantile(0.99, sum by (namespace, model_name, spec_decode, le) (rate(specdecode_request_time_per_output_token_seconds_bucket{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"true\"}[$window])))\nand on (namespace, model_name, spec_decode)\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_count{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"true\"}[$window])) > 0) > 0))\nor\nmax by (namespace, model_name) (specdecode_observed_speedup{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", window=\"$window\", statistic=\"p99\"})) >= bool 1) or (((((sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_sum{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"false\"}[$window]))\n/\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_count{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"false\"}[$window])) > 0))\n/ ignoring (spec_decode)\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_sum{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"true\"}[$window]))\n/\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_count{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"true\"}[$window])) > 0) > 0))\nor\nmax by (namespace, model_name) (specdecode_observed_speedup{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", window=\"$window\", statistic=\"mean\"}))\nor\n((1 + sum by (namespace, model_name) (rate(specdecode_accepted_tokens_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) / (sum by (namespace, model_name) (rate(specdecode_drafts_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) > 0))\n/\n(1 + sum by (namespace, model_name) (rate(specdecode_draft_tokens_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) / (sum by (namespace, model_name) (rate(specdecode_drafts_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) > 0)\n   * max by (namespace, model_name) (specdecode_break_even_acceptance_ratio{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"})))) * 0 + 1)))",
             "instant": true,
             "legendFormat": "{{model_name}} {{namespace}}",
             "range": false,
@@ -842,6 +934,448 @@
         },
         "id": 8,
         "panels": [],
+        "title": "Is it paying off, measured? (latency against a baseline, window $window)",
+        "type": "row"
+      },
+      {
+        "datasource": {
+          "type": "prometheus",
+          "uid": "${datasource}"
+        },
+        "description": "Mean and P99 time per output token over $window, pooled per model from the sidecars' re-export of vLLM's per-request histogram: spec_decode=true are the spec-decode pods, false the control pods (the same model with spec decode off). Spec decode should lower TPOT; it does not help time to first token.",
+        "fieldConfig": {
+          "defaults": {
+            "custom": {
+              "fillOpacity": 10,
+              "lineWidth": 2,
+              "showPoints": "never",
+              "spanNulls": false
+            },
+            "min": 0,
+            "noValue": "No traffic",
+            "unit": "s"
+          },
+          "overrides": [
+            {
+              "matcher": {
+                "id": "byFrameRefID",
+                "options": "C"
+              },
+              "properties": [
+                {
+                  "id": "custom.lineStyle",
+                  "value": {
+                    "dash": [
+                      10,
+                      10
+                    ],
+                    "fill": "dash"
+                  }
+                },
+                {
+                  "id": "custom.fillOpacity",
+                  "value": 0
+                }
+              ]
+            },
+            {
+              "matcher": {
+                "id": "byFrameRefID",
+                "options": "D"
+              },
+              "properties": [
+                {
+                  "id": "custom.lineStyle",
+                  "value": {
+                    "dash": [
+                      10,
+                      10
+                    ],
+                    "fill": "dash"
+                  }
+                },
+                {
+                  "id": "custom.fillOpacity",
+                  "value": 0
+                }
+              ]
+            }
+          ]
+        },
+        "gridPos": {
+          "h": 8,
+          "w": 8,
+          "x": 0,
+          "y": 7
+        },
+        "id": 9,
+        "options": {
+          "legend": {
+            "calcs": [
+              "lastNotNull",
+              "min",
+              "mean"
+            ],
+            "displayMode": "table",
+            "placement": "bottom",
+            "showLegend": true
+          },
+          "tooltip": {
+            "mode": "multi",
+            "sort": "desc"
+          }
+        },
+        "repeatDirection": "h",
+        "targets": [
+          {
+            "datasource": {
+              "type": "prometheus",
+              "uid": "${datasource}"
+            },
+            "expr": "sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_sum{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"true\"}[$window]))\n/\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_count{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"true\"}[$window])) > 0)",
+            "instant": false,
+            "legendFormat": "mean with {{model_name}} {{namespace}}",
+            "range": true,
+            "refId": "A"
+          },
+          {
+            "datasource": {
+              "type": "prometheus",
+              "uid": "${datasource}"
+            },
+            "expr": "sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_sum{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"false\"}[$window]))\n/\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_count{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"false\"}[$window])) > 0)",
+            "instant": false,
+            "legendFormat": "mean without {{model_name}} {{namespace}}",
+            "range": true,
+            "refId": "B"
+          },
+          {
+            "datasource": {
+              "type": "prometheus",
+              "uid": "${datasource}"
+            },
+            "expr": "histogram_quantile(0.99, sum by (namespace, model_name, spec_decode, le) (rate(specdecode_request_time_per_output_token_seconds_bucket{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"true\"}[$window])))\nand on (namespace, model_name, spec_decode)\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_count{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"true\"}[$window])) > 0)",
+            "instant": false,
+            "legendFormat": "P99 with {{model_name}} {{namespace}}",
+            "range": true,
+            "refId": "C"
+          },
+          {
+            "datasource": {
+              "type": "prometheus",
+              "uid": "${datasource}"
+            },
+            "expr": "histogram_quantile(0.99, sum by (namespace, model_name, spec_decode, le) (rate(specdecode_request_time_per_output_token_seconds_bucket{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"false\"}[$window])))\nand on (namespace, model_name, spec_decode)\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_count{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"false\"}[$window])) > 0)",
+            "instant": false,
+            "legendFormat": "P99 without {{model_name}} {{namespace}}",
+            "range": true,
+            "refId": "D"
+          }
+        ],
+        "title": "Time per output token: with spec decode and without",
+        "transparent": false,
+        "type": "timeseries"
+      },
+      {
+        "datasource": {
+          "type": "prometheus",
+          "uid": "${datasource}"
+        },
+        "description": "Observed: baseline TPOT / current TPOT (mean, P50, P99), against the control pods where there are any, else each pod's own baseline (the best pod). Modelled: the cost model from α. P99 below 1× while P50 is above is a tail regression. If the two disagree, trust the observed one and read the calibrated cost. Before shipping a change, measure it with `specdecode-exporter probe --baseline-url`.",
+        "fieldConfig": {
+          "defaults": {
+            "custom": {
+              "fillOpacity": 10,
+              "lineWidth": 2,
+              "showPoints": "never",
+              "spanNulls": false,
+              "thresholdsStyle": {
+                "mode": "line+area"
+              }
+            },
+            "noValue": "No traffic",
+            "thresholds": {
+              "mode": "absolute",
+              "steps": [
+                {
+                  "color": "red",
+                  "value": null
+                },
+                {
+                  "color": "transparent",
+                  "value": 1.0
+                }
+              ]
+            },
+            "unit": "suffix:×"
+          },
+          "overrides": [
+            {
+              "matcher": {
+                "id": "byFrameRefID",
+                "options": "D"
+              },
+              "properties": [
+                {
+                  "id": "custom.lineStyle",
+                  "value": {
+                    "dash": [
+                      10,
+                      10
+                    ],
+                    "fill": "dash"
+                  }
+                },
+                {
+                  "id": "custom.fillOpacity",
+                  "value": 0
+                }
+              ]
+            }
+          ]
+        },
+        "gridPos": {
+          "h": 8,
+          "w": 8,
+          "x": 8,
+          "y": 7
+        },
+        "id": 10,
+        "options": {
+          "legend": {
+            "calcs": [
+              "lastNotNull",
+              "min",
+              "mean"
+            ],
+            "displayMode": "table",
+            "placement": "bottom",
+            "showLegend": true
+          },
+          "tooltip": {
+            "mode": "multi",
+            "sort": "desc"
+          }
+        },
+        "repeatDirection": "h",
+        "targets": [
+          {
+            "datasource": {
+              "type": "prometheus",
+              "uid": "${datasource}"
+            },
+            "expr": "((sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_sum{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"false\"}[$window]))\n/\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_count{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"false\"}[$window])) > 0))\n/ ignoring (spec_decode)\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_sum{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"true\"}[$window]))\n/\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_count{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"true\"}[$window])) > 0) > 0))\nor\nmax by (namespace, model_name) (specdecode_observed_speedup{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", window=\"$window\", statistic=\"mean\"})",
+            "instant": false,
+            "legendFormat": "observed mean {{model_name}} {{namespace}}",
+            "range": true,
+            "refId": "A"
+          },
+          {
+            "datasource": {
+              "type": "prometheus",
+              "uid": "${datasource}"
+            },
+            "expr": "((histogram_quantile(0.5, sum by (namespace, model_name, spec_decode, le) (rate(specdecode_request_time_per_output_token_seconds_bucket{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"false\"}[$window])))\nand on (namespace, model_name, spec_decode)\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_count{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"false\"}[$window])) > 0))\n/ ignoring (spec_decode)\n(histogram_quantile(0.5, sum by (namespace, model_name, spec_decode, le) (rate(specdecode_request_time_per_output_token_seconds_bucket{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"true\"}[$window])))\nand on (namespace, model_name, spec_decode)\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_count{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"true\"}[$window])) > 0) > 0))\nor\nmax by (namespace, model_name) (specdecode_observed_speedup{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", window=\"$window\", statistic=\"p50\"})",
+            "instant": false,
+            "legendFormat": "observed P50 {{model_name}} {{namespace}}",
+            "range": true,
+            "refId": "B"
+          },
+          {
+            "datasource": {
+              "type": "prometheus",
+              "uid": "${datasource}"
+            },
+            "expr": "((histogram_quantile(0.99, sum by (namespace, model_name, spec_decode, le) (rate(specdecode_request_time_per_output_token_seconds_bucket{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"false\"}[$window])))\nand on (namespace, model_name, spec_decode)\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_count{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"false\"}[$window])) > 0))\n/ ignoring (spec_decode)\n(histogram_quantile(0.99, sum by (namespace, model_name, spec_decode, le) (rate(specdecode_request_time_per_output_token_seconds_bucket{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"true\"}[$window])))\nand on (namespace, model_name, spec_decode)\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_count{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"true\"}[$window])) > 0) > 0))\nor\nmax by (namespace, model_name) (specdecode_observed_speedup{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", window=\"$window\", statistic=\"p99\"})",
+            "instant": false,
+            "legendFormat": "observed P99 {{model_name}} {{namespace}}",
+            "range": true,
+            "refId": "C"
+          },
+          {
+            "datasource": {
+              "type": "prometheus",
+              "uid": "${datasource}"
+            },
+            "expr": "(1 + sum by (namespace, model_name) (rate(specdecode_accepted_tokens_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) / (sum by (namespace, model_name) (rate(specdecode_drafts_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) > 0))\n/\n(1 + sum by (namespace, model_name) (rate(specdecode_draft_tokens_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) / (sum by (namespace, model_name) (rate(specdecode_drafts_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) > 0)\n   * max by (namespace, model_name) (specdecode_break_even_acceptance_ratio{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}))",
+            "instant": false,
+            "legendFormat": "modelled {{model_name}} {{namespace}}",
+            "range": true,
+            "refId": "D"
+          }
+        ],
+        "title": "Observed vs modelled speedup",
+        "transparent": false,
+        "type": "timeseries"
+      },
+      {
+        "datasource": {
+          "type": "prometheus",
+          "uid": "${datasource}"
+        },
+        "description": "Pooled α, with the break-even α at the current batch (the cost model's c_verify grown toward c_verify_max as the batch nears saturating_batch: a model) and the cost calibrated to the observed speedup (measured; where a baseline exists). Running requests on the right axis.",
+        "fieldConfig": {
+          "defaults": {
+            "custom": {
+              "fillOpacity": 10,
+              "lineWidth": 2,
+              "showPoints": "never",
+              "spanNulls": false
+            },
+            "min": 0,
+            "noValue": "No traffic",
+            "unit": "percentunit"
+          },
+          "overrides": [
+            {
+              "matcher": {
+                "id": "byFrameRefID",
+                "options": "B"
+              },
+              "properties": [
+                {
+                  "id": "custom.lineStyle",
+                  "value": {
+                    "dash": [
+                      10,
+                      10
+                    ],
+                    "fill": "dash"
+                  }
+                },
+                {
+                  "id": "custom.fillOpacity",
+                  "value": 0
+                }
+              ]
+            },
+            {
+              "matcher": {
+                "id": "byFrameRefID",
+                "options": "C"
+              },
+              "properties": [
+                {
+                  "id": "custom.lineStyle",
+                  "value": {
+                    "dash": [
+                      10,
+                      10
+                    ],
+                    "fill": "dash"
+                  }
+                },
+                {
+                  "id": "custom.fillOpacity",
+                  "value": 0
+                }
+              ]
+            },
+            {
+              "matcher": {
+                "id": "byFrameRefID",
+                "options": "D"
+              },
+              "properties": [
+                {
+                  "id": "unit",
+                  "value": "short"
+                },
+                {
+                  "id": "custom.axisPlacement",
+                  "value": "right"
+                },
+                {
+                  "id": "max"
+                }
+              ]
+            }
+          ]
+        },
+        "gridPos": {
+          "h": 8,
+          "w": 8,
+          "x": 16,
+          "y": 7
+        },
+        "id": 11,
+        "options": {
+          "legend": {
+            "calcs": [
+              "lastNotNull",
+              "min",
+              "mean"
+            ],
+            "displayMode": "table",
+            "placement": "bottom",
+            "showLegend": true
+          },
+          "tooltip": {
+            "mode": "multi",
+            "sort": "desc"
+          }
+        },
+        "repeatDirection": "h",
+        "targets": [
+          {
+            "datasource": {
+              "type": "prometheus",
+              "uid": "${datasource}"
+            },
+            "expr": "sum by (namespace, model_name) (rate(specdecode_accepted_tokens_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window]))\n/\n(sum by (namespace, model_name) (rate(specdecode_draft_tokens_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) > 0)",
+            "instant": false,
+            "legendFormat": "α {{model_name}} {{namespace}}",
+            "range": true,
+            "refId": "A"
+          },
+          {
+            "datasource": {
+              "type": "prometheus",
+              "uid": "${datasource}"
+            },
+            "expr": "max by (namespace, model_name) (specdecode_break_even_acceptance_ratio_at_load{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", window=\"$window\"})",
+            "instant": false,
+            "legendFormat": "break-even at load {{model_name}} {{namespace}}",
+            "range": true,
+            "refId": "B"
+          },
+          {
+            "datasource": {
+              "type": "prometheus",
+              "uid": "${datasource}"
+            },
+            "expr": "max by (namespace, model_name) (specdecode_calibrated_cost_per_draft_token{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", window=\"$window\"})",
+            "instant": false,
+            "legendFormat": "calibrated {{model_name}} {{namespace}}",
+            "range": true,
+            "refId": "C"
+          },
+          {
+            "datasource": {
+              "type": "prometheus",
+              "uid": "${datasource}"
+            },
+            "expr": "sum by (namespace, model_name) (specdecode_requests_running{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", window=\"$window\"})",
+            "instant": false,
+            "legendFormat": "running {{model_name}} {{namespace}}",
+            "range": true,
+            "refId": "D"
+          }
+        ],
+        "title": "α against break-even at load and calibrated",
+        "transparent": false,
+        "type": "timeseries"
+      },
+      {
+        "collapsed": false,
+        "gridPos": {
+          "h": 1,
+          "w": 24,
+          "x": 0,
+          "y": 15
+        },
+        "id": 12,
+        "panels": [],
         "title": "Acceptance over time",
         "type": "row"
       },
@@ -909,9 +1443,9 @@
           "h": 8,
           "w": 12,
           "x": 0,
-          "y": 7
+          "y": 16
         },
-        "id": 9,
+        "id": 13,
         "options": {
           "legend": {
             "calcs": [
@@ -998,9 +1532,9 @@
           "h": 8,
           "w": 12,
           "x": 12,
-          "y": 7
+          "y": 16
         },
-        "id": 10,
+        "id": 14,
         "options": {
           "legend": {
             "calcs": [
@@ -1080,9 +1614,9 @@
           "h": 8,
           "w": 12,
           "x": 0,
-          "y": 15
+          "y": 24
         },
-        "id": 11,
+        "id": 15,
         "options": {
           "legend": {
             "calcs": [
@@ -1165,9 +1699,9 @@
           "h": 8,
           "w": 12,
           "x": 12,
-          "y": 15
+          "y": 24
         },
-        "id": 12,
+        "id": 16,
         "options": {
           "legend": {
             "calcs": [
@@ -1219,9 +1753,9 @@
           "h": 1,
           "w": 24,
           "x": 0,
-          "y": 23
+          "y": 32
         },
-        "id": 13,
+        "id": 17,
         "panels": [],
         "title": "How is α distributed?",
         "type": "row"
@@ -1253,9 +1787,9 @@
           "h": 9,
           "w": 12,
           "x": 0,
-          "y": 24
+          "y": 33
         },
-        "id": 14,
+        "id": 18,
         "options": {
           "calculate": false,
           "cellGap": 1,
@@ -1357,9 +1891,9 @@
           "h": 9,
           "w": 8,
           "x": 12,
-          "y": 24
+          "y": 33
         },
-        "id": 15,
+        "id": 19,
         "options": {
           "legend": {
             "calcs": [
@@ -1464,9 +1998,9 @@
           "h": 9,
           "w": 4,
           "x": 20,
-          "y": 24
+          "y": 33
         },
-        "id": 16,
+        "id": 20,
         "options": {
           "colorMode": "background",
           "graphMode": "area",
@@ -1508,9 +2042,9 @@
           "h": 1,
           "w": 24,
           "x": 0,
-          "y": 33
+          "y": 42
         },
-        "id": 17,
+        "id": 21,
         "panels": [],
         "title": "Where along the draft does acceptance fall off, and which k is better?",
         "type": "row"
@@ -1559,9 +2093,9 @@
           "h": 9,
           "w": 8,
           "x": 0,
-          "y": 34
+          "y": 43
         },
-        "id": 18,
+        "id": 22,
         "options": {
           "barRadius": 0,
           "barWidth": 0.97,
@@ -1667,9 +2201,9 @@
           "h": 9,
           "w": 8,
           "x": 8,
-          "y": 34
+          "y": 43
         },
-        "id": 19,
+        "id": 23,
         "options": {
           "legend": {
             "calcs": [
@@ -1740,9 +2274,9 @@
           "h": 9,
           "w": 8,
           "x": 16,
-          "y": 34
+          "y": 43
         },
-        "id": 20,
+        "id": 24,
         "options": {
           "displayMode": "gradient",
           "legend": {
@@ -1791,9 +2325,9 @@
           "h": 1,
           "w": 24,
           "x": 0,
-          "y": 43
+          "y": 52
         },
-        "id": 21,
+        "id": 25,
         "panels": [],
         "title": "Token flow",
         "type": "row"
@@ -1853,9 +2387,9 @@
           "h": 8,
           "w": 16,
           "x": 0,
-          "y": 44
+          "y": 53
         },
-        "id": 22,
+        "id": 26,
         "options": {
           "legend": {
             "calcs": [
@@ -1947,9 +2481,9 @@
           "h": 8,
           "w": 8,
           "x": 16,
-          "y": 44
+          "y": 53
         },
-        "id": 23,
+        "id": 27,
         "options": {
           "legend": {
             "calcs": [
@@ -1990,9 +2524,9 @@
           "h": 1,
           "w": 24,
           "x": 0,
-          "y": 52
+          "y": 61
         },
-        "id": 24,
+        "id": 28,
         "panels": [],
         "title": "Latency beside it (vLLM)",
         "type": "row"
@@ -2021,9 +2555,9 @@
           "h": 8,
           "w": 8,
           "x": 0,
-          "y": 53
+          "y": 62
         },
-        "id": 25,
+        "id": 29,
         "options": {
           "legend": {
             "calcs": [
@@ -2093,9 +2627,9 @@
           "h": 8,
           "w": 8,
           "x": 8,
-          "y": 53
+          "y": 62
         },
-        "id": 26,
+        "id": 30,
         "options": {
           "legend": {
             "calcs": [
@@ -2182,9 +2716,9 @@
           "h": 8,
           "w": 8,
           "x": 16,
-          "y": 53
+          "y": 62
         },
-        "id": 27,
+        "id": 31,
         "options": {
           "legend": {
             "calcs": [
@@ -2236,9 +2770,9 @@
           "h": 1,
           "w": 24,
           "x": 0,
-          "y": 61
+          "y": 70
         },
-        "id": 28,
+        "id": 32,
         "panels": [],
         "title": "What the alerts see",
         "type": "row"
@@ -2329,9 +2863,9 @@
           "h": 8,
           "w": 12,
           "x": 0,
-          "y": 62
+          "y": 71
         },
-        "id": 29,
+        "id": 33,
         "options": {
           "legend": {
             "calcs": [
@@ -2424,9 +2958,9 @@
           "h": 8,
           "w": 12,
           "x": 12,
-          "y": 62
+          "y": 71
         },
-        "id": 30,
+        "id": 34,
         "options": {
           "legend": {
             "calcs": [
@@ -2478,9 +3012,9 @@
           "h": 1,
           "w": 24,
           "x": 0,
-          "y": 70
+          "y": 79
         },
-        "id": 31,
+        "id": 35,
         "panels": [],
         "title": "Health",
         "type": "row"
@@ -2532,9 +3066,9 @@
           "h": 6,
           "w": 4,
           "x": 0,
-          "y": 71
+          "y": 80
         },
-        "id": 32,
+        "id": 36,
         "options": {
           "colorMode": "background",
           "graphMode": "none",
@@ -2617,9 +3151,9 @@
           "h": 6,
           "w": 4,
           "x": 4,
-          "y": 71
+          "y": 80
         },
-        "id": 33,
+        "id": 37,
         "options": {
           "colorMode": "background",
           "graphMode": "none",
@@ -2679,9 +3213,9 @@
           "h": 6,
           "w": 6,
           "x": 8,
-          "y": 71
+          "y": 80
         },
-        "id": 34,
+        "id": 38,
         "options": {
           "legend": {
             "calcs": [
@@ -2740,9 +3274,9 @@
           "h": 6,
           "w": 4,
           "x": 14,
-          "y": 71
+          "y": 80
         },
-        "id": 35,
+        "id": 39,
         "options": {
           "legend": {
             "calcs": [
@@ -2798,9 +3332,9 @@
           "h": 6,
           "w": 6,
           "x": 18,
-          "y": 71
+          "y": 80
         },
-        "id": 36,
+        "id": 40,
         "options": {
           "cellHeight": "sm",
           "footer": {
@@ -2871,9 +3405,9 @@
           "h": 5,
           "w": 24,
           "x": 0,
-          "y": 77
+          "y": 86
         },
-        "id": 37,
+        "id": 41,
         "options": {
           "cellHeight": "sm",
           "footer": {

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install the Prometheus tools the rule tests need (promtool, amtool; prometheus and alertmanager binaries
-# for the end-to-end tests) from Debian's packages when they are missing. Idempotent; never leaves a daemon
+# for the end-to-end tests) and headless Chromium (the status page's browser test) from Debian's packages
+# when they are missing. Idempotent; never leaves a daemon
 # running. Usage: scripts/install-tools.sh   (as root, or with sudo available)
 #
 # Debian bookworm gives prometheus 2.42 (promtool) and prometheus-alertmanager 0.25 (alertmanager, amtool).
@@ -12,6 +13,8 @@ command -v prometheus >/dev/null 2>&1 || [[ " ${need_pkgs[*]-} " == *" prometheu
 if ! command -v amtool >/dev/null 2>&1 || ! command -v prometheus-alertmanager >/dev/null 2>&1; then
   need_pkgs+=(prometheus-alertmanager)
 fi
+# Headless Chromium: the status page's test looks at it in a real browser.
+command -v chromium >/dev/null 2>&1 || need_pkgs+=(chromium)
 
 if [ "${#need_pkgs[@]}" -eq 0 ]; then
   echo "install-tools: promtool $(promtool --version 2>&1 | head -n1 | awk '{print $3}'), amtool present; nothing to do"

@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from exporter.engines import vllm_v0, vllm_v1
+from exporter.engines import llamacpp, sglang, tgi, trtllm, vllm_v0, vllm_v1
 from exporter.engines.base import Decoder, DecodeResult, DecoderOptions, Engine, FetchTiming, SeriesReading
 from exporter.parse import Sample
 
-# Order matters: the first engine whose detect() accepts the samples wins.
-ENGINES: tuple[Engine, ...] = (vllm_v1.ENGINE, vllm_v0.ENGINE)
+# Order matters: the first engine whose detect() accepts the samples wins. Each one detects by names only its
+# own dialect has, so the order only decides an exposition that mixes dialects.
+ENGINES: tuple[Engine, ...] = (vllm_v1.ENGINE, vllm_v0.ENGINE, llamacpp.ENGINE, sglang.ENGINE, trtllm.ENGINE)
 
-ALL_PREFIXES: tuple[str, ...] = tuple(dict.fromkeys(p for e in ENGINES for p in e.prefixes))
+# Dialects recognised only to say why they cannot be monitored: (prefixes, why_not(samples) -> reason or None).
+UNSUPPORTED: tuple[tuple[tuple[str, ...], Callable[[Sequence[Sample]], str | None]], ...] = (
+    (tgi.PREFIXES, tgi.why_not),
+)
+NO_SPEC_METRICS = "no speculative-decoding metrics in the exposition"
+
+ALL_PREFIXES: tuple[str, ...] = tuple(dict.fromkeys(
+    [p for e in ENGINES for p in e.prefixes] + [p for prefixes, _ in UNSUPPORTED for p in prefixes]))
 
 
 def detect_engine(samples: Sequence[Sample]) -> Engine | None:
@@ -21,9 +29,15 @@ def detect_engine(samples: Sequence[Sample]) -> Engine | None:
     return None
 
 
+def no_engine_detail(samples: Sequence[Sample]) -> str:
+    """Why no engine took the exposition, for the no_spec_metrics failure."""
+    return next((reason for _, why_not in UNSUPPORTED if (reason := why_not(samples))), NO_SPEC_METRICS)
+
+
 __all__ = [
     "ALL_PREFIXES",
     "ENGINES",
+    "NO_SPEC_METRICS",
     "DecodeResult",
     "Decoder",
     "DecoderOptions",
@@ -31,4 +45,5 @@ __all__ = [
     "FetchTiming",
     "SeriesReading",
     "detect_engine",
+    "no_engine_detail",
 ]

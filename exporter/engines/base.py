@@ -49,6 +49,7 @@ class SeriesReading(NamedTuple):  # a NamedTuple, not a frozen dataclass: built 
     accepted_by_position: tuple[float, ...] = ()
     created: float | None = None  # changes when the source restarts
     num_speculative_tokens: int | None = None  # inferred k, when the source lets us prove it
+    method: str | None = None  # the speculative method, where the source states it (TensorRT-LLM)
     # Figures the engine computes itself (V0's lifetime acceptance gauge, SGLang's last-window gauges), passed
     # through under the contract metric that says what they are; never treated as the sidecar's own windows.
     reported: tuple[tuple[MetricSpec, float], ...] = ()

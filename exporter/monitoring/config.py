@@ -68,6 +68,7 @@ class MonitoringConfig:
     baseline_range: str
     baseline_offset: str
     min_draft_tokens_per_second: float
+    min_requests_per_hour: float
     thresholds: Thresholds
     verdict: VerdictBands
     alerts: tuple[tuple[str, AlertSettings], ...]
@@ -149,8 +150,8 @@ def from_mapping(raw: Mapping[str, Any], profile: str | None = None) -> Monitori
 
 
 _TOP_LEVEL = {"runbook_base_url", "selectors", "target_labels", "levels", "alert_level", "windows", "quantiles",
-              "baseline", "min_draft_tokens_per_second", "thresholds", "verdict", "alerts", "extra_alert_labels",
-              "dashboard"}
+              "baseline", "min_draft_tokens_per_second", "min_requests_per_hour", "thresholds", "verdict", "alerts",
+              "extra_alert_labels", "dashboard"}
 
 
 def _build(data: Mapping[str, Any]) -> MonitoringConfig:
@@ -183,6 +184,7 @@ def _build(data: Mapping[str, Any]) -> MonitoringConfig:
         baseline_range=_duration(baseline.get("range"), "baseline.range"),
         baseline_offset=_duration(baseline.get("offset"), "baseline.offset"),
         min_draft_tokens_per_second=_number(data.get("min_draft_tokens_per_second"), "min_draft_tokens_per_second"),
+        min_requests_per_hour=_number(data.get("min_requests_per_hour"), "min_requests_per_hour"),
         thresholds=_thresholds(data.get("thresholds"), [q for q in data.get("quantiles") or []]),
         verdict=_verdict(data.get("verdict"), data.get("thresholds")),
         alerts=_alerts(data.get("alerts")),

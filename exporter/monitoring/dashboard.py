@@ -98,12 +98,31 @@ class Context:
     def speedup(self) -> str:
         return q.expected_speedup(self.scope, "$window")
 
+    def tpot_mean(self, spec_decode: str) -> str:
+        """The sidecars' pooled TPOT for spec-decode ("true") or control ("false") pods, exact from _sum/_count."""
+        scope = q.Scope(self.scope.also(f'spec_decode="{spec_decode}"'), (*self.scope.by, "spec_decode"))
+        return q.tpot_mean(scope, "$window")
+
+    def tpot_quantile(self, quantile: float, spec_decode: str) -> str:
+        scope = q.Scope(self.scope.also(f'spec_decode="{spec_decode}"'), (*self.scope.by, "spec_decode"))
+        return q.histogram_quantile(quantile, m.REQUEST_TPOT.name, scope, "$window")
+
+    def observed(self, statistic: str) -> str:
+        """Observed speedup per model: the fleet's (control pods' TPOT over spec-decode pods') where there are
+        control pods, else the best pod's own (against its control target or measured baseline)."""
+        quantile = {"mean": None, "p50": 0.5, "p99": 0.99}[statistic]
+        control, spec = ((self.tpot_mean("false"), self.tpot_mean("true")) if quantile is None else
+                         (self.tpot_quantile(quantile, "false"), self.tpot_quantile(quantile, "true")))
+        statistic_matcher = f'statistic="{statistic}"'
+        pods = f"max by ({self.scope.by_clause}) ({self.windowed(m.OBSERVED_SPEEDUP.name, statistic_matcher)})"
+        return f"(({control})\n/ ignoring (spec_decode)\n({spec} > 0))\nor\n{pods}"
+
     def rate(self, metric: str, window: str = RATE_INTERVAL) -> str:
         return q.rate_sum(metric, self.scope, window)
 
-    def windowed(self, metric: str) -> str:
+    def windowed(self, metric: str, *matchers: str) -> str:
         """One of the sidecar's windowed gauges, at the dashboard's window."""
-        return q.selector(metric, self.scope.also('window="$window"'))
+        return q.selector(metric, self.scope.also('window="$window"', *matchers))
 
 
 # ----------------------------------------------------------------------------------------- builder helpers
@@ -245,11 +264,14 @@ def verdict_stat(ctx: Context) -> Any:
              VERDICT_BY_CODE.items()}
     return (stat_panel(
         ctx, "Verdict",
-        f"The sidecar's verdict, computed the same way (exporter/verdict.py, bands from the monitoring config): "
-        f"'Hurting' below {bands.hurting_below:g}× modelled speedup; 'Marginal' below {bands.paying_off_from:g}× "
-        f"or with α below the page threshold ({ctx.page:.0%}); else 'Paying off'. 'No traffic' when the model "
-        "drafted nothing over $window.",
-        q.verdict_code(ctx.alpha(), ctx.speedup(), bands), "none")
+        f"The sidecar's verdict, computed the same way (exporter/verdict.py, bands from the monitoring config), "
+        "from the observed speedup where there is a baseline (control pods, or the pods' own baselines), else the "
+        f"modelled one: 'Hurting' below {bands.hurting_below:g}×; 'Marginal' below {bands.paying_off_from:g}×, "
+        f"with α below the page threshold ({ctx.page:.0%}), or with an observed P99 speedup below "
+        f"{bands.hurting_below:g}× (a tail regression); else 'Paying off'. 'No traffic' when the model drafted "
+        "nothing over $window.",
+        q.verdict_code(ctx.alpha(), f"({ctx.observed('mean')})\nor\n({ctx.speedup()})", bands,
+                       tail=ctx.observed("p99")), "none")
         .mappings([*no_traffic_mappings(), *value_mappings(texts)])
         .thresholds(steps((None, RED), (1, YELLOW), (2, GREEN))))
 
@@ -266,6 +288,55 @@ def k_advice_stat(ctx: Context) -> Any:
         .targets([query(configured, "configured {{model_name}}", ref="A", instant=True),
                   query(recommended, "recommended {{model_name}}", ref="B", instant=True)])
         .thresholds(steps((None, BLUE))).color_mode(cm.BigValueColorMode.VALUE).decimals(0))
+
+
+# -------------------------------------------------------------- row: is it paying off, measured?
+
+
+def tpot_spec_vs_control(ctx: Context) -> Any:
+    return (ts_panel(
+        "Time per output token: with spec decode and without",
+        "Mean and P99 time per output token over $window, pooled per model from the sidecars' re-export of vLLM's "
+        "per-request histogram: spec_decode=true are the spec-decode pods, false the control pods (the same model "
+        "with spec decode off). Spec decode should lower TPOT; it does not help time to first token.",
+        queries((ctx.tpot_mean("true"), "mean with " + ctx.legend),
+                (ctx.tpot_mean("false"), "mean without " + ctx.legend),
+                (ctx.tpot_quantile(0.99, "true"), "P99 with " + ctx.legend),
+                (ctx.tpot_quantile(0.99, "false"), "P99 without " + ctx.legend)),
+        "s", w=8)
+        .min(0).override_by_query("C", dashed()).override_by_query("D", dashed()))
+
+
+def observed_vs_modelled(ctx: Context) -> Any:
+    hurting = ctx.cfg.verdict.hurting_below
+    return (ts_panel(
+        "Observed vs modelled speedup",
+        "Observed: baseline TPOT / current TPOT (mean, P50, P99), against the control pods where there are any, "
+        "else each pod's own baseline (the best pod). Modelled: the cost model from α. P99 below 1× while P50 is "
+        "above is a tail regression. If the two disagree, trust the observed one and read the calibrated cost. "
+        "Before shipping a change, measure it with `specdecode-exporter probe --baseline-url`.",
+        queries((ctx.observed("mean"), "observed mean " + ctx.legend),
+                (ctx.observed("p50"), "observed P50 " + ctx.legend),
+                (ctx.observed("p99"), "observed P99 " + ctx.legend), (ctx.speedup(), "modelled " + ctx.legend)),
+        UNIT_SPEEDUP, w=8)
+        .thresholds(steps((None, RED), (hurting, "transparent"))).thresholds_style(line_and_area())
+        .override_by_query("D", dashed()))
+
+
+def load_and_break_even(ctx: Context) -> Any:
+    by = ctx.scope.by_clause
+    return (ts_panel(
+        "α against break-even at load and calibrated",
+        "Pooled α, with the break-even α at the current batch (the cost model's c_verify grown toward "
+        "c_verify_max as the batch nears saturating_batch: a model) and the cost calibrated to the observed "
+        "speedup (measured; where a baseline exists). Running requests on the right axis.",
+        queries((ctx.alpha(), "α " + ctx.legend),
+                (f"max by ({by}) ({ctx.windowed(m.BREAK_EVEN_AT_LOAD.name)})", "break-even at load " + ctx.legend),
+                (f"max by ({by}) ({ctx.windowed(m.CALIBRATED_COST.name)})", "calibrated " + ctx.legend),
+                (f"sum by ({by}) ({ctx.windowed(m.REQUESTS_RUNNING.name)})", "running " + ctx.legend)),
+        "percentunit", w=8)
+        .min(0).override_by_query("B", dashed()).override_by_query("C", dashed())
+        .override_by_query("D", override_props(unit="short", custom__axisPlacement="right", max=None)))
 
 
 # ----------------------------------------------------------------------------------- row: acceptance over time
@@ -584,6 +655,8 @@ Panel = Callable[[Context], Any]
 ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
     ("Is speculative decoding paying off? (window $window)",
      (alpha_stat, mean_length_stat, speedup_stat, break_even_stat, verdict_stat, k_advice_stat)),
+    ("Is it paying off, measured? (latency against a baseline, window $window)",
+     (tpot_spec_vs_control, observed_vs_modelled, load_and_break_even)),
     ("Acceptance over time", (alpha_over_time, speedup_over_time, alpha_by_pod, mean_length_over_time)),
     ("How is α distributed?", (interval_heatmap, interval_quantiles, intervals_below_page)),
     ("Where along the draft does acceptance fall off, and which k is better?",

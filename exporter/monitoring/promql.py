@@ -90,14 +90,30 @@ def share_below(histogram: str, bound: float, scope: Scope, window: str) -> str:
                          rate_sum(f"{histogram}_count", scope, window))
 
 
-def verdict_code(alpha: str, speedup: str, bands: VerdictBands) -> str:
-    """exporter.verdict.judge() in PromQL, for series with no observed speedup: 0 hurting, 1 marginal,
-    2 paying off, no sample without traffic. ``alpha`` and ``speedup`` must carry the same labels."""
+def verdict_code(alpha: str, speedup: str, bands: VerdictBands, tail: str | None = None) -> str:
+    """exporter.verdict.judge() in PromQL: 0 hurting, 1 marginal, 2 paying off, no sample without traffic.
+    ``speedup`` is the observed speedup where there is one, else the modelled; ``tail`` the observed P99
+    speedup, where there is one. All must carry the same labels."""
     hurting, paying = fmt_num(bands.hurting_below), fmt_num(bands.paying_off_from)
     page = fmt_num(bands.page_acceptance_ratio)
     # Comparisons bind looser than + and * in PromQL: every one is parenthesised.
-    return (f"(({speedup}) >= bool {hurting})\n+\n"
-            f"((({speedup}) >= bool {paying})\n*\n(({alpha}) >= bool {page}))")
+    paying_off = f"((({speedup}) >= bool {paying})\n*\n(({alpha}) >= bool {page}))"
+    if tail is not None:  # a tail regression keeps it at marginal; without a P99 figure nothing changes
+        paying_off = f"({paying_off}\n*\n((({tail}) >= bool {hurting}) or (({speedup}) * 0 + 1)))"
+    return f"(({speedup}) >= bool {hurting})\n+\n{paying_off}"
+
+
+def tpot_mean(scope: Scope, window: str) -> str:
+    """Exact mean time per output token pooled over the scope: Σ _sum / Σ _count of the re-exported histogram."""
+    name = m.REQUEST_TPOT.name
+    return guarded_ratio(rate_sum(f"{name}_sum", scope, window), rate_sum(f"{name}_count", scope, window))
+
+
+def baseline_over_current(record: str, matchers: str = "") -> str:
+    """A per-spec_decode record as the observed speedup: the control pods' value over the spec-decode pods'."""
+    control = selector(record, ", ".join(p for p in (matchers, 'spec_decode="false"') if p))
+    spec = selector(record, ", ".join(p for p in (matchers, 'spec_decode="true"') if p))
+    return f"{control}\n/ ignoring (spec_decode)\n({spec} > 0)"
 
 
 def quantile_name(q: float) -> str:

@@ -15,6 +15,7 @@ from exporter import metrics as m
 from exporter.monitoring.config import MonitoringConfig
 from exporter.monitoring.promql import (
     Scope,
+    baseline_over_current,
     by,
     fmt_num,
     guarded_ratio,
@@ -23,6 +24,7 @@ from exporter.monitoring.promql import (
     rate_sum,
     record_name,
     selector,
+    tpot_mean,
 )
 
 Rule = dict[str, Any]
@@ -41,7 +43,8 @@ class Alert:
     expr: str
     summary: str
     description: str
-    guard_window: str | None = None  # the low-traffic guard, at this rate window (acceptance alerts)
+    guard_window: str | None = None  # the low-traffic guard, at this rate window
+    guard: str = "drafts"  # what the guard counts: drafted tokens (acceptance alerts) or requests (latency)
 
 
 # ------------------------------------------------------------------------------------------- recording
@@ -81,12 +84,35 @@ def _baseline_rule(cfg: MonitoringConfig) -> Rule:
                                   f"sum by ({labels}) (sum_over_time({drafted}[{rng}] offset {off}))")}
 
 
+TPOT = m.TIME_PER_OUTPUT_TOKEN.name
+OBSERVED = m.OBSERVED_SPEEDUP.name
+LATENCY_STATISTICS = (("mean", None), ("p50", 0.5), ("p99", 0.99))
+
+
+def latency_record(cfg: MonitoringConfig, metric: str, statistic: str, window: str) -> str:
+    return record_name(cfg.alert_level, metric, f"{statistic}_rate{window}")
+
+
+def _latency_rules(cfg: MonitoringConfig) -> Iterator[Rule]:
+    """Time per output token per model, apart for spec-decode and control pods, and the fleet's observed speedup:
+    the control pods' TPOT over the spec-decode pods' (mean exact; p50 and p99 from the histograms)."""
+    scope = Scope(cfg.metric_selector, (*cfg.level_labels(), "spec_decode"))
+    for window in dict.fromkeys([cfg.short_window, cfg.long_window]):
+        for statistic, q in LATENCY_STATISTICS:
+            expr = tpot_mean(scope, window) if q is None else histogram_quantile(q, m.REQUEST_TPOT.name, scope, window)
+            yield {"record": latency_record(cfg, TPOT, statistic, window), "expr": expr}
+        for statistic, _ in LATENCY_STATISTICS:
+            yield {"record": latency_record(cfg, OBSERVED, statistic, window),
+                   "expr": baseline_over_current(latency_record(cfg, TPOT, statistic, window))}
+
+
 def recording_groups(cfg: MonitoringConfig) -> list[dict[str, Any]]:
     windows = list(dict.fromkeys([cfg.short_window, cfg.long_window]))
     groups = [{"name": f"specdecode.rules.{level}",
                "rules": [*(r for w in windows for r in _records(cfg, level, w)), *_quantile_records(cfg, level)]}
               for level, _ in cfg.levels]
     groups.append({"name": "specdecode.rules.baseline", "rules": [_baseline_rule(cfg)]})
+    groups.append({"name": "specdecode.rules.latency", "rules": list(_latency_rules(cfg))})
     return groups
 
 
@@ -240,6 +266,64 @@ def recommended_k_lower(cfg: MonitoringConfig) -> Alert:
         f"configured {configured_k} (window {sw}): later draft positions are rarely accepted.")
 
 
+def _per_pod_speedup(cfg: MonitoringConfig, statistic: str) -> str:
+    """The best pod's own observed speedup (against its control target or measured baseline), per model."""
+    window = ", ".join(p for p in (cfg.metric_selector, f'statistic="{statistic}"',
+                                   f'window="{cfg.sidecar_alert_window}"') if p)
+    return f"max by ({by(cfg.level_labels())}) ({selector(OBSERVED, window)})"
+
+
+def _fleet_else_pods(cfg: MonitoringConfig, fleet: str, fleet_record: str, pods: str) -> str:
+    """The fleet's condition (control pods against spec-decode pods) where there are control pods, else the
+    pods' own comparisons. Parenthesised whole: `or` binds looser than the guard's `and`."""
+    return f"(({fleet})\nor\n(({pods})\nunless on ({by(cfg.level_labels())})\n{fleet_record}))"
+
+
+def observed_speedup_low(cfg: MonitoringConfig) -> Alert:
+    name, hurting = "SpecDecodeObservedSpeedupLow", fmt_num(cfg.verdict.hurting_below)
+    w = cfg.window(cfg.alert(name).window or "long")
+    fleet = latency_record(cfg, OBSERVED, "mean", w)
+    return Alert(
+        name, _fleet_else_pods(cfg, f"{fleet} < {hurting}", fleet, f"{_per_pod_speedup(cfg, 'mean')} < {hurting}"),
+        "Speculative decoding makes {{ $labels.model_name }} slower, measured",
+        f"Over the last {w}, tokens of {WHERE} came {{{{ $value | printf \"%.2f\" }}}}× as fast as without "
+        "speculative decoding (baseline TPOT / current TPOT, below 1 means slower): measured against a "
+        "baseline, not modelled. Turn it off or lower k; check load (verification turns compute-bound at large "
+        "batches) and acceptance.", guard_window=w, guard="requests")
+
+
+def tail_regression(cfg: MonitoringConfig) -> Alert:
+    name, hurting = "SpecDecodeTailRegression", fmt_num(cfg.verdict.hurting_below)
+    w = cfg.window(cfg.alert(name).window or "long")
+    on = f"and on ({by(cfg.level_labels())})"
+    fleet = (f"{latency_record(cfg, OBSERVED, 'p99', w)} < {hurting}\n{on}\n"
+             f"{latency_record(cfg, OBSERVED, 'p50', w)} > {hurting}")
+    pods = f"{_per_pod_speedup(cfg, 'p99')} < {hurting}\n{on}\n{_per_pod_speedup(cfg, 'p50')} > {hurting}"
+    return Alert(
+        name, _fleet_else_pods(cfg, fleet, latency_record(cfg, OBSERVED, "p99", w), pods),
+        "Speculative decoding helps {{ $labels.model_name }}'s median but hurts its slowest requests",
+        f"Over the last {w}, the P99 time per output token of {WHERE} is slower than without speculative "
+        f"decoding (P99 speedup {{{{ $value | printf \"%.2f\" }}}}×) while the median is faster: a tail "
+        "regression, typical of mixed workloads where some requests accept few drafts. Find them per "
+        "temperature and workload (the request tap) and disable spec decode for them.",
+        guard_window=w, guard="requests")
+
+
+def latency_missing(cfg: MonitoringConfig) -> Alert:
+    labels = by(cfg.target_labels)
+    info = selector(m.BASELINE_INFO.name, cfg.metric_selector)
+    histogram = selector(f"{m.REQUEST_TPOT.name}_count", cfg.metric_selector)
+    up = selector(m.UP.name, cfg.metric_selector)
+    return Alert(
+        "SpecDecodeLatencyMissing",
+        f"(max by ({labels}) ({info})\nunless on ({labels})\ngroup by ({labels}) ({histogram}))\n"
+        f"and on ({labels})\n{up} == 1",
+        "No latency metrics from {{ $labels.target }}, which takes part in a baseline comparison",
+        "The sidecar {{ $labels.instance }} collects target {{ $labels.target }}, a spec-decode target with a "
+        "baseline or a control target, but its exposition has no vllm:request_time_per_output_token_seconds "
+        "histogram (vLLM older than 0.11, or renamed): no observed speedup can be measured.")
+
+
 # The alert table: one entry per alert, in the order of the rules file. A new alert is a function above,
 # an entry here, its severity and for: in monitoring.yaml, a runbook section and a promtool test.
 ALERTS: tuple[Callable[[MonitoringConfig], Alert], ...] = (
@@ -252,11 +336,24 @@ ALERTS: tuple[Callable[[MonitoringConfig], Alert], ...] = (
     exporter_down,
     exporter_absent,
     recommended_k_lower,
+    observed_speedup_low,
+    tail_regression,
+    latency_missing,
 )
 
 
 def runbook_url(cfg: MonitoringConfig, alert: str) -> str:
     return f"{cfg.runbook_base_url.rstrip('/')}/alerts/runbook.md#{alert.lower()}"
+
+
+def _traffic_guard(cfg: MonitoringConfig, alert: Alert) -> str:
+    assert alert.guard_window is not None
+    if alert.guard == "requests":
+        requests = rate_sum(f"{m.REQUEST_TPOT.name}_count", Scope(cfg.metric_selector, cfg.level_labels()),
+                            alert.guard_window, 'spec_decode="true"')
+        return f"{requests} * 3600 >= {fmt_num(cfg.min_requests_per_hour)}"
+    traffic = record_name(cfg.alert_level, m.DRAFT_TOKENS.name, f"rate{alert.guard_window}")
+    return f"{traffic} >= {fmt_num(cfg.min_draft_tokens_per_second)}"
 
 
 def finish(alert: Alert, cfg: MonitoringConfig) -> Rule:
@@ -266,9 +363,7 @@ def finish(alert: Alert, cfg: MonitoringConfig) -> Rule:
     settings = cfg.alert(alert.name)
     expr = alert.expr
     if alert.guard_window is not None:
-        traffic = record_name(cfg.alert_level, m.DRAFT_TOKENS.name, f"rate{alert.guard_window}")
-        expr += (f"\nand on ({by(cfg.level_labels())})\n"
-                 f"{traffic} >= {fmt_num(cfg.min_draft_tokens_per_second)}")
+        expr += f"\nand on ({by(cfg.level_labels())})\n{_traffic_guard(cfg, alert)}"
     return {
         "alert": alert.name,
         "expr": expr,

@@ -97,8 +97,11 @@ def build_app(sim: Simulator) -> FastAPI:
     app = FastAPI(title="specdecode-exporter simulated vLLM", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.simulator = sim
 
+    @app.get("/prometheus/metrics")  # where trtllm-serve serves Prometheus text
     @app.get("/metrics")
     async def metrics(request: Request) -> Response:
+        if sim.format == "trtllm" and request.url.path == "/metrics":
+            return JSONResponse([])  # trtllm-serve's /metrics is JSON iteration statistics
         fault = sim.fault
         if fault == "http_500":
             return PlainTextResponse("Internal Server Error", status_code=500)

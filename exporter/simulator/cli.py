@@ -16,6 +16,8 @@ from exporter.simulator.app import build_app
 from exporter.simulator.model import ModelSpec
 from exporter.simulator.scenario import (
     FORMATS,
+    SINGLE_ENGINE_FORMATS,
+    SINGLE_MODEL_FORMATS,
     Scenario,
     ScenarioError,
     default_scenario,
@@ -126,8 +128,10 @@ def build_scenario(args: argparse.Namespace) -> Scenario:
     models = tuple(dataclasses.replace(m, **changes) for m in scenario.models)  # type: ignore[arg-type]
     scenario = dataclasses.replace(scenario, models=models, format=fmt or scenario.format,
                                    seed=scenario.seed if seed is None else seed)
-    if scenario.format == "v0" and any(m.engines != 1 for m in models):
-        raise UsageError("--engines: format v0 has no engine label; expected 1")
+    if scenario.format in SINGLE_ENGINE_FORMATS and any(m.engines != 1 for m in models):
+        raise UsageError(f"--engines: format {scenario.format} has no engine label; expected 1")
+    if scenario.format in SINGLE_MODEL_FORMATS and len(models) != 1:
+        raise UsageError(f"--format: {scenario.format} names no model; the scenario must have one model")
     return scenario
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from prometheus_client import utils as prometheus_utils
 
+from exporter.simulator.scenario import ENGINE_FORMATS
 from exporter.simulator.simulator import EngineSnapshot, HistogramSnapshot, ModelSnapshot
 
 CONTENT_TYPE_TEXT = "text/plain; version=0.0.4; charset=utf-8"
@@ -54,6 +55,10 @@ def content_type(fmt: str) -> str:
 def render(fmt: str, models: Iterable[ModelSnapshot], *, drop_spec: bool = False) -> bytes:
     """The /metrics body for ``fmt``; ``drop_spec`` leaves out every spec_decode family (fault)."""
     models = tuple(models)
+    if fmt in ENGINE_FORMATS:
+        from exporter.simulator.engine_formats import render_engine_format  # it builds on this module
+
+        return render_engine_format(fmt, models, drop_spec)
     families = v0_families(models) if fmt == "v0" else v1_families(models)
     if drop_spec:
         families = [f for f in families if "spec_decode" not in f.name]

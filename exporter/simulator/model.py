@@ -2,7 +2,7 @@
 
 Everything here is pure. The simulator integrates these rates over (simulated) time.
 
-Semantics follow vLLM V1 (see DESIGN.md §3):
+Semantics follow vLLM V1 (see docs/architecture.md §3):
 - α (acceptance_rate) = accepted draft tokens / drafted tokens;
 - per_pos[i] counts drafts whose accepted prefix is longer than i, so accepted = Σ per_pos;
 - mean acceptance length = 1 + accepted / drafts (the bonus token is included).
@@ -46,7 +46,7 @@ class ModelSpec:
     # Relative noise on rates and acceptance, resampled every simulated second (0 = deterministic).
     noise: float = 0.0
     target_step_seconds: float = 0.02
-    # Extra cost of one drafted token (draft + verification), in plain target steps (DESIGN.md §5).
+    # Extra cost of one drafted token (draft + verification), in plain target steps (docs/architecture.md §5).
     cost_per_draft_token: float = 0.5
     prompt_tokens: int = 512
     output_tokens: int = 256

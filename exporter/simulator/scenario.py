@@ -16,7 +16,11 @@ import yaml
 
 from exporter.simulator.model import ModelSpec, cumulative_fractions
 
-FORMATS: tuple[str, ...] = ("v1", "v1-multiproc", "v1-openmetrics", "v0")
+ENGINE_FORMATS: tuple[str, ...] = ("llamacpp", "sglang", "trtllm", "tgi")  # written by engine_formats.py
+FORMATS: tuple[str, ...] = ("v1", "v1-multiproc", "v1-openmetrics", "v0", *ENGINE_FORMATS)
+# Formats whose exposition has no engine (data-parallel rank) label, and those that name no model at all.
+SINGLE_ENGINE_FORMATS: tuple[str, ...] = ("v0", "llamacpp", "trtllm", "tgi")
+SINGLE_MODEL_FORMATS: tuple[str, ...] = ("llamacpp", "tgi")
 FAULTS: tuple[str, ...] = ("none", "http_500", "garbage", "hang", "drop_spec", "slow")
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -228,8 +232,10 @@ def scenario_from_dict(data: object, source: str = "scenario") -> Scenario:
         if m.name in seen:
             raise c.fail(f"models[{i}].name", f"duplicate model name {m.name!r}")
         seen.add(m.name)
-        if fmt == "v0" and m.engines != 1:
-            raise c.fail(f"models[{i}].engines", "format v0 has no engine label; expected 1")
+        if fmt in SINGLE_ENGINE_FORMATS and m.engines != 1:
+            raise c.fail(f"models[{i}].engines", f"format {fmt} has no engine label; expected 1")
+    if fmt in SINGLE_MODEL_FORMATS and len(models) != 1:
+        raise c.fail("models", f"format {fmt} names no model; expected one model")
     raw_phases = d.get("phases", [])
     if raw_phases is None:
         raw_phases = []

@@ -33,8 +33,10 @@ def ours(text: str, prefixes: tuple[str, ...]) -> list[tuple[str, tuple[tuple[st
 
 
 def same(a: list, b: list) -> bool:  # type: ignore[type-arg]
+    """The same samples; lines come family group by family group, so only each name's own order counts."""
     if len(a) != len(b):
         return False
+    a, b = sorted(a, key=lambda s: s[0]), sorted(b, key=lambda s: s[0])  # stable: keeps each name's order
     return all(x[:2] == y[:2] and (x[2] == y[2] or (math.isnan(x[2]) and math.isnan(y[2]))) for x, y in zip(a, b,
                                                                                                           strict=True))
 

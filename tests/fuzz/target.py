@@ -11,7 +11,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.collection import CollectionFailure, TargetCollector
+from exporter.collection import CollectionFailure, ModelNameNeeded, TargetCollector
 from exporter.config import Config, TargetConfig, parse_windows
 from exporter.engines.base import FetchTiming
 from exporter.expose import SpecDecodeCollector
@@ -44,7 +44,11 @@ class Target:
         self.now += 5.0
         result = FetchResult(FetchTiming(self.now - 0.01, self.now), body=body, content_type=content_type)
         try:
-            self.collector._ingest(result)
+            try:
+                self.collector._ingest(result)
+            except ModelNameNeeded:  # collect() would ask /v1/models; here nothing answers, as when that fails
+                self.collector.next_model_lookup = self.now + 60.0
+                self.collector._ingest(result)
             ok = True
         except CollectionFailure:
             ok = False

@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 import yaml
-from tests.grafana.grafana_dashboard_helpers import all_selection, content_panels, substitute
 
 from devtools.procs import in_ci
 from exporter.config import load_config_file
@@ -21,6 +20,7 @@ from exporter.derive import CostModel, counts_stats
 from exporter.monitoring import build
 from exporter.monitoring import config as monitoring_config
 from exporter.verdict import Evidence, Verdict, judge
+from tests.grafana.grafana_dashboard_helpers import all_selection, content_panels, substitute
 from tests.helpers import start_harness
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -101,12 +101,27 @@ COSTS = (CostModel(0.0, 0.1), CostModel(0.1, 0.4), CostModel(0.3, 0.5), CostMode
 DRAFTS_PER_MINUTE = 600
 
 
-def sidecar_verdict(alpha: float, k: int, cost: CostModel) -> Verdict:
+# Observed (mean, P99) speedups for some grid points, as the pods' sidecars would export them: they decide the
+# verdict over the model where they exist (including the tail-regression case).
+OBSERVED = ((0.9, 0.8), (1.05, 1.0), (1.3, 0.9), (1.3, 1.2), (1.6, 1.1))
+
+
+def sidecar_verdict(alpha: float, k: int, cost: CostModel, observed: tuple[float, float] | None = None) -> Verdict:
     """What the sidecar says for a window of these counts (its code path: counts → stats → judge)."""
     drafted = DRAFTS_PER_MINUTE * k * 10.0
     stats = counts_stats(600.0, drafted, drafted * alpha, DRAFTS_PER_MINUTE * 10.0, (), cost, k)
     assert stats is not None
-    return judge(Evidence(stats.acceptance_ratio, stats.expected_speedup), monitoring_config.load().verdict).verdict
+    mean, p99 = observed if observed is not None else (None, None)
+    evidence = Evidence(stats.acceptance_ratio, stats.expected_speedup, mean, None, p99)
+    return judge(evidence, monitoring_config.load().verdict).verdict
+
+
+def grid() -> list[tuple[float, int, CostModel, tuple[float, float] | None]]:
+    points: list[tuple[float, int, CostModel, tuple[float, float] | None]] = [
+        (alpha, k, cost, None) for alpha, k, cost in itertools.product(ALPHAS, KS, COSTS)
+        if not _on_a_boundary(alpha, k, cost)]
+    points += [(alpha, 3, CostModel(), observed) for alpha in (0.45, 0.6, 0.75) for observed in OBSERVED]
+    return points
 
 
 def _on_a_boundary(alpha: float, k: int, cost: CostModel) -> bool:
@@ -129,9 +144,7 @@ def test_sidecar_and_dashboard_verdicts_agree_on_a_grid(tmp_path: Path) -> None:
     series: list[dict[str, str]] = []
     expected: list[dict[str, Any]] = []
     seen = set()
-    for i, (alpha, k, cost) in enumerate(itertools.product(ALPHAS, KS, COSTS)):
-        if _on_a_boundary(alpha, k, cost):
-            continue
+    for i, (alpha, k, cost, observed) in enumerate(grid()):
         labels = f'namespace="grid", job="specdecode", pod="p", instance="i", engine="0", model_name="g{i}"'
         per_minute = DRAFTS_PER_MINUTE * k
         series += [
@@ -141,13 +154,19 @@ def test_sidecar_and_dashboard_verdicts_agree_on_a_grid(tmp_path: Path) -> None:
             {"series": f"specdecode_break_even_acceptance_ratio{{{labels}}}",
              "values": f"{cost.per_draft_token!r}x10"},
         ]
-        verdict = sidecar_verdict(alpha, k, cost)
+        if observed is not None:
+            for statistic, value in zip(("mean", "p99"), observed, strict=True):
+                gauge = f'specdecode_observed_speedup{{{labels}, window="5m", statistic="{statistic}"}}'
+                series.append({"series": gauge, "values": f"{value!r}x10"})
+        verdict = sidecar_verdict(alpha, k, cost, observed)
         seen.add(verdict)
         expected.append({"labels": f'{{model_name="g{i}", namespace="grid"}}', "value": verdict.code})
     idle = 'namespace="grid", job="specdecode", pod="p", instance="i", engine="0", model_name="idle"'
     series += [{"series": f"specdecode_{name}_total{{{idle}}}", "values": "0x10"}
                for name in ("drafts", "draft_tokens", "accepted_tokens")]  # no traffic: no verdict at all
     assert seen == {Verdict.HURTING, Verdict.MARGINAL, Verdict.PAYING_OFF}, "the grid must cover every verdict"
+    overruled = [p for p in grid() if p[3] is not None and sidecar_verdict(*p) != sidecar_verdict(*p[:3])]
+    assert len(overruled) >= 5, "observed speedups must decide some verdicts against the model"
     test_file = tmp_path / "verdict.test.yaml"
     test_file.write_text(yaml.safe_dump({"rule_files": [], "evaluation_interval": "1m", "tests": [{
         "interval": "1m", "input_series": series,

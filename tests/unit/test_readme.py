@@ -26,3 +26,25 @@ def test_every_contract_metric_is_in_the_readme() -> None:
 def test_readme_names_the_two_commands() -> None:
     text = README.read_text(encoding="utf-8")
     assert "make demo" in text and "make test" in text
+
+
+ROOT = README.parent
+SOURCES = [p for pattern in ("exporter/**/*.py", "devtools/*.py", "bench/*.py", "scripts/*", "*.md", "docs/*.md",
+                             "alerts/*.md", "grafana/*.md", "deploy/*.md") for p in ROOT.glob(pattern)]
+
+
+def test_the_design_the_code_cites_is_in_the_repository() -> None:
+    """The code and docs refer to docs/architecture.md, never to a design document outside the repository."""
+    assert (ROOT / "docs" / "architecture.md").is_file()
+    for path in SOURCES:
+        if path.name == "engines-research.md":  # cites the shared design it was researched against, by name
+            continue
+        assert not re.search(r"DESIGN(\.md| §)", path.read_text(encoding="utf-8", errors="replace")), path
+
+
+def test_documents_linked_from_markdown_exist() -> None:
+    for path in ROOT.glob("**/*.md"):
+        if ".venv" in path.parts or "fixtures" in path.parts:
+            continue
+        for target in re.findall(r"\]\(([^)#:]+\.md)(?:#[^)]*)?\)", path.read_text(encoding="utf-8")):
+            assert (path.parent / target).resolve().is_file(), f"{path.relative_to(ROOT)} links to {target}"

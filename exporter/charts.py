@@ -1,0 +1,148 @@
+"""Small charts as inline SVG: no JavaScript, no external assets, readable in any browser and in a saved page.
+The status page and `probe --plot x.html` draw with these."""
+
+from __future__ import annotations
+
+import html
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+Point = tuple[float, float]
+PALETTE = ("#0969da", "#cf222e", "#1a7f37", "#9a6700", "#8250df", "#57606a")
+
+
+@dataclass(frozen=True)
+class Series:
+    name: str
+    points: Sequence[Point]
+    colour: str = PALETTE[0]
+    dashed: bool = False
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A horizontal reference line (a threshold) with its label."""
+
+    value: float
+    label: str
+    colour: str = "#cf222e"
+
+
+@dataclass(frozen=True)
+class Frame:
+    width: int = 320
+    height: int = 120
+    left: int = 44  # room for the y labels
+    bottom: int = 18  # room for the x labels
+    top: int = 18  # room for the title
+    right: int = 8
+
+    @property
+    def plot_width(self) -> int:
+        return self.width - self.left - self.right
+
+    @property
+    def plot_height(self) -> int:
+        return self.height - self.top - self.bottom
+
+
+@dataclass(frozen=True)
+class Axis:
+    low: float
+    high: float
+    format: str = "{:.2f}"
+    ticks: tuple[float, ...] = field(default=())
+
+    def scale(self, value: float, size: int, flip: bool) -> float:
+        span = self.high - self.low or 1.0
+        share = (min(max(value, self.low), self.high) - self.low) / span
+        return size * (1.0 - share) if flip else size * share
+
+
+def fit(values: Sequence[float], floor: float | None = 0.0, pad: float = 0.1,
+        include: Sequence[float] = ()) -> tuple[float, float]:
+    """A y range that shows every value (and the reference lines), padded a little."""
+    finite = [v for v in (*values, *include) if math.isfinite(v)]
+    if not finite:
+        return 0.0, 1.0
+    low, high = min(finite), max(finite)
+    if floor is not None:
+        low = min(low, floor)
+    margin = (high - low) * pad or abs(high) * pad or 1.0
+    return (low if floor is not None and low == floor else low - margin), high + margin
+
+
+def _ticks(axis: Axis) -> tuple[float, ...]:
+    return axis.ticks or (axis.low, (axis.low + axis.high) / 2, axis.high)
+
+
+def line_chart(title: str, series: Sequence[Series], x: Axis, y: Axis, rules: Sequence[Rule] = (),
+               frame: Frame = Frame(), empty: str = "no data yet") -> str:
+    """Lines over a shared x axis, with labelled y ticks and horizontal reference lines."""
+    esc = html.escape
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{frame.width}" height="{frame.height}" '
+             f'viewBox="0 0 {frame.width} {frame.height}" role="img" aria-label="{esc(title)}" class="chart">',
+             f'<text x="{frame.left}" y="12" font-size="11" font-weight="bold">{esc(title)}</text>',
+             f'<rect x="{frame.left}" y="{frame.top}" width="{frame.plot_width}" height="{frame.plot_height}" '
+             'fill="#f6f8fa" stroke="#d0d7de"/>']
+    for tick in _ticks(y):
+        ty = frame.top + y.scale(tick, frame.plot_height, flip=True)
+        parts.append(f'<text x="{frame.left - 4}" y="{ty + 3:.1f}" font-size="9" text-anchor="end">'
+                     f"{esc(y.format.format(tick))}</text>")
+    for tick in _ticks(x):
+        tx = frame.left + x.scale(tick, frame.plot_width, flip=False)
+        anchor = "end" if tick >= x.high else "start" if tick <= x.low else "middle"  # stay inside the frame
+        parts.append(f'<text x="{tx:.1f}" y="{frame.height - 5}" font-size="9" text-anchor="{anchor}">'
+                     f"{esc(x.format.format(tick))}</text>")
+    for rule in rules:
+        ry = frame.top + y.scale(rule.value, frame.plot_height, flip=True)
+        parts.append(f'<line x1="{frame.left}" x2="{frame.left + frame.plot_width}" y1="{ry:.1f}" y2="{ry:.1f}" '
+                     f'stroke="{rule.colour}" stroke-dasharray="4 3"/>'
+                     f'<text x="{frame.left + frame.plot_width - 2}" y="{ry - 2:.1f}" font-size="9" '
+                     f'text-anchor="end" fill="{rule.colour}">{esc(rule.label)}</text>')
+    drawn = 0
+    for line in series:
+        coords = [(frame.left + x.scale(px, frame.plot_width, flip=False),
+                   frame.top + y.scale(py, frame.plot_height, flip=True))
+                  for px, py in line.points if math.isfinite(px) and math.isfinite(py)]
+        if not coords:
+            continue
+        drawn += 1
+        dash = ' stroke-dasharray="5 3"' if line.dashed else ""
+        path = " ".join(f"{cx:.1f},{cy:.1f}" for cx, cy in coords)
+        parts.append(f'<polyline fill="none" stroke="{line.colour}" stroke-width="1.5"{dash} points="{path}">'
+                     f"<title>{esc(line.name)}</title></polyline>")
+        if len(coords) == 1:
+            parts.append(f'<circle cx="{coords[0][0]:.1f}" cy="{coords[0][1]:.1f}" r="2" fill="{line.colour}"/>')
+    if not drawn:
+        parts.append(f'<text x="{frame.left + frame.plot_width / 2}" y="{frame.top + frame.plot_height / 2}" '
+                     f'font-size="10" text-anchor="middle" fill="#57606a">{esc(empty)}</text>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def bar_chart(title: str, bars: Sequence[tuple[str, float]], colours: Sequence[str] = (), frame: Frame = Frame(),
+              value_format: str = "{:.0%}", empty: str = "no data yet") -> str:
+    """Vertical bars with a label under each (a distribution: share of requests per acceptance band)."""
+    esc = html.escape
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{frame.width}" height="{frame.height}" '
+             f'viewBox="0 0 {frame.width} {frame.height}" role="img" aria-label="{esc(title)}" class="chart">',
+             f'<text x="{frame.left}" y="12" font-size="11" font-weight="bold">{esc(title)}</text>']
+    highest = max((value for _, value in bars), default=0.0)
+    if highest <= 0:
+        parts.append(f'<text x="{frame.width / 2}" y="{frame.height / 2}" font-size="10" text-anchor="middle" '
+                     f'fill="#57606a">{esc(empty)}</text></svg>')
+        return "".join(parts)
+    slot = frame.plot_width / len(bars)
+    for i, (label, value) in enumerate(bars):
+        height = frame.plot_height * value / highest
+        bx, by = frame.left + i * slot + 1, frame.top + frame.plot_height - height
+        colour = colours[i] if i < len(colours) else PALETTE[0]
+        parts.append(f'<rect x="{bx:.1f}" y="{by:.1f}" width="{max(1.0, slot - 2):.1f}" height="{height:.1f}" '
+                     f'fill="{colour}"><title>{esc(label)}: {esc(value_format.format(value))}</title></rect>')
+        if len(bars) <= 10 or i % max(1, len(bars) // 10) == 0:
+            parts.append(f'<text x="{bx + slot / 2 - 1:.1f}" y="{frame.height - 5}" font-size="8" '
+                         f'text-anchor="middle">{esc(label)}</text>')
+    parts.append("</svg>")
+    return "".join(parts)

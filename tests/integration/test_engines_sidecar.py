@@ -1,0 +1,172 @@
+"""Simulator in each engine's format → sidecar → /metrics: the engine is detected with no config, and what the
+sidecar exports is what can be computed exactly from that engine's exposition (and nothing it cannot)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from exporter.config import TargetConfig
+from exporter.engines import ALL_PREFIXES
+from exporter.parse import select_samples
+from exporter.simulator import ModelSpec, steady_scenario
+from tests.helpers import Harness, harness_fixture, start_harness
+
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"  # ModelSpec's default name
+STEP = 5.0
+
+
+def run(harness: Harness, url: str, minutes: float = 2.0) -> dict[float, dict[str, float]]:
+    """Collect every STEP simulated seconds; the raw spec samples the engine served at each collection."""
+    raw: dict[float, dict[str, float]] = {}
+    for _ in range(int(minutes * 60 / STEP)):
+        view = harness.step(STEP)
+        text = httpx.get(url, timeout=5).text  # the simulator's clock has not moved since the collection
+        raw[harness.clock()] = {name_of(s.name, s.labels): s.value for s in select_samples(text, ALL_PREFIXES)}
+        assert view.up, view.last_error
+    return raw
+
+
+def name_of(name: str, labels: tuple[tuple[str, str], ...]) -> str:
+    position = dict(labels).get("position")
+    return name if position is None else f"{name}[{position}]"
+
+
+def one_minute(raw: dict[float, dict[str, float]]) -> tuple[dict[str, float], dict[str, float]]:
+    """The raw samples at the start and the end of the sidecar's latest 1m window (STEP apart, slack STEP/2)."""
+    times = sorted(raw)
+    return raw[times[-1] - 60.0], raw[times[-1]]
+
+
+@pytest.fixture
+def llamacpp() -> Iterator[Harness]:
+    scenario = steady_scenario(ModelSpec(acceptance_rate=0.6, num_speculative_tokens=4), fmt="llamacpp")
+    yield from harness_fixture(start_harness(scenario))
+
+
+def test_llamacpp_is_exact_and_named_from_v1_models(llamacpp: Harness) -> None:
+    raw = run(llamacpp, llamacpp.simulator_url + "/metrics")
+    metrics = llamacpp.metrics()
+    labels = {"target": "vllm", "model_name": MODEL}  # no model label in llama.cpp: from /v1/models
+    assert metrics.get("specdecode_info", **labels, api="llamacpp", num_speculative_tokens="4") == 1
+    assert not metrics.all("specdecode_info", engine="0")
+    last = raw[max(raw)]
+    assert metrics.get("specdecode_drafts_total", **labels) == last["llamacpp:spec_decode_num_drafts_total"]
+    assert metrics.get("specdecode_draft_tokens_total", **labels) == last["llamacpp:spec_decode_num_draft_tokens_total"]
+    assert metrics.get("specdecode_accepted_tokens_total", **labels) == \
+        last["llamacpp:spec_decode_num_accepted_tokens_total"]
+    start, end = one_minute(raw)
+    delta = {name: end[name] - start[name] for name in end}
+    drafts = delta["llamacpp:spec_decode_num_drafts_total"]
+    w = {**labels, "window": "1m"}
+    assert metrics.get("specdecode_acceptance_ratio", **w) == pytest.approx(
+        delta["llamacpp:spec_decode_num_accepted_tokens_total"] / delta["llamacpp:spec_decode_num_draft_tokens_total"],
+        rel=1e-12)
+    assert metrics.get("specdecode_mean_acceptance_length", **w) == pytest.approx(
+        1 + delta["llamacpp:spec_decode_num_accepted_tokens_total"] / drafts, rel=1e-12)
+    for i in range(4):
+        assert metrics.get("specdecode_position_acceptance_ratio", **w, position=str(i)) == pytest.approx(
+            delta[f"llamacpp:spec_decode_num_accepted_tokens_per_pos_total[{i}]"] / drafts, rel=1e-12)
+
+
+def test_llamacpp_model_name_from_config_wins_also_on_reload(llamacpp: Harness) -> None:
+    llamacpp.step(STEP)
+    llamacpp.step(STEP)  # the fast path: the same lines as last time
+    assert llamacpp.metrics().get("specdecode_info", target="vllm", model_name=MODEL, api="llamacpp") == 1
+    target = TargetConfig(name="vllm", url=llamacpp.simulator_url + "/metrics", timeout=2.0, model_name="tiny")
+    llamacpp.exporter.apply_config(dataclasses.replace(llamacpp.exporter.config, targets=(target,)))
+    llamacpp.step(STEP)
+    assert llamacpp.metrics().get("specdecode_info", target="vllm", model_name="tiny", api="llamacpp") == 1
+
+
+@pytest.fixture
+def sglang() -> Iterator[Harness]:
+    scenario = steady_scenario(ModelSpec(acceptance_rate=0.7, engines=2), fmt="sglang")
+    yield from harness_fixture(start_harness(scenario))
+
+
+def test_sglang_exports_drafts_and_its_own_gauges_but_no_alpha(sglang: Harness) -> None:
+    raw = run(sglang, sglang.simulator_url + "/metrics", minutes=1.5)
+    metrics = sglang.metrics()
+    counter = {"target": "vllm", "model_name": MODEL}  # the verify-call counter has no rank: no engine label
+    infos = metrics.all("specdecode_info", **counter, api="sglang", num_speculative_tokens="3")
+    assert sorted(dict(labels).get("engine", "") for labels in infos) == ["", "0", "1"]
+    verify_calls = raw[max(raw)]["sglang:spec_verify_calls_total"]
+    assert list(metrics.all("specdecode_drafts_total", **counter).values()) == [verify_calls]
+    for name in ("specdecode_draft_tokens_total", "specdecode_accepted_tokens_total", "specdecode_acceptance_ratio",
+                 "specdecode_mean_acceptance_length", "specdecode_position_acceptance_ratio",
+                 "specdecode_expected_speedup"):
+        assert metrics.all(name) == {}, f"{name} must be absent: SGLang exports no token counts"
+    assert all(v == 0 for v in metrics.all("specdecode_interval_acceptance_ratio_count").values())
+    for rank in ("0", "1"):
+        per_rank = {**counter, "engine": rank}
+        assert metrics.get("specdecode_reported_acceptance_length", **per_rank) == pytest.approx(1 + 0.7 * 3)
+        assert metrics.get("specdecode_reported_acceptance_ratio", **per_rank) == pytest.approx(0.7)
+        assert metrics.get("specdecode_drafts_total", **per_rank) is None  # the counter has no rank
+
+
+@pytest.fixture
+def trtllm() -> Iterator[Harness]:
+    scenario = steady_scenario(ModelSpec(acceptance_rate=0.65, method="mtp"), fmt="trtllm")
+    yield from harness_fixture(start_harness(scenario, url_path="/prometheus/metrics"))
+
+
+def test_trtllm_alpha_is_exact_and_method_and_k_come_from_the_engine(trtllm: Harness) -> None:
+    raw = run(trtllm, trtllm.simulator_url + "/prometheus/metrics")
+    metrics = trtllm.metrics()
+    labels = {"target": "vllm", "model_name": MODEL}
+    assert metrics.get("specdecode_info", **labels, api="trtllm", method="mtp", num_speculative_tokens="3") == 1
+    assert trtllm.status()["targets"][0]["method"] == "mtp"
+    start, end = one_minute(raw)
+    drafted = end["trtllm_spec_decode_num_draft_tokens_total"] - start["trtllm_spec_decode_num_draft_tokens_total"]
+    accepted = end["trtllm_spec_decode_num_accepted_tokens_total"] - \
+        start["trtllm_spec_decode_num_accepted_tokens_total"]
+    w = {**labels, "window": "1m"}
+    assert metrics.get("specdecode_acceptance_ratio", **w) == pytest.approx(accepted / drafted, rel=1e-12)
+    assert metrics.get("specdecode_mean_acceptance_length", **w) == pytest.approx(1 + 3 * accepted / drafted)
+    assert metrics.get("specdecode_drafts_total", **labels) is None  # TensorRT-LLM has no drafts counter
+    assert metrics.all("specdecode_position_acceptance_ratio") == {}
+    assert metrics.get("specdecode_reported_acceptance_length", **labels) == pytest.approx(1 + 0.65 * 3)
+
+
+def test_trtllm_method_from_config_wins_and_plain_metrics_path_is_json(trtllm: Harness) -> None:
+    config = trtllm.exporter.config
+    target = TargetConfig(name="vllm", url=trtllm.simulator_url + "/prometheus/metrics", timeout=2.0, method="eagle")
+    trtllm.exporter.apply_config(dataclasses.replace(config, targets=(target,)))
+    trtllm.step(STEP)
+    assert trtllm.metrics().get("specdecode_info", target="vllm", api="trtllm", method="eagle") == 1
+    assert httpx.get(trtllm.simulator_url + "/metrics", timeout=5).json() == []
+
+
+def test_tgi_is_a_collection_failure_with_its_reason() -> None:
+    harness = start_harness(steady_scenario(ModelSpec(), fmt="tgi"))
+    try:
+        view = harness.step(STEP)
+        assert not view.up
+        assert view.last_error == "no_spec_metrics: TGI exports no drafted-token count: α cannot be computed"
+        metrics = harness.metrics()
+        assert metrics.get("specdecode_up", target="vllm") == 0
+        assert metrics.get("specdecode_collect_errors_total", target="vllm", reason="no_spec_metrics") == 1
+        assert metrics.all("specdecode_info") == {}
+    finally:
+        harness.stop()
+
+
+def test_a_target_that_changes_dialect_is_followed() -> None:
+    """The sidecar selects only the known engine's lines; when they are gone it looks at every dialect again."""
+    harness = start_harness(steady_scenario(ModelSpec()))
+    try:
+        for fmt, api, error in (("v1", "vllm-v1", None), ("llamacpp", "llamacpp", None), ("tgi", None, "TGI exports"),
+                                ("trtllm", None, "parse"), ("sglang", "sglang", None), ("v1", "vllm-v1", None)):
+            harness.simulator.scenario = dataclasses.replace(harness.simulator.scenario, format=fmt)
+            view = harness.step(STEP)
+            assert view.up == (error is None), (fmt, view.last_error)
+            if error is None:
+                assert view.api == api
+            else:
+                assert error in (view.last_error or ""), (fmt, view.last_error)
+    finally:
+        harness.stop()
