@@ -6,14 +6,14 @@ import asyncio
 import gzip
 import math
 import time
-import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from exporter.simulator.exposition import content_type, render
+from exporter.simulator.requests import RequestError, parse_call, request_metrics, response_body, stream_events
 from exporter.simulator.scenario import FAULTS, ScenarioError
 from exporter.simulator.simulator import Simulator
 
@@ -93,6 +93,45 @@ def apply_phase_request(sim: Simulator, payload: object) -> None:
         sim.set_override(model=model, acceptance_rate=alpha, drafts_per_second=dps, position_acceptance=curve)
 
 
+def _prompt_tokens(payload: dict[str, Any], chat: bool) -> int:
+    if chat:
+        messages = payload.get("messages")
+        text = " ".join(str(m.get("content", "")) for m in messages if isinstance(m, dict)) \
+            if isinstance(messages, list) else ""
+    else:
+        prompt = payload.get("prompt", "")
+        text = prompt if isinstance(prompt, str) else " ".join(map(str, prompt))
+    return max(1, len(text.split()))
+
+
+async def _paced(events: Iterator[bytes], seconds: float) -> AsyncIterator[bytes]:
+    """The stream at the simulated step time: one event per engine step, as vLLM sends them."""
+    for event in events:
+        yield event
+        if seconds > 0:
+            await asyncio.sleep(seconds)
+
+
+async def serve_completion(sim: Simulator, request: Request, chat: bool) -> Response:
+    try:
+        payload = await request.json()
+    except ValueError:
+        return JSONResponse(RequestError(400, "body: expected a JSON object").body, status_code=400)
+    try:
+        call = parse_call(payload, chat, sim.model_names())
+    except RequestError as exc:
+        return JSONResponse(exc.body, status_code=exc.status)
+    prompt_tokens = _prompt_tokens(payload, chat)
+    generations = sim.serve(call, prompt_tokens, request.headers.get("x-workload"))
+    single = call.n == 1
+    metrics = request_metrics(generations[0], sim.per_request_metrics, sim.request_timings) if single else None
+    if not call.stream:
+        return JSONResponse(response_body(call, generations, prompt_tokens, metrics))
+    step = generations[0].step_seconds / sim.time_scale if sim.pace else 0.0
+    return StreamingResponse(_paced(stream_events(call, generations[0], prompt_tokens, metrics), step),
+                             media_type="text/event-stream")
+
+
 def build_app(sim: Simulator) -> FastAPI:
     app = FastAPI(title="specdecode-exporter simulated vLLM", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.simulator = sim
@@ -134,33 +173,11 @@ def build_app(sim: Simulator) -> FastAPI:
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        try:
-            payload = await request.json()
-        except ValueError:
-            return _error(400, "body: expected a JSON object")
-        if not isinstance(payload, dict):
-            return _error(400, "body: expected a JSON object")
-        model = payload.get("model") or sim.model_names()[0]
-        if model not in sim.model_names():
-            return JSONResponse({"object": "error", "message": f"The model `{model}` does not exist.",
-                                 "type": "NotFoundError", "param": None, "code": 404}, status_code=404)
-        max_tokens = payload.get("max_tokens", 16)
-        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-            return _error(400, f"max_tokens: expected a positive integer, got {max_tokens!r}")
-        prompt = payload.get("prompt", "")
-        prompt_text = prompt if isinstance(prompt, str) else " ".join(map(str, prompt))
-        prompt_tokens = max(1, len(prompt_text.split()))
-        sim.record_request(model, prompt_tokens, max_tokens)
-        return JSONResponse({
-            "id": f"cmpl-{uuid.uuid4().hex}",
-            "object": "text_completion",
-            "created": int(time.time()),
-            "model": model,
-            "choices": [{"index": 0, "text": " lorem" * max_tokens, "logprobs": None,
-                         "finish_reason": "length", "stop_reason": None}],
-            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": max_tokens,
-                      "total_tokens": prompt_tokens + max_tokens},
-        })
+        return await serve_completion(sim, request, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await serve_completion(sim, request, chat=True)
 
     @app.get("/-/state")
     async def state() -> dict[str, Any]:

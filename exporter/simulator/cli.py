@@ -41,6 +41,11 @@ _FLAGS: dict[str, str] = {
     "--drafts-per-second": "drafts per second per engine",
     "--time-scale": "simulated seconds per real second (default 1)",
     "--seed": "seed for the optional noise",
+    "--spec-decode": "true, or false for a control pod: the same model with spec decode off (default true)",
+    "--per-request-spec-decode-metrics": "none or summary, as vLLM's flag: metrics.speculative_decoding in "
+                                         "responses (default summary)",
+    "--enable-per-request-metrics": "true or false, as vLLM's flag: timings in responses (default true)",
+    "--pace": "true: stream at the simulated step time; false: as fast as possible (default true)",
 }
 
 
@@ -106,6 +111,9 @@ def build_scenario(args: argparse.Namespace) -> Scenario:
     alpha = number("--acceptance-rate", 0.0, 1.0)
     seed = integer("--seed", 0)
     changes: dict[str, object] = {}
+    spec_decode = _boolean(args, "--spec-decode", True)
+    if not spec_decode:
+        changes["spec_decode"] = False
     for key, value in (
         ("engines", integer("--engines", 1)),
         ("num_speculative_tokens", integer("--num-speculative-tokens", 1)),
@@ -135,6 +143,23 @@ def build_scenario(args: argparse.Namespace) -> Scenario:
     return scenario
 
 
+def _boolean(args: argparse.Namespace, flag: str, default: bool) -> bool:
+    raw = _opt(args, flag)
+    if raw is None:
+        return default
+    if raw.lower() not in ("true", "false"):
+        raise UsageError(f"{flag}: expected true or false, got {raw!r}")
+    return raw.lower() == "true"
+
+
+def server_options(args: argparse.Namespace) -> tuple[str, bool, bool]:
+    """What vLLM itself would be started with for the API's per-request metrics, and the stream pacing."""
+    level = _opt(args, "--per-request-spec-decode-metrics") or "summary"
+    if level not in ("none", "summary"):
+        raise UsageError(f"--per-request-spec-decode-metrics: expected none or summary, got {level!r}")
+    return level, _boolean(args, "--enable-per-request-metrics", True), _boolean(args, "--pace", True)
+
+
 def main(args: argparse.Namespace) -> int:
     try:
         host, port = parse_listen_address(_opt(args, "--web.listen-address") or "127.0.0.1:8000")
@@ -142,7 +167,8 @@ def main(args: argparse.Namespace) -> int:
         raw_scale = _opt(args, "--time-scale")
         scale = 1.0 if raw_scale is None else _convert(
             "--time-scale", raw_scale, float, "a positive number", lambda v: math.isfinite(v) and v > 0)
-        sim = Simulator(scenario, time_scale=scale)
+        level, timings, pace = server_options(args)
+        sim = Simulator(scenario, time_scale=scale, per_request_metrics=level, request_timings=timings, pace=pace)
     except (UsageError, ScenarioError) as exc:
         print(f"specdecode-exporter simulate: error: {exc}", file=sys.stderr)
         return 2

@@ -195,10 +195,11 @@ class _CreatedStamps:
 
 def v1_families(models: tuple[ModelSnapshot, ...]) -> list[Family]:
     stamp = _CreatedStamps()
+    speculating = tuple(m for m in models if m.spec.spec_decode)  # a control pod has no spec-decode families
 
-    def counter(name: str, help_: str, value: str) -> Family:
+    def counter(name: str, help_: str, value: str, among: tuple[ModelSnapshot, ...] = models) -> Family:
         series = tuple(Series(_v1_labels(m, e), float(getattr(e, value)), stamp(m, e))
-                       for m in models for e in m.engines)
+                       for m in among for e in m.engines)
         return Family(name, "counter", help_, series)
 
     def gauge(name: str, help_: str, value: str) -> Family:
@@ -212,17 +213,17 @@ def v1_families(models: tuple[ModelSnapshot, ...]) -> list[Family]:
 
     def per_position() -> tuple[Series, ...]:
         return tuple(Series(_v1_labels(m, e, ("position", str(i))), float(n), stamp(m, e))
-                     for m in models for e in m.engines for i, n in enumerate(e.per_pos))
+                     for m in speculating for e in m.engines for i, n in enumerate(e.per_pos))
 
     def by_reason() -> tuple[Series, ...]:
         return tuple(Series(_v1_labels(m, e, ("finished_reason", r)), float(e.requests.get(r, 0)), stamp(m, e))
                      for m in models for e in m.engines for r in REQUEST_REASONS_V1)
 
     # A list display evaluates in order, so _created stamps increase in registration order.
-    return [
-        counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.", "drafts"),
-        counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", "draft_tokens"),
-        counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.", "accepted"),
+    families = [
+        counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.", "drafts", speculating),
+        counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", "draft_tokens", speculating),
+        counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.", "accepted", speculating),
         Family("vllm:spec_decode_num_accepted_tokens_per_pos", "counter",
                "Accepted tokens per draft position.", per_position()),
         gauge("vllm:num_requests_running", "Number of requests in model execution batches.", "running"),
@@ -237,6 +238,7 @@ def v1_families(models: tuple[ModelSnapshot, ...]) -> list[Family]:
                   "Histogram of time_per_output_token_seconds per request.", "tpot"),
         histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", "e2e"),
     ]
+    return [f for f in families if f.series]  # vLLM without spec decode has no spec-decode families at all
 
 
 def process_families(models: tuple[ModelSnapshot, ...]) -> list[Family]:

@@ -30,6 +30,16 @@ FINISH_REASON_SHARES: tuple[tuple[str, float], ...] = (("stop", 0.85), ("length"
 
 
 @dataclass(frozen=True)
+class Workload:
+    """A part of a model's traffic with its own acceptance (a task, a temperature band)."""
+
+    name: str = "default"
+    share: float = 1.0  # of the model's verification steps (background traffic) and of its API requests
+    acceptance_rate: float | None = None  # None: the model's (phase, override) α
+    temperature: float = 0.0  # what its requests carry; an API request takes the workload nearest its temperature
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     """One served model: static shape plus the base (phase-free) traffic parameters."""
 
@@ -51,6 +61,15 @@ class ModelSpec:
     prompt_tokens: int = 512
     output_tokens: int = 256
     max_num_seqs: int = 256
+    spec_decode: bool = True  # False: a control pod (same model, spec decode off): no spec families, 1 token/step
+    workloads: tuple[Workload, ...] = ()  # a mixed workload; empty: one workload at the model's α
+    # API requests at temperature T without a matching workload accept α·(1 − sensitivity·min(T, 1)).
+    temperature_sensitivity: float = 0.5
+    per_request_spread: float = 0.03  # per-request α ~ N(the workload's α, spread), before sampling noise
+    # Load: the step time grows by batch_slowdown per running request, and the verification cost per drafted
+    # token grows from cost_per_draft_token to 1 at saturating_batch running requests (0: no growth).
+    batch_slowdown: float = 0.0
+    saturating_batch: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -74,7 +93,8 @@ class Rates:
     requests: float
     prompt_tokens: float
     step_seconds: float
-    tpot_seconds: float
+    tpot_seconds: float  # mean over the workloads, weighted by requests
+    tpot_groups: tuple[tuple[float, float], ...]  # (requests per second, TPOT) per workload
     ttft_seconds: float
     e2e_seconds: float
     running: float
@@ -123,23 +143,64 @@ def effective_acceptance_rate(spec: ModelSpec, fractions: tuple[float, ...]) -> 
     return sum(fractions) / drafted if drafted > 0 else 0.0
 
 
+def verify_cost(spec: ModelSpec, running: float) -> float:
+    """Cost of one drafted token in target steps at a batch of ``running``: the verification pass turns
+    compute-bound as the batch grows."""
+    if spec.saturating_batch <= 0:
+        return spec.cost_per_draft_token
+    share = min(1.0, running / spec.saturating_batch)
+    return spec.cost_per_draft_token + (max(1.0, spec.cost_per_draft_token) - spec.cost_per_draft_token) * share
+
+
+def step_seconds(spec: ModelSpec, running: float) -> float:
+    """One engine step at a batch of ``running``: longer under load, and longer with a draft to verify."""
+    base = spec.target_step_seconds * (1.0 + spec.batch_slowdown * running)
+    if not spec.spec_decode:
+        return base
+    return base * (1.0 + spec.num_speculative_tokens * spec.draft_fill * verify_cost(spec, running))
+
+
+def loaded_step(spec: ModelSpec, steps_per_second: float) -> tuple[float, float]:
+    """(step seconds, running requests) where they agree: Little's law (one step per running request per step
+    time) and the load-dependent step time, by fixed-point iteration."""
+    running = 0.0
+    step = step_seconds(spec, running)
+    for _ in range(12):
+        running = min(steps_per_second * step, float(spec.max_num_seqs))
+        step = step_seconds(spec, running)
+    return step, running
+
+
+def workload_mix(spec: ModelSpec, fractions: tuple[float, ...]) -> tuple[tuple[float, tuple[float, ...]], ...]:
+    """(share of steps, per-position fractions) per workload; the model's own when it has no workloads."""
+    if not spec.workloads:
+        return ((1.0, fractions),)
+    total = sum(w.share for w in spec.workloads) or 1.0
+    return tuple((w.share / total, fractions if w.acceptance_rate is None
+                  else position_fractions(w.acceptance_rate, spec.num_speculative_tokens, spec.draft_fill))
+                 for w in spec.workloads)
+
+
 def compute_rates(spec: ModelSpec, live: LiveParams, fractions: tuple[float, ...]) -> Rates:
     k = spec.num_speculative_tokens
-    drafts = max(0.0, live.drafts_per_second)
-    per_pos = tuple(drafts * f for f in fractions)
+    drafts = max(0.0, live.drafts_per_second)  # verification steps per second (engine steps: control pods)
+    mix = workload_mix(spec, fractions) if spec.spec_decode else ((1.0, (0.0,) * k),)
+    mixed = tuple(sum(share * f[i] for share, f in mix) for i in range(k))
+    fractions = mixed if spec.workloads else fractions
+    per_pos = tuple(drafts * f for f in fractions) if spec.spec_decode else (0.0,) * k
     accepted = sum(per_pos)
-    mean_length = 1.0 + sum(fractions)
-    step = spec.target_step_seconds * (1.0 + k * spec.draft_fill * spec.cost_per_draft_token)
-    tpot = step / mean_length
+    mean_length = 1.0 + sum(fractions) if spec.spec_decode else 1.0
+    step, running = loaded_step(spec, drafts)
+    groups = tuple((drafts * share * (1.0 + sum(f)) / spec.output_tokens, step / (1.0 + sum(f))) for share, f in mix)
     generation = drafts * mean_length
     requests = generation / spec.output_tokens
+    tpot = sum(n * t for n, t in groups) / requests if requests > 0 else step / mean_length
     ttft = spec.prompt_tokens * PREFILL_SECONDS_PER_TOKEN + step
-    in_flight = drafts * step  # Little's law: one draft per running request per step
-    running = min(in_flight, float(spec.max_num_seqs))
+    in_flight = drafts * step
     alpha_v0 = effective_acceptance_rate(spec, fractions)
     return Rates(
         drafts=drafts,
-        draft_tokens=drafts * k * spec.draft_fill,
+        draft_tokens=drafts * k * spec.draft_fill if spec.spec_decode else 0.0,
         per_pos=per_pos,
         accepted=accepted,
         generation_tokens=generation,
@@ -147,6 +208,7 @@ def compute_rates(spec: ModelSpec, live: LiveParams, fractions: tuple[float, ...
         prompt_tokens=requests * spec.prompt_tokens,
         step_seconds=step,
         tpot_seconds=tpot,
+        tpot_groups=groups,
         ttft_seconds=ttft,
         e2e_seconds=ttft + (spec.output_tokens - 1) * tpot,
         running=running,

@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from exporter.simulator.model import ModelSpec, cumulative_fractions
+from exporter.simulator.model import ModelSpec, Workload, cumulative_fractions
 
 ENGINE_FORMATS: tuple[str, ...] = ("llamacpp", "sglang", "trtllm", "tgi")  # written by engine_formats.py
 FORMATS: tuple[str, ...] = ("v1", "v1-multiproc", "v1-openmetrics", "v0", *ENGINE_FORMATS)
@@ -177,9 +177,41 @@ def _model_from_dict(c: _Checker, raw: object, path: str) -> ModelSpec:
                                 f"{path}.output_tokens", 1, 10**7),
         max_num_seqs=c.integer(d.get("max_num_seqs", base.max_num_seqs),
                                f"{path}.max_num_seqs", 1, 10**6),
+        spec_decode=c.boolean(d.get("spec_decode", base.spec_decode), f"{path}.spec_decode"),
+        workloads=_workloads(c, d.get("workloads"), f"{path}.workloads"),
+        temperature_sensitivity=c.number(d.get("temperature_sensitivity", base.temperature_sensitivity),
+                                         f"{path}.temperature_sensitivity", 0.0, 1.0),
+        per_request_spread=c.number(d.get("per_request_spread", base.per_request_spread),
+                                    f"{path}.per_request_spread", 0.0, 1.0),
+        batch_slowdown=c.number(d.get("batch_slowdown", base.batch_slowdown), f"{path}.batch_slowdown", 0.0, 10.0),
+        saturating_batch=c.number(d.get("saturating_batch", base.saturating_batch),
+                                  f"{path}.saturating_batch", 0.0, 1e6),
     )
     check_position_curve(c, spec.position_acceptance, spec, f"{path}.position_acceptance")
     return spec
+
+
+_WORKLOAD_KEYS = ("name", "share", "acceptance_rate", "temperature")
+
+
+def _workloads(c: _Checker, raw: object, path: str) -> tuple[Workload, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list) or not raw:
+        raise c.fail(path, f"expected a non-empty list of workloads, got {_show(raw)}")
+    out = []
+    for i, item in enumerate(raw):
+        where = f"{path}[{i}]"
+        d = c.mapping(item, where, _WORKLOAD_KEYS)
+        alpha = d.get("acceptance_rate")
+        out.append(Workload(name=c.string(d.get("name", f"w{i}"), f"{where}.name"),
+                            share=c.number(d.get("share", 1.0), f"{where}.share", 0.0, 1e6),
+                            acceptance_rate=None if alpha is None else c.number(alpha, f"{where}.acceptance_rate",
+                                                                                0.0, 1.0),
+                            temperature=c.number(d.get("temperature", 0.0), f"{where}.temperature", 0.0, 2.0)))
+    if len({w.name for w in out}) != len(out):
+        raise c.fail(path, "workload names must be distinct")
+    return tuple(out)
 
 
 def check_position_curve(c: _Checker, curve: tuple[float, ...] | None, spec: ModelSpec, path: str) -> None:

@@ -33,6 +33,7 @@ from exporter.simulator.model import (
     position_fractions,
     scale_fractions,
 )
+from exporter.simulator.requests import Call, Generation, generate, request_alpha, workload_for
 from exporter.simulator.scenario import FAULTS, Phase, Scenario, ScenarioError, default_scenario
 
 V0_REPORT_INTERVAL = 5.0  # vLLM V0 logs spec-decode metrics every 5 s (local_interval)
@@ -82,6 +83,14 @@ class HistogramAccumulator:
             value, m = mean * mult, n * weight
             self.sum += m * value
             self.per_bucket[bisect.bisect_left(self.buckets, value)] += m
+
+    def observe_exactly(self, n: float, value: float) -> None:
+        """``n`` observations of exactly ``value`` (served requests, whose latency is known)."""
+        if n <= 0:
+            return
+        self.count += n
+        self.sum += n * value
+        self.per_bucket[bisect.bisect_left(self.buckets, value)] += n
 
     def snapshot(self) -> HistogramSnapshot:
         count = exposed(self.count)
@@ -184,11 +193,31 @@ def _integrate(e: _Engine, r: Rates, dt: float) -> None:
     e.histograms["itl"].observe(r.drafts * dt, r.step_seconds)
     e.histograms["v0_tpot"].observe(r.drafts * dt, r.step_seconds)
     n_req = r.requests * dt
-    e.histograms["tpot"].observe(n_req, r.tpot_seconds)
+    for requests, tpot in r.tpot_groups:  # a mixed workload: each part at its own TPOT
+        e.histograms["tpot"].observe(requests * dt, tpot)
     e.histograms["ttft"].observe(n_req, r.ttft_seconds)
     e.histograms["e2e"].observe(n_req, r.e2e_seconds)
     e.v0_accepted += r.v0_accepted * dt
     e.v0_emitted += r.v0_emitted * dt
+
+
+def _account(e: _Engine, g: Generation, prompt_tokens: int) -> None:
+    """One served request in an engine's counters and histograms (exact observations, not spread)."""
+    e.drafts += g.spec_steps
+    e.draft_tokens += g.drafted
+    for prefix in g.accepted_per_step:
+        for i in range(prefix):
+            e.per_pos[i] += 1
+    e.v0_accepted += g.accepted
+    e.v0_emitted += g.accepted + g.spec_steps
+    e.generation += g.tokens
+    e.prompt += prompt_tokens
+    e.requests["length"] += 1.0
+    e.histograms["itl"].observe_exactly(g.steps, g.step_seconds)
+    e.histograms["v0_tpot"].observe_exactly(g.steps, g.step_seconds)
+    e.histograms["tpot"].observe_exactly(1.0, g.tpot_seconds)
+    e.histograms["ttft"].observe_exactly(1.0, g.ttft_seconds)
+    e.histograms["e2e"].observe_exactly(1.0, g.ttft_seconds + g.generation_seconds)
 
 
 def _v0_report(e: _Engine) -> None:
@@ -217,7 +246,15 @@ class Simulator:
         seed: int | None = None,
         hang_seconds: float = 600.0,
         slow_seconds: float = 10.0,
+        per_request_metrics: str = "summary",
+        request_timings: bool = True,
+        pace: bool = False,
     ) -> None:
+        # The per-request metrics vLLM is started with (--per-request-spec-decode-metrics none|summary,
+        # --enable-per-request-metrics), and whether a stream is paced at the simulated step time.
+        self.per_request_metrics = per_request_metrics
+        self.request_timings = request_timings
+        self.pace = pace
         if not (math.isfinite(time_scale) and time_scale > 0):
             raise ScenarioError(f"time_scale: expected a positive number, got {time_scale!r}")
         self.scenario = scenario if scenario is not None else default_scenario()
@@ -237,6 +274,7 @@ class Simulator:
         self._overrides: dict[str, dict[str, Any]] = {}
         self._manual_fault: str | None = None
         self._round_robin = -1
+        self._request_rng = random.Random(f"{self.seed}:requests")
         self._specs = {m.name: m for m in self.scenario.models}
         self._engines: dict[str, list[_Engine]] = {}
         self._restart_all()
@@ -430,32 +468,24 @@ class Simulator:
                 return self._current_phase().fault or "none"
             return "none"
 
-    def record_request(self, model: str, prompt_tokens: int, completion_tokens: int) -> None:
-        """Account one served /v1/completions request on the model's least-loaded engine."""
+    def serve(self, call: Call, prompt_tokens: int, workload_header: str | None = None) -> list[Generation]:
+        """Generate one API request (n choices) on the model's next engine and account every step in the
+        engine's counters and histograms, exactly as its response will report them."""
         with self._lock:
             self._sync()
-            spec = self._specs[model]
+            spec = self._specs[call.model]
             live = self.live_params(spec)
-            fractions = self._fractions(spec, live)
-            rates = compute_rates(spec, LiveParams(live.acceptance_rate, 1.0), fractions)
-            engines = self._engines[model]
+            rates = compute_rates(spec, LiveParams(live.acceptance_rate, 1.0), self._fractions(spec, live))
+            workload = workload_for(spec, call.temperature, workload_header)
+            alpha = request_alpha(spec, live.acceptance_rate, call.temperature, workload)
+            generations = [generate(spec, alpha, call.max_tokens, rates.step_seconds, rates.ttft_seconds,
+                                    self._request_rng, workload.name) for _ in range(call.n)]
+            engines = self._engines[call.model]
             self._round_robin += 1
-            e = engines[self._round_robin % len(engines)]
-            steps = completion_tokens / (1.0 + sum(fractions))
-            e.drafts += steps
-            e.draft_tokens += steps * spec.num_speculative_tokens * spec.draft_fill
-            for i, f in enumerate(fractions):
-                e.per_pos[i] += steps * f
-            e.v0_accepted += steps * rates.v0_accepted
-            e.v0_emitted += steps * rates.v0_emitted
-            e.generation += completion_tokens
-            e.prompt += prompt_tokens
-            e.requests["length"] += 1.0
-            e.histograms["itl"].observe(steps, rates.step_seconds)
-            e.histograms["v0_tpot"].observe(steps, rates.step_seconds)
-            for name, value in (("tpot", rates.tpot_seconds), ("ttft", rates.ttft_seconds),
-                                ("e2e", rates.ttft_seconds + (completion_tokens - 1) * rates.tpot_seconds)):
-                e.histograms[name].observe(1.0, value)
+            engine = engines[self._round_robin % len(engines)]
+            for generation in generations:
+                _account(engine, generation, prompt_tokens)
+            return generations
 
     def model_names(self) -> tuple[str, ...]:
         return tuple(self._specs)

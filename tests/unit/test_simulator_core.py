@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 
 from exporter.simulator import ModelSpec, Phase, Scenario, ScenarioError, Simulator, default_scenario
+from exporter.simulator.requests import Call
 from exporter.simulator.simulator import EngineSnapshot
 
 
@@ -175,12 +176,16 @@ def test_override_pauses_phases_until_resume() -> None:
     assert sim.state()["phase"]["name"] == "recovered"
 
 
-def test_record_request_counts_tokens_and_requests() -> None:
+def test_a_served_request_counts_exactly_what_it_reports() -> None:
     sim = steady(drafts_per_second=0.0)
-    sim.record_request(sim.model_names()[0], prompt_tokens=7, completion_tokens=40)
+    call = Call(chat=False, model=sim.model_names()[0], max_tokens=40, stream=False, include_usage=False, n=1,
+                temperature=0.0)
+    (generation,) = sim.serve(call, prompt_tokens=7)
     e = engine(sim)
     assert (e.prompt_tokens, e.generation_tokens, e.requests["length"]) == (7, 40, 1)
-    assert e.histograms["e2e"].count == 1
+    assert (e.drafts, e.draft_tokens, e.accepted) == (generation.spec_steps, generation.drafted, generation.accepted)
+    assert sum(e.per_pos) == generation.accepted
+    assert e.histograms["e2e"].count == 1 and e.histograms["tpot"].count == 1
 
 
 def test_faults_from_phase_and_manual() -> None:
