@@ -100,6 +100,12 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
                              "comma-separated)")
     parser.add_argument("--collect.timeout", dest="collect_timeout", metavar="DURATION",
                         help="timeout of one collection, for --target targets (default 3s)")
+    parser.add_argument("--proxy.listen-address", dest="proxy_listen_address", metavar="ADDRESS",
+                        help="turn the request tap on: also forward vLLM's OpenAI API here and record each "
+                             f"response's per-request metrics (default off; env {env_name('--proxy.listen-address')})")
+    parser.add_argument("--proxy.upstream", dest="proxy_upstream", metavar="URL",
+                        help="where the tap forwards to, http://host:port (default: the target's scheme, host and "
+                             f"port; env {env_name('--proxy.upstream')})")
     for flag in RUN_FLAGS:
         parser.add_argument(flag.flag, dest=_dest(flag.flag), metavar="VALUE",
                             help=f"{flag.help} (default {flag.default_text}; env {env_name(flag.flag)})")
@@ -109,8 +115,16 @@ def config_from_args(args: argparse.Namespace) -> Config:
     """Flags > env > config file > defaults."""
     config_file = _from_env(args, "config_file", "--config.file")
     monitoring_file = _from_env(args, "monitoring_config_file", "--monitoring.config-file")
-    config = (load_config_file(config_file, monitoring_file) if config_file
-              else config_from_mapping({}, "defaults", monitoring_file))
+    timeout_text = _from_env(args, "collect_timeout", "--collect.timeout")
+    timeout = parse_duration(timeout_text, "--collect.timeout") if timeout_text else 3.0
+    urls = args.target or [u for u in (os.environ.get("SPECDECODE_TARGET") or "").split(",") if u]
+    flagged_targets = targets_from_flags(urls, timeout) if urls else None
+    proxy_flags = {"listen_address": _from_env(args, "proxy_listen_address", "--proxy.listen-address"),
+                   "upstream": _from_env(args, "proxy_upstream", "--proxy.upstream")}
+    config = (load_config_file(config_file, monitoring_file, flagged_targets, proxy_flags) if config_file
+              else config_from_mapping({}, "defaults", monitoring_file,
+                                       flagged_targets or targets_from_flags([DEFAULT_TARGET_URL], timeout),
+                                       proxy_flags))
     overrides: dict[str, Any] = {}
     for flag in RUN_FLAGS:
         value = _from_env(args, _dest(flag.flag), flag.flag)
@@ -122,13 +136,6 @@ def config_from_args(args: argparse.Namespace) -> Config:
                               f"got {overrides[key]!r}")
     if overrides.get("telemetry_path", "/").startswith("/") is False:
         raise ConfigError(f"--web.telemetry-path: expected a path starting with /, got {overrides['telemetry_path']!r}")
-    timeout_text = _from_env(args, "collect_timeout", "--collect.timeout")
-    timeout = parse_duration(timeout_text, "--collect.timeout") if timeout_text else 3.0
-    urls = args.target or [u for u in (os.environ.get("SPECDECODE_TARGET") or "").split(",") if u]
-    if urls:
-        overrides["targets"] = targets_from_flags(urls, timeout)
-    elif not config.targets:
-        overrides["targets"] = targets_from_flags([DEFAULT_TARGET_URL], timeout)
     return validate(replace(config, **overrides))
 
 

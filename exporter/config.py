@@ -89,6 +89,19 @@ class TargetConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class ProxyConfig:
+    """The request tap: the sidecar also forwards vLLM's OpenAI API and reads each response's per-request metrics."""
+
+    listen_address: str
+    upstream: str  # http://host:port of vLLM's API (default: the target's scheme, host and port)
+    target: str  # the target whose series the tap's figures go with
+    workload_header: str = "x-workload"
+    max_workloads: int = 10
+    temperature_bands: tuple[float, ...] = (0.3, 0.7)  # the edges of the temperature label's bands
+    connect_timeout: float = 3.0
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     targets: tuple[TargetConfig, ...] = ()
     windows: tuple[Window, ...] = ()
@@ -101,6 +114,7 @@ class Config:
     verdict: VerdictBands = field(default_factory=lambda: monitoring_config.shipped().verdict)
     verdict_window: str = field(default_factory=lambda: monitoring_config.shipped().verdict_window)
     monitoring_config_file: str | None = None  # None: the shipped monitoring config
+    proxy: ProxyConfig | None = None  # the request tap, off unless a listen address is given
     listen_address: str = ":9877"
     telemetry_path: str = "/metrics"
     web_config_file: str | None = None
@@ -346,7 +360,45 @@ def parse_target(data: Any, where: str, default_timeout: float, default_cost: Co
     )
 
 
-TOP_LEVEL_KEYS = {"web", "collect", "windows", "targets", "cost_model", "page_threshold", "log", "monitoring"}
+TOP_LEVEL_KEYS = {"web", "collect", "windows", "targets", "cost_model", "page_threshold", "log", "monitoring",
+                  "proxy"}
+PROXY_KEYS = {"listen_address", "upstream", "target", "workload_header", "max_workloads", "temperature_bands",
+              "connect_timeout"}
+
+
+def api_base(url: str) -> str:
+    """The scheme, host and port of a metrics URL: where the same server's OpenAI API is."""
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}"
+
+
+def parse_proxy(data: Any, targets: tuple[TargetConfig, ...], flags: Mapping[str, str | None]) -> ProxyConfig | None:
+    """The proxy section, with --proxy.* flags winning; None when no listen address is set."""
+    section = dict(_mapping(data, "proxy"))
+    _check_keys(section, PROXY_KEYS, "proxy")
+    section.update({k: v for k, v in flags.items() if v is not None})
+    if section.get("listen_address") is None:
+        return None
+    listen = validate_listen_address(str(section["listen_address"]), "proxy.listen_address")
+    names = [t.name for t in targets]
+    target = section.get("target", names[0] if names else None)
+    if target not in names:
+        raise ConfigError(f"proxy.target: {target!r} is not one of the targets ({', '.join(names)})")
+    upstream = section.get("upstream") or api_base(next(t.url for t in targets if t.name == target))
+    if not isinstance(upstream, str) or not re.fullmatch(r"http://[^/@\s]+/?", upstream):
+        raise ConfigError(f"proxy.upstream: expected http://host:port (the tap relays plain HTTP), got {upstream!r}")
+    edges = section.get("temperature_bands", [0.3, 0.7])
+    if not isinstance(edges, list) or not edges:
+        raise ConfigError(f"proxy.temperature_bands: expected a list of increasing temperatures, got {edges!r}")
+    bands = tuple(_number(e, f"proxy.temperature_bands[{i}]", 0, 10) for i, e in enumerate(edges))
+    if list(bands) != sorted(set(bands)):
+        raise ConfigError(f"proxy.temperature_bands: must increase, got {edges!r}")
+    header = section.get("workload_header", "x-workload")
+    if not isinstance(header, str) or not re.fullmatch(r"[A-Za-z0-9!#$%&'*+.^_`|~-]+", header):
+        raise ConfigError(f"proxy.workload_header: expected an HTTP header name, got {header!r}")
+    return ProxyConfig(listen, upstream.rstrip("/"), str(target), header,
+                       _int(section.get("max_workloads", 10), "proxy.max_workloads", 1),
+                       bands, parse_duration(section.get("connect_timeout", "3s"), "proxy.connect_timeout"))
 
 
 def load_monitoring(data: Mapping[str, Any], monitoring_file: str | None) -> tuple[str | None,
@@ -370,7 +422,10 @@ def verdict_bands(data: Mapping[str, Any], monitoring: monitoring_config.Monitor
     return replace(monitoring.verdict, page_acceptance_ratio=threshold)
 
 
-def config_from_mapping(data: Any, source: str, monitoring_file: str | None = None) -> Config:
+def config_from_mapping(data: Any, source: str, monitoring_file: str | None = None,
+                        targets_override: tuple[TargetConfig, ...] | None = None,
+                        proxy_flags: Mapping[str, str | None] | None = None) -> Config:
+    """The config from a YAML mapping; --target and --proxy.* flags, given here, take part in validation."""
     if data is None:
         data = {}
     if not isinstance(data, Mapping):
@@ -391,6 +446,10 @@ def config_from_mapping(data: Any, source: str, monitoring_file: str | None = No
     targets = tuple(
         parse_target(t, f"targets[{i}]", default_timeout, default_cost) for i, t in enumerate(targets_data)
     )
+    if targets_override is not None:
+        targets = targets_override
+    if not targets:  # the vLLM beside the sidecar
+        targets = (TargetConfig(name="vllm", url=DEFAULT_TARGET_URL, timeout=default_timeout),)
     monitoring_path, monitoring = load_monitoring(data, monitoring_file)
     config = Config(
         targets=targets,
@@ -403,6 +462,7 @@ def config_from_mapping(data: Any, source: str, monitoring_file: str | None = No
         verdict=verdict_bands(data, monitoring),
         verdict_window=monitoring.verdict_window,
         monitoring_config_file=monitoring_path,
+        proxy=parse_proxy(data.get("proxy"), targets, proxy_flags or {}),
         listen_address=validate_listen_address(str(web.get("listen_address", ":9877")), "web.listen_address"),
         telemetry_path=_path(web.get("telemetry_path", "/metrics"), "web.telemetry_path"),
         web_config_file=web.get("config_file"),
@@ -449,7 +509,9 @@ def validate(config: Config) -> Config:
 RESERVED_PATHS = frozenset({"/", "/healthz", "/readyz", "/api/v1/status", "/-/reload"})
 
 
-def load_config_file(path: str, monitoring_file: str | None = None) -> Config:
+def load_config_file(path: str, monitoring_file: str | None = None,
+                     targets_override: tuple[TargetConfig, ...] | None = None,
+                     proxy_flags: Mapping[str, str | None] | None = None) -> Config:
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
@@ -462,7 +524,7 @@ def load_config_file(path: str, monitoring_file: str | None = None) -> Config:
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise ConfigError(f"{path}: invalid YAML{at}: {problem}") from None
     try:
-        return config_from_mapping(data, path, monitoring_file)
+        return config_from_mapping(data, path, monitoring_file, targets_override, proxy_flags)
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None
 

@@ -16,9 +16,11 @@ from exporter.collection import TargetView
 from exporter.derive import WindowStats
 from exporter.latency import TPOT_QUANTILES, TTFT_QUANTILES, LatencyStats
 from exporter.monitoring.promql import quantile_name
+from exporter.request_stats import RequestsView
 from exporter.series import SeriesView, WindowView
 from exporter.simulator.exposition import go_float
 from exporter.store import INTERVAL_BUCKETS
+from exporter.tap import TapStats
 
 Labels = dict[str, str]
 
@@ -46,10 +48,10 @@ class LabelledHistogram(HistogramMetricFamily):
 class Families:
     """One fresh metric family per contract entry, filled by add() (and histogram() for histograms)."""
 
-    def __init__(self) -> None:
+    def __init__(self, specs: tuple[m.MetricSpec, ...] = m.COLLECTED) -> None:
         self._families: dict[str, Metric] = {
             spec.name: LabelledHistogram(spec.name, spec.help) if spec.type == "histogram"
-            else Metric(spec.name, spec.help, spec.type) for spec in m.CONTRACT}
+            else Metric(spec.name, spec.help, spec.type) for spec in specs}
 
     def add(self, spec: m.MetricSpec, labels: Labels, value: float | None) -> None:
         """Add a sample; an unknown value (None) adds nothing, so absent data stays absent."""
@@ -181,3 +183,37 @@ class SpecDecodeCollector(Collector):
 
     def describe(self) -> Iterator[Metric]:
         yield from Families()
+
+
+def build_request_families(view: RequestsView, target: Labels, stats: TapStats | None) -> Families:
+    families = Families(m.TAP)
+    for key, totals in view.bands.items():
+        labels = {**target, "model_name": key.model_name, "workload": key.workload, "temperature": key.temperature}
+        families.add(m.REQUESTS, labels, totals.requests)
+        families.add(m.REQUEST_DRAFT_TOKENS, labels, totals.draft_tokens)
+        families.add(m.REQUEST_ACCEPTED_TOKENS, labels, totals.accepted_tokens)
+        for spec, histogram in ((m.REQUEST_ACCEPTANCE, totals.acceptance), (m.REQUEST_MEAN_LENGTH, totals.mean_length)):
+            families.histogram(spec, labels, zip(histogram.bounds, histogram.counts, strict=True), histogram.total)
+    for (model, reason), count in view.without_metrics.items():
+        families.add(m.REQUESTS_WITHOUT_SPEC, {**target, "model_name": model, "reason": reason}, count)
+    for (model, band), histogram in view.speed.items():
+        families.histogram(m.REQUEST_SPEED, {**target, "model_name": model, "acceptance": band},
+                           zip(histogram.bounds, histogram.counts, strict=True), histogram.total)
+    if stats is not None:
+        families.add(m.TAP_CONNECTIONS, target, stats.connections)
+        families.add(m.TAP_BUFFERED_BYTES, target, stats.buffered_bytes)
+    return families
+
+
+class RequestsCollector(Collector):
+    """The request tap's families, fresh on every scrape (they change with every request)."""
+
+    def __init__(self, view: Callable[[], RequestsView], target: Callable[[], Labels],
+                 stats: Callable[[], TapStats | None]) -> None:
+        self._view, self._target, self._stats = view, target, stats
+
+    def collect(self) -> Iterator[Metric]:
+        yield from build_request_families(self._view(), self._target(), self._stats())
+
+    def describe(self) -> Iterator[Metric]:
+        yield from Families(m.TAP)

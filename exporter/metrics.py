@@ -176,6 +176,51 @@ VERDICT = MetricSpec(
     "observed (against a baseline) or modelled (the cost model).",
     (*SERIES_LABELS, "window", "verdict", "basis"),
 )
+TAP_LABELS = ("target", "model_name", "workload", "temperature")
+REQUEST_ACCEPTANCE = MetricSpec(
+    "specdecode_request_acceptance_ratio", "histogram",
+    "Per-request α from the request tap (vLLM's per-request metrics: accepted / drafted tokens of one request), "
+    "by model, workload (a request header) and temperature band: the distribution the aggregate counters hide.",
+    TAP_LABELS,
+)
+REQUEST_MEAN_LENGTH = MetricSpec(
+    "specdecode_request_mean_acceptance_length", "histogram",
+    "Per-request mean acceptance length from the request tap (1 + accepted / verification steps).",
+    TAP_LABELS,
+)
+REQUESTS = MetricSpec(
+    "specdecode_requests", "counter",
+    "Completion requests through the request tap that carried spec-decode metrics.", TAP_LABELS,
+)
+REQUEST_DRAFT_TOKENS = MetricSpec(
+    "specdecode_request_draft_tokens", "counter",
+    "Drafted tokens of the requests through the tap: with the accepted counter, α per workload and temperature "
+    "band over any window is exact.", TAP_LABELS,
+)
+REQUEST_ACCEPTED_TOKENS = MetricSpec(
+    "specdecode_request_accepted_tokens", "counter", "Accepted draft tokens of the requests through the tap.",
+    TAP_LABELS,
+)
+REQUESTS_WITHOUT_SPEC = MetricSpec(
+    "specdecode_requests_without_spec_metrics", "counter",
+    "Completion requests through the tap without per-request spec-decode metrics, by reason: not_enabled (start "
+    "vLLM with --per-request-spec-decode-metrics summary), n_gt_1, multi_prompt, no_usage, http_error, "
+    "client_disconnected, upstream_failed, unparsable.",
+    ("target", "model_name", "reason"),
+)
+REQUEST_SPEED = MetricSpec(
+    "specdecode_request_output_tokens_per_second", "histogram",
+    "Per-request generation speed (vLLM's tokens_per_second, else output tokens over the streamed generation) "
+    "by the request's acceptance band: are the low-α requests the slow ones?",
+    ("target", "model_name", "acceptance"),
+)
+TAP_CONNECTIONS = MetricSpec(
+    "specdecode_tap_connections", "gauge", "Client connections the request tap holds open.", ("target",)
+)
+TAP_BUFFERED_BYTES = MetricSpec(
+    "specdecode_tap_buffered_bytes", "gauge",
+    "Bytes the request tap holds for slow clients (bounded per stream by backpressure).", ("target",),
+)
 LIFETIME_ACCEPTANCE = MetricSpec(
     "specdecode_lifetime_acceptance_ratio", "gauge",
     "vLLM V0 only: the engine's own lifetime acceptance rate gauge, passed through (since vLLM start, not windowed).",
@@ -206,7 +251,13 @@ BUILD_INFO = MetricSpec(
     "specdecode_exporter_build_info", "gauge", "Always 1: the exporter's version.", ("version", "python_version")
 )
 
-CONTRACT: tuple[MetricSpec, ...] = (
+# The tap's families change with every request: they are rendered live on each scrape, not per collection.
+TAP: tuple[MetricSpec, ...] = (
+    REQUEST_ACCEPTANCE, REQUEST_MEAN_LENGTH, REQUESTS, REQUEST_DRAFT_TOKENS, REQUEST_ACCEPTED_TOKENS,
+    REQUESTS_WITHOUT_SPEC, REQUEST_SPEED, TAP_CONNECTIONS, TAP_BUFFERED_BYTES,
+)
+
+COLLECTED: tuple[MetricSpec, ...] = (
     UP, COLLECT_DURATION, COLLECT_ERRORS, INFO,
     DRAFTS, DRAFT_TOKENS, ACCEPTED_TOKENS, EMITTED_TOKENS, ACCEPTED_BY_POSITION,
     ACCEPTANCE_RATIO, MEAN_ACCEPTANCE_LENGTH, POSITION_ACCEPTANCE_RATIO, TOKEN_ACCEPTANCE_PROBABILITY,
@@ -217,6 +268,7 @@ CONTRACT: tuple[MetricSpec, ...] = (
     LIFETIME_ACCEPTANCE, REPORTED_ACCEPTANCE_LENGTH, REPORTED_ACCEPTANCE_RATIO, SOURCE_RESTARTS, DROPPED_SERIES,
     BUILD_INFO,
 )
+CONTRACT: tuple[MetricSpec, ...] = (*COLLECTED, *TAP)
 
 
 def reference_table() -> str:

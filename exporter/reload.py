@@ -22,7 +22,7 @@ from exporter.config import Config, ConfigError
 from exporter.log import event, reconfigure_logging
 from exporter.webconfig import WebSecurity
 
-RESTART_ONLY = ("listen_address", "telemetry_path", "web_config_file", "concurrency")
+RESTART_ONLY = ("listen_address", "telemetry_path", "web_config_file", "concurrency", "proxy")
 # Config fields a reload applies, with the names a user knows them by. Targets are described by apply_config.
 APPLIED = {
     "windows": "windows", "collect_interval": "collect.interval", "max_body_bytes": "collect.max_body_size",

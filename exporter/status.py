@@ -5,10 +5,12 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from exporter import latency, request_stats
 from exporter.collection import HistoryPoint, TargetView
 from exporter.config import Config
 from exporter.derive import WindowStats
 from exporter.latency import LatencyStats, ObservedSpeedup
+from exporter.request_stats import RequestsView
 from exporter.series import SeriesView, WindowView
 
 
@@ -109,8 +111,9 @@ def baseline_json(view: TargetView) -> dict[str, Any] | None:
 
 
 def status_json(views: list[TargetView], ready: tuple[bool, str], version: str, uptime: float,
-                config: Config, now: float) -> dict[str, Any]:
+                config: Config, now: float, requests: RequestsView | None = None) -> dict[str, Any]:
     bands = config.verdict
+    tapped = config.proxy.target if config.proxy is not None else None
     return {
         "version": version,
         "uptime_seconds": round(uptime, 1),
@@ -139,7 +142,55 @@ def status_json(views: list[TargetView], ready: tuple[bool, str], version: str, 
                                "c_verify_max": view.config.cost.c_verify_max,
                                "saturating_batch": view.config.cost.saturating_batch},
                 "series": [series_json(view, s, now) for s in view.series],
+                "requests": requests_json(requests, bands.page_acceptance_ratio)
+                if requests is not None and view.config.name == tapped else None,
             }
             for view in views
         ],
+    }
+
+
+NOT_ENABLED_HINT = ("vLLM returns no per-request spec-decode metrics: start it with --per-request-spec-decode-metrics "
+                    "summary (and --enable-per-request-metrics for timings); streams need the tap's usage request, "
+                    "which it adds itself")
+
+
+def _pooled(histograms: list[request_stats.Histogram]) -> request_stats.Histogram | None:
+    if not histograms:
+        return None
+    counts = tuple(sum(column) for column in zip(*(h.counts for h in histograms), strict=True))
+    return request_stats.Histogram(histograms[0].bounds, counts, sum(h.total for h in histograms))
+
+
+def _distribution_json(histogram: request_stats.Histogram | None, page: float) -> dict[str, Any] | None:
+    if histogram is None or not histogram.observations:
+        return None
+    as_latency = latency.Histogram(histogram.bounds, [float(c) for c in histogram.counts], histogram.total)
+    below = [i for i, bound in enumerate(histogram.bounds) if bound <= page]
+    return {"requests": histogram.observations, "p10": _round(latency.quantile(0.1, as_latency)),
+            "p50": _round(latency.quantile(0.5, as_latency)),
+            "share_below_page_threshold": _round(histogram.counts[below[-1]] / histogram.observations) if below
+            else 0.0,
+            "buckets": list(histogram.bounds[:-1]), "cumulative_counts": list(histogram.counts[:-1])}
+
+
+def requests_json(view: RequestsView, page_threshold: float) -> dict[str, Any]:
+    """The request tap: α per model, workload and temperature band, the per-request distribution per model."""
+    bands = [{"model_name": key.model_name, "workload": key.workload, "temperature": key.temperature,
+              "requests": totals.requests,
+              "acceptance_ratio": _round(totals.accepted_tokens / totals.draft_tokens) if totals.draft_tokens
+              else None,
+              "distribution": _distribution_json(totals.acceptance, page_threshold)}
+             for key, totals in sorted(view.bands.items())]
+    models = sorted({key.model_name for key in view.bands})
+    reasons: dict[str, int] = {}
+    for (_, reason), count in view.without_metrics.items():
+        reasons[reason] = reasons.get(reason, 0) + count
+    return {
+        "bands": bands,
+        "models": {model: _distribution_json(_pooled([t.acceptance for k, t in view.bands.items()
+                                                       if k.model_name == model]), page_threshold)
+                   for model in models},
+        "without_spec_metrics": reasons,
+        "hint": NOT_ENABLED_HINT if reasons.get("not_enabled") else None,
     }

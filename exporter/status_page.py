@@ -5,10 +5,9 @@ same dict as /api/v1/status, so the two never disagree. No JavaScript, no extern
 from __future__ import annotations
 
 import html
-from collections.abc import Callable, Sequence
 from typing import Any
 
-from exporter.charts import Axis, Rule, Series, fit, line_chart
+from exporter.charts import Axis, Frame, Rule, Series, bar_chart, fit, line_chart
 
 VERDICT_COLOURS = {"paying off": "#1a7f37", "marginal": "#9a6700", "hurting": "#cf222e", "no traffic": "#57606a"}
 MINUTES = Axis(-60.0, 0.0, "{:.0f} min", (-60.0, -30.0, 0.0))
@@ -81,7 +80,7 @@ def series_rows(target: dict[str, Any], series: dict[str, Any], page_threshold: 
     ]
 
 
-def target_rows(status: dict[str, Any], extra: Sequence[Callable[[dict[str, Any]], str]]) -> list[str]:
+def target_rows(status: dict[str, Any]) -> list[str]:
     rows: list[str] = []
     for target in status["targets"]:
         if not target["series"]:
@@ -89,16 +88,14 @@ def target_rows(status: dict[str, Any], extra: Sequence[Callable[[dict[str, Any]
             rows.append(f"<tr><td>{html.escape(target['name'])}</td><td colspan={len(HEADER) - 1}>{state}</td></tr>")
         for series in target["series"]:
             rows += series_rows(target, series, status["page_threshold"])
-        rows += [part for render in extra if (part := render(target))]
+        rows.append(requests_rows(target, status["page_threshold"]))
     return rows
 
 
-def status_html(status: dict[str, Any], telemetry_path: str,
-                extra: Sequence[Callable[[dict[str, Any]], str]] = ()) -> str:
-    """The page; ``extra`` renders more rows per target (the request tap's distribution)."""
+def status_html(status: dict[str, Any], telemetry_path: str) -> str:
     e = html.escape
     bands = status["verdict_bands"]
-    body = "\n".join(target_rows(status, extra)) or f"<tr><td colspan={len(HEADER)}>no targets configured</td></tr>"
+    body = "\n".join(target_rows(status)) or f"<tr><td colspan={len(HEADER)}>no targets configured</td></tr>"
     head = "".join(f"<th>{e(name)}</th>" for name in HEADER)
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>specdecode-exporter</title><style>{STYLE}</style></head><body>
@@ -119,3 +116,35 @@ the page threshold {status['page_threshold']:g}, marginal between (or with a tai
 
 
 
+
+
+def requests_rows(target: dict[str, Any], page_threshold: float) -> str:
+    """The request tap's part of a target: the per-request α distribution per model as bars (red below the page
+    threshold), α per workload and temperature band, and what is missing and why."""
+    requests = target.get("requests")
+    if requests is None:
+        return ""
+    e = html.escape
+    charts = []
+    for model, distribution in requests["models"].items():
+        if distribution is None:
+            continue
+        counts = distribution["cumulative_counts"]
+        per_bucket = [c - (counts[i - 1] if i else 0) for i, c in enumerate(counts)]
+        total = max(1, distribution["requests"])
+        bars = [(f"{bound:g}", n / total) for bound, n in zip(distribution["buckets"], per_bucket, strict=True)]
+        colours = ["#cf222e" if bound <= page_threshold else "#1a7f37" for bound in distribution["buckets"]]
+        charts.append(bar_chart(f"per-request α, {model}", bars, colours, Frame(width=360)) +
+                      f"<p><small>{distribution['requests']} requests; P10 {_cell(distribution['p10'], '{:.2f}')}, "
+                      f"{_cell(distribution['share_below_page_threshold'], '{:.0%}')} below {page_threshold:g}"
+                      "</small></p>")
+    bands = "".join(
+        f"<tr><td>{e(b['model_name'])}</td><td>{e(b['workload'])}</td><td>{e(b['temperature'])}</td>"
+        f"<td>{b['requests']}</td><td>{_cell(b['acceptance_ratio'], '{:.2f}')}</td></tr>" for b in requests["bands"])
+    missing = ", ".join(f"{e(reason)} {count}" for reason, count in requests["without_spec_metrics"].items())
+    hint = f"<p class='hint'>{e(requests['hint'])}</p>" if requests["hint"] else ""
+    table = ("<table><tr><th>model</th><th>workload</th><th>temperature</th><th>requests</th><th>α</th></tr>"
+             f"{bands}</table>") if bands else "<p>no tapped request with spec-decode metrics yet</p>"
+    return (f"<tr class='charts'><td colspan={len(HEADER)}><b>Per request (the request tap)</b>"
+            f"<div>{''.join(charts)}</div>{table}"
+            f"<p><small>without spec-decode metrics: {missing or 'none'}</small></p>{hint}</td></tr>")

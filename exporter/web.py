@@ -19,9 +19,11 @@ from prometheus_client.exposition import choose_encoder
 
 from exporter.collection import Exporter, TargetView
 from exporter.config import Config, split_listen_address
-from exporter.expose import SpecDecodeCollector, exporter_version
+from exporter.expose import RequestsCollector, SpecDecodeCollector, exporter_version
 from exporter.httpserver import QuietServer, bind_socket
 from exporter.log import event
+from exporter.proxy import TapRuntime, tap_runtime
+from exporter.request_stats import NO_REQUESTS
 from exporter.reload import ReloadCollector, Reloader
 from exporter.status import status_json
 from exporter.status_page import status_html
@@ -46,13 +48,17 @@ class MetricsRenderer:
     text (and its gzip) is rendered once per set of views and reused by every scrape until then; the process,
     platform, GC and reload families are cheap and rendered fresh each time."""
 
-    def __init__(self, exporter: Exporter, reloader: Reloader | None = None) -> None:
+    def __init__(self, exporter: Exporter, reloader: Reloader | None = None, tap: TapRuntime | None = None) -> None:
         self._views = exporter.views
         self._specdecode = CollectorRegistry(auto_describe=True)
         self._specdecode.register(SpecDecodeCollector(self._current_views))
         self._live = CollectorRegistry(auto_describe=True)
         if reloader is not None:
             self._live.register(ReloadCollector(reloader))
+        # The per-request families change with every tapped request: rendered on every scrape (empty, with
+        # their HELP and TYPE, when the tap is off).
+        self._live.register(RequestsCollector(tap.view, lambda: tap.labels, tap.stats) if tap is not None
+                            else RequestsCollector(lambda: NO_REQUESTS, dict, lambda: None))
         ProcessCollector(registry=self._live)
         PlatformCollector(registry=self._live)
         GCCollector(registry=self._live)
@@ -120,18 +126,22 @@ def _on_sighup(reloader: Reloader | None) -> Callable[[], None]:
 
 
 def build_app(exporter: Exporter, run_collection: bool = True, reloader: Reloader | None = None,
-              security: WebSecurity | None = None) -> FastAPI:
+              security: WebSecurity | None = None, tap: TapRuntime | None = None) -> FastAPI:
     config: Config = exporter.config  # what the listener was built with; a reload changes exporter.config
-    renderer = MetricsRenderer(exporter, reloader)
+    renderer = MetricsRenderer(exporter, reloader, tap)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         task = asyncio.create_task(exporter.run(), name="collection") if run_collection else None
         undo_sighup = _on_sighup(reloader)
+        if tap is not None:  # on this loop: the relay runs beside the collection, never in a thread
+            await tap.start()
         try:
             yield
         finally:
             undo_sighup()
+            if tap is not None:
+                await tap.stop()
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -143,7 +153,7 @@ def build_app(exporter: Exporter, run_collection: bool = True, reloader: Reloade
     def current_status() -> dict[str, object]:
         now = exporter.clock()
         return status_json(exporter.views(), exporter.ready(), exporter_version(), now - exporter.started_at,
-                           exporter.config, now)
+                           exporter.config, now, tap.view() if tap is not None else None)
 
     @app.get(config.telemetry_path)
     def metrics(request: Request) -> Response:
@@ -185,8 +195,16 @@ def serve(config: Config, load: Callable[[], Config] | None = None, security: We
     exporter = Exporter(config)
     reloader = Reloader(exporter, load or (lambda: config), security)
     host, port = split_listen_address(config.listen_address)
-    uv_config = uvicorn.Config(build_app(exporter, reloader=reloader, security=security), host=host, port=port,
-                               log_config=None, access_log=False, timeout_graceful_shutdown=5, lifespan="on")
+    try:
+        tap = tap_runtime(config)
+    except OSError as exc:
+        event(logging.ERROR, "cannot listen", listen_address=config.proxy.listen_address if config.proxy else "",
+              detail=exc.strerror or str(exc), what="request tap")
+        return 1
+    # uvloop where installed (the tap's relay is a few µs a chunk cheaper on it), else asyncio's own loop.
+    uv_config = uvicorn.Config(build_app(exporter, reloader=reloader, security=security, tap=tap), host=host,
+                               port=port, log_config=None, access_log=False, timeout_graceful_shutdown=5,
+                               lifespan="on", loop="auto")
     if security is not None and security.ssl_context is not None:
         uv_config.load()
         uv_config.ssl = security.ssl_context  # ours, so a reload can swap the certificate in place
@@ -195,7 +213,8 @@ def serve(config: Config, load: Callable[[], Config] | None = None, security: We
           telemetry_path=config.telemetry_path, targets=",".join(t.url for t in config.targets),
           interval=f"{config.collect_interval:g}s", windows=",".join(w.name for w in config.windows),
           tls=security is not None and security.ssl_context is not None,
-          basic_auth=security is not None and bool(security.users))
+          basic_auth=security is not None and bool(security.users),
+          request_tap=f"{config.proxy.listen_address} -> {config.proxy.upstream}" if config.proxy else "off")
     try:
         sock = bind_socket(host, port)
     except OSError as exc:

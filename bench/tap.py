@@ -1,0 +1,557 @@
+"""Request tap bench: what a relay in front of vLLM adds, against calling the upstream directly in the same run.
+
+    .venv/bin/python bench/tap.py                 # 64 and 256 streams, every variant, ~3 minutes
+    .venv/bin/python bench/tap.py --rounds 3      # interleaved repeats, medians (the machine is shared and noisy)
+    .venv/bin/python bench/tap.py --streams 64 --seconds 5 --variants tap-uvloop,raw-relay-uvloop
+
+Three processes per run, loopback only: a fake upstream (raw asyncio on uvloop) that answers each streamed
+completion with one vLLM-sized SSE event every 5 ms per stream; the relay under test (absent for "direct"); a load
+generator (raw asyncio on uvloop) holding N keep-alive connections, each sending one streamed request (100 events)
+after another, stream starts spread over one stream's length (independent arrivals). The client does not ask for
+usage, so the tap injects `stream_options.include_usage` and strips the usage event again (its costliest path).
+
+Figures: time to first byte on kept-alive connections (p50, p99, and what the relay adds to direct's; a
+connection's first request is reported apart, as ttfb_first_p50, in the JSON lines); the relay's CPU per forwarded
+chunk (utime + stime from /proc over the load window / chunks received); stalls (a gap over 50 ms between two events
+of one stream, which the upstream sends 5 ms apart); the CPU other jobs used meanwhile.
+
+Variants: tap-uvloop (exporter.tap on uvloop: the design); raw-relay-uvloop (bytes relayed both ways, nothing
+parsed: the floor); tap-asyncio (exporter.tap on the default loop); aiohttp (client + server on uvloop; needs
+`pip install aiohttp`); httpx-starlette (httpx client + Starlette StreamingResponse on uvicorn with uvloop and
+httptools: the obvious FastAPI-style proxy). Results and discussion: docs/tap-design.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib.util
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, cast
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.append(str(ROOT))
+
+from bench.common import CLK_TCK, free_port, proc_cpu_seconds  # noqa: E402
+
+INTERVAL = 0.005  # one SSE event per stream every 5 ms
+EVENTS_PER_STREAM = 100  # 0.5 s streams, so each connection measures many first bytes
+STALL_GAP = 0.050
+VARIANTS = ("tap-uvloop", "raw-relay-uvloop", "tap-asyncio", "aiohttp", "httpx-starlette")
+_EVENT = (
+    b'data: {"id":"cmpl-8c79809def3acc5c","object":"text_completion","created":1795364486,"model":"tiny",'
+    b'"choices":[{"index":0,"text":" robami","logprobs":null,"finish_reason":null,"stop_reason":null,'
+    b'"prompt_token_ids":null,"token_ids":null}]}\n\n'
+)
+_TERMINAL = _EVENT.replace(b'"finish_reason":null', b'"finish_reason":"length"')
+_USAGE = (
+    b'data: {"id":"cmpl-8c79809def3acc5c","object":"text_completion","created":1795364486,"model":"tiny",'
+    b'"choices":[],"usage":{"prompt_tokens":31,"total_tokens":71,"completion_tokens":40},'
+    b'"system_fingerprint":"vllm-0.32.0-03d32f27","metrics":{"time_to_first_token_ms":61.7,'
+    b'"speculative_decoding":{"mean_acceptance_length":3.27,"draft_acceptance_rate":0.76,'
+    b'"acceptance_histogram":[2,1,0,8],"num_spec_steps":11,"num_accepted_draft_tokens":25,'
+    b'"num_draft_tokens":33,"num_spec_tokens":3}}}\n\n'
+)
+_FINGERPRINT = b',"system_fingerprint":"vllm-0.32.0-03d32f27"'
+
+
+def _chunk(payload: bytes) -> bytes:
+    return b"%x\r\n%b\r\n" % (len(payload), payload)
+
+
+# ---- the fake upstream -----------------------------------------------------------------------------------------
+
+
+class _UpstreamConn(asyncio.Protocol):
+    """Answers each POST with a stream: head and first event at once, then one event per INTERVAL."""
+
+    def __init__(self) -> None:
+        self.buffer = b""
+        self.transport: asyncio.Transport | None = None
+        self.loop = asyncio.get_running_loop()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        end = self.buffer.find(b"\r\n\r\n")
+        if end < 0:
+            return
+        head = self.buffer[:end].lower()
+        length = int(head.split(b"content-length:")[1].split(b"\r\n")[0]) if b"content-length:" in head else 0
+        if len(self.buffer) < end + 4 + length:
+            return
+        body = self.buffer[end + 4 : end + 4 + length]
+        self.buffer = self.buffer[end + 4 + length :]
+        usage = b'"include_usage":true' in body.replace(b" ", b"")
+        start = b"HTTP/1.1 200 OK\r\nserver: uvicorn\r\ncontent-type: text/event-stream; charset=utf-8\r\n"
+        assert self.transport is not None
+        self.transport.write(start + b"transfer-encoding: chunked\r\n\r\n" + _chunk(_EVENT))
+        self.loop.call_at(self.loop.time() + INTERVAL, self.tick, 1, self.loop.time(), usage)
+
+    def tick(self, sent: int, started: float, usage: bool) -> None:
+        transport = self.transport
+        if transport is None:
+            return
+        if sent < EVENTS_PER_STREAM - 1:
+            transport.write(_chunk(_EVENT))
+            self.loop.call_at(started + (sent + 1) * INTERVAL, self.tick, sent + 1, started, usage)
+            return
+        # The end, written the way uvicorn writes vLLM's last events: one write each.
+        if usage:
+            transport.write(_chunk(_TERMINAL))
+            transport.write(_chunk(_USAGE))
+        else:
+            transport.write(_chunk(_TERMINAL[: _TERMINAL.rindex(b"}")] + _FINGERPRINT + b"}\n\n"))
+        transport.write(_chunk(b"data: [DONE]\n\n"))
+        transport.write(b"0\r\n\r\n")
+
+
+async def _serve_upstream(port: int) -> None:
+    loop = asyncio.get_running_loop()
+    await loop.create_server(_UpstreamConn, "127.0.0.1", port, backlog=2048)
+    await asyncio.Event().wait()
+
+
+# ---- relays under test -------------------------------------------------------------------------------------------
+
+
+class _CountingObserver:
+    def __init__(self) -> None:
+        self.count = 0
+
+    def observe(self, request: object, result: object) -> None:
+        self.count += 1
+
+
+async def _serve_tap(port: int, upstream: str) -> None:
+    from exporter.tap import start_tap
+
+    await start_tap("127.0.0.1", port, upstream, _CountingObserver())
+    await asyncio.Event().wait()
+
+
+class _RawRelay(asyncio.Protocol):
+    """The floor: bytes relayed both ways, nothing parsed (what any HTTP-aware relay costs more than)."""
+
+    def __init__(self, upstream_port: int) -> None:
+        self.upstream_port = upstream_port
+        self.client: asyncio.Transport | None = None
+        self.upstream: asyncio.Transport | None = None
+        self.pending: list[bytes] = []
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.client = cast(asyncio.Transport, transport)
+        asyncio.get_running_loop().create_task(self.connect())
+
+    async def connect(self) -> None:
+        relay = self
+
+        class Back(asyncio.Protocol):
+            def data_received(self, data: bytes) -> None:
+                assert relay.client is not None
+                relay.client.write(data)
+
+            def connection_lost(self, exc: Exception | None) -> None:
+                assert relay.client is not None
+                relay.client.close()
+
+        loop = asyncio.get_running_loop()
+        self.upstream, _ = await loop.create_connection(Back, "127.0.0.1", self.upstream_port)
+        self.upstream.write(b"".join(self.pending))
+
+    def data_received(self, data: bytes) -> None:
+        if self.upstream is None:
+            self.pending.append(data)
+        else:
+            self.upstream.write(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.upstream is not None:
+            self.upstream.close()
+
+
+async def _serve_raw_relay(port: int, upstream: str) -> None:
+    upstream_port = int(upstream.rsplit(":", 1)[1])
+    await asyncio.get_running_loop().create_server(lambda: _RawRelay(upstream_port), "127.0.0.1", port, backlog=2048)
+    await asyncio.Event().wait()
+
+
+async def _serve_aiohttp(port: int, upstream: str) -> None:
+    import aiohttp
+    from aiohttp import web
+
+    hop = {"connection", "keep-alive", "transfer-encoding", "content-length", "host"}
+    session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), auto_decompress=False)
+
+    async def relay(request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in hop}
+        async with session.request(request.method, upstream + request.path_qs, headers=headers, data=body) as up:
+            response = web.StreamResponse(
+                status=up.status, headers={k: v for k, v in up.headers.items() if k.lower() not in hop}
+            )
+            await response.prepare(request)
+            async for piece in up.content.iter_any():
+                await response.write(piece)
+            await response.write_eof()
+            return response
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", relay)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port, backlog=2048).start()
+    await asyncio.Event().wait()
+
+
+def _serve_httpx_starlette(port: int, upstream: str) -> None:
+    import httpx
+    import uvicorn
+    from starlette.applications import Starlette
+    from starlette.background import BackgroundTask
+    from starlette.requests import Request
+    from starlette.responses import StreamingResponse
+    from starlette.routing import Route
+
+    client = httpx.AsyncClient(base_url=upstream, timeout=None, limits=httpx.Limits(max_connections=None))
+    hop = {"connection", "keep-alive", "transfer-encoding", "content-length", "host"}
+
+    async def relay(request: Request) -> StreamingResponse:
+        headers = {k: v for k, v in request.headers.items() if k not in hop}
+        upstream_request = client.build_request(
+            request.method, request.url.path, headers=headers, content=await request.body()
+        )
+        up = await client.send(upstream_request, stream=True)
+        return StreamingResponse(
+            up.aiter_raw(),
+            status_code=up.status_code,
+            headers={k: v for k, v in up.headers.items() if k not in hop},
+            background=BackgroundTask(up.aclose),
+        )
+
+    app = Starlette(routes=[Route("/{path:path}", relay, methods=["GET", "POST"])])
+    uvicorn.run(
+        app,
+        host="127.0.0.1",
+        port=port,
+        loop="uvloop",
+        http="httptools",
+        log_level="warning",
+        access_log=False,
+        backlog=2048,
+    )
+
+
+# ---- load generator ----------------------------------------------------------------------------------------------
+
+
+class _LoadConn(asyncio.Protocol):
+    """One keep-alive connection sending streamed requests back to back until the deadline."""
+
+    def __init__(self, stats: dict[str, Any], deadline: float, done: asyncio.Future[None]) -> None:
+        self.stats, self.deadline, self.done = stats, deadline, done
+        self.loop = asyncio.get_running_loop()
+        self.transport: asyncio.Transport | None = None
+        self.sent_at = 0.0
+        self.last = 0.0
+        self.first = True
+        self.tail = b""
+        self.sent = 0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+        self.send()
+
+    def send(self) -> None:
+        body = b'{"model":"tiny","prompt":"lin mire ren","max_tokens":100,"stream":true}'
+        assert self.transport is not None
+        self.first, self.tail = True, b""
+        self.sent += 1
+        self.sent_at = time.perf_counter()
+        self.transport.write(
+            b"POST /v1/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\n\r\n%b" % (len(body), body)
+        )
+
+    def data_received(self, data: bytes) -> None:
+        now = time.perf_counter()
+        stats = self.stats
+        if self.first:
+            self.first = False
+            # A connection's first request also pays for opening connections: kept apart.
+            stats["ttfb" if self.sent > 1 else "ttfb_first"].append(now - self.sent_at)
+        elif now - self.last > STALL_GAP:
+            stats["stalls"] += 1
+        self.last = now
+        stats["events"] += data.count(b"data: ")
+        self.tail = (self.tail + data)[-7:]
+        if self.tail.endswith(b"\r\n0\r\n\r\n"):
+            stats["requests"] += 1
+            if now < self.deadline:
+                self.send()
+            elif not self.done.done():
+                self.stats["open"] -= 1
+                if self.stats["open"] == 0:
+                    self.done.set_result(None)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.stats["errors"] += 1
+
+
+async def _load(port: int, streams: int, seconds: float) -> dict[str, Any]:
+    loop = asyncio.get_running_loop()
+    stats: dict[str, Any] = {
+        "ttfb": [],
+        "ttfb_first": [],
+        "events": 0,
+        "stalls": 0,
+        "requests": 0,
+        "errors": 0,
+        "open": streams,
+    }
+    done: asyncio.Future[None] = loop.create_future()
+    deadline = time.perf_counter() + seconds
+    transports = []
+    for index in range(streams):
+        # Stream starts spread over one stream's length, so that requests then arrive evenly, as independent
+        # clients' would (started together, equal streams would end and restart in lockstep waves).
+        await asyncio.sleep(EVENTS_PER_STREAM * INTERVAL / streams if index else 0)
+        transport, _ = await loop.create_connection(lambda: _LoadConn(stats, deadline, done), "127.0.0.1", port)
+        transports.append(transport)
+    await asyncio.wait_for(done, seconds + 30)
+    for transport in transports:
+        transport.close()
+    stats["errors"] -= streams  # the closes above
+    return stats
+
+
+# ---- orchestration -----------------------------------------------------------------------------------------------
+
+
+def _spawn(*args: str) -> subprocess.Popen[bytes]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.Popen([sys.executable, __file__, *args], env=env)
+
+
+def _wait_port(port: int, timeout: float = 20.0) -> None:
+    import socket
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise RuntimeError(f"nothing listens on {port}")
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def _busy_cpu_seconds() -> float:
+    """CPU seconds all cores spent busy since boot (/proc/stat)."""
+    with open("/proc/stat", encoding="ascii") as f:
+        fields = [int(v) for v in f.readline().split()[1:]]
+    return (sum(fields) - fields[3] - fields[4]) / CLK_TCK
+
+
+def _wait_for_quiet(limit: float) -> None:
+    """Wait (at most ``limit`` seconds) for a second in which the machine was nearly idle: other jobs share it."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        before = _busy_cpu_seconds()
+        time.sleep(1.0)
+        if _busy_cpu_seconds() - before < 0.1:
+            return
+
+
+def _measure(
+    variant: str, upstream: subprocess.Popen[bytes], upstream_port: int, streams: int, seconds: float, quiet_wait: float
+) -> dict[str, Any]:
+    proxy = None
+    port = upstream_port
+    if variant != "direct":
+        port = free_port()
+        proxy = _spawn(
+            "--role",
+            "proxy",
+            "--variant",
+            variant,
+            "--port",
+            str(port),
+            "--upstream",
+            f"http://127.0.0.1:{upstream_port}",
+        )
+        _wait_port(port)
+    _wait_for_quiet(quiet_wait)
+    ours = [upstream, *([proxy] if proxy else [])]
+    with tempfile.NamedTemporaryFile(suffix=".json") as out:
+        before = [proc_cpu_seconds(p.pid) for p in ours]
+        busy_before, started = _busy_cpu_seconds(), time.monotonic()
+        load = _spawn(
+            "--role",
+            "load",
+            "--port",
+            str(port),
+            "--streams",
+            str(streams),
+            "--seconds",
+            str(seconds),
+            "--out",
+            out.name,
+        )
+        load_cpu = 0.0
+        while load.poll() is None:
+            with contextlib.suppress(OSError, IndexError):
+                load_cpu = proc_cpu_seconds(load.pid)
+            time.sleep(0.05)
+        spent = [proc_cpu_seconds(p.pid) - b for p, b in zip(ours, before, strict=True)]
+        elapsed = time.monotonic() - started
+        # Whatever else ran on the machine meanwhile (other jobs share it): context for the latency figures.
+        background = (_busy_cpu_seconds() - busy_before - sum(spent) - load_cpu) / elapsed
+        cpu = spent[1] if proxy else 0.0
+        stats = json.loads(Path(out.name).read_text())
+    if proxy:
+        _stop(proxy)
+    ttfb = sorted(stats["ttfb"])
+    return {
+        "variant": variant,
+        "streams": streams,
+        "requests": stats["requests"],
+        "events": stats["events"],
+        "stalls": stats["stalls"],
+        "errors": stats["errors"],
+        "ttfb_p50": statistics.median(ttfb),
+        "ttfb_p99": ttfb[int(0.99 * (len(ttfb) - 1))],
+        "ttfb_first_p50": statistics.median(stats["ttfb_first"]),
+        "cpu_per_chunk": cpu / stats["events"] if proxy and stats["events"] else 0.0,
+        "cpu_share": cpu / seconds,
+        "background_cores": max(0.0, background),
+    }
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "| streams | variant | requests | chunks | TTFB p50 | TTFB p99 | added p50 | added p99 | "
+        "proxy CPU/chunk | proxy CPU | % core per 1k tok/s | stalls | other load |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    direct = {r["streams"]: r for r in rows if r["variant"] == "direct"}
+    for r in rows:
+        base = direct[r["streams"]]
+        per_chunk = r["cpu_per_chunk"]
+        lines.append(
+            f"| {r['streams']} | {r['variant']} | {r['requests']} | {r['events']} | {r['ttfb_p50'] * 1e3:.2f} ms | "
+            f"{r['ttfb_p99'] * 1e3:.2f} ms | {(r['ttfb_p50'] - base['ttfb_p50']) * 1e3:+.2f} ms | "
+            f"{(r['ttfb_p99'] - base['ttfb_p99']) * 1e3:+.2f} ms | "
+            f"{per_chunk * 1e6:.1f} µs | {r['cpu_share'] * 100:.0f} % | {per_chunk * 1000 * 100:.1f} % | "
+            f"{r['stalls']} (direct {base['stalls']}) | {r['background_cores']:.2f} cores |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--role", default="bench", choices=["bench", "upstream", "proxy", "load"])
+    parser.add_argument("--variant", default="tap-uvloop")
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--streams", default="64,256")
+    parser.add_argument("--seconds", type=float, default=6.0)
+    parser.add_argument("--rounds", type=int, default=1, help="repeat, interleaved; the table shows medians")
+    parser.add_argument("--quiet-wait", type=float, default=20.0, help="s to wait for an idle machine before a run")
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--upstream", default="")
+    parser.add_argument("--out", default="")
+    args = parser.parse_args()
+    if args.role != "bench":
+        _run_role(args)
+        return
+    variants = [v for v in args.variants.split(",") if _available(v)]
+    upstream_port = free_port()
+    upstream = _spawn("--role", "upstream", "--port", str(upstream_port))
+    rows: list[dict[str, Any]] = []
+    try:
+        _wait_port(upstream_port)
+        for streams in (int(s) for s in args.streams.split(",")):
+            for _ in range(args.rounds):
+                for variant in ("direct", *variants):
+                    row = _measure(variant, upstream, upstream_port, streams, args.seconds, args.quiet_wait)
+                    print(json.dumps(row), flush=True)
+                    rows.append(row)
+    finally:
+        _stop(upstream)
+    print(_table(_medians(rows)))
+
+
+def _medians(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (streams, variant): the median of each figure over the rounds; stalls and counts summed."""
+    groups: dict[tuple[int, str], list[dict[str, Any]]] = {}
+    for row in rows:
+        groups.setdefault((row["streams"], row["variant"]), []).append(row)
+    summed = ("requests", "events", "stalls", "errors")
+    return [
+        {
+            key: (
+                sum(r[key] for r in group)
+                if key in summed
+                else statistics.median(r[key] for r in group)
+                if isinstance(group[0][key], float)
+                else group[0][key]
+            )
+            for key in group[0]
+        }
+        for group in groups.values()
+    ]
+
+
+def _available(variant: str) -> bool:
+    if variant == "aiohttp" and importlib.util.find_spec("aiohttp") is None:
+        print("aiohttp is not installed: variant skipped (.venv/bin/pip install aiohttp)", file=sys.stderr)
+        return False
+    return True
+
+
+def _run_role(args: argparse.Namespace) -> None:
+    import uvloop
+
+    if args.role == "upstream":
+        uvloop.run(_serve_upstream(args.port))
+    elif args.role == "load":
+        stats = uvloop.run(_load(args.port, int(args.streams), args.seconds))
+        Path(args.out).write_text(json.dumps(stats))
+    elif args.variant == "tap-uvloop":
+        uvloop.run(_serve_tap(args.port, args.upstream))
+    elif args.variant == "raw-relay-uvloop":
+        uvloop.run(_serve_raw_relay(args.port, args.upstream))
+    elif args.variant == "tap-asyncio":
+        asyncio.run(_serve_tap(args.port, args.upstream))
+    elif args.variant == "aiohttp":
+        uvloop.run(_serve_aiohttp(args.port, args.upstream))
+    elif args.variant == "httpx-starlette":
+        _serve_httpx_starlette(args.port, args.upstream)
+    else:
+        raise SystemExit(f"unknown variant {args.variant}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,186 @@
+"""Just enough HTTP/1.1 to relay messages byte for byte: heads, body framing and the chunked transfer coding.
+
+Anything this module cannot read returns None, and the relay then forwards the connection's bytes untouched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+HEAD_END = b"\r\n\r\n"
+MAX_HEAD = 64 * 1024  # uvicorn (h11) refuses heads beyond 16 KiB; past this the relay stops parsing
+
+_TOKEN_CHARS = frozenset(b"!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+
+
+@dataclass(slots=True)
+class Head:
+    """A request or response head: the raw bytes plus the few fields framing needs."""
+
+    raw: bytes  # start line and headers, CRLF CRLF included
+    start: list[bytes]  # the start line split on single spaces (at most 3 parts)
+    fields: dict[bytes, list[bytes]]  # lower-cased name -> values in order
+    content_length: int | None
+    chunked: bool
+
+    def value(self, name: bytes) -> bytes | None:
+        values = self.fields.get(name)
+        return values[-1] if values else None
+
+    def has_token(self, name: bytes, token: bytes) -> bool:
+        """Whether a comma-separated header such as Connection lists ``token`` (case-insensitive)."""
+        return any(token == part.strip().lower() for value in self.fields.get(name, ()) for part in value.split(b","))
+
+
+def parse_head(raw: bytes) -> Head | None:
+    """``raw`` ends with CRLF CRLF. None for anything malformed or ambiguous (obs-fold, conflicting lengths)."""
+    lines = raw[:-4].split(b"\r\n")
+    start = lines[0].split(b" ", 2)
+    if len(start) < 2:
+        return None
+    fields: dict[bytes, list[bytes]] = {}
+    for line in lines[1:]:
+        name, colon, value = line.partition(b":")
+        if not colon or not name or not _TOKEN_CHARS.issuperset(name):
+            return None
+        fields.setdefault(name.lower(), []).append(value.strip(b" \t"))
+    chunked = False
+    if b"transfer-encoding" in fields:
+        codings = b",".join(fields[b"transfer-encoding"]).lower().split(b",")
+        if codings[-1].strip() != b"chunked":
+            return None
+        chunked = True
+    content_length: int | None = None
+    lengths = {v for value in fields.get(b"content-length", ()) for v in value.split(b",")}
+    if lengths:
+        if len(lengths) > 1 or chunked:
+            return None
+        text = lengths.pop().strip()
+        if not text.isdigit():
+            return None
+        content_length = int(text)
+    return Head(raw, start, fields, content_length, chunked)
+
+
+def replace_content_length(raw_head: bytes, length: int) -> bytes:
+    """The same head with its Content-Length value replaced, every other byte kept."""
+    lines = raw_head.split(b"\r\n")
+    for index, line in enumerate(lines):
+        name, colon, value = line.partition(b":")
+        if colon and name.lower() == b"content-length":
+            lead = len(value) - len(value.lstrip(b" \t"))
+            trail = len(value) - len(value.rstrip(b" \t"))
+            lines[index] = name + b":" + value[:lead] + b"%d" % length + value[len(value) - trail :]
+    return b"\r\n".join(lines)
+
+
+def frame_chunk(payload: bytes) -> bytes:
+    """One chunk of the chunked transfer coding, written as uvicorn writes it (lower-case hex, no extensions)."""
+    return b"%x\r\n%b\r\n" % (len(payload), payload)
+
+
+def is_whole_chunk(data: bytes) -> bool:
+    """Whether ``data``, read at a chunk boundary, is exactly one whole non-empty chunk. Nothing is copied."""
+    eol = data.find(b"\r\n", 0, 18)
+    if eol <= 0:
+        return False
+    try:
+        size = int(data[:eol], 16)
+    except ValueError:
+        return False
+    return size > 0 and len(data) == eol + 4 + size and data.endswith(b"\r\n")
+
+
+class PlainChunks:
+    """The fast-path check for a chunked body the tap only forwards: any whole chunk goes through as it is."""
+
+    __slots__ = ()
+
+    @staticmethod
+    def passes(chunk: bytes) -> bool:
+        return is_whole_chunk(chunk)
+
+
+CHUNK_END = b""  # marker appended to a decoder's output after the last payload piece of each chunk
+
+_SIZE, _DATA, _DATA_CRLF, _TRAILER, _DONE = range(5)
+_MAX_LINE = 4096
+
+
+class ChunkedDecoder:
+    """Incremental reader of a chunked body: payload pieces as they arrive, chunk ends, and the body's end.
+
+    ``feed`` never copies more than a partial size or trailer line; payload pieces are slices of the input.
+    """
+
+    __slots__ = ("_line", "_remaining", "_state", "failed")
+
+    def __init__(self) -> None:
+        self._state = _SIZE
+        self._remaining = 0
+        self._line = b""
+        self.failed = False
+
+    @property
+    def done(self) -> bool:
+        return self._state == _DONE
+
+    @property
+    def at_boundary(self) -> bool:
+        """Between two chunks, with nothing of the next one read: where a read of whole chunks can start."""
+        return self._state == _SIZE and not self._line
+
+    def feed(self, data: bytes, pos: int, out: list[bytes] | None) -> int:
+        """Consume ``data[pos:]`` up to the body's end; append payload pieces and CHUNK_END markers to ``out``.
+        Returns the index just past the consumed bytes (``len(data)`` unless the body ended earlier)."""
+        end = len(data)
+        while pos < end and self._state != _DONE:
+            state = self._state
+            if state == _DATA:
+                take = min(self._remaining, end - pos)
+                if out is not None:
+                    out.append(data[pos : pos + take])
+                pos += take
+                self._remaining -= take
+                if not self._remaining:
+                    self._state, self._remaining = _DATA_CRLF, 2
+                    if out is not None:
+                        out.append(CHUNK_END)
+            elif state == _DATA_CRLF:
+                take = min(self._remaining, end - pos)
+                pos += take
+                self._remaining -= take
+                if not self._remaining:
+                    self._state = _SIZE
+            else:
+                pos = self._read_line(data, pos)
+        return pos
+
+    def _read_line(self, data: bytes, pos: int) -> int:
+        eol = data.find(b"\n", pos)
+        if eol < 0:
+            self._line += data[pos:]
+            if len(self._line) > _MAX_LINE:
+                self._fail()
+            return len(data)
+        line = (self._line + data[pos:eol]).rstrip(b"\r")
+        self._line = b""
+        if self._state == _TRAILER:
+            if not line:
+                self._state = _DONE
+            return eol + 1
+        try:
+            size = int(line.split(b";", 1)[0].strip(), 16)
+        except ValueError:
+            self._fail()
+            return len(data)
+        if size:
+            self._state, self._remaining = _DATA, size
+        else:
+            self._state = _TRAILER
+        return eol + 1
+
+    def _fail(self) -> None:
+        # A framing error: the relay stops parsing this connection and forwards the rest untouched.
+        self.failed = True
+        self._state = _DONE

@@ -1,0 +1,50 @@
+"""What the request tap reports: one TapRequest and one TapResult per inspected request, handed to an Observer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+# Why a TapResult carries no metrics (TapResult.reason). None when metrics are present.
+NOT_ENABLED = "not_enabled"  # a good response without a `metrics` object (vLLM flags off, or another engine)
+N_GT_1 = "n_gt_1"  # vLLM leaves metrics null when n > 1
+MULTI_PROMPT = "multi_prompt"  # ... and when one completion request carries several prompts
+NO_USAGE = "no_usage"  # a stream without the final usage event (usage could not be requested)
+HTTP_ERROR = "http_error"  # status >= 400
+CLIENT_DISCONNECTED = "client_disconnected"
+UPSTREAM_FAILED = "upstream_failed"  # connect failed, or the upstream closed mid-response
+UNPARSABLE = "unparsable"  # a body the tap could not read (not JSON, too large, content-encoded, odd SSE)
+
+
+@dataclass(frozen=True, slots=True)
+class TapRequest:
+    """The parts of a completion request an observer needs (never the prompt, never other headers)."""
+
+    method: str
+    path: str
+    endpoint: str  # "completions" | "chat_completions"
+    model: str | None
+    temperature: float | None  # None when the request did not set one
+    stream: bool
+    n: int
+    workload: str | None  # the raw value of the configured workload header; the observer caps it
+    usage_injected: bool  # the tap added stream_options.include_usage and strips the usage event again
+
+
+@dataclass(frozen=True, slots=True)
+class TapResult:
+    """How the response ended, and what it said about the request. Times are time.monotonic() seconds."""
+
+    status: int  # 0 when no response status was seen
+    metrics: dict[str, Any] | None  # vLLM's per-request `metrics` object
+    timings: dict[str, Any] | None  # llama.cpp's per-request `timings` object (draft_n, draft_n_accepted, ...)
+    usage: dict[str, Any] | None
+    reason: str | None  # one of the constants above when metrics is None
+    started: float  # the request head was read
+    first_byte: float | None  # the first response byte was handed to the client
+    finished: float
+
+
+class Observer(Protocol):
+    def observe(self, request: TapRequest, result: TapResult) -> None:
+        """Called on the event loop once per inspected request when its response ends or fails; must not block."""

@@ -1,0 +1,295 @@
+"""Failures and load: upstream down or dying, clients leaving, slow clients, many streams at once."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import socket
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from exporter.log import LOGGER_NAME
+from exporter.tap import start_tap
+from exporter.tap.relay import WRITE_HIGH_WATER
+from tests.tap.fake_vllm import FakeVllm
+from tests.tap.harness import LOOPS, Client, Recorder, dechunk, fetch, request_bytes, run, tapped
+
+SECRET = "Bearer sk-not-to-be-logged-9f8e7d"
+STREAM = {"model": "tiny", "prompt": "a", "stream": True}
+
+
+@contextlib.contextmanager
+def log_lines() -> Iterator[list[str]]:
+    """Every tap log line, formatted as the sidecar formats them."""
+    from exporter.log import EventFormatter
+
+    lines: list[str] = []
+    formatter = EventFormatter(json_format=False)
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(formatter.format(record))
+
+    logger = logging.getLogger(LOGGER_NAME)
+    handler, level = Keep(), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    try:
+        yield lines
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_upstream_down_gives_a_json_502_at_once(loop: str) -> None:
+    raw = request_bytes("/v1/completions", STREAM, headers={"authorization": SECRET, "x-workload": "w"})
+
+    async def main() -> None:
+        recorder = Recorder()
+        tap = await start_tap("127.0.0.1", 0, f"http://127.0.0.1:{_closed_port()}", recorder, connect_timeout=2.0)
+        started = time.monotonic()
+        response = await fetch(tap.port, raw)
+        assert time.monotonic() - started < 1.0  # refused: no need to wait for the connect timeout
+        head, _, body = response.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 502 Bad Gateway\r\n") and b"connection: close" in head
+        assert body.count(b"\n") == 0
+        assert json.loads(body) == {
+            "error": {
+                "message": "upstream unavailable: connection refused",
+                "type": "BadGatewayError",
+                "param": None,
+                "code": 502,
+            }
+        }
+        ((request, result),) = await recorder.wait(1)
+        assert (result.status, result.reason, request.workload) == (502, "upstream_failed", "w")
+        await tap.close()
+
+    with log_lines() as lines:
+        run(loop, main)
+    assert any("request tap upstream unavailable" in line for line in lines)
+    assert not any("sk-not-to-be-logged" in line or "authorization" in line.lower() for line in lines)
+
+
+def test_upstream_not_answering_connects_gives_a_502_within_the_connect_timeout() -> None:
+    # A listener whose accept queue is full: the kernel drops further SYNs, so connects hang.
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    fillers = []
+    for _ in range(4):
+        filler = socket.socket()
+        filler.setblocking(False)
+        with contextlib.suppress(BlockingIOError):
+            filler.connect(listener.getsockname())
+        fillers.append(filler)
+    port = listener.getsockname()[1]
+
+    async def main() -> None:
+        await asyncio.sleep(0.2)
+        tap = await start_tap("127.0.0.1", 0, f"http://127.0.0.1:{port}", Recorder(), connect_timeout=0.5)
+        started = time.monotonic()
+        response = await fetch(tap.port, request_bytes("/v1/completions", STREAM))
+        elapsed = time.monotonic() - started
+        assert response.startswith(b"HTTP/1.1 502 ") and b"connect timeout" in response
+        assert elapsed < 1.5
+        await tap.close()
+
+    try:
+        run("uvloop", main)
+    finally:
+        for sock in (*fillers, listener):
+            sock.close()
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_client_disconnect_closes_the_upstream_at_once(loop: str) -> None:
+    raw = request_bytes("/v1/completions", {**STREAM, "max_tokens": 400, "fake_interval": 0.01})
+
+    async def main() -> None:
+        async with tapped() as (fake, tap, recorder):
+            client = await Client.open(tap.port)
+            await client.send(raw)
+            await client.reader.readuntil(b"data: ")
+            await asyncio.sleep(0.05)
+            left_at = time.monotonic()
+            client.writer.transport.abort()
+            exchange = fake.exchanges[-1]
+            await asyncio.wait_for(exchange.disconnected.wait(), 1.0)
+            assert time.monotonic() - left_at < 0.5
+            assert exchange.events_sent < 100  # vLLM would abort the request here
+            ((_, result),) = await recorder.wait(1)
+            assert (result.status, result.reason, result.metrics) == (200, "client_disconnected", None)
+
+    run(loop, main)
+
+
+@pytest.mark.parametrize("abort_after", [0, 3])
+def test_upstream_dying(abort_after: int) -> None:
+    raw = request_bytes("/v1/completions", {**STREAM, "max_tokens": 20, "fake_abort_after": abort_after})
+
+    async def main() -> None:
+        async with tapped() as (_, tap, recorder):
+            client = await Client.open(tap.port)
+            await client.send(raw)
+            received = await asyncio.wait_for(client.reader.read(), 2.0)  # until the tap closes the connection
+            if abort_after == 0:  # nothing was sent yet: a 502
+                assert received.startswith(b"HTTP/1.1 502 ") and b"connection closed" in received
+            else:
+                assert received.startswith(b"HTTP/1.1 200 ") and received.count(b"data: ") == 3
+            ((_, result),) = await recorder.wait(1)
+            assert result.reason == "upstream_failed"
+            await client.close()
+
+    run("uvloop", main)
+
+
+def test_upstream_closing_an_idle_connection_closes_the_client_connection() -> None:
+    async def main() -> None:
+        async with tapped() as (fake, tap, _):
+            client = await Client.open(tap.port)
+            await client.exchange(request_bytes("/v1/models", method="GET", headers={"connection": "close"}))
+            assert await asyncio.wait_for(client.reader.read(), 1.0) == b""
+            await client.close()
+            assert fake.connections == 1
+
+    run("uvloop", main)
+
+
+def test_upstream_idle_close_is_mirrored_but_never_loses_a_request_being_read() -> None:
+    """uvicorn closes connections idle for timeout_keep_alive. An idle client connection is closed with it, as it
+    would be without the tap; a request whose body the tap is still reading (held back for inspection, so the
+    upstream saw nothing) goes out on a new connection instead."""
+    raw = request_bytes("/v1/completions", {**STREAM, "max_tokens": 2})
+
+    async def main() -> None:
+        fake = await FakeVllm(idle_timeout=0.2).start()
+        recorder = Recorder()
+        tap = await start_tap("127.0.0.1", 0, fake.url, recorder)
+        direct = await fetch(fake.port, raw)
+        idle = await Client.open(tap.port)
+        slow = await Client.open(tap.port)
+        await slow.send(raw[:-5])
+        await asyncio.sleep(0.5)
+        assert await asyncio.wait_for(idle.reader.read(), 1.0) == b""  # closed with its idle upstream
+        await slow.send(raw[-5:])
+        assert await slow.response() == direct
+        ((request, result),) = await recorder.wait(1)
+        assert request.usage_injected and result.metrics is not None
+        for client in (idle, slow):
+            await client.close()
+        await tap.close()
+        await fake.close()
+
+    run("uvloop", main)
+
+
+def _small_receive_buffer_socket(port: int) -> socket.socket:
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", port))
+    sock.setblocking(False)
+    return sock
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_slow_client_bounded_memory_and_others_unaffected(loop: str) -> None:
+    """A client that stops reading a 30 MB stream: the tap stops reading the upstream (which sees its writes
+    paused), holds a bounded amount of it, and other streams go on at full pace."""
+    flood = request_bytes("/v1/completions", {**STREAM, "max_tokens": 3000, "fake_pad": 10_000})
+    paced = request_bytes("/v1/completions", {**STREAM, "max_tokens": 40, "fake_interval": 0.005})
+
+    async def main() -> None:
+        async with tapped() as (fake, tap, recorder):
+            expected = await fetch(fake.port, paced)
+            slow = _small_receive_buffer_socket(tap.port)
+            slow.send(flood)
+            peak = 0
+            for _ in range(20):  # the flood fills every buffer on its way, then stops
+                await asyncio.sleep(0.02)
+                peak = max(peak, tap.stats().buffered_bytes)
+            flood_exchange = next(e for e in fake.exchanges if e.body and e.body.get("fake_pad"))
+            assert flood_exchange.paused and flood_exchange.events_sent < 3000
+
+            started = time.monotonic()
+            fast = await asyncio.gather(*(fetch(tap.port, paced) for _ in range(8)))
+            elapsed = time.monotonic() - started
+            assert all(dechunk(r) == dechunk(expected) for r in fast)
+            assert elapsed < 40 * 0.005 + 0.5  # 40 events 5 ms apart, not stuck behind the slow client
+            for _ in range(10):
+                await asyncio.sleep(0.01)
+                peak = max(peak, tap.stats().buffered_bytes)
+            # Per-stream memory is bounded: the client transport's high-water mark, plus the one socket read (up to
+            # 256 KiB on both loops) that took it over the mark, plus events held back.
+            assert peak <= WRITE_HIGH_WATER + 256 * 1024 + 16 * 1024
+            assert len(recorder.seen) == 8  # the slow stream has not ended
+            slow.close()
+            ((_, result),) = (r for r in await recorder.wait(9) if r[1].reason == "client_disconnected")
+            assert result.status == 200
+
+    run(loop, main, timeout=20)
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_concurrent_streams(loop: str) -> None:
+    bodies = [{**STREAM, "max_tokens": 5 + i % 7, "fake_interval": 0.002} for i in range(64)]
+    for i, body in enumerate(bodies):
+        if i % 3 == 0:
+            body["stream_options"] = {"include_usage": True}
+
+    async def main() -> None:
+        async with tapped() as (fake, tap, recorder):
+            raws = [request_bytes("/v1/completions", body) for body in bodies]
+            direct = await asyncio.gather(*(fetch(fake.port, raw) for raw in raws))
+            through = await asyncio.gather(*(fetch(tap.port, raw) for raw in raws))
+            assert through == direct
+            seen = await recorder.wait(64)
+            assert all(result.metrics is not None for _, result in seen)
+            assert sum(request.usage_injected for request, _ in seen) == 64 - 22
+
+    run(loop, main, timeout=20)
+
+
+def test_close_drops_connections() -> None:
+    async def main() -> None:
+        fake = await FakeVllm().start()
+        tap = await start_tap("127.0.0.1", 0, fake.url, Recorder())
+        client = await Client.open(tap.port)
+        await client.send(request_bytes("/v1/completions", {**STREAM, "max_tokens": 500, "fake_interval": 0.01}))
+        await client.reader.readuntil(b"data: ")
+        await tap.close()
+        with contextlib.suppress(ConnectionError):
+            await asyncio.wait_for(client.reader.read(), 1.0)
+        await asyncio.sleep(0.05)
+        assert tap.stats().connections == 0
+        with pytest.raises(OSError):
+            await Client.open(tap.port)
+        await fake.close()
+
+    run("uvloop", main)
+
+
+def test_bad_upstream_urls() -> None:
+    async def main() -> None:
+        for url in (
+            "https://127.0.0.1:8000",
+            "http://user:pw@127.0.0.1:8000",
+            "http://127.0.0.1:8000/v1",
+            "127.0.0.1:8000",
+        ):
+            with pytest.raises(ValueError) as error:
+                await start_tap("127.0.0.1", 0, url, Recorder())
+            assert "pw" not in str(error.value)
+
+    run("asyncio", main)
