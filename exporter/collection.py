@@ -12,7 +12,7 @@ import functools
 import logging
 import ssl
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
@@ -32,10 +32,11 @@ from exporter.engines import (
     FetchTiming,
     detect_engine,
     no_engine_detail,
+    vllm_v1,
 )
 from exporter.latency import BaselineLatency
 from exporter.log import event
-from exporter.parse import LineCache, ParseError, Selection, select
+from exporter.parse import LineCache, ParseError, Sample, Selection, select
 from exporter.scrape import FailureReason, FetchResult, fetch, valid_bearer_token
 from exporter.series import BaselineFor, SeriesContext, SeriesView, series_view
 from exporter.store import SeriesKey, Store
@@ -223,7 +224,7 @@ class TargetCollector:
             # Same lines as last time: same engine, and the decoder needs no parsing.
             decoded = self.decoder.decode_known(selection, result.timing) if self.decoder else None
             if decoded is None:
-                if self.engine is not None and not self.engine.detect(selection.samples()):
+                if self.engine is not None and not self._still_speaks(self.engine, selection.samples()):
                     selection = select(text, ALL_PREFIXES, self.line_cache)  # the target changed dialect
                 decoded = self._decode(selection, result.timing)
         except ParseError as exc:
@@ -251,10 +252,21 @@ class TargetCollector:
                   detail=detail, hint="set model_name on the target")
         self.discovered_model = model
 
+    def _still_speaks(self, engine: Engine, samples: Sequence[Sample]) -> bool:
+        if engine.detect(samples):
+            return True
+        return engine is vllm_v1.ENGINE and not self.config.spec_decode and vllm_v1.ENGINE.detect_latency(samples)
+
     def _decode(self, selection: Selection, timing: FetchTiming) -> DecodeResult:
-        engine = detect_engine(selection.samples())
+        samples = selection.samples()
+        engine = detect_engine(samples)
+        if engine is None and not self.config.spec_decode:  # a control target: its latency is what is wanted
+            if not vllm_v1.ENGINE.detect_latency(samples):
+                raise CollectionFailure(FailureReason.NO_LATENCY_METRICS,
+                                        "a control target (spec_decode: false) without vLLM's latency histograms")
+            engine = vllm_v1.ENGINE
         if engine is None:
-            raise CollectionFailure(FailureReason.NO_SPEC_METRICS, no_engine_detail(selection.samples()))
+            raise CollectionFailure(FailureReason.NO_SPEC_METRICS, no_engine_detail(samples))
         options = self._options(engine)
         if engine is not self.engine or self.decoder is None or options != self.decoder_options:
             if self.engine is not None and engine is not self.engine:

@@ -131,7 +131,8 @@ def add_series(families: Families, view: TargetView, series: SeriesView) -> None
         families.add(m.ACCEPTED_BY_POSITION, {**labels, "position": str(position)}, count)
     for window in series.windows:
         add_window(families, labels, window)
-    families.add(m.BREAK_EVEN, {**labels, "cost_basis": series.cost_basis}, series.break_even)
+    families.add(m.BREAK_EVEN, {**labels, "cost_basis": "configured"}, series.configured_break_even)
+    families.add(m.BREAK_EVEN, {**labels, "cost_basis": "calibrated"}, series.calibrated_break_even)
     if totals.draft_tokens is not None:
         histogram = series.histogram
         families.histogram(m.INTERVAL_ACCEPTANCE, labels,

@@ -33,7 +33,8 @@ COLLECT_DURATION = MetricSpec(
 )
 COLLECT_ERRORS = MetricSpec(
     "specdecode_collect_errors", "counter",
-    "Failed collections by reason: connect, timeout, http_status, too_large, parse, no_spec_metrics.",
+    "Failed collections by reason: connect, timeout, http_status, too_large, parse, no_spec_metrics, "
+    "no_latency_metrics.",
     ("target", "reason"),
 )
 INFO = MetricSpec(
@@ -107,8 +108,8 @@ RECOMMENDED_K = _windowed(
 BREAK_EVEN = MetricSpec(
     "specdecode_break_even_acceptance_ratio", "gauge",
     "α below which spec decode costs more than it saves: the cost per drafted token, c_draft + c_verify, as "
-    "configured (cost_basis=configured) or calibrated to the observed speedup over the verdict window "
-    "(cost_basis=calibrated).",
+    "configured (cost_basis=configured, always) and, where a baseline gives an observed speedup, calibrated "
+    "to it over the verdict window (cost_basis=calibrated; the one in force where present).",
     (*SERIES_LABELS, "cost_basis"),
 )
 BREAK_EVEN_AT_LOAD = _windowed(

@@ -28,6 +28,7 @@ class FailureReason(StrEnum):
     TOO_LARGE = "too_large"
     PARSE = "parse"
     NO_SPEC_METRICS = "no_spec_metrics"
+    NO_LATENCY_METRICS = "no_latency_metrics"  # a control target (spec_decode: false) without TPOT histograms
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,12 +47,21 @@ class SeriesView(NamedTuple):
     verdict_window: str | None  # the window the judgement is for
     judgement: Judgement
     method: str | None = None  # from config, else as the source states it (TensorRT-LLM)
-    break_even: float | None = None  # the break-even α in force (= the cost per drafted token)
-    cost_basis: str = "configured"  # "calibrated" when it follows the observed speedup
+    configured_break_even: float | None = None  # the configured cost per drafted token (None without tokens)
+    calibrated_break_even: float | None = None  # the cost that matches the observed speedup, where there is one
     spec_decode: bool = True  # False for a control target's series
 
     def window(self, name: str | None) -> WindowView | None:
         return next((w for w in self.windows if w.window.name == name), None)
+
+    @property
+    def break_even(self) -> float | None:
+        """The break-even α in force: calibrated where a baseline gives one, else configured."""
+        return self.calibrated_break_even if self.calibrated_break_even is not None else self.configured_break_even
+
+    @property
+    def cost_basis(self) -> str:
+        return "calibrated" if self.calibrated_break_even is not None else "configured"
 
 
 @dataclass(frozen=True)
@@ -144,7 +153,7 @@ def series_view(state: SeriesState, now: float, fresh: bool, ctx: SeriesContext)
         state.key, state.totals, state.histogram, windows, k, reading.reported if reading else (), state.restarts,
         judged.window.name if judged else None, judge(evidence(judged), ctx.app.verdict),
         config.method or (reading.method if reading else None),
-        None if not has_tokens else calibrated if calibrated is not None else config.cost.break_even_acceptance_ratio,
-        "calibrated" if calibrated is not None else "configured",
+        config.cost.break_even_acceptance_ratio if has_tokens else None,
+        calibrated if has_tokens else None,
         config.spec_decode,
     )

@@ -23,8 +23,8 @@ from exporter.expose import RequestsCollector, SpecDecodeCollector, exporter_ver
 from exporter.httpserver import QuietServer, bind_socket
 from exporter.log import event
 from exporter.proxy import TapRuntime, tap_runtime
-from exporter.request_stats import NO_REQUESTS
 from exporter.reload import ReloadCollector, Reloader
+from exporter.request_stats import NO_REQUESTS
 from exporter.status import status_json
 from exporter.status_page import status_html
 from exporter.webconfig import BasicAuthMiddleware, WebSecurity

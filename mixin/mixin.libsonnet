@@ -21,14 +21,14 @@
         },
         {
           "alert": "SpecDecodeBelowBreakEven",
-          "expr": "model:specdecode_acceptance_ratio:rate1h\n< on (namespace, model_name)\nmax by (namespace, model_name) (specdecode_break_even_acceptance_ratio)\nand on (namespace, model_name)\nmodel:specdecode_draft_tokens:rate1h >= 5",
+          "expr": "model:specdecode_acceptance_ratio:rate1h\n< on (namespace, model_name)\n(\nmax by (namespace, model_name) (specdecode_break_even_acceptance_ratio{cost_basis=\"calibrated\"})\nor\nmax by (namespace, model_name) (specdecode_break_even_acceptance_ratio{cost_basis=\"configured\"})\n)\nand on (namespace, model_name)\nmodel:specdecode_draft_tokens:rate1h >= 5",
           "for": "15m",
           "labels": {
             "severity": "warning"
           },
           "annotations": {
             "summary": "Speculative decoding for {{ $labels.model_name }} is below break-even (modelled speedup < 1)",
-            "description": "Over the last 1h, {{ $labels.model_name }}{{ with $labels.namespace }} (namespace {{ . }}){{ end }} accepted {{ $value | humanizePercentage }} of its drafted tokens, below the break-even acceptance rate of {{ with printf \"max(specdecode_break_even_acceptance_ratio{namespace=%q, model_name=%q})\" $labels.namespace $labels.model_name | query }}{{ . | first | value | humanizePercentage }}{{ else }}unknown{{ end }} from the sidecar's cost model: speculative decoding is modelled to cost more time than it saves.",
+            "description": "Over the last 1h, {{ $labels.model_name }}{{ with $labels.namespace }} (namespace {{ . }}){{ end }} accepted {{ $value | humanizePercentage }} of its drafted tokens, below the break-even acceptance rate of {{ with printf \"max(specdecode_break_even_acceptance_ratio{cost_basis='calibrated', namespace=%q, model_name=%q}) or max(specdecode_break_even_acceptance_ratio{cost_basis='configured', namespace=%q, model_name=%q})\" $labels.namespace $labels.model_name $labels.namespace $labels.model_name | query }}{{ . | first | value | humanizePercentage }}{{ else }}unknown{{ end }} from the sidecar's cost model (calibrated to the observed speedup where a baseline gives one): speculative decoding is modelled to cost more time than it saves.",
             "runbook_url": "https://github.com/specdecode-exporter/specdecode-exporter/blob/main/alerts/runbook.md#specdecodebelowbreakeven"
           }
         },
@@ -160,6 +160,32 @@
             "summary": "No latency metrics from {{ $labels.target }}, which takes part in a baseline comparison",
             "description": "The sidecar {{ $labels.instance }} collects target {{ $labels.target }}, a spec-decode target with a baseline or a control target, but its exposition has no vllm:request_time_per_output_token_seconds histogram (vLLM older than 0.11, or renamed): no observed speedup can be measured.",
             "runbook_url": "https://github.com/specdecode-exporter/specdecode-exporter/blob/main/alerts/runbook.md#specdecodelatencymissing"
+          }
+        },
+        {
+          "alert": "SpecDecodeRequestAcceptanceLow",
+          "expr": "model:specdecode_request_acceptance_ratio:p10_rate1h < 0.5\nand on (namespace, model_name)\nsum by (namespace, model_name) (rate(specdecode_requests_total[1h])) * 3600 >= 30",
+          "for": "15m",
+          "labels": {
+            "severity": "warning"
+          },
+          "annotations": {
+            "summary": "P10 of per-request acceptance rate for {{ $labels.model_name }} is below 50%",
+            "description": "Over the last 1h, 10% of the requests of {{ $labels.model_name }}{{ with $labels.namespace }} (namespace {{ . }}){{ end }} accepted at most {{ $value | humanizePercentage }} of their drafted tokens (threshold 50%, measured per request by the request tap): for those requests speculative decoding is net-negative even if the model's overall α looks healthy. See α per workload and temperature band to find them.",
+            "runbook_url": "https://github.com/specdecode-exporter/specdecode-exporter/blob/main/alerts/runbook.md#specdecoderequestacceptancelow"
+          }
+        },
+        {
+          "alert": "SpecDecodeBandAcceptanceLow",
+          "expr": "model_band:specdecode_request_acceptance_ratio:rate1h < 0.5\nand on (namespace, model_name, workload, temperature)\nmodel_band:specdecode_requests:rate1h * 3600 >= 30",
+          "for": "15m",
+          "labels": {
+            "severity": "warning"
+          },
+          "annotations": {
+            "summary": "Requests of {{ $labels.model_name }} in workload {{ $labels.workload }}, temperature {{ $labels.temperature }} accept below 50%",
+            "description": "Over the last 1h, the requests of {{ $labels.model_name }}{{ with $labels.namespace }} (namespace {{ . }}){{ end }} with workload {{ $labels.workload }} and temperature band {{ $labels.temperature }} accepted {{ $value | humanizePercentage }} of their drafted tokens (page threshold 50%, exact from the request tap's counters): speculative decoding slows these requests down. Route them to replicas without spec decode, or lower k.",
+            "runbook_url": "https://github.com/specdecode-exporter/specdecode-exporter/blob/main/alerts/runbook.md#specdecodebandacceptancelow"
           }
         }
       ]
@@ -333,6 +359,27 @@
         {
           "record": "model:specdecode_observed_speedup:p99_rate1h",
           "expr": "model:specdecode_time_per_output_token_seconds:p99_rate1h{spec_decode=\"false\"}\n/ ignoring (spec_decode)\n(model:specdecode_time_per_output_token_seconds:p99_rate1h{spec_decode=\"true\"} > 0)"
+        }
+      ]
+    },
+    {
+      "name": "specdecode.rules.requests",
+      "rules": [
+        {
+          "record": "model:specdecode_request_acceptance_ratio:p10_rate1h",
+          "expr": "histogram_quantile(0.1, sum by (namespace, model_name, le) (rate(specdecode_request_acceptance_ratio_bucket[1h])))\nand on (namespace, model_name)\n(sum by (namespace, model_name) (rate(specdecode_request_acceptance_ratio_count[1h])) > 0)"
+        },
+        {
+          "record": "model:specdecode_requests_below_page_threshold:ratio_rate1h",
+          "expr": "sum by (namespace, model_name) (rate(specdecode_request_acceptance_ratio_bucket{le=\"0.5\"}[1h]))\n/\n(sum by (namespace, model_name) (rate(specdecode_request_acceptance_ratio_count[1h])) > 0)"
+        },
+        {
+          "record": "model_band:specdecode_requests:rate1h",
+          "expr": "sum by (namespace, model_name, workload, temperature) (rate(specdecode_requests_total[1h]))"
+        },
+        {
+          "record": "model_band:specdecode_request_acceptance_ratio:rate1h",
+          "expr": "sum by (namespace, model_name, workload, temperature) (rate(specdecode_request_accepted_tokens_total[1h]))\n/\n(sum by (namespace, model_name, workload, temperature) (rate(specdecode_request_draft_tokens_total[1h])) > 0)"
         }
       ]
     }
@@ -571,7 +618,7 @@
           "type": "prometheus",
           "uid": "${datasource}"
         },
-        "description": "Modelled speedup over plain decoding (docs/architecture.md, break-even model): (1 + accepted/drafts) / (1 + draft_tokens/drafts · break-even α), pooled over the selected pods. Below 1× spec decode costs more than it saves. A model of the cost, not a measurement: compare with the latency row, and measure it before you ship with `specdecode-exporter probe`.",
+        "description": "Modelled speedup over plain decoding (docs/architecture.md, break-even model): (1 + accepted/drafts) / (1 + draft_tokens/drafts · configured break-even α), pooled over the selected pods. Below 1× spec decode costs more than it saves. A model of the cost, not a measurement: compare with the latency row, and measure it before you ship with `specdecode-exporter probe`.",
         "fieldConfig": {
           "defaults": {
             "decimals": 2,
@@ -641,7 +688,7 @@
               "type": "prometheus",
               "uid": "${datasource}"
             },
-            "expr": "(1 + sum by (namespace, model_name) (rate(specdecode_accepted_tokens_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) / (sum by (namespace, model_name) (rate(specdecode_drafts_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) > 0))\n/\n(1 + sum by (namespace, model_name) (rate(specdecode_draft_tokens_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) / (sum by (namespace, model_name) (rate(specdecode_drafts_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) > 0)\n   * max by (namespace, model_name) (specdecode_break_even_acceptance_ratio{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}))",
+            "expr": "(1 + sum by (namespace, model_name) (rate(specdecode_accepted_tokens_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) / (sum by (namespace, model_name) (rate(specdecode_drafts_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) > 0))\n/\n(1 + sum by (namespace, model_name) (rate(specdecode_draft_tokens_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) / (sum by (namespace, model_name) (rate(specdecode_drafts_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) > 0)\n   * max by (namespace, model_name) (specdecode_break_even_acceptance_ratio{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", cost_basis=\"configured\"}))",
             "instant": true,
             "legendFormat": "{{model_name}} {{namespace}}",
             "range": false,
@@ -657,7 +704,7 @@
           "type": "prometheus",
           "uid": "${datasource}"
         },
-        "description": "α below which spec decode costs more than it saves, from the sidecar's cost model (c_draft + c_verify, see the sidecar config). Highest value over the selected pods.",
+        "description": "α below which spec decode costs more than it saves, from the sidecar's cost model (c_draft + c_verify, see the sidecar config), calibrated to the observed speedup where a baseline gives one. Highest value over the selected pods.",
         "fieldConfig": {
           "defaults": {
             "decimals": 1,
@@ -719,7 +766,7 @@
               "type": "prometheus",
               "uid": "${datasource}"
             },
-            "expr": "max by (namespace, model_name) (specdecode_break_even_acceptance_ratio{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"})",
+            "expr": "max by (namespace, model_name) (specdecode_break_even_acceptance_ratio{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", cost_basis=\"calibrated\"})\nor\nmax by (namespace, model_name) (specdecode_break_even_acceptance_ratio{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", cost_basis=\"configured\"})",
             "instant": true,
             "legendFormat": "{{model_name}} {{namespace}}",
             "range": false,
@@ -824,7 +871,7 @@
               "type": "prometheus",
               "uid": "${datasource}"
             },
-            "expr": "(((((sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_sum{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"false\"}[$window]))\n/\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_count{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"false\"}[$window])) > 0))\n/ ignoring (spec_decode)\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_sum{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"true\"}[$window]))\n/\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_count{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"true\"}[$window])) > 0) > 0))\nor\nmax by (namespace, model_name) (specdecode_observed_speedup{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", window=\"$window\", statistic=\"mean\"}))\nor\n((1 + sum by (namespace, model_name) (rate(specdecode_accepted_tokens_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) / (sum by (namespace, model_name) (rate(specdecode_drafts_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) > 0))\n/\n(1 + sum by (namespace, model_name) (rate(specdecode_draft_tokens_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) / (sum by (namespace, model_name) (rate(specdecode_drafts_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) > 0)\n   * max by (namespace, model_name) (specdecode_break_even_acceptance_ratio{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"})))) >= bool 1)\n+\n(((((((sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_sum{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"false\"}[$window]))\n/\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_count{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"false\"}[$window])) > 0))\n/ ignoring (spec_decode)\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_sum{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"true\"}[$window]))\n/\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_count{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"true\"}[$window])) > 0) > 0))\nor\nmax by (namespace, model_name) (specdecode_observed_speedup{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", window=\"$window\", statistic=\"mean\"}))\nor\n((1 + sum by (namespace, model_name) (rate(specdecode_accepted_tokens_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) / (sum by (namespace, model_name) (rate(specdecode_drafts_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) > 0))\n/\n(1 + sum by (namespace, model_name) (rate(specdecode_draft_tokens_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) / (sum by (namespace, model_name) (rate(specdecode_drafts_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) > 0)\n   * max by (namespace, model_name) (specdecode_break_even_acceptance_ratio{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"})))) >= bool 1.1)\n*\n((sum by (namespace, model_name) (rate(specdecode_accepted_tokens_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window]))\n/\n(sum by (namespace, model_name) (rate(specdecode_draft_tokens_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) > 0)) >= bool 0.5))\n*\n(((((histogram_quantile(0.99, sum by (namespace, model_name, spec_decode, le) (rate(specdecode_request_time_per_output_token_seconds_bucket{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"false\"}[$window])))\nand on (namespace, model_name, spec_decode)\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_count{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"false\"}[$window])) > 0))\n/ ignoring (spec_decode)\n(histogram_quantile(0.99, sum by (namespace, model_name, spec_decode, le) (rate(specdecode_request_time_per_output_token_seconds_bucket{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"true\"}[$window])))\nand on (namespace, model_name, spec_decode)\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_count{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"true\"}[$window])) > 0) > 0))\nor\nmax by (namespace, model_name) (specdecode_observed_speedup{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", window=\"$window\", statistic=\"p99\"})) >= bool 1) or (((((sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_sum{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"false\"}[$window]))\n/\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_count{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"false\"}[$window])) > 0))\n/ ignoring (spec_decode)\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_sum{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"true\"}[$window]))\n/\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_count{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"true\"}[$window])) > 0) > 0))\nor\nmax by (namespace, model_name) (specdecode_observed_speedup{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", window=\"$window\", statistic=\"mean\"}))\nor\n((1 + sum by (namespace, model_name) (rate(specdecode_accepted_tokens_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) / (sum by (namespace, model_name) (rate(specdecode_drafts_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) > 0))\n/\n(1 + sum by (namespace, model_name) (rate(specdecode_draft_tokens_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) / (sum by (namespace, model_name) (rate(specdecode_drafts_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) > 0)\n   * max by (namespace, model_name) (specdecode_break_even_acceptance_ratio{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"})))) * 0 + 1)))",
+            "expr": "(((((sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_sum{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"false\"}[$window]))\n/\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_count{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"false\"}[$window])) > 0))\n/ ignoring (spec_decode)\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_sum{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"true\"}[$window]))\n/\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_count{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"true\"}[$window])) > 0) > 0))\nor\nmax by (namespace, model_name) (specdecode_observed_speedup{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", window=\"$window\", statistic=\"mean\"}))\nor\n((1 + sum by (namespace, model_name) (rate(specdecode_accepted_tokens_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) / (sum by (namespace, model_name) (rate(specdecode_drafts_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) > 0))\n/\n(1 + sum by (namespace, model_name) (rate(specdecode_draft_tokens_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) / (sum by (namespace, model_name) (rate(specdecode_drafts_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) > 0)\n   * max by (namespace, model_name) (specdecode_break_even_acceptance_ratio{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", cost_basis=\"configured\"})))) >= bool 1)\n+\n(((((((sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_sum{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"false\"}[$window]))\n/\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_count{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"false\"}[$window])) > 0))\n/ ignoring (spec_decode)\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_sum{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"true\"}[$window]))\n/\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_count{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"true\"}[$window])) > 0) > 0))\nor\nmax by (namespace, model_name) (specdecode_observed_speedup{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", window=\"$window\", statistic=\"mean\"}))\nor\n((1 + sum by (namespace, model_name) (rate(specdecode_accepted_tokens_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) / (sum by (namespace, model_name) (rate(specdecode_drafts_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) > 0))\n/\n(1 + sum by (namespace, model_name) (rate(specdecode_draft_tokens_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) / (sum by (namespace, model_name) (rate(specdecode_drafts_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) > 0)\n   * max by (namespace, model_name) (specdecode_break_even_acceptance_ratio{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", cost_basis=\"configured\"})))) >= bool 1.1)\n*\n((sum by (namespace, model_name) (rate(specdecode_accepted_tokens_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window]))\n/\n(sum by (namespace, model_name) (rate(specdecode_draft_tokens_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) > 0)) >= bool 0.5))\n*\n(((((histogram_quantile(0.99, sum by (namespace, model_name, spec_decode, le) (rate(specdecode_request_time_per_output_token_seconds_bucket{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"false\"}[$window])))\nand on (namespace, model_name, spec_decode)\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_count{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"false\"}[$window])) > 0))\n/ ignoring (spec_decode)\n(histogram_quantile(0.99, sum by (namespace, model_name, spec_decode, le) (rate(specdecode_request_time_per_output_token_seconds_bucket{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"true\"}[$window])))\nand on (namespace, model_name, spec_decode)\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_count{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"true\"}[$window])) > 0) > 0))\nor\nmax by (namespace, model_name) (specdecode_observed_speedup{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", window=\"$window\", statistic=\"p99\"})) >= bool 1) or (((((sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_sum{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"false\"}[$window]))\n/\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_count{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"false\"}[$window])) > 0))\n/ ignoring (spec_decode)\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_sum{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"true\"}[$window]))\n/\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_count{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"true\"}[$window])) > 0) > 0))\nor\nmax by (namespace, model_name) (specdecode_observed_speedup{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", window=\"$window\", statistic=\"mean\"}))\nor\n((1 + sum by (namespace, model_name) (rate(specdecode_accepted_tokens_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) / (sum by (namespace, model_name) (rate(specdecode_drafts_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) > 0))\n/\n(1 + sum by (namespace, model_name) (rate(specdecode_draft_tokens_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) / (sum by (namespace, model_name) (rate(specdecode_drafts_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) > 0)\n   * max by (namespace, model_name) (specdecode_break_even_acceptance_ratio{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", cost_basis=\"configured\"})))) * 0 + 1)))",
             "instant": true,
             "legendFormat": "{{model_name}} {{namespace}}",
             "range": false,
@@ -1197,7 +1244,7 @@
               "type": "prometheus",
               "uid": "${datasource}"
             },
-            "expr": "(1 + sum by (namespace, model_name) (rate(specdecode_accepted_tokens_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) / (sum by (namespace, model_name) (rate(specdecode_drafts_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) > 0))\n/\n(1 + sum by (namespace, model_name) (rate(specdecode_draft_tokens_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) / (sum by (namespace, model_name) (rate(specdecode_drafts_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) > 0)\n   * max by (namespace, model_name) (specdecode_break_even_acceptance_ratio{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}))",
+            "expr": "(1 + sum by (namespace, model_name) (rate(specdecode_accepted_tokens_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) / (sum by (namespace, model_name) (rate(specdecode_drafts_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) > 0))\n/\n(1 + sum by (namespace, model_name) (rate(specdecode_draft_tokens_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) / (sum by (namespace, model_name) (rate(specdecode_drafts_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) > 0)\n   * max by (namespace, model_name) (specdecode_break_even_acceptance_ratio{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", cost_basis=\"configured\"}))",
             "instant": false,
             "legendFormat": "modelled {{model_name}} {{namespace}}",
             "range": true,
@@ -1480,7 +1527,7 @@
               "type": "prometheus",
               "uid": "${datasource}"
             },
-            "expr": "max by (namespace, model_name) (specdecode_break_even_acceptance_ratio{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"})",
+            "expr": "max by (namespace, model_name) (specdecode_break_even_acceptance_ratio{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", cost_basis=\"calibrated\"})\nor\nmax by (namespace, model_name) (specdecode_break_even_acceptance_ratio{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", cost_basis=\"configured\"})",
             "instant": false,
             "legendFormat": "break-even {{model_name}} {{namespace}}",
             "range": true,
@@ -1558,7 +1605,7 @@
               "type": "prometheus",
               "uid": "${datasource}"
             },
-            "expr": "(1 + sum by (namespace, model_name) (rate(specdecode_accepted_tokens_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) / (sum by (namespace, model_name) (rate(specdecode_drafts_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) > 0))\n/\n(1 + sum by (namespace, model_name) (rate(specdecode_draft_tokens_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) / (sum by (namespace, model_name) (rate(specdecode_drafts_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) > 0)\n   * max by (namespace, model_name) (specdecode_break_even_acceptance_ratio{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}))",
+            "expr": "(1 + sum by (namespace, model_name) (rate(specdecode_accepted_tokens_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) / (sum by (namespace, model_name) (rate(specdecode_drafts_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) > 0))\n/\n(1 + sum by (namespace, model_name) (rate(specdecode_draft_tokens_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) / (sum by (namespace, model_name) (rate(specdecode_drafts_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) > 0)\n   * max by (namespace, model_name) (specdecode_break_even_acceptance_ratio{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", cost_basis=\"configured\"}))",
             "instant": false,
             "legendFormat": "{{model_name}} {{namespace}}",
             "range": true,
@@ -2046,6 +2093,440 @@
         },
         "id": 21,
         "panels": [],
+        "title": "Per request: which traffic does spec decode hurt? (the request tap)",
+        "type": "row"
+      },
+      {
+        "datasource": {
+          "type": "prometheus",
+          "uid": "${datasource}"
+        },
+        "description": "One observation per completion request through the request tap: that request's own α from vLLM's per-request metrics (--per-request-spec-decode-metrics summary). A band of mass below the page threshold is traffic spec decode slows down, however healthy the aggregate α looks. Empty without the tap (--proxy.listen-address).",
+        "fieldConfig": {
+          "defaults": {
+            "custom": {
+              "hideFrom": {
+                "legend": false,
+                "tooltip": false,
+                "viz": false
+              },
+              "scaleDistribution": {
+                "type": "linear"
+              }
+            },
+            "noValue": "No tapped requests",
+            "unit": "short"
+          },
+          "overrides": []
+        },
+        "gridPos": {
+          "h": 9,
+          "w": 12,
+          "x": 0,
+          "y": 43
+        },
+        "id": 22,
+        "options": {
+          "calculate": false,
+          "cellGap": 1,
+          "cellValues": {
+            "unit": "short"
+          },
+          "color": {
+            "exponent": 0.5,
+            "fill": "dark-orange",
+            "mode": "scheme",
+            "reverse": false,
+            "scale": "exponential",
+            "scheme": "Spectral",
+            "steps": 64
+          },
+          "exemplars": {
+            "color": "rgba(255,0,255,0.7)"
+          },
+          "filterValues": {
+            "le": 1e-09
+          },
+          "legend": {
+            "show": true
+          },
+          "rowsFrame": {
+            "layout": "le"
+          },
+          "selectionMode": "x",
+          "showValue": "never",
+          "tooltip": {
+            "mode": "single",
+            "showColorScale": true,
+            "yHistogram": true
+          },
+          "yAxis": {
+            "decimals": 0,
+            "max": 1,
+            "min": 0,
+            "unit": "percentunit"
+          }
+        },
+        "repeatDirection": "h",
+        "targets": [
+          {
+            "datasource": {
+              "type": "prometheus",
+              "uid": "${datasource}"
+            },
+            "expr": "sum by (le) (increase(specdecode_request_acceptance_ratio_bucket{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\"}[$__rate_interval]))",
+            "format": "heatmap",
+            "instant": false,
+            "legendFormat": "{{le}}",
+            "range": true,
+            "refId": "A"
+          }
+        ],
+        "title": "Per-request α over time",
+        "transparent": false,
+        "type": "heatmap"
+      },
+      {
+        "datasource": {
+          "type": "prometheus",
+          "uid": "${datasource}"
+        },
+        "description": "Exact α of the tapped requests (their accepted over their drafted tokens) per temperature band and per workload (the tap's workload header). The band that sits below the page threshold is the one to route away from spec decode (SpecDecodeBandAcceptanceLow).",
+        "fieldConfig": {
+          "defaults": {
+            "custom": {
+              "fillOpacity": 10,
+              "lineWidth": 2,
+              "showPoints": "never",
+              "spanNulls": false,
+              "thresholdsStyle": {
+                "mode": "line+area"
+              }
+            },
+            "max": 1,
+            "min": 0,
+            "noValue": "No traffic",
+            "thresholds": {
+              "mode": "absolute",
+              "steps": [
+                {
+                  "color": "red",
+                  "value": null
+                },
+                {
+                  "color": "transparent",
+                  "value": 0.5
+                }
+              ]
+            },
+            "unit": "percentunit"
+          },
+          "overrides": [
+            {
+              "matcher": {
+                "id": "byFrameRefID",
+                "options": "B"
+              },
+              "properties": [
+                {
+                  "id": "custom.lineStyle",
+                  "value": {
+                    "dash": [
+                      10,
+                      10
+                    ],
+                    "fill": "dash"
+                  }
+                },
+                {
+                  "id": "custom.fillOpacity",
+                  "value": 0
+                }
+              ]
+            }
+          ]
+        },
+        "gridPos": {
+          "h": 9,
+          "w": 8,
+          "x": 12,
+          "y": 43
+        },
+        "id": 23,
+        "options": {
+          "legend": {
+            "calcs": [
+              "lastNotNull",
+              "min",
+              "mean"
+            ],
+            "displayMode": "table",
+            "placement": "bottom",
+            "showLegend": true
+          },
+          "tooltip": {
+            "mode": "multi",
+            "sort": "desc"
+          }
+        },
+        "repeatDirection": "h",
+        "targets": [
+          {
+            "datasource": {
+              "type": "prometheus",
+              "uid": "${datasource}"
+            },
+            "expr": "sum by (namespace, model_name, temperature) (rate(specdecode_request_accepted_tokens_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\"}[$window]))\n/\n(sum by (namespace, model_name, temperature) (rate(specdecode_request_draft_tokens_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\"}[$window])) > 0)",
+            "instant": false,
+            "legendFormat": "T {{temperature}} {{model_name}}",
+            "range": true,
+            "refId": "A"
+          },
+          {
+            "datasource": {
+              "type": "prometheus",
+              "uid": "${datasource}"
+            },
+            "expr": "sum by (namespace, model_name, workload) (rate(specdecode_request_accepted_tokens_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\"}[$window]))\n/\n(sum by (namespace, model_name, workload) (rate(specdecode_request_draft_tokens_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\"}[$window])) > 0)",
+            "instant": false,
+            "legendFormat": "{{workload}} {{model_name}}",
+            "range": true,
+            "refId": "B"
+          }
+        ],
+        "title": "α by temperature band and by workload",
+        "transparent": false,
+        "type": "timeseries"
+      },
+      {
+        "datasource": {
+          "type": "prometheus",
+          "uid": "${datasource}"
+        },
+        "description": "Share of tapped requests over $window whose own α was at most 0.5 (the page threshold's bucket), and the 10th percentile of per-request α. A P10 below the page threshold is the SpecDecodeRequestAcceptanceLow ticket.",
+        "fieldConfig": {
+          "defaults": {
+            "decimals": 1,
+            "mappings": [
+              {
+                "options": {
+                  "match": "null+nan",
+                  "result": {
+                    "color": "text",
+                    "index": 0,
+                    "text": "No traffic"
+                  }
+                },
+                "type": "special"
+              }
+            ],
+            "noValue": "No tapped requests",
+            "thresholds": {
+              "mode": "absolute",
+              "steps": [
+                {
+                  "color": "green",
+                  "value": null
+                },
+                {
+                  "color": "yellow",
+                  "value": 0.1
+                },
+                {
+                  "color": "red",
+                  "value": 0.25
+                }
+              ]
+            },
+            "unit": "percentunit"
+          },
+          "overrides": []
+        },
+        "gridPos": {
+          "h": 9,
+          "w": 4,
+          "x": 20,
+          "y": 43
+        },
+        "id": 24,
+        "options": {
+          "colorMode": "background",
+          "graphMode": "none",
+          "justifyMode": "auto",
+          "orientation": "auto",
+          "percentChangeColorMode": "standard",
+          "reduceOptions": {
+            "calcs": [
+              "lastNotNull"
+            ],
+            "fields": "",
+            "values": false
+          },
+          "showPercentChange": false,
+          "textMode": "value_and_name",
+          "wideLayout": true
+        },
+        "repeatDirection": "h",
+        "targets": [
+          {
+            "datasource": {
+              "type": "prometheus",
+              "uid": "${datasource}"
+            },
+            "expr": "sum by (namespace, model_name) (rate(specdecode_request_acceptance_ratio_bucket{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", le=\"0.5\"}[$window]))\n/\n(sum by (namespace, model_name) (rate(specdecode_request_acceptance_ratio_count{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\"}[$window])) > 0)",
+            "instant": true,
+            "legendFormat": "share {{model_name}} {{namespace}}",
+            "range": false,
+            "refId": "A"
+          },
+          {
+            "datasource": {
+              "type": "prometheus",
+              "uid": "${datasource}"
+            },
+            "expr": "histogram_quantile(0.1, sum by (namespace, model_name, le) (rate(specdecode_request_acceptance_ratio_bucket{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\"}[$window])))\nand on (namespace, model_name)\n(sum by (namespace, model_name) (rate(specdecode_request_acceptance_ratio_count{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\"}[$window])) > 0)",
+            "instant": true,
+            "legendFormat": "P10 α {{model_name}} {{namespace}}",
+            "range": false,
+            "refId": "B"
+          }
+        ],
+        "title": "Requests with α ≤ 0.5",
+        "transparent": false,
+        "type": "stat"
+      },
+      {
+        "datasource": {
+          "type": "prometheus",
+          "uid": "${datasource}"
+        },
+        "description": "Median generation speed (output tokens per second) of the tapped requests in each band of their own α: are the low-α requests the slow ones?",
+        "fieldConfig": {
+          "defaults": {
+            "custom": {
+              "fillOpacity": 10,
+              "lineWidth": 2,
+              "showPoints": "never",
+              "spanNulls": false
+            },
+            "min": 0,
+            "noValue": "No traffic",
+            "unit": "si:tok/s"
+          },
+          "overrides": []
+        },
+        "gridPos": {
+          "h": 8,
+          "w": 12,
+          "x": 0,
+          "y": 52
+        },
+        "id": 25,
+        "options": {
+          "legend": {
+            "calcs": [
+              "lastNotNull",
+              "min",
+              "mean"
+            ],
+            "displayMode": "table",
+            "placement": "bottom",
+            "showLegend": true
+          },
+          "tooltip": {
+            "mode": "multi",
+            "sort": "desc"
+          }
+        },
+        "repeatDirection": "h",
+        "targets": [
+          {
+            "datasource": {
+              "type": "prometheus",
+              "uid": "${datasource}"
+            },
+            "expr": "histogram_quantile(0.5, sum by (namespace, model_name, acceptance, le) (rate(specdecode_request_output_tokens_per_second_bucket{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\"}[$window])))\nand on (namespace, model_name, acceptance)\n(sum by (namespace, model_name, acceptance) (rate(specdecode_request_output_tokens_per_second_count{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\"}[$window])) > 0)",
+            "instant": false,
+            "legendFormat": "α {{acceptance}} {{model_name}}",
+            "range": true,
+            "refId": "A"
+          }
+        ],
+        "title": "Request speed by acceptance band",
+        "transparent": false,
+        "type": "timeseries"
+      },
+      {
+        "datasource": {
+          "type": "prometheus",
+          "uid": "${datasource}"
+        },
+        "description": "By reason: not_enabled means vLLM runs without --per-request-spec-decode-metrics; n_gt_1 and multi_prompt are requests vLLM gives no per-request figures for; the rest are failures.",
+        "fieldConfig": {
+          "defaults": {
+            "custom": {
+              "fillOpacity": 10,
+              "lineWidth": 2,
+              "showPoints": "never",
+              "spanNulls": false
+            },
+            "min": 0,
+            "noValue": "No traffic",
+            "unit": "reqps"
+          },
+          "overrides": []
+        },
+        "gridPos": {
+          "h": 8,
+          "w": 12,
+          "x": 12,
+          "y": 52
+        },
+        "id": 26,
+        "options": {
+          "legend": {
+            "calcs": [
+              "lastNotNull",
+              "min",
+              "mean"
+            ],
+            "displayMode": "table",
+            "placement": "bottom",
+            "showLegend": true
+          },
+          "tooltip": {
+            "mode": "multi",
+            "sort": "desc"
+          }
+        },
+        "repeatDirection": "h",
+        "targets": [
+          {
+            "datasource": {
+              "type": "prometheus",
+              "uid": "${datasource}"
+            },
+            "expr": "sum by (reason) (rate(specdecode_requests_without_spec_metrics_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\"}[$__rate_interval]))",
+            "instant": false,
+            "legendFormat": "{{reason}}",
+            "range": true,
+            "refId": "A"
+          }
+        ],
+        "title": "Tapped requests without spec-decode metrics",
+        "transparent": false,
+        "type": "timeseries"
+      },
+      {
+        "collapsed": false,
+        "gridPos": {
+          "h": 1,
+          "w": 24,
+          "x": 0,
+          "y": 60
+        },
+        "id": 27,
+        "panels": [],
         "title": "Where along the draft does acceptance fall off, and which k is better?",
         "type": "row"
       },
@@ -2093,9 +2574,9 @@
           "h": 9,
           "w": 8,
           "x": 0,
-          "y": 43
+          "y": 61
         },
-        "id": 22,
+        "id": 28,
         "options": {
           "barRadius": 0,
           "barWidth": 0.97,
@@ -2201,9 +2682,9 @@
           "h": 9,
           "w": 8,
           "x": 8,
-          "y": 43
+          "y": 61
         },
-        "id": 23,
+        "id": 29,
         "options": {
           "legend": {
             "calcs": [
@@ -2274,9 +2755,9 @@
           "h": 9,
           "w": 8,
           "x": 16,
-          "y": 43
+          "y": 61
         },
-        "id": 24,
+        "id": 30,
         "options": {
           "displayMode": "gradient",
           "legend": {
@@ -2325,9 +2806,9 @@
           "h": 1,
           "w": 24,
           "x": 0,
-          "y": 52
+          "y": 70
         },
-        "id": 25,
+        "id": 31,
         "panels": [],
         "title": "Token flow",
         "type": "row"
@@ -2387,9 +2868,9 @@
           "h": 8,
           "w": 16,
           "x": 0,
-          "y": 53
+          "y": 71
         },
-        "id": 26,
+        "id": 32,
         "options": {
           "legend": {
             "calcs": [
@@ -2481,9 +2962,9 @@
           "h": 8,
           "w": 8,
           "x": 16,
-          "y": 53
+          "y": 71
         },
-        "id": 27,
+        "id": 33,
         "options": {
           "legend": {
             "calcs": [
@@ -2524,9 +3005,9 @@
           "h": 1,
           "w": 24,
           "x": 0,
-          "y": 61
+          "y": 79
         },
-        "id": 28,
+        "id": 34,
         "panels": [],
         "title": "Latency beside it (vLLM)",
         "type": "row"
@@ -2555,9 +3036,9 @@
           "h": 8,
           "w": 8,
           "x": 0,
-          "y": 62
+          "y": 80
         },
-        "id": 29,
+        "id": 35,
         "options": {
           "legend": {
             "calcs": [
@@ -2627,9 +3108,9 @@
           "h": 8,
           "w": 8,
           "x": 8,
-          "y": 62
+          "y": 80
         },
-        "id": 30,
+        "id": 36,
         "options": {
           "legend": {
             "calcs": [
@@ -2716,9 +3197,9 @@
           "h": 8,
           "w": 8,
           "x": 16,
-          "y": 62
+          "y": 80
         },
-        "id": 31,
+        "id": 37,
         "options": {
           "legend": {
             "calcs": [
@@ -2770,9 +3251,9 @@
           "h": 1,
           "w": 24,
           "x": 0,
-          "y": 70
+          "y": 88
         },
-        "id": 32,
+        "id": 38,
         "panels": [],
         "title": "What the alerts see",
         "type": "row"
@@ -2863,9 +3344,9 @@
           "h": 8,
           "w": 12,
           "x": 0,
-          "y": 71
+          "y": 89
         },
-        "id": 33,
+        "id": 39,
         "options": {
           "legend": {
             "calcs": [
@@ -2958,9 +3439,9 @@
           "h": 8,
           "w": 12,
           "x": 12,
-          "y": 71
+          "y": 89
         },
-        "id": 34,
+        "id": 40,
         "options": {
           "legend": {
             "calcs": [
@@ -3012,9 +3493,9 @@
           "h": 1,
           "w": 24,
           "x": 0,
-          "y": 79
+          "y": 97
         },
-        "id": 35,
+        "id": 41,
         "panels": [],
         "title": "Health",
         "type": "row"
@@ -3066,9 +3547,9 @@
           "h": 6,
           "w": 4,
           "x": 0,
-          "y": 80
+          "y": 98
         },
-        "id": 36,
+        "id": 42,
         "options": {
           "colorMode": "background",
           "graphMode": "none",
@@ -3151,9 +3632,9 @@
           "h": 6,
           "w": 4,
           "x": 4,
-          "y": 80
+          "y": 98
         },
-        "id": 37,
+        "id": 43,
         "options": {
           "colorMode": "background",
           "graphMode": "none",
@@ -3213,9 +3694,9 @@
           "h": 6,
           "w": 6,
           "x": 8,
-          "y": 80
+          "y": 98
         },
-        "id": 38,
+        "id": 44,
         "options": {
           "legend": {
             "calcs": [
@@ -3274,9 +3755,9 @@
           "h": 6,
           "w": 4,
           "x": 14,
-          "y": 80
+          "y": 98
         },
-        "id": 39,
+        "id": 45,
         "options": {
           "legend": {
             "calcs": [
@@ -3332,9 +3813,9 @@
           "h": 6,
           "w": 6,
           "x": 18,
-          "y": 80
+          "y": 98
         },
-        "id": 40,
+        "id": 46,
         "options": {
           "cellHeight": "sm",
           "footer": {
@@ -3405,9 +3886,9 @@
           "h": 5,
           "w": 24,
           "x": 0,
-          "y": 86
+          "y": 104
         },
-        "id": 41,
+        "id": 47,
         "options": {
           "cellHeight": "sm",
           "footer": {

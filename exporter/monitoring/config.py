@@ -41,6 +41,16 @@ class Thresholds:
     drift_drop: float
     interval_quantile: float
     interval_acceptance_ratio: float
+    request_quantile: float
+    request_acceptance_ratio: float
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeSettings:
+    """The bands of `specdecode-exporter probe` (docs/probe.md); below the page threshold it says "disable"."""
+
+    measure_below: float  # α from the page threshold up to this: "measure P99 under real load"; from here: "ship"
+    ship_speedup: float  # with a baseline, a median observed speedup below this: "do not ship"
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +84,7 @@ class MonitoringConfig:
     alerts: tuple[tuple[str, AlertSettings], ...]
     extra_alert_labels: tuple[tuple[str, str], ...]
     dashboard: DashboardSettings
+    probe: ProbeSettings = ProbeSettings(measure_below=0.65, ship_speedup=1.3)  # the loader always sets it
     profile: str | None = None
 
     def level_labels(self, level: str | None = None) -> tuple[str, ...]:
@@ -151,7 +162,7 @@ def from_mapping(raw: Mapping[str, Any], profile: str | None = None) -> Monitori
 
 _TOP_LEVEL = {"runbook_base_url", "selectors", "target_labels", "levels", "alert_level", "windows", "quantiles",
               "baseline", "min_draft_tokens_per_second", "min_requests_per_hour", "thresholds", "verdict", "alerts",
-              "extra_alert_labels", "dashboard"}
+              "extra_alert_labels", "dashboard", "probe"}
 
 
 def _build(data: Mapping[str, Any]) -> MonitoringConfig:
@@ -191,12 +202,13 @@ def _build(data: Mapping[str, Any]) -> MonitoringConfig:
         extra_alert_labels=tuple((str(k), str(v)) for k, v in
                                  _mapping(data.get("extra_alert_labels"), "extra_alert_labels", None).items()),
         dashboard=_dashboard(data.get("dashboard")),
+        probe=_probe(data.get("probe"), data.get("thresholds")),
     )
 
 
 def _thresholds(value: Any, quantiles: list[Any]) -> Thresholds:
     keys = {"page_acceptance_ratio", "good_acceptance_ratio", "drift_drop", "interval_quantile",
-            "interval_acceptance_ratio"}
+            "interval_acceptance_ratio", "request_quantile", "request_acceptance_ratio"}
     data = _mapping(value, "thresholds", keys)
     ratios = {key: _ratio(data.get(key), f"thresholds.{key}") for key in keys}
     if ratios["interval_quantile"] not in quantiles:
@@ -213,6 +225,19 @@ def _verdict(value: Any, thresholds: Any) -> VerdictBands:
     page = _ratio(_mapping(thresholds, "thresholds", None).get("page_acceptance_ratio"),
                   "thresholds.page_acceptance_ratio")
     return VerdictBands(page_acceptance_ratio=page, hurting_below=hurting, paying_off_from=paying)
+
+
+def _probe(value: Any, thresholds: Any) -> ProbeSettings:
+    data = _mapping(value, "probe", {"measure_below", "ship_speedup"})
+    measure_below = _ratio(data.get("measure_below"), "probe.measure_below")
+    page = _mapping(thresholds, "thresholds", None).get("page_acceptance_ratio")
+    if isinstance(page, int | float) and measure_below < page:
+        raise MonitoringConfigError(f"probe.measure_below: {measure_below:g} must not be below "
+                                    f"thresholds.page_acceptance_ratio ({page:g})")
+    ship_speedup = _number(data.get("ship_speedup"), "probe.ship_speedup")
+    if ship_speedup <= 0:
+        raise MonitoringConfigError(f"probe.ship_speedup: must be a number > 0, got {ship_speedup:g}")
+    return ProbeSettings(measure_below=measure_below, ship_speedup=ship_speedup)
 
 
 def _alerts(value: Any) -> tuple[tuple[str, AlertSettings], ...]:

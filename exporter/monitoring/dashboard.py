@@ -65,6 +65,12 @@ class Context:
         return q.Scope(_matchers(names), self.cfg.level_labels())
 
     @property
+    def tapped(self) -> q.Scope:
+        """The request tap's series: per model (they have no engine label), by the alert level."""
+        names = (*self.extra_variables, "namespace", "job", "pod", "instance", "model_name")
+        return q.Scope(_matchers(names), self.cfg.level_labels())
+
+    @property
     def health(self) -> str:
         """Health series may lack model_name (a target that never answered): scrape identity only."""
         return _matchers((*self.extra_variables, "namespace", "job", "pod", "instance"))
@@ -243,9 +249,9 @@ def speedup_stat(ctx: Context) -> Any:
     return (stat_panel(
         ctx, "Expected speedup",
         "Modelled speedup over plain decoding (docs/architecture.md, break-even model): (1 + accepted/drafts) "
-        "/ (1 + draft_tokens/drafts · break-even α), pooled over the selected pods. Below 1× spec decode costs "
-        "more than it saves. A model of the cost, not a measurement: compare with the latency row, and measure "
-        "it before you ship with `specdecode-exporter probe`.", ctx.speedup(), UNIT_SPEEDUP)
+        "/ (1 + draft_tokens/drafts · configured break-even α), pooled over the selected pods. Below 1× spec "
+        "decode costs more than it saves. A model of the cost, not a measurement: compare with the latency row, "
+        "and measure it before you ship with `specdecode-exporter probe`.", ctx.speedup(), UNIT_SPEEDUP)
         .thresholds(steps(*speedup_steps(ctx))).decimals(2))
 
 
@@ -253,8 +259,9 @@ def break_even_stat(ctx: Context) -> Any:
     return (stat_panel(
         ctx, "Break-even α",
         "α below which spec decode costs more than it saves, from the sidecar's cost model (c_draft + "
-        "c_verify, see the sidecar config). Highest value over the selected pods.",
-        q.break_even(ctx.scope), "percentunit")
+        "c_verify, see the sidecar config), calibrated to the observed speedup where a baseline gives one. "
+        "Highest value over the selected pods.",
+        q.break_even_in_force(ctx.scope), "percentunit")
         .thresholds(steps((None, BLUE))).color_mode(cm.BigValueColorMode.VALUE).decimals(1))
 
 
@@ -339,6 +346,84 @@ def load_and_break_even(ctx: Context) -> Any:
         .override_by_query("D", override_props(unit="short", custom__axisPlacement="right", max=None)))
 
 
+# ------------------------------------------------------------------ row: per request (the request tap)
+
+
+def request_heatmap(ctx: Context) -> Any:
+    buckets = q.selector(f"{m.REQUEST_ACCEPTANCE.name}_bucket", ctx.tapped.matchers)
+    return (heatmap.Panel().title("Per-request α over time").description(
+        "One observation per completion request through the request tap: that request's own α from vLLM's "
+        "per-request metrics (--per-request-spec-decode-metrics summary). A band of mass below the page threshold "
+        "is traffic spec decode slows down, however healthy the aggregate α looks. Empty without the tap "
+        "(--proxy.listen-address).")
+        .datasource(DS).span(12).height(9)
+        .with_target(query(f"sum by (le) (increase({buckets}[{RATE_INTERVAL}]))", "{{le}}",
+                           fmt=pm.PromQueryFormat.HEATMAP))
+        .calculate(False).unit("short").no_value("No tapped requests")
+        .y_axis(heatmap.YAxisConfig().unit("percentunit").min(0).max(1).decimals(0))
+        .color(heatmap.HeatmapColorOptions().mode(hm.HeatmapColorMode.SCHEME).scheme("Spectral")
+               .scale(hm.HeatmapColorScale.EXPONENTIAL).exponent(0.5).steps(64).fill("dark-orange"))
+        .cell_gap(1).cell_values(heatmap.CellValues().unit("short"))
+        .rows_frame(heatmap.RowsHeatmapOptions().layout(cm.HeatmapCellLayout.LE))
+        .show_value(cm.VisibilityMode.NEVER).show_legend().mode(cm.TooltipDisplayMode.SINGLE).show_y_histogram()
+        .show_color_scale(True).scale_distribution(cb.ScaleDistributionConfig().type(cm.ScaleDistribution.LINEAR))
+        .hide_from(cb.HideSeriesConfig().legend(False).tooltip(False).viz(False)))
+
+
+def requests_below_page(ctx: Context) -> Any:
+    bound = max(b for b in (round(0.05 * i, 2) for i in range(1, 21)) if b <= ctx.page + 1e-9)
+    return (stat_panel(
+        ctx, f"Requests with α ≤ {bound:g}",
+        f"Share of tapped requests over $window whose own α was at most {bound:g} (the page threshold's bucket), "
+        "and the 10th percentile of per-request α. A P10 below the page threshold is the "
+        "SpecDecodeRequestAcceptanceLow ticket.",
+        q.share_below(m.REQUEST_ACCEPTANCE.name, bound, ctx.tapped, "$window"), "percentunit", w=4, h=9)
+        .targets([query(q.share_below(m.REQUEST_ACCEPTANCE.name, bound, ctx.tapped, "$window"),
+                        "share " + ctx.legend, ref="A", instant=True),
+                  query(q.histogram_quantile(0.1, m.REQUEST_ACCEPTANCE.name, ctx.tapped, "$window"),
+                        "P10 α " + ctx.legend, ref="B", instant=True)])
+        .thresholds(steps((None, GREEN), (0.1, YELLOW), (0.25, RED))).decimals(1).no_value("No tapped requests"))
+
+
+def _band_alpha(ctx: Context, label: str) -> str:
+    band = q.Scope(ctx.tapped.matchers, (*ctx.tapped.by, label))
+    return q.guarded_ratio(q.rate_sum(m.REQUEST_ACCEPTED_TOKENS.exposed_name, band, "$window"),
+                           q.rate_sum(m.REQUEST_DRAFT_TOKENS.exposed_name, band, "$window"))
+
+
+def alpha_by_band(ctx: Context) -> Any:
+    return (ts_panel(
+        "α by temperature band and by workload",
+        "Exact α of the tapped requests (their accepted over their drafted tokens) per temperature band and per "
+        "workload (the tap's workload header). The band that sits below the page threshold is the one to route "
+        "away from spec decode (SpecDecodeBandAcceptanceLow).",
+        queries((_band_alpha(ctx, "temperature"), "T {{temperature}} {{model_name}}"),
+                (_band_alpha(ctx, "workload"), "{{workload}} {{model_name}}")),
+        "percentunit", w=8, h=9)
+        .min(0).max(1).thresholds(below_page_band(ctx)).thresholds_style(line_and_area())
+        .override_by_query("B", dashed()))
+
+
+def speed_by_acceptance(ctx: Context) -> Any:
+    scope = q.Scope(ctx.tapped.matchers, (*ctx.tapped.by, "acceptance"))
+    return ts_panel(
+        "Request speed by acceptance band",
+        "Median generation speed (output tokens per second) of the tapped requests in each band of their own α: "
+        "are the low-α requests the slow ones?",
+        queries((q.histogram_quantile(0.5, m.REQUEST_SPEED.name, scope, "$window"), "α {{acceptance}} {{model_name}}")),
+        UNIT_TOKENS_PER_S, w=12, h=8).min(0)
+
+
+def requests_without_metrics(ctx: Context) -> Any:
+    scope = q.Scope(ctx.tapped.matchers, ("reason",))
+    return ts_panel(
+        "Tapped requests without spec-decode metrics",
+        "By reason: not_enabled means vLLM runs without --per-request-spec-decode-metrics; n_gt_1 and "
+        "multi_prompt are requests vLLM gives no per-request figures for; the rest are failures.",
+        queries((q.rate_sum(m.REQUESTS_WITHOUT_SPEC.exposed_name, scope, RATE_INTERVAL), "{{reason}}")),
+        "reqps", w=12, h=8).min(0)
+
+
 # ----------------------------------------------------------------------------------- row: acceptance over time
 
 
@@ -347,7 +432,7 @@ def alpha_over_time(ctx: Context) -> Any:
         "α over time vs break-even",
         "Pooled α per model over a sliding $window (from counters), with the sidecar's break-even α dashed. "
         f"The red band is below the page threshold ({ctx.page:.0%}).",
-        queries((ctx.alpha(), "α " + ctx.legend), (q.break_even(ctx.scope), "break-even " + ctx.legend)),
+        queries((ctx.alpha(), "α " + ctx.legend), (q.break_even_in_force(ctx.scope), "break-even " + ctx.legend)),
         "percentunit")
         .min(0).max(1).thresholds(below_page_band(ctx)).thresholds_style(line_and_area())
         .override_by_query("B", dashed()))
@@ -659,6 +744,8 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
      (tpot_spec_vs_control, observed_vs_modelled, load_and_break_even)),
     ("Acceptance over time", (alpha_over_time, speedup_over_time, alpha_by_pod, mean_length_over_time)),
     ("How is α distributed?", (interval_heatmap, interval_quantiles, intervals_below_page)),
+    ("Per request: which traffic does spec decode hurt? (the request tap)",
+     (request_heatmap, alpha_by_band, requests_below_page, speed_by_acceptance, requests_without_metrics)),
     ("Where along the draft does acceptance fall off, and which k is better?",
      (position_curve, position_curve_over_time, speedup_by_length)),
     ("Token flow", (token_flow, drafts_rate)),

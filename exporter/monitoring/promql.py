@@ -63,13 +63,20 @@ def mean_acceptance_length(scope: Scope, window: str) -> str:
                                   rate_sum(m.DRAFTS.exposed_name, scope, window))
 
 
-def break_even(scope: Scope) -> str:
-    """The sidecars' break-even α (= their cost per drafted token), the highest in the scope."""
-    return f"max by ({scope.by_clause}) ({selector(m.BREAK_EVEN.name, scope.matchers)})"
+def break_even(scope: Scope, basis: str = "configured") -> str:
+    """The sidecars' break-even α (= their cost per drafted token) on one cost basis, the highest in the scope."""
+    basis_matcher = f'cost_basis="{basis}"'
+    return f"max by ({scope.by_clause}) ({selector(m.BREAK_EVEN.name, scope.also(basis_matcher))})"
+
+
+def break_even_in_force(scope: Scope) -> str:
+    """The break-even α in force: calibrated to the observed speedup where a baseline gives one, else configured."""
+    return f"{break_even(scope, 'calibrated')}\nor\n{break_even(scope)}"
 
 
 def expected_speedup(scope: Scope, window: str) -> str:
-    """The modelled speedup from counters: S = (1 + A/D) / (1 + T/D · break-even), pooled over the scope."""
+    """The modelled speedup from counters and the configured cost: S = (1 + A/D) / (1 + T/D · break-even),
+    pooled over the scope (the sidecar's specdecode_expected_speedup, for many pods)."""
     drafts = f"({rate_sum(m.DRAFTS.exposed_name, scope, window)} > 0)"
     accepted = rate_sum(m.ACCEPTED_TOKENS.exposed_name, scope, window)
     drafted = rate_sum(m.DRAFT_TOKENS.exposed_name, scope, window)

@@ -16,6 +16,7 @@ from exporter.monitoring.config import MonitoringConfig
 from exporter.monitoring.promql import (
     Scope,
     baseline_over_current,
+    break_even_in_force,
     by,
     fmt_num,
     guarded_ratio,
@@ -24,8 +25,10 @@ from exporter.monitoring.promql import (
     rate_sum,
     record_name,
     selector,
+    share_below,
     tpot_mean,
 )
+from exporter.request_stats import ACCEPTANCE_BUCKETS as REQUEST_BUCKETS
 
 Rule = dict[str, Any]
 ALERT_NAME_PREFIX = "SpecDecode"  # every alert's name starts with it (the dashboard selects ALERTS by it)
@@ -44,7 +47,7 @@ class Alert:
     summary: str
     description: str
     guard_window: str | None = None  # the low-traffic guard, at this rate window
-    guard: str = "drafts"  # what the guard counts: drafted tokens (acceptance alerts) or requests (latency)
+    guard: str = "drafts"  # what the guard counts: drafted tokens, finished requests (latency), tapped requests
 
 
 # ------------------------------------------------------------------------------------------- recording
@@ -106,6 +109,39 @@ def _latency_rules(cfg: MonitoringConfig) -> Iterator[Rule]:
                    "expr": baseline_over_current(latency_record(cfg, TPOT, statistic, window))}
 
 
+REQUEST_ACCEPTANCE = m.REQUEST_ACCEPTANCE.name
+BAND_LABELS = ("workload", "temperature")
+
+
+def below_page_bound(cfg: MonitoringConfig) -> float:
+    """The per-request histogram's bucket bound the page threshold falls on (buckets every 0.05)."""
+    return max(b for b in REQUEST_BUCKETS if b <= cfg.thresholds.page_acceptance_ratio + 1e-9)
+
+
+def request_quantile_record(cfg: MonitoringConfig) -> str:
+    q = quantile_name(cfg.thresholds.request_quantile)
+    return record_name(cfg.alert_level, REQUEST_ACCEPTANCE, f"{q}_rate{cfg.long_window}")
+
+
+def band_record(cfg: MonitoringConfig, metric: str) -> str:
+    return record_name(f"{cfg.alert_level}_band", metric, f"rate{cfg.long_window}")
+
+
+def _request_rules(cfg: MonitoringConfig) -> Iterator[Rule]:
+    """The request tap's distribution per model, and exact α per workload and temperature band."""
+    w = cfg.long_window
+    scope = Scope(cfg.metric_selector, cfg.level_labels())
+    band = Scope(cfg.metric_selector, (*cfg.level_labels(), *BAND_LABELS))
+    yield {"record": request_quantile_record(cfg),
+           "expr": histogram_quantile(cfg.thresholds.request_quantile, REQUEST_ACCEPTANCE, scope, w)}
+    yield {"record": record_name(cfg.alert_level, "specdecode_requests_below_page_threshold", f"ratio_rate{w}"),
+           "expr": share_below(REQUEST_ACCEPTANCE, below_page_bound(cfg), scope, w)}
+    yield {"record": band_record(cfg, m.REQUESTS.name), "expr": rate_sum(m.REQUESTS.exposed_name, band, w)}
+    yield {"record": band_record(cfg, REQUEST_ACCEPTANCE),
+           "expr": guarded_ratio(rate_sum(m.REQUEST_ACCEPTED_TOKENS.exposed_name, band, w),
+                                 rate_sum(m.REQUEST_DRAFT_TOKENS.exposed_name, band, w))}
+
+
 def recording_groups(cfg: MonitoringConfig) -> list[dict[str, Any]]:
     windows = list(dict.fromkeys([cfg.short_window, cfg.long_window]))
     groups = [{"name": f"specdecode.rules.{level}",
@@ -113,6 +149,7 @@ def recording_groups(cfg: MonitoringConfig) -> list[dict[str, Any]]:
               for level, _ in cfg.levels]
     groups.append({"name": "specdecode.rules.baseline", "rules": [_baseline_rule(cfg)]})
     groups.append({"name": "specdecode.rules.latency", "rules": list(_latency_rules(cfg))})
+    groups.append({"name": "specdecode.rules.requests", "rules": list(_request_rules(cfg))})
     return groups
 
 
@@ -155,13 +192,16 @@ def below_break_even(cfg: MonitoringConfig) -> Alert:
     name = "SpecDecodeBelowBreakEven"
     w, on = cfg.window(cfg.alert(name).window or "long"), f"on ({by(cfg.level_labels())})"
     model_match, model_args = _model_query(cfg)
-    break_even = f"max by ({by(cfg.level_labels())}) ({selector(m.BREAK_EVEN.name, cfg.metric_selector)})"
-    break_even_now = query_value(f"max({m.BREAK_EVEN.name}{{{model_match}}})", "humanizePercentage", *model_args)
+    in_force = break_even_in_force(Scope(cfg.metric_selector, cfg.level_labels()))
+    bases = ("calibrated", "configured")  # the one in force first; single quotes: this goes inside printf "…"
+    now = " or ".join(f"max({m.BREAK_EVEN.name}{{cost_basis='{basis}', {model_match}}})" for basis in bases)
+    break_even_now = query_value(now, "humanizePercentage", *model_args * len(bases))
     return Alert(
-        name, f"{alpha_record(cfg, w)}\n< {on}\n{break_even}",
+        name, f"{alpha_record(cfg, w)}\n< {on}\n(\n{in_force}\n)",
         "Speculative decoding for {{ $labels.model_name }} is below break-even (modelled speedup < 1)",
         f"Over the last {w}, {WHERE} accepted {PCT} of its drafted tokens, below the break-even "
-        f"acceptance rate of {break_even_now} from the sidecar's cost model: speculative decoding is modelled "
+        f"acceptance rate of {break_even_now} from the sidecar's cost model (calibrated to the observed speedup "
+        "where a baseline gives one): speculative decoding is modelled "
         "to cost more time than it saves.", guard_window=w)
 
 
@@ -324,6 +364,37 @@ def latency_missing(cfg: MonitoringConfig) -> Alert:
         "histogram (vLLM older than 0.11, or renamed): no observed speedup can be measured.")
 
 
+def request_acceptance_low(cfg: MonitoringConfig) -> Alert:
+    name = "SpecDecodeRequestAcceptanceLow"
+    q, threshold = cfg.thresholds.request_quantile, cfg.thresholds.request_acceptance_ratio
+    qname = quantile_name(q)
+    w = cfg.window(cfg.alert(name).window or "long")
+    return Alert(
+        name, f"{request_quantile_record(cfg)} < {fmt_num(threshold)}",
+        f"{qname.upper()} of per-request acceptance rate for {{{{ $labels.model_name }}}} is below {threshold:.0%}",
+        f"Over the last {w}, {q:.0%} of the requests of {WHERE} accepted at most {PCT} of their drafted tokens "
+        f"(threshold {threshold:.0%}, measured per request by the request tap): for those requests speculative "
+        "decoding is net-negative even if the model's overall α looks healthy. See α per workload and temperature "
+        "band to find them.", guard_window=w, guard="tapped")
+
+
+def band_acceptance_low(cfg: MonitoringConfig) -> Alert:
+    name, threshold = "SpecDecodeBandAcceptanceLow", cfg.thresholds.page_acceptance_ratio
+    w = cfg.window(cfg.alert(name).window or "long")
+    on = f"on ({by((*cfg.level_labels(), *BAND_LABELS))})"
+    requests = band_record(cfg, m.REQUESTS.name)
+    return Alert(
+        name,
+        f"{band_record(cfg, REQUEST_ACCEPTANCE)} < {fmt_num(threshold)}\nand {on}\n"
+        f"{requests} * 3600 >= {fmt_num(cfg.min_requests_per_hour)}",
+        "Requests of {{ $labels.model_name }} in workload {{ $labels.workload }}, temperature "
+        "{{ $labels.temperature }} accept below " f"{threshold:.0%}",
+        f"Over the last {w}, the requests of {WHERE} with workload {{{{ $labels.workload }}}} and temperature band "
+        f"{{{{ $labels.temperature }}}} accepted {PCT} of their drafted tokens (page threshold {threshold:.0%}, "
+        "exact from the request tap's counters): speculative decoding slows these requests down. Route them to "
+        "replicas without spec decode, or lower k.")
+
+
 # The alert table: one entry per alert, in the order of the rules file. A new alert is a function above,
 # an entry here, its severity and for: in monitoring.yaml, a runbook section and a promtool test.
 ALERTS: tuple[Callable[[MonitoringConfig], Alert], ...] = (
@@ -339,6 +410,8 @@ ALERTS: tuple[Callable[[MonitoringConfig], Alert], ...] = (
     observed_speedup_low,
     tail_regression,
     latency_missing,
+    request_acceptance_low,
+    band_acceptance_low,
 )
 
 
@@ -348,6 +421,9 @@ def runbook_url(cfg: MonitoringConfig, alert: str) -> str:
 
 def _traffic_guard(cfg: MonitoringConfig, alert: Alert) -> str:
     assert alert.guard_window is not None
+    if alert.guard == "tapped":
+        tapped = rate_sum(m.REQUESTS.exposed_name, Scope(cfg.metric_selector, cfg.level_labels()), alert.guard_window)
+        return f"{tapped} * 3600 >= {fmt_num(cfg.min_requests_per_hour)}"
     if alert.guard == "requests":
         requests = rate_sum(f"{m.REQUEST_TPOT.name}_count", Scope(cfg.metric_selector, cfg.level_labels()),
                             alert.guard_window, 'spec_decode="true"')

@@ -151,7 +151,7 @@ def test_sidecar_and_dashboard_verdicts_agree_on_a_grid(tmp_path: Path) -> None:
             {"series": f"specdecode_drafts_total{{{labels}}}", "values": f"0+{DRAFTS_PER_MINUTE}x10"},
             {"series": f"specdecode_draft_tokens_total{{{labels}}}", "values": f"0+{per_minute}x10"},
             {"series": f"specdecode_accepted_tokens_total{{{labels}}}", "values": f"0+{per_minute * alpha!r}x10"},
-            {"series": f"specdecode_break_even_acceptance_ratio{{{labels}}}",
+            {"series": f'specdecode_break_even_acceptance_ratio{{{labels}, cost_basis="configured"}}',
              "values": f"{cost.per_draft_token!r}x10"},
         ]
         if observed is not None:
