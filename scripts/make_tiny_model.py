@@ -79,7 +79,7 @@ def train_tokenizer(texts: list[str], vocab_size: int):
     )
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--seed", type=int, default=0)
@@ -95,10 +95,73 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--threads", type=int, default=1, help="1 is fastest here")
     ap.add_argument("--tokenizer-from", type=Path, help="reuse this model dir's tokenizer (draft models)")
-    args = ap.parse_args()
+    return ap.parse_args()
 
+
+def build_model(args: argparse.Namespace, tokenizer):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=args.hidden_size,
+        intermediate_size=args.intermediate_size or 2 * args.hidden_size,
+        num_hidden_layers=args.layers,
+        num_attention_heads=args.heads,
+        num_key_value_heads=args.heads,
+        max_position_embeddings=args.max_position,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=False,
+    )
+    return LlamaForCausalLM(cfg)
+
+
+def train(model, tokenizer, docs: list[str], args: argparse.Namespace) -> float:
+    """A few hundred steps of next-token training on the corpus; returns the final loss."""
     import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    ids: list[int] = []
+    for d in docs:
+        ids.extend(tokenizer(d)["input_ids"])
+        ids.append(tokenizer.eos_token_id)
+    data = torch.tensor(ids, dtype=torch.long)
+    gen = torch.Generator().manual_seed(args.seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20))
+    model.train()
+    loss = torch.tensor(0.0)
+    for step in range(args.train_steps):
+        starts = torch.randint(0, len(data) - args.seq_len - 1, (args.batch_size,), generator=gen)
+        batch = torch.stack([data[s : s + args.seq_len] for s in starts.tolist()])
+        loss = model(input_ids=batch, labels=batch).loss
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        if step % 50 == 0 or step == args.train_steps - 1:
+            print(f"step {step:4d} loss {loss.item():.3f}", flush=True)
+    model.eval()
+    return float(loss.item())
+
+
+def greedy_sample(model, tokenizer, prompt: str) -> str:
+    """A quick greedy sample, so the build log shows whether the model repeats spans."""
+    import torch
+
+    enc = tokenizer(prompt, return_tensors="pt")
+    with torch.no_grad():
+        out = model.generate(**enc, max_new_tokens=32, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+    return str(tokenizer.decode(out[0][enc["input_ids"].shape[1] :], skip_special_tokens=True))
+
+
+def main() -> None:
+    args = parse_args()
+    import torch
+    from transformers import AutoTokenizer
 
     t0 = time.time()
     torch.manual_seed(args.seed)
@@ -108,74 +171,27 @@ def main() -> None:
     rng = random.Random(1234)
     words = make_words(rng, 300)
     docs = [make_document(rng, words) for _ in range(3000)]
-
     if args.tokenizer_from:
         tokenizer = AutoTokenizer.from_pretrained(str(args.tokenizer_from))
     else:
         tokenizer = train_tokenizer(docs, args.vocab_size)
-
-    heads = args.heads
-    cfg = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=args.hidden_size,
-        intermediate_size=args.intermediate_size or 2 * args.hidden_size,
-        num_hidden_layers=args.layers,
-        num_attention_heads=heads,
-        num_key_value_heads=heads,
-        max_position_embeddings=args.max_position,
-        rms_norm_eps=1e-5,
-        rope_theta=10000.0,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        tie_word_embeddings=False,
-    )
-    model = LlamaForCausalLM(cfg)
-
-    if args.train_steps > 0:
-        ids: list[int] = []
-        for d in docs:
-            ids.extend(tokenizer(d)["input_ids"])
-            ids.append(tokenizer.eos_token_id)
-        data = torch.tensor(ids, dtype=torch.long)
-        gen = torch.Generator().manual_seed(args.seed)
-        opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20))
-        model.train()
-        loss = torch.tensor(0.0)
-        for step in range(args.train_steps):
-            starts = torch.randint(0, len(data) - args.seq_len - 1, (args.batch_size,), generator=gen)
-            batch = torch.stack([data[s : s + args.seq_len] for s in starts.tolist()])
-            loss = model(input_ids=batch, labels=batch).loss
-            opt.zero_grad()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            sched.step()
-            if step % 50 == 0 or step == args.train_steps - 1:
-                print(f"step {step:4d} loss {loss.item():.3f}", flush=True)
-        model.eval()
+    model = build_model(args, tokenizer)
+    final_loss = train(model, tokenizer, docs, args) if args.train_steps > 0 else None
 
     args.out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(args.out), safe_serialization=True)
     tokenizer.save_pretrained(str(args.out))
-
-    # A quick greedy sample, so the build log shows whether the model repeats spans.
     prompt = " ".join(docs[0].split()[:24])
-    enc = tokenizer(prompt, return_tensors="pt")
-    with torch.no_grad():
-        out = model.generate(**enc, max_new_tokens=32, do_sample=False, pad_token_id=tokenizer.pad_token_id)
-    sample = tokenizer.decode(out[0][enc["input_ids"].shape[1] :], skip_special_tokens=True)
-    n_params = sum(p.numel() for p in model.parameters())
+    sample = greedy_sample(model, tokenizer, prompt)
     info = {
         "seed": args.seed,
-        "params": n_params,
+        "params": sum(p.numel() for p in model.parameters()),
         "vocab_size": len(tokenizer),
         "hidden_size": args.hidden_size,
         "layers": args.layers,
-        "heads": heads,
+        "heads": args.heads,
         "train_steps": args.train_steps,
-        "final_loss": round(float(loss.item()), 4) if args.train_steps > 0 else None,
+        "final_loss": round(final_loss, 4) if final_loss is not None else None,
         "build_seconds": round(time.time() - t0, 1),
     }
     (args.out / "specdecode_model_info.json").write_text(json.dumps(info, indent=2) + "\n")
