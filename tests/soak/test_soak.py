@@ -69,124 +69,139 @@ class Model:
                 for e in now}
 
 
-def test_soak_rss_flat_and_no_lost_counts() -> None:
-    rng = random.Random(8)
-    clock = FakeClock()
-    models: list[Model] = []
-    retired = 0
-    retired_at: list[tuple[float, int]] = []  # (simulated seconds, engines)
+class Soak:
+    """The soak's world: models on one fake clock, the faults served instead of them, and what happened."""
 
-    def new_model(i: int) -> Model:
-        spec = ModelSpec(name=f"model-{i}", engines=rng.choice([1, 2]), num_speculative_tokens=rng.choice([2, 3, 5]),
-                         acceptance_rate=rng.uniform(0.3, 0.9), drafts_per_second=rng.uniform(20, 400), noise=0.1)
-        return Model(Simulator(steady_scenario(spec), clock=clock), spec)
+    def __init__(self) -> None:
+        self.rng = random.Random(8)
+        self.clock = FakeClock()
+        self.next_model = 0
+        self.models = [self.new_model() for _ in range(3)]
+        self.retired_at: list[tuple[float, int]] = []  # (simulated seconds, engines)
+        self.fault = "none"
+        self.rss: list[tuple[float, float]] = []
+        self.counts = {"collections": 0, "failed": 0, "restarts": 0, "churned": 0, "scrapes": 0}
+        self.config = Config(targets=(TargetConfig("vllm", "http://vllm.soak/metrics", timeout=2.0),),
+                             windows=parse_windows("1m,5m,15m,1h", "windows"), collect_interval=INTERVAL,
+                             stale_after=600.0)
+        self.exporter = Exporter(self.config, clock=self.clock)
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.registry.register(SpecDecodeCollector(self.exporter.views))
+        self.last_churn = 0.0
 
-    models = [new_model(i) for i in range(3)]
-    next_model = 3
-    fault = {"mode": "none"}
+    def new_model(self) -> Model:
+        rng = self.rng
+        spec = ModelSpec(name=f"model-{self.next_model}", engines=rng.choice([1, 2]),
+                         num_speculative_tokens=rng.choice([2, 3, 5]), acceptance_rate=rng.uniform(0.3, 0.9),
+                         drafts_per_second=rng.uniform(20, 400), noise=0.1)
+        self.next_model += 1
+        return Model(Simulator(steady_scenario(spec), clock=self.clock), spec)
 
-    def handler(request: httpx.Request) -> httpx.Response:
-        if fault["mode"] == "http_500":
+    def handler(self, request: httpx.Request) -> httpx.Response:
+        if self.fault == "http_500":
             return httpx.Response(500, stream=httpx.ByteStream(b"oops"))
-        if fault["mode"] == "garbage":
+        if self.fault == "garbage":
             return httpx.Response(200, stream=httpx.ByteStream(b"<html>502</html>"),
                                   headers={"Content-Type": "text/html"})
         # One render per model, concatenated: the simulator numbers its _created stamps by position in the
         # render, so one render of all models would shift them (a fake restart) whenever a model churns.
-        body = b"".join(render("v1", m.sim.snapshot()) for m in models)
+        body = b"".join(render("v1", m.sim.snapshot()) for m in self.models)
         return httpx.Response(200, stream=httpx.ByteStream(body), headers={"Content-Type": "text/plain; version=0.0.4"})
 
-    config = Config(targets=(TargetConfig("vllm", "http://vllm.soak/metrics", timeout=2.0),),
-                    windows=parse_windows("1m,5m,15m,1h", "windows"), collect_interval=INTERVAL, stale_after=600.0)
-    exporter = Exporter(config, clock=clock)
-    collector = exporter.collectors["vllm"]
-    registry = CollectorRegistry(auto_describe=True)
-    registry.register(SpecDecodeCollector(exporter.views))
-    steps = int(HOURS * 3600 / INTERVAL)
-    rss: list[tuple[float, float]] = []
-    counts = {"collections": 0, "failed": 0, "restarts": 0, "churned": 0, "scrapes": 0}
-    wall = time.monotonic()
+    def disturb(self, elapsed: float) -> None:
+        """Restarts and churn right after a successful collection: every count was seen."""
+        for model in self.models:
+            if self.rng.random() < RESTART_PROBABILITY:
+                model.restart()
+                self.counts["restarts"] += 1
+        if elapsed - self.last_churn >= CHURN_EVERY:
+            self.last_churn = elapsed
+            gone = self.models.pop(0)
+            self.retired_at.append((elapsed, gone.spec.engines))
+            self.models.append(self.new_model())
+            self.counts["churned"] += 1
 
-    async def run() -> None:
-        nonlocal next_model, retired
-        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
-            last_churn = 0.0
+    async def run(self, steps: int) -> None:
+        collector = self.exporter.collectors["vllm"]
+        async with httpx.AsyncClient(transport=httpx.MockTransport(self.handler)) as client:
             for step in range(1, steps + 1):
-                clock.advance(INTERVAL)
-                elapsed = step * INTERVAL
-                roll = rng.random()
-                fault["mode"] = ("none" if roll >= FAULT_PROBABILITY else
-                                 rng.choice(["http_500", "garbage"]))
+                self.clock.advance(INTERVAL)
+                self.fault = "none" if self.rng.random() >= FAULT_PROBABILITY else self.rng.choice(
+                    ["http_500", "garbage"])
                 view = await collector.collect(client)
                 # MockTransport never waits on I/O, so without this the event loop would never run between
                 # collections, and the timer of every collection's asyncio.timeout() (cancelled, but only
                 # dropped by the loop) would pile up in it: ~0.3 KiB per collection, the +5.5 MiB this
                 # soak once showed over 24 simulated hours. A real sidecar's loop runs on every fetch.
                 await asyncio.sleep(0)
-                counts["collections"] += 1
-                counts["failed"] += not view.up
-                assert view.up == (fault["mode"] == "none"), view.last_error
+                self.counts["collections"] += 1
+                self.counts["failed"] += not view.up
+                assert view.up == (self.fault == "none"), view.last_error
                 if view.up:
-                    # Restarts and churn right after a successful collection: every count was seen.
-                    for model in models:
-                        if rng.random() < RESTART_PROBABILITY:
-                            model.restart()
-                            counts["restarts"] += 1
-                    if elapsed - last_churn >= CHURN_EVERY:
-                        last_churn = elapsed
-                        gone = models.pop(0)
-                        retired_at.append((elapsed, gone.spec.engines))
-                        retired += 1
-                        models.append(new_model(next_model))
-                        next_model += 1
-                        counts["churned"] += 1
+                    self.disturb(step * INTERVAL)
                 if step % SCRAPE_EVERY == 0:
-                    generate_latest(registry)
-                    counts["scrapes"] += 1
+                    generate_latest(self.registry)
+                    self.counts["scrapes"] += 1
                 if step % 120 == 0:  # every 10 simulated minutes
                     gc.collect()
-                    rss.append((elapsed / 3600, rss_mib()))
-
+                    self.rss.append((step * INTERVAL / 3600, rss_mib()))
             # Final: one clean collection, then compare with the truth.
-            fault["mode"] = "none"
-            clock.advance(INTERVAL)
+            self.fault = "none"
+            self.clock.advance(INTERVAL)
             assert (await collector.collect(client)).up
 
-    asyncio.run(run())
+    def lost_counts(self) -> tuple[float, int]:
+        """Σ |sidecar − truth| over every live (model, engine), and how many were checked."""
+        lost, checked = 0.0, 0
+        for model in self.models:
+            for engine, (draft_tokens, accepted, drafts) in model.truth().items():
+                state = self.exporter.store.series[SeriesKey("vllm", model.spec.name, str(engine))]
+                totals = state.totals
+                lost += abs(totals.draft_tokens - draft_tokens) + abs(totals.accepted_tokens - accepted)
+                lost += abs((totals.drafts or 0) - drafts)
+                checked += 1
+                assert state.restarts == model.restarts, f"{model.spec.name}: spurious or missed restarts"
+        return lost, checked
+
+    def report(self, wall: float, lost: float, checked: int, baseline_index: int) -> str:
+        rss, counts = self.rss, self.counts
+        baseline = rss[baseline_index][1] if rss else rss_mib()
+        active = sum(m.spec.engines for m in self.models)
+        return (f"soak: {HOURS:g} simulated hours in {wall:.1f}s wall; {counts['collections']} collections "
+                f"({counts['failed']} failed on purpose), {counts['restarts']} vLLM restarts, {counts['churned']} "
+                f"models churned, {counts['scrapes']} /metrics renders; series now "
+                f"{len(self.exporter.store.series)} (active engines {active}); counts lost {lost:g} over {checked} "
+                f"series; RSS {baseline:.1f} MiB at {rss[baseline_index][0] if rss else 0:.2f} h -> "
+                f"{rss[-1][1] if rss else 0:.1f} MiB at end (growth {self.growth(baseline_index):+.1f} MiB, max "
+                f"{max((r for _, r in rss), default=0):.1f} MiB)")
+
+    def growth(self, baseline_index: int) -> float:
+        return self.rss[-1][1] - self.rss[baseline_index][1] if self.rss else 0.0
+
+
+def test_soak_rss_flat_and_no_lost_counts() -> None:
+    soak = Soak()
+    steps = int(HOURS * 3600 / INTERVAL)
+    wall = time.monotonic()
+    asyncio.run(soak.run(steps))
     wall = time.monotonic() - wall
 
-    lost = 0.0
-    checked = 0
-    for model in models:
-        for engine, (draft_tokens, accepted, drafts) in model.truth().items():
-            state = exporter.store.series[SeriesKey("vllm", model.spec.name, str(engine))]
-            totals = state.totals
-            lost += abs(totals.draft_tokens - draft_tokens) + abs(totals.accepted_tokens - accepted)
-            lost += abs((totals.drafts or 0) - drafts)
-            checked += 1
-            assert state.restarts == model.restarts, f"{model.spec.name}: spurious or missed restarts"
-    restarts_seen = sum(s.restarts for s in exporter.store.series.values())
-    active = sum(m.spec.engines for m in models)
-    baseline_index = next((i for i, (h, _) in enumerate(rss) if h >= min(1.25, HOURS / 2)), 0)
-    baseline = rss[baseline_index][1] if rss else rss_mib()
-    growth = rss[-1][1] - baseline if rss else 0.0
-    report = (f"soak: {HOURS:g} simulated hours in {wall:.1f}s wall; {counts['collections']} collections "
-              f"({counts['failed']} failed on purpose), {counts['restarts']} vLLM restarts, {counts['churned']} "
-              f"models churned, {counts['scrapes']} /metrics renders; series now {len(exporter.store.series)} "
-              f"(active engines {active}); counts lost {lost:g} over {checked} series; RSS {baseline:.1f} MiB at "
-              f"{rss[baseline_index][0] if rss else 0:.2f} h -> {rss[-1][1] if rss else 0:.1f} MiB at end "
-              f"(growth {growth:+.1f} MiB, max {max((r for _, r in rss), default=0):.1f} MiB)")
+    lost, checked = soak.lost_counts()
+    baseline_index = next((i for i, (h, _) in enumerate(soak.rss) if h >= min(1.25, HOURS / 2)), 0)
+    report = soak.report(wall, lost, checked, baseline_index)
     sys.stderr.write("\n" + report + "\n")
     if os.environ.get("SPECDECODE_SOAK_REPORT"):
         with open(os.environ["SPECDECODE_SOAK_REPORT"], "a", encoding="utf-8") as out:
-            out.write(report + "\n" + "\n".join(f"  {h:6.2f} h  {r:7.1f} MiB" for h, r in rss) + "\n")
+            out.write(report + "\n" + "\n".join(f"  {h:6.2f} h  {r:7.1f} MiB" for h, r in soak.rss) + "\n")
 
+    store = soak.exporter.store
+    active = sum(m.spec.engines for m in soak.models)
     assert lost == 0, report
     assert checked == active
     end = (steps + 1) * INTERVAL
-    recently_retired = sum(engines for at, engines in retired_at if end - at <= config.stale_after)
-    assert len(exporter.store.series) == active + recently_retired, "retired models' series expire"
-    assert restarts_seen <= counts["restarts"]  # retired models took theirs with them
-    assert growth < RSS_GROWTH_LIMIT_MIB, report
-    for state in exporter.store.series.values():  # the rings hold one longest window, not the whole soak
+    recently_retired = sum(engines for at, engines in soak.retired_at if end - at <= soak.config.stale_after)
+    assert len(store.series) == active + recently_retired, "retired models' series expire"
+    assert sum(s.restarts for s in store.series.values()) <= soak.counts["restarts"]  # retired took theirs
+    assert soak.growth(baseline_index) < RSS_GROWTH_LIMIT_MIB, report
+    for state in store.series.values():  # the rings hold one longest window, not the whole soak
         assert len(state.times) <= 3600 / INTERVAL + 4
