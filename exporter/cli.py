@@ -1,4 +1,5 @@
-"""specdecode-exporter: run (the sidecar), simulate (a fake vLLM), demo (both), check URL (one-shot verdict).
+"""specdecode-exporter: run (the sidecar), simulate (a fake vLLM), demo (both), check URL (one-shot verdict),
+probe (measure α and the speedup before you ship).
 
 Flags follow Prometheus exporters; each flag can also come from SPECDECODE_<FLAG> (dots and dashes become
 underscores, upper case), e.g. SPECDECODE_WEB_LISTEN_ADDRESS. Precedence: flag > env > config file > default.
@@ -194,6 +195,12 @@ def build_parser() -> argparse.ArgumentParser:
     simulate = commands.add_parser("simulate", help="serve a fake vLLM /metrics (for demos and tests)")
     simulator_cli.add_arguments(simulate)
     simulate.set_defaults(handler=simulator_cli.main)
+
+    from exporter.probe import cli as probe_cli
+
+    probe = commands.add_parser("probe", help="measure α, TPOT and the speedup per temperature and prompt group")
+    probe_cli.add_arguments(probe)
+    probe.set_defaults(handler=probe_cli.main)
     return parser
 
 

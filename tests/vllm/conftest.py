@@ -63,12 +63,35 @@ def _start(server: h.VllmServer) -> Iterator[h.VllmServer]:
 
 @pytest.fixture(scope="session")
 def vllm_ngram(tmp_path_factory: pytest.TempPathFactory) -> Iterator[h.VllmServer]:
-    """vLLM with ngram (prompt lookup) speculative decoding, k=3, on a free 127.0.0.1 port."""
+    """vLLM with ngram (prompt lookup) speculative decoding, k=3, on a free 127.0.0.1 port; its responses carry
+    per-request spec-decode metrics and timings (the flags change nothing on /metrics)."""
     _require_setup()
     server = h.VllmServer(
         model=h.model_dir("tiny-llama"),
         spec_config=h.NGRAM_SPEC,
         log_path=_log_dir(tmp_path_factory) / "vllm-ngram.log",
+        extra_args=h.PER_REQUEST_METRICS,
+    )
+    yield from _start(server)
+
+
+@pytest.fixture(scope="session")
+def vllm_ngram_per_request(vllm_ngram: h.VllmServer) -> h.VllmServer:
+    """The ngram server, named for what the probe tests need of it: --per-request-spec-decode-metrics summary
+    --enable-per-request-metrics (one server, so that at most two run at once)."""
+    return vllm_ngram
+
+
+@pytest.fixture(scope="module")
+def vllm_nospec(tmp_path_factory: pytest.TempPathFactory) -> Iterator[h.VllmServer]:
+    """The same tiny model without speculative decoding (a baseline), with per-request timings. Module-scoped:
+    started beside the session's ngram server only while one module needs it."""
+    _require_setup()
+    server = h.VllmServer(
+        model=h.model_dir("tiny-llama"),
+        spec_config=None,
+        log_path=_log_dir(tmp_path_factory) / "vllm-nospec.log",
+        extra_args=["--enable-per-request-metrics"],
     )
     yield from _start(server)
 

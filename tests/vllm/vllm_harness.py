@@ -35,6 +35,9 @@ NGRAM_SPEC = {
     "prompt_lookup_min": 1,
 }
 
+# Per-request spec-decode metrics and timings in every response (vLLM >= 0.29): what the probe reads exactly.
+PER_REQUEST_METRICS = ["--per-request-spec-decode-metrics", "summary", "--enable-per-request-metrics"]
+
 SPEC_PREFIX = "vllm:spec_decode_"
 DRAFTS = "vllm:spec_decode_num_drafts"
 DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
