@@ -3,6 +3,11 @@
     .venv/bin/python bench/run.py            # ~4½ minutes
     .venv/bin/python bench/run.py --long     # longer spans (footprint 300 s, scale 60 s) and a long soak
     .venv/bin/python bench/run.py --only collect,render
+    .venv/bin/python bench/run.py --only tap           # the request tap alone (~2 minutes); --long: 64 and 256
+                                                       # streams, every relay; --smoke: 4 streams, figures meaningless
+
+With --only, the sections that were not run are kept as they are in the output file (results.md), so one
+section can be measured again without the others.
 
 To measure a change to exporter/ without touching the checkout, make it in a copy of the
 package and put that copy first: PYTHONPATH=/tmp/patched .venv/bin/python bench/run.py --only collect
@@ -17,18 +22,22 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import platform
+import re
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.append(str(ROOT))  # appended, so a PYTHONPATH with a patched exporter/ still wins
 
 from bench import collect, corpus, footprint, render, soak  # noqa: E402
+from bench import tap as tap_bench  # noqa: E402
 from bench.common import fmt_ms  # noqa: E402
 
-SECTIONS = ("collect", "render", "footprint", "scale", "soak")
+SECTIONS = ("collect", "render", "footprint", "scale", "soak", "tap")
+SECTION_HEADING = "## "
 
 
 class Report:
@@ -176,20 +185,133 @@ def run_soak(rep: Report, collections: int, churn_every: int) -> None:
     rep.add(f"\nRSS growth after warm-up: {r.rss_growth_mb:+.2f} MB; live series never above {r.max_series}.")
 
 
+def run_tap(rep: Report, size: tap_bench.BenchSize) -> list[dict[str, Any]]:
+    rep.h("6. Request tap: what forwarding vLLM's API through the sidecar costs")
+    rep.add(f"bench/tap.py, {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC: {size.describe()}. Three processes on "
+            "loopback: a fake vLLM sending one ~240-byte SSE event every 5 ms per stream (100 per response), the "
+            "relay under test, and a load generator holding N keep-alive connections, each sending one streamed "
+            "completion after another (no `include_usage`, so the tap takes its costliest path: it asks vLLM for "
+            "usage and strips that event again). Baselines from the same run: TTFB against calling the fake vLLM "
+            f"directly (`{tap_bench.BASELINE}`), CPU per forwarded chunk against `{tap_bench.FLOOR}` (bytes relayed "
+            "both ways, nothing parsed: the floor of any relay). Medians of the rounds; requests, chunks, stalls "
+            "and errors summed. Stall = a gap over 50 ms inside a stream. Relay peak RSS = VmHWM of the relay's "
+            "process, which imports the same bench modules for every variant (compare the rows, not the absolute "
+            "value). Other load = CPU that other jobs used meanwhile (the machine is shared). Targets "
+            "(docs/tap-design.md): ≤ 20 µs a chunk, i.e. ≤ 2 % of a core per 1,000 streamed chunks/s; p99 TTFB "
+            "added ≤ 1 ms at 64 streams; no stalls.\n")
+    measured = tap_bench.run(size)
+    rows = tap_bench.with_ratios(measured)
+
+    def ms(value: float | None) -> str:
+        return "—" if value is None else f"{value * 1e3:+.2f} ms"
+
+    def times(value: float | None) -> str:
+        return "—" if value is None else f"**{value:.2f}×**"
+
+    table = []
+    for r in rows:
+        relayed = r["variant"] != tap_bench.BASELINE
+        per_chunk = float(r["cpu_per_chunk"])
+        table.append([str(r["streams"]), str(r["variant"]), str(r["requests"]), str(r["events"]),
+                      f"{float(r['ttfb_p50']) * 1e3:.2f} ms", f"{float(r['ttfb_p99']) * 1e3:.2f} ms",
+                      ms(r["added_p99"]), times(r["ttfb_p99_vs_direct"]),
+                      f"{per_chunk * 1e6:.1f} µs" if relayed else "—", times(r["cpu_vs_floor"]),
+                      f"{per_chunk * 1e5:.1f} %" if relayed else "—",
+                      f"{float(r['proxy_rss_peak_mb']):.0f} MB" if relayed else "—",
+                      str(r["stalls"]), str(r["errors"]), f"{float(r['background_cores']):.2f} cores"])
+    rep.table(["streams", "variant", "requests", "chunks", "TTFB p50", "TTFB p99", "added p99 (≤ 1 ms at 64)",
+               "p99 vs direct", "relay CPU / chunk", "CPU / chunk vs raw relay", "% core per 1k chunks/s (≤ 2 %)",
+               "relay peak RSS", "stalls", "errors", "other load"], table)
+    if size.rounds > 1:
+        rep.add("\nEach round against its own round's baselines (lowest – highest over the rounds):\n")
+        spans = tap_bench.round_ranges(measured)
+        rep.table(["streams", "variant", "CPU / chunk vs raw relay", "TTFB p99 vs direct", "added p99"],
+                  [[str(streams), variant, _span(figures.get("cpu_vs_floor"), "{:.2f}×"),
+                    _span(figures.get("ttfb_p99_vs_direct"), "{:.2f}×"),
+                    _span(figures.get("added_p99"), "{:+.2f} ms", 1e3)]
+                   for (streams, variant), figures in spans.items()])
+    return rows
+
+
+def _span(low_high: tuple[float, float] | None, spec: str, scale: float = 1.0) -> str:
+    if low_high is None:
+        return "—"
+    low, high = (spec.format(v * scale) for v in low_high)
+    return f"{low} – {high}"
+
+
+KEPT = re.compile(r"^Not measured in this run, kept from an earlier one: sections? ([\d, ]+) \((.*)\)\.$")
+
+
+def _split_sections(lines: list[str]) -> tuple[list[str], dict[int, list[str]]]:
+    """(the lines before the first numbered section, {number: that section's lines}); total-time lines dropped."""
+    head: list[str] = []
+    sections: dict[int, list[str]] = {}
+    current = head
+    for line in lines:
+        number = line[len(SECTION_HEADING):].split(".")[0]
+        if line.startswith(SECTION_HEADING) and number.isdigit():
+            current = sections.setdefault(int(number), [])
+        if not line.startswith("_Total bench time"):
+            current.append(line)
+    return head, sections
+
+
+def _measured_when(head: list[str], numbers: set[int]) -> dict[int, str]:
+    """When each section of an earlier results.md was measured: its run line, unless it was kept from one before."""
+    run_line = next((line for line in head if " UTC · " in line and not KEPT.match(line)), "an earlier run")
+    when = dict.fromkeys(numbers, run_line)
+    for line in head:
+        kept = KEPT.match(line)
+        if kept:
+            when.update((int(n), kept.group(2)) for n in kept.group(1).split(",") if int(n) in numbers)
+    return when
+
+
+def merge_sections(previous: str, fresh: list[str]) -> list[str]:
+    """The fresh report, plus the sections of ``previous`` (an earlier results.md) that it lacks, each said to be
+    from the run that measured it."""
+    fresh_lines = "\n".join(fresh).split("\n")  # Report.lines items may hold several lines
+    head, now = _split_sections(fresh_lines)
+    previous_head, before = _split_sections(previous.split("\n"))
+    kept = {n: lines for n, lines in before.items() if n not in now}
+    by_run: dict[str, list[int]] = {}
+    for number, when in sorted(_measured_when(previous_head, set(kept)).items()):
+        by_run.setdefault(when, []).append(number)
+    for when, sections in by_run.items():
+        which = "sections" if len(sections) > 1 else "section"
+        head += [f"Not measured in this run, kept from an earlier one: {which} {', '.join(map(str, sections))} "
+                 f"({when}).", ""]
+    total = [line for line in fresh_lines if line.startswith("_Total bench time")]
+    blocks = [head, *(now.get(n, kept.get(n, [])) for n in sorted(now.keys() | kept.keys())), total]
+    merged: list[str] = []
+    for block in blocks:
+        while block and not block[-1].strip():
+            block = block[:-1]
+        merged += [*([""] if merged else []), *block]
+    return merged
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--long", action="store_true", help="longer spans and a long soak")
     parser.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated subset of {SECTIONS}")
     parser.add_argument("--output", default=str(ROOT / "bench" / "results.md"))
+    parser.add_argument("--smoke", action="store_true",
+                        help="the smallest size (tests/bench: proves the bench runs; figures mean nothing); tap only")
     args = parser.parse_args()
     only = set(args.only.split(","))
+    if not only <= set(SECTIONS):
+        parser.error(f"--only: unknown section(s) {', '.join(sorted(only - set(SECTIONS)))}")
+    if args.smoke and only != {"tap"}:
+        parser.error("--smoke: only the tap section has a smoke size (use --only tap)")
     rep = Report()
     import exporter.parse
 
     rep.add("# specdecode-exporter benchmarks\n")
     rep.add(f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC · Python {platform.python_version()} · "
             f"{platform.machine()} · exporter from {Path(exporter.parse.__file__).parent.parent} · "
-            f"{'--long' if args.long else 'quick'} run")
+            f"{'smoke' if args.smoke else '--long' if args.long else 'quick'} run")
     started = time.perf_counter()
     pipeline_ms: dict[str, float] = {}
     if "collect" in only or "footprint" in only:
@@ -202,8 +324,14 @@ def main() -> int:
         run_scale(rep, (10, 100, 500), span=60.0 if args.long else 20.0)
     if "soak" in only:
         run_soak(rep, 60_000 if args.long else 6_000, churn_every=1000 if args.long else 60)
+    if "tap" in only:
+        run_tap(rep, tap_bench.SMOKE if args.smoke else tap_bench.LONG if args.long else tap_bench.QUICK)
     rep.add(f"\n_Total bench time {time.perf_counter() - started:.0f} s._")
-    Path(args.output).write_text("\n".join(rep.lines) + "\n", encoding="utf-8")
+    output = Path(args.output)
+    lines = rep.lines
+    if only != set(SECTIONS) and output.exists():
+        lines = merge_sections(output.read_text(encoding="utf-8"), lines)
+    output.write_text("\n".join(lines) + "\n", encoding="utf-8")
     print(f"\nwrote {args.output}")
     return 0
 

@@ -4,6 +4,9 @@
     .venv/bin/python bench/tap.py --rounds 3      # interleaved repeats, medians (the machine is shared and noisy)
     .venv/bin/python bench/tap.py --streams 64 --seconds 5 --variants tap-uvloop,raw-relay-uvloop
 
+`make bench` runs it through bench/run.py (section 6 of bench/results.md) in one of the sizes below (QUICK; LONG
+with --long; SMOKE with --smoke, for tests/bench), every figure set against baselines measured in the same run.
+
 Three processes per run, loopback only: a fake upstream (raw asyncio on uvloop) that answers each streamed
 completion with one vLLM-sized SSE event every 5 ms per stream; the relay under test (absent for "direct"); a load
 generator (raw asyncio on uvloop) holding N keep-alive connections, each sending one streamed request (100 events)
@@ -34,6 +37,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
@@ -41,12 +46,35 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.append(str(ROOT))
 
-from bench.common import CLK_TCK, free_port, proc_cpu_seconds  # noqa: E402
+from bench.common import CLK_TCK, free_port, proc_cpu_seconds, proc_rss_mb  # noqa: E402
 
 INTERVAL = 0.005  # one SSE event per stream every 5 ms
 EVENTS_PER_STREAM = 100  # 0.5 s streams, so each connection measures many first bytes
 STALL_GAP = 0.050
 VARIANTS = ("tap-uvloop", "raw-relay-uvloop", "tap-asyncio", "aiohttp", "httpx-starlette")
+BASELINE = "direct"  # the upstream called without any relay: what TTFB is compared with
+FLOOR = "raw-relay-uvloop"  # bytes relayed, nothing parsed: what the relays' CPU per chunk is compared with
+
+
+@dataclass(frozen=True)
+class BenchSize:
+    """One configuration of the bench: how many concurrent streams, for how long, how often, which relays."""
+
+    streams: tuple[int, ...]
+    seconds: float
+    rounds: int
+    quiet_wait: float  # at most this long, wait for a nearly idle second before each measurement
+    variants: tuple[str, ...]
+
+    def describe(self) -> str:
+        return (f"{'/'.join(map(str, self.streams))} streams, {self.seconds:g} s per measurement, {self.rounds} "
+                f"interleaved round{'s' if self.rounds > 1 else ''}, variants {', '.join(self.variants)}")
+
+
+# bench/run.py's sizes. SMOKE only proves the bench works end to end (tests/bench): its figures mean nothing.
+SMOKE = BenchSize((4,), 0.6, 1, 0.0, ("tap-uvloop", FLOOR))
+QUICK = BenchSize((64,), 5.0, 3, 3.0, ("tap-uvloop", FLOOR, "tap-asyncio"))
+LONG = BenchSize((64, 256), 6.0, 3, 20.0, VARIANTS)
 _EVENT = (
     b'data: {"id":"cmpl-8c79809def3acc5c","object":"text_completion","created":1795364486,"model":"tiny",'
     b'"choices":[{"index":0,"text":" robami","logprobs":null,"finish_reason":null,"stop_reason":null,'
@@ -431,6 +459,7 @@ def _measure(
         background = (_busy_cpu_seconds() - busy_before - sum(spent) - load_cpu) / elapsed
         cpu = spent[1] if proxy else 0.0
         stats = json.loads(Path(out.name).read_text())
+    rss_peak = proc_rss_mb(proxy.pid, "VmHWM") if proxy else 0.0
     if proxy:
         _stop(proxy)
     ttfb = sorted(stats["ttfb"])
@@ -447,6 +476,7 @@ def _measure(
         "cpu_per_chunk": cpu / stats["events"] if proxy and stats["events"] else 0.0,
         "cpu_share": cpu / seconds,
         "background_cores": max(0.0, background),
+        "proxy_rss_peak_mb": rss_peak,
     }
 
 
@@ -486,21 +516,70 @@ def main() -> None:
     if args.role != "bench":
         _run_role(args)
         return
-    variants = [v for v in args.variants.split(",") if _available(v)]
+    size = BenchSize(tuple(int(s) for s in args.streams.split(",")), args.seconds, args.rounds, args.quiet_wait,
+                     tuple(args.variants.split(",")))
+    rows = run(size, lambda row: print(json.dumps(row), flush=True))
+    print(_table(_medians(rows)))
+
+
+def run(size: BenchSize, report: Callable[[dict[str, Any]], None] = lambda row: None) -> list[dict[str, Any]]:
+    """Every measurement of ``size`` (direct first, then each variant, per streams and round), one row each."""
+    variants = [v for v in size.variants if _available(v)]
     upstream_port = free_port()
     upstream = _spawn("--role", "upstream", "--port", str(upstream_port))
     rows: list[dict[str, Any]] = []
     try:
         _wait_port(upstream_port)
-        for streams in (int(s) for s in args.streams.split(",")):
-            for _ in range(args.rounds):
-                for variant in ("direct", *variants):
-                    row = _measure(variant, upstream, upstream_port, streams, args.seconds, args.quiet_wait)
-                    print(json.dumps(row), flush=True)
+        for streams in size.streams:
+            for round_index in range(size.rounds):
+                for variant in (BASELINE, *variants):
+                    row = _measure(variant, upstream, upstream_port, streams, size.seconds, size.quiet_wait)
+                    row["round"] = round_index
+                    report(row)
                     rows.append(row)
     finally:
         _stop(upstream)
-    print(_table(_medians(rows)))
+    return rows
+
+
+def round_ranges(rows: Sequence[dict[str, Any]]) -> dict[tuple[int, str], dict[str, tuple[float, float]]]:
+    """Per (streams, relay): the lowest and highest of each ratio when every round is set against its own round's
+    baselines (the spread the medians hide)."""
+    rounds: dict[tuple[int, int], list[dict[str, Any]]] = {}
+    for row in rows:
+        rounds.setdefault((row["streams"], row.get("round", 0)), []).append(row)
+    spread: dict[tuple[int, str], dict[str, list[float]]] = {}
+    for group in rounds.values():
+        for row in with_ratios(group):
+            for key in ("cpu_vs_floor", "ttfb_p99_vs_direct", "added_p99"):
+                if row[key] is not None:
+                    spread.setdefault((row["streams"], row["variant"]), {}).setdefault(key, []).append(row[key])
+    return {where: {key: (min(values), max(values)) for key, values in figures.items()}
+            for where, figures in spread.items()}
+
+
+def with_ratios(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The medians of ``rows`` with each figure against its baseline of the same run and streams: TTFB against
+    calling the upstream directly, CPU per chunk against the raw relay (None where that baseline was not run)."""
+    merged = _medians(list(rows))
+    direct = {r["streams"]: r for r in merged if r["variant"] == BASELINE}
+    floor = {r["streams"]: r for r in merged if r["variant"] == FLOOR}
+    out = []
+    for row in merged:
+        base, bare = direct.get(row["streams"]), floor.get(row["streams"])
+        relayed = row["variant"] != BASELINE
+        out.append({
+            **row,
+            "added_p50": row["ttfb_p50"] - base["ttfb_p50"] if base and relayed else None,
+            "added_p99": row["ttfb_p99"] - base["ttfb_p99"] if base and relayed else None,
+            "ttfb_p99_vs_direct": _ratio(row["ttfb_p99"], base["ttfb_p99"]) if base and relayed else None,
+            "cpu_vs_floor": _ratio(row["cpu_per_chunk"], bare["cpu_per_chunk"]) if bare and relayed else None,
+        })
+    return out
+
+
+def _ratio(value: float, baseline: float) -> float | None:
+    return value / baseline if baseline > 0 else None
 
 
 def _medians(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -519,6 +598,7 @@ def _medians(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 else group[0][key]
             )
             for key in group[0]
+            if key != "round"
         }
         for group in groups.values()
     ]

@@ -8,6 +8,7 @@ from typing import TextIO
 
 import httpx
 
+from exporter import check_per_request
 from exporter.collection import Exporter, TargetView
 from exporter.config import Config, TargetConfig, Window
 from exporter.derive import acceptance_ratio
@@ -60,7 +61,19 @@ def render(view: TargetView, duration: float) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run_check(url: str, duration: float, timeout: float, out: TextIO) -> int:
+def per_request_line(view: TargetView, send_completion: bool, timeout: float) -> tuple[str | None, bool]:
+    """(the per-request metrics line, whether it could decide); only for vLLM targets that serve spec decode."""
+    if not view.series or view.api not in ("vllm-v1", "vllm-v0"):
+        return None, True
+    if not send_completion or view.api == "vllm-v0":
+        return check_per_request.hint(view.api), True
+    finding = asyncio.run(check_per_request.send_test_completion(view.config.url, timeout))
+    return finding.line, finding.decided
+
+
+def run_check(url: str, duration: float, timeout: float, out: TextIO, send_test_completion: bool = False) -> int:
+    """Collect, print the verdict; with ``send_test_completion``, also one 1-token completion to tell whether vLLM
+    returns the per-request metrics the request tap reads (exit code 1 when that could not be told)."""
     window = Window(f"{duration:g}s", duration + CHECK_STEP_SECONDS)
     config = Config(targets=(TargetConfig(name="check", url=url, timeout=timeout),), windows=(window,),
                     collect_interval=CHECK_STEP_SECONDS)
@@ -70,4 +83,7 @@ def run_check(url: str, duration: float, timeout: float, out: TextIO) -> int:
         out.write(f"specdecode-exporter: cannot collect {url}: {view.last_error}\n")
         return 1
     out.write(render(view, duration))
-    return 0
+    line, decided = per_request_line(view, send_test_completion, timeout)
+    if line is not None:
+        out.write(f"\n{line}\n")
+    return 0 if decided else 1

@@ -156,7 +156,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     duration = parse_duration(args.duration, "--duration")
     timeout = parse_duration(args.timeout, "--timeout")
-    return run_check(args.url, duration, timeout, sys.stdout)
+    return run_check(args.url, duration, timeout, sys.stdout, send_test_completion=args.send_test_completion)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -181,6 +181,11 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("url", help="e.g. http://127.0.0.1:8000/metrics")
     check.add_argument("--duration", default="10s", help="time between first and last collection (default 10s)")
     check.add_argument("--timeout", default="5s", help="timeout of one collection (default 5s)")
+    check.add_argument("--send-test-completion", action="store_true",
+                       help="also send vLLM one 1-token completion (to the served model) to tell whether its responses "
+                            "carry the per-request metrics the request tap reads (vLLM's --per-request-spec-decode-"
+                            "metrics summary, --enable-per-request-metrics); exit code 1 if the answer cannot tell. "
+                            "Without it, check sends nothing and only names those flags")
     check.set_defaults(handler=cmd_check)
 
     demo = commands.add_parser("demo", help="run the simulator and the sidecar together")

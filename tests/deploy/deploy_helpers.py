@@ -30,6 +30,7 @@ OVERLAYS: dict[str, set[str]] = {
     "deploy/base": {"ConfigMap", "PodMonitor", "PrometheusRule"},
     "deploy/examples/vllm": {"ConfigMap", "Deployment", "Service", "PodMonitor", "PrometheusRule"},
     "deploy/examples/vllm-servicemonitor": {"ConfigMap", "Deployment", "Service", "ServiceMonitor", "PrometheusRule"},
+    "deploy/examples/vllm-tap": {"ConfigMap", "Deployment", "Service", "PodMonitor", "PrometheusRule"},
 }
 SIDECAR = "specdecode-exporter"
 

@@ -15,7 +15,7 @@ PORT = 9877
 PORT_NAME = "specdecode"
 CONFIG_DIR = "/etc/specdecode-exporter"
 SCRAPE_LABEL = ("specdecode-exporter/scrape", "true")
-WITH_SIDECAR = ["deploy/examples/vllm", "deploy/examples/vllm-servicemonitor"]
+WITH_SIDECAR = ["deploy/examples/vllm", "deploy/examples/vllm-servicemonitor", "deploy/examples/vllm-tap"]
 
 
 def _quantity(value: str) -> float:
@@ -71,7 +71,9 @@ def test_probes_use_healthz_never_readyz(overlay: str) -> None:
         # /readyz would make the whole vLLM pod NotReady (out of its Service) when vLLM's /metrics hiccups.
         assert get["path"] == "/healthz", f"{probe} must use /healthz, not {get['path']}"
         assert get["port"] == PORT_NAME
-    assert container["ports"] == [{"name": PORT_NAME, "containerPort": PORT, "protocol": "TCP"}]
+    # The metrics port first; the request tap (deploy/tap) adds its own after it (tests/deploy/test_deploy_tap.py).
+    assert container["ports"][0] == {"name": PORT_NAME, "containerPort": PORT, "protocol": "TCP"}
+    assert len(container["ports"]) == (2 if overlay.endswith("-tap") else 1)
 
 
 @pytest.mark.parametrize("overlay", WITH_SIDECAR)
