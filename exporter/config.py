@@ -99,6 +99,7 @@ class ProxyConfig:
     max_workloads: int = 10
     temperature_bands: tuple[float, ...] = (0.3, 0.7)  # the edges of the temperature label's bands
     connect_timeout: float = 3.0
+    drain_timeout: float = 20.0  # on shutdown: how long requests in flight may take to finish
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,8 +136,8 @@ DEFAULT_WINDOWS = ",".join(monitoring_config.shipped().sidecar_windows)
 DEFAULT_TARGET_URL = "http://127.0.0.1:8000/metrics"
 
 
-def parse_duration(text: str | float | int, where: str) -> float:
-    """'5s', '1m30s', '500ms', '1h' or a number of seconds → seconds (> 0)."""
+def parse_duration(text: str | float | int, where: str, allow_zero: bool = False) -> float:
+    """'5s', '1m30s', '500ms', '1h' or a number of seconds → seconds (> 0, or ≥ 0 with allow_zero)."""
     if isinstance(text, bool):
         raise ConfigError(f"{where}: expected a duration like 5s, got {text!r}")
     if isinstance(text, int | float):
@@ -151,8 +152,10 @@ def parse_duration(text: str | float | int, where: str) -> float:
                 raise ConfigError(f"{where}: expected a duration like 5s, 1m or 500ms, got {text!r}") from None
         else:
             seconds = sum(float(n) * _DURATION_SECONDS[u] for n, u in parts)
+    if allow_zero and seconds == 0:
+        return 0.0
     if not seconds > 0:
-        raise ConfigError(f"{where}: must be greater than 0, got {text!r}")
+        raise ConfigError(f"{where}: must be {'0 or more' if allow_zero else 'greater than 0'}, got {text!r}")
     return seconds
 
 
@@ -363,7 +366,7 @@ def parse_target(data: Any, where: str, default_timeout: float, default_cost: Co
 TOP_LEVEL_KEYS = {"web", "collect", "windows", "targets", "cost_model", "page_threshold", "log", "monitoring",
                   "proxy"}
 PROXY_KEYS = {"listen_address", "upstream", "target", "workload_header", "max_workloads", "temperature_bands",
-              "connect_timeout"}
+              "connect_timeout", "drain_timeout"}
 
 
 def api_base(url: str) -> str:
@@ -398,7 +401,8 @@ def parse_proxy(data: Any, targets: tuple[TargetConfig, ...], flags: Mapping[str
         raise ConfigError(f"proxy.workload_header: expected an HTTP header name, got {header!r}")
     return ProxyConfig(listen, upstream.rstrip("/"), str(target), header,
                        _int(section.get("max_workloads", 10), "proxy.max_workloads", 1),
-                       bands, parse_duration(section.get("connect_timeout", "3s"), "proxy.connect_timeout"))
+                       bands, parse_duration(section.get("connect_timeout", "3s"), "proxy.connect_timeout"),
+                       parse_duration(section.get("drain_timeout", "20s"), "proxy.drain_timeout", allow_zero=True))
 
 
 def load_monitoring(data: Mapping[str, Any], monitoring_file: str | None) -> tuple[str | None,

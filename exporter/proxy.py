@@ -34,7 +34,7 @@ class TapRuntime:
 
     async def stop(self) -> None:
         if self.tap is not None:
-            await self.tap.close()
+            await self.tap.close(self.config.drain_timeout)
             self.tap = None
 
     def view(self) -> RequestsView:

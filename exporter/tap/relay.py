@@ -58,8 +58,12 @@ class TapStats:
     buffered_bytes: int  # bytes held by the relay: transport write buffers plus events held back
 
 
+DRAIN_POLL_SECONDS = 0.05
+
+
 class Tap:
-    """A running tap. ``url`` is its base URL; ``close()`` stops listening and drops every connection."""
+    """A running tap. ``url`` is its base URL; ``close()`` stops listening, lets the requests in flight finish
+    for up to ``grace`` seconds, and then drops every connection."""
 
     def __init__(self, server: asyncio.Server, host: str, port: int, links: set[_Link]) -> None:
         self._server = server
@@ -71,12 +75,24 @@ class Tap:
     def stats(self) -> TapStats:
         return TapStats(len(self._links), sum(link.buffered_bytes() for link in self._links))
 
-    async def close(self) -> None:
+    async def close(self, grace: float = 0.0) -> None:
         self._server.close()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace
+        in_flight = sum(not link.idle() for link in self._links)
+        while True:
+            for link in list(self._links):
+                if link.idle():  # between requests: closed now (after what it still has to write)
+                    link.close_client()
+            if not self._links or loop.time() >= deadline:
+                break
+            await asyncio.sleep(DRAIN_POLL_SECONDS)
+        cut = len(self._links)
         for link in list(self._links):
             link.abort()
         await self._server.wait_closed()
-        event(logging.INFO, "request tap stopped", port=self.port)
+        event(logging.WARNING if cut else logging.INFO, "request tap stopped", port=self.port,
+              in_flight_at_stop=in_flight, cut=cut)
 
 
 async def start_tap(
@@ -421,6 +437,14 @@ class _Link(asyncio.Protocol):
         self.write_client([_bad_gateway(self.upstream_failure, exchange.method == b"HEAD")])
         self.observe_all(model.UPSTREAM_FAILED, time.monotonic())
         self.client.close()
+
+    def idle(self) -> bool:
+        """No request in flight and none half read: closing now loses nothing."""
+        return not self.exchanges and self.req_state == _REQ_HEAD and not self.req_stash
+
+    def close_client(self) -> None:
+        if self.client is not None and not self.client.is_closing():
+            self.client.close()
 
     def abort(self) -> None:
         if self.client is not None:

@@ -320,3 +320,36 @@ def test_reload_applies_log_level_and_format(tmp_path: Path, servers: Callable[.
     assert "series not decodable" not in before
     debug = [json.loads(line) for line in after.splitlines() if "series not decodable" in line]
     assert len(debug) >= 2 and all(d["level"] == "debug" and d["target"] == "a" for d in debug)
+
+
+def test_sigterm_lets_streams_through_the_tap_finish(tmp_path: Path) -> None:
+    """A pod rollout: SIGTERM while a stream runs through the request tap. The stream completes (the tap drains
+    for up to proxy.drain_timeout), is recorded, and the sidecar exits 0 right after."""
+    from devtools.procs import exporter_command, running
+
+    with running("simulator", lambda p: [*exporter_command(), "simulate", "--web.listen-address",
+                                         f"127.0.0.1:{p}", "--acceptance-rate", "0.7"], tmp_path, "/health") as sim:
+        port, tap = closed_port(), closed_port()
+        config = write(tmp_path / "c.yml", config_text({"vllm": f"{sim.url}/metrics"})
+                       + f"proxy: {{listen_address: '127.0.0.1:{tap}', drain_timeout: 10s}}\n")
+        sidecar = Process(["--config.file", str(config), "--web.listen-address", f"127.0.0.1:{port}"],
+                          f"http://127.0.0.1:{port}")
+        try:
+            sidecar.wait_until(lambda: sidecar.client.get(sidecar.base_url + "/readyz").status_code == 200)
+            body = {"prompt": "hi", "max_tokens": 120, "stream": True, "stream_options": {"include_usage": True}}
+            with httpx.Client(timeout=10) as client, client.stream(
+                    "POST", f"http://127.0.0.1:{tap}/v1/completions", json=body) as response:
+                lines = response.iter_lines()
+                first = next(line for line in lines if line.startswith("data: "))
+                started = time.monotonic()
+                sidecar.proc.send_signal(signal.SIGTERM)
+                rest = [line for line in lines if line.startswith("data: ")]
+            code = sidecar.proc.wait(10)
+            elapsed = time.monotonic() - started
+        finally:
+            stderr = sidecar.stop()
+    assert code == 0, stderr
+    assert first.startswith("data: {") and rest[-1] == "data: [DONE]"
+    assert '"speculative_decoding"' in rest[-2], "the usage chunk with the request's metrics arrived"
+    assert elapsed < 8.0, f"the sidecar waited {elapsed:.1f}s, not just until the stream ended"
+    assert "request tap stopped" in stderr and "cut=0" in stderr and "in_flight_at_stop=1" in stderr, stderr

@@ -280,6 +280,56 @@ def test_close_drops_connections() -> None:
     run("uvloop", main)
 
 
+@pytest.mark.parametrize("loop", LOOPS)
+def test_close_with_grace_lets_requests_in_flight_finish(loop: str) -> None:
+    """A shutdown (a pod rollout): no new connections, idle ones closed at once, a stream in flight completes
+    and is recorded; only then is the tap gone."""
+
+    async def main() -> None:
+        fake = await FakeVllm().start()
+        recorder = Recorder()
+        tap = await start_tap("127.0.0.1", 0, fake.url, recorder)
+        raw = request_bytes("/v1/completions", {**STREAM, "max_tokens": 40, "fake_interval": 0.01})
+        streaming, idle = await Client.open(tap.port), await Client.open(tap.port)
+        await idle.exchange(request_bytes("/v1/models", method="GET"))
+        await streaming.send(raw)
+        await streaming.reader.readuntil(b"data: ")
+        started = time.monotonic()
+        closing = asyncio.create_task(tap.close(grace=5.0))
+        await asyncio.sleep(0.1)
+        assert await asyncio.wait_for(idle.reader.read(), 1.0) == b"", "an idle connection is closed at once"
+        with pytest.raises(OSError):
+            await Client.open(tap.port)
+        assert not closing.done()
+        rest = await asyncio.wait_for(streaming.reader.read(), 3.0)  # to the end, then the tap closes it
+        assert rest.count(b"data: {") > 20 and rest.endswith(b"data: [DONE]\n\n\r\n0\r\n\r\n")
+        await asyncio.wait_for(closing, 1.0)
+        assert time.monotonic() - started < 2.0, "closed as soon as the stream ended, not at the grace deadline"
+        assert len(await recorder.wait(1)) == 1 and recorder.seen[0][1].metrics is not None
+        await fake.close()
+
+    run(loop, main)
+
+
+def test_close_cuts_what_outlasts_the_grace() -> None:
+    async def main() -> None:
+        fake = await FakeVllm().start()
+        tap = await start_tap("127.0.0.1", 0, fake.url, Recorder())
+        client = await Client.open(tap.port)
+        await client.send(request_bytes("/v1/completions", {**STREAM, "max_tokens": 500, "fake_interval": 0.01}))
+        await client.reader.readuntil(b"data: ")
+        started = time.monotonic()
+        with log_lines() as lines:
+            await tap.close(grace=0.3)
+        assert 0.3 <= time.monotonic() - started < 1.0
+        with contextlib.suppress(ConnectionError):
+            assert not (await asyncio.wait_for(client.reader.read(), 1.0)).endswith(b"0\r\n\r\n")
+        assert any("request tap stopped" in line and "cut=1" in line for line in lines), lines
+        await fake.close()
+
+    run("uvloop", main)
+
+
 def test_bad_upstream_urls() -> None:
     async def main() -> None:
         for url in (

@@ -72,6 +72,22 @@ def test_a_full_config_loads(tmp_path: Path) -> None:
         ("- 1\n- 2\n", "expected a mapping at the top level"),
         ("targets:\n  - url: 'http://x/m'\n    num_speculative_tokens: 0\n",
          "num_speculative_tokens: must be at least 1"),
+        ("proxy: {listen_adress: ':8001'}\n", "proxy.listen_adress: unknown key (did you mean 'listen_address'?)"),
+        ("proxy: {listen_address: nohost}\n", "proxy.listen_address: expected host:port or :port"),
+        ("proxy: {listen_address: ':8001', upstream: 'https://x:1'}\n", "proxy.upstream: expected http://host:port"),
+        ("proxy: {listen_address: ':8001', target: nope}\n", "proxy.target: 'nope' is not one of the targets"),
+        ("proxy: {listen_address: ':8001', temperature_bands: [0.7, 0.3]}\n", "proxy.temperature_bands: must increase"),
+        ("proxy: {listen_address: ':8001', workload_header: 'a b'}\n", "proxy.workload_header: expected an HTTP"),
+        ("proxy: {listen_address: ':8001', max_workloads: 0}\n", "proxy.max_workloads: must be at least 1"),
+        ("proxy: {listen_address: ':8001', drain_timeout: soon}\n", "proxy.drain_timeout: expected a duration"),
+        ("targets:\n  - {name: a, url: 'http://x/m', baseline: {target: a}}\n",
+         "targets[0].baseline.target: 'a' is not a target with spec_decode: false"),
+        ("targets:\n  - {name: a, url: 'http://x/m', baseline: {}}\n",
+         "targets[0].baseline: give target (a control target) or time_per_output_token_seconds"),
+        ("targets:\n  - {name: a, url: 'http://x/m', spec_decode: maybe}\n",
+         "targets[0].spec_decode: expected true or false"),
+        ("targets:\n  - {name: a, url: 'http://x/m', spec_decode: false, baseline: {target: a}}\n",
+         "targets[0].baseline: a control target (spec_decode: false) has no baseline"),
     ],
 )
 def test_bad_config_is_one_line_naming_the_key(tmp_path: Path, text: str, message: str) -> None:
@@ -90,6 +106,16 @@ def test_invalid_yaml_names_the_line(tmp_path: Path) -> None:
 def test_missing_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read config file"):
         load_config_file(str(tmp_path / "nope.yaml"))
+
+
+def test_proxy_defaults_and_a_drain_of_zero() -> None:
+    config = config_from_mapping({"targets": [{"name": "vllm", "url": "http://10.0.0.1:8000/metrics"}],
+                                  "proxy": {"listen_address": ":8001", "drain_timeout": "0s"}}, "f")
+    assert config.proxy is not None
+    assert config.proxy.upstream == "http://10.0.0.1:8000" and config.proxy.target == "vllm"
+    assert config.proxy.drain_timeout == 0.0 and config.proxy.connect_timeout == 3.0
+    assert config.proxy.temperature_bands == (0.3, 0.7) and config.proxy.workload_header == "x-workload"
+    assert config_from_mapping({}, "f").proxy is None
 
 
 def test_defaults() -> None:
