@@ -64,13 +64,14 @@ def _start(server: h.VllmServer) -> Iterator[h.VllmServer]:
 @pytest.fixture(scope="session")
 def vllm_ngram(tmp_path_factory: pytest.TempPathFactory) -> Iterator[h.VllmServer]:
     """vLLM with ngram (prompt lookup) speculative decoding, k=3, on a free 127.0.0.1 port; its responses carry
-    per-request spec-decode metrics and timings (the flags change nothing on /metrics)."""
+    per-request spec-decode metrics and timings (the flags change nothing on /metrics); a chat template makes
+    /v1/chat/completions work with the tiny tokenizer."""
     _require_setup()
     server = h.VllmServer(
         model=h.model_dir("tiny-llama"),
         spec_config=h.NGRAM_SPEC,
         log_path=_log_dir(tmp_path_factory) / "vllm-ngram.log",
-        extra_args=h.PER_REQUEST_METRICS,
+        extra_args=[*h.PER_REQUEST_METRICS, "--chat-template", str(h.CHAT_TEMPLATE)],
     )
     yield from _start(server)
 

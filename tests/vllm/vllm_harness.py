@@ -10,19 +10,22 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
-from devtools.procs import Process, child_env, start_process
+from devtools.procs import Process, child_env, exporter_command, free_port, start_process
 
 VLLM_VERSION = os.environ.get("SPECDECODE_VLLM_VERSION", "0.32.0")
 SERVED_MODEL_NAME = "tiny"  # the name in tests/fixtures/captured_vllm_cpu_0.32.0_ngram.prom
@@ -45,6 +48,11 @@ ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
 PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+# The tiny tokenizer has no chat template; this one joins the messages' contents (the captures used it too).
+CHAT_TEMPLATE = REPO_ROOT / "tests" / "fixtures" / "vllm_0.32.0" / "chat_template.jinja"
+TPOT = "vllm:request_time_per_output_token_seconds"  # vLLM's per-request TPOT histogram (0.11+)
+
+T = TypeVar("T")
 
 
 def vllm_home() -> Path:
@@ -284,3 +292,174 @@ def family_shapes(text: str, prefix: str = SPEC_PREFIX) -> dict[str, tuple[str, 
                 raise AssertionError(f"{key}: inconsistent label names {shapes[key]} vs {labels}")
             shapes[key] = (fam.type, labels)
     return shapes
+
+
+def samples(base_url: str) -> list[Sample]:
+    """Every sample of a /metrics page (vLLM's or the sidecar's)."""
+    return [s for fam in text_string_to_metric_families(scrape(base_url)) for s in fam.samples]
+
+
+def matches(sample: Sample, labels: Mapping[str, str]) -> bool:
+    return all(sample.labels.get(k) == v for k, v in labels.items())
+
+
+def sample_sum(found: list[Sample], name: str, **labels: str) -> float:
+    """The sum of the samples called ``name`` whose labels include ``labels`` (0 when there are none)."""
+    return float(sum(s.value for s in found if s.name == name and matches(s, labels)))
+
+
+def sample_value(found: list[Sample], name: str, **labels: str) -> float | None:
+    """The one sample called ``name`` with ``labels``; None when absent, AssertionError when ambiguous."""
+    values = [s.value for s in found if s.name == name and matches(s, labels)]
+    assert len(values) <= 1, f"{name}{labels}: {len(values)} samples"
+    return float(values[0]) if values else None
+
+
+@dataclass(frozen=True)
+class RawHistogram:
+    """A histogram read by hand from an exposition (its series summed): cumulative counts per upper bound,
+    +Inf last, and _sum."""
+
+    buckets: tuple[tuple[float, float], ...]
+    total: float
+
+    def __sub__(self, other: RawHistogram) -> RawHistogram:
+        assert [b for b, _ in self.buckets] == [b for b, _ in other.buckets], "different buckets"
+        return RawHistogram(tuple((b, c - o) for (b, c), (_, o) in zip(self.buckets, other.buckets, strict=True)),
+                            self.total - other.total)
+
+    @property
+    def count(self) -> float:
+        return self.buckets[-1][1] if self.buckets else 0.0
+
+    @property
+    def mean(self) -> float:
+        assert self.count > 0, "no observations"
+        return self.total / self.count
+
+    def quantile(self, q: float) -> float:
+        """As Prometheus' histogram_quantile: linear within the bucket holding rank q·count, the lowest bucket
+        starting at 0, a rank in the +Inf bucket giving the highest finite bound."""
+        rank = q * self.count
+        index = next(i for i, (_, count) in enumerate(self.buckets) if count >= rank)
+        bound, count = self.buckets[index]
+        if bound == math.inf:
+            return self.buckets[-2][0]
+        lower, below = self.buckets[index - 1] if index else (0.0, 0.0)
+        return lower + (bound - lower) * ((rank - below) / (count - below))
+
+
+def raw_histogram(found: list[Sample], family: str, **labels: str) -> RawHistogram:
+    buckets: dict[float, float] = {}
+    for s in found:
+        if s.name == f"{family}_bucket" and matches(s, labels):
+            buckets[float(s.labels["le"])] = buckets.get(float(s.labels["le"]), 0.0) + s.value
+    count = sample_sum(found, f"{family}_count", **labels)
+    assert buckets.get(math.inf) == count, f"{family}{labels}: +Inf bucket {buckets.get(math.inf)} != _count {count}"
+    return RawHistogram(tuple(sorted(buckets.items())), sample_sum(found, f"{family}_sum", **labels))
+
+
+def wait_until_stable(read: Callable[[], T], settle: float = 1.0, timeout: float = 30.0) -> T:
+    """``read()`` once two reads ``settle`` seconds apart agree: vLLM records a finished request's counters and
+    histograms on its output loop, a moment after the response may have reached the client."""
+    deadline = time.monotonic() + timeout
+    last = read()
+    while True:
+        time.sleep(settle)
+        now = read()
+        if now == last:
+            return now
+        assert time.monotonic() < deadline, f"still changing after {timeout:g} s: {last} -> {now}"
+        last = now
+
+
+# ---- the sidecar ------------------------------------------------------------------------------
+
+
+@dataclass
+class Sidecar:
+    """`specdecode-exporter run` as a process; ``tap_url`` is its request tap when it has one."""
+
+    process: Process
+    tap_url: str | None = None
+
+    @property
+    def base_url(self) -> str:
+        return self.process.url
+
+    def samples(self) -> list[Sample]:
+        return samples(self.base_url)
+
+
+def start_sidecar(workdir: Path, config: Mapping[str, Any], *, tap: bool = False, timeout: float = 30.0) -> Sidecar:
+    """The sidecar with ``config`` as its YAML config file, ready (/readyz: every target collected); with
+    ``tap``, also --proxy.listen-address on a free port (a new one at each start attempt). Stop it with
+    ``sidecar.process.stop()``."""
+    config_file = workdir / "sidecar.yaml"
+    config_file.write_text(yaml.safe_dump(dict(config), sort_keys=False))
+    tap_ports: list[int] = []
+
+    def command(port: int) -> list[str]:
+        args = [*exporter_command(), "run", "--config.file", str(config_file),
+                "--web.listen-address", f"127.0.0.1:{port}"]
+        if tap:
+            tap_ports.append(free_port())
+            args += ["--proxy.listen-address", f"127.0.0.1:{tap_ports[-1]}"]
+        return args
+
+    process = start_process("sidecar", command, workdir, "/readyz", timeout=timeout)
+    return Sidecar(process, f"http://127.0.0.1:{tap_ports[-1]}" if tap else None)
+
+
+# ---- OpenAI API requests, read to the byte ----------------------------------------------------
+
+COMPLETIONS = "/v1/completions"
+CHAT_COMPLETIONS = "/v1/chat/completions"
+
+
+def api_body(path: str, prompt: str, *, temperature: float, seed: int, max_tokens: int = 32,
+             stream: bool = False, include_usage: bool = False, model: str = SERVED_MODEL_NAME) -> dict[str, Any]:
+    """A completion or chat completion request; the prompt becomes the one user message of a chat."""
+    body: dict[str, Any] = {"model": model, "max_tokens": max_tokens, "temperature": temperature, "seed": seed,
+                            "ignore_eos": True}
+    if path == CHAT_COMPLETIONS:
+        body["messages"] = [{"role": "user", "content": prompt}]
+    else:
+        body["prompt"] = prompt
+    if stream:
+        body["stream"] = True
+    if include_usage:
+        body["stream_options"] = {"include_usage": True}
+    return body
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One response as the client received it: status, headers and the whole (de-chunked) body."""
+
+    status: int
+    headers: httpx.Headers
+    body: bytes
+
+    def events(self) -> list[bytes]:
+        """The data of each server-sent event, in order ([DONE] included)."""
+        return [event.removeprefix(b"data: ") for event in self.body.split(b"\n\n") if event.strip()]
+
+    def json_events(self) -> list[dict[str, Any]]:
+        return [json.loads(e) for e in self.events() if e != b"[DONE]"]
+
+    def spec_metrics(self) -> dict[str, Any] | None:
+        """metrics.speculative_decoding of a plain response or of a stream's usage event; None without it."""
+        documents = self.json_events() if self.headers.get("content-type", "").startswith("text/event-stream") \
+            else [json.loads(self.body)]
+        for document in documents:
+            spec = (document.get("metrics") or {}).get("speculative_decoding")
+            if spec is not None:
+                return dict(spec)
+        return None
+
+
+def api_request(client: httpx.Client, base_url: str, path: str, body: Mapping[str, Any],
+                headers: Mapping[str, str] | None = None) -> Reply:
+    with client.stream("POST", base_url + path, json=dict(body), headers=dict(headers or {})) as response:
+        return Reply(response.status_code, response.headers, response.read())
