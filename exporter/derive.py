@@ -39,8 +39,13 @@ class CostModel:
 
     @property
     def break_even_acceptance_ratio(self) -> float:
-        # S = (1 + k·α) / (1 + k·c) ≥ 1  ⇔  α ≥ c
-        return self.per_draft_token
+        return break_even_acceptance(self.per_draft_token)
+
+
+def break_even_acceptance(cost_per_draft_token: float) -> float:
+    """S = (1 + k·α) / (1 + k·c) ≥ 1 ⇔ α ≥ c: the break-even α is the cost per drafted token, capped at 1 (a cost
+    above 1, e.g. a big draft model under load, means no acceptance rate pays off)."""
+    return min(1.0, cost_per_draft_token)
 
 
 def _unit(x: float) -> float:

@@ -113,7 +113,7 @@ def add_window(families: Families, labels: Labels, view: WindowView) -> None:
         for statistic in ("mean", "p50", "p99"):
             families.add(m.OBSERVED_SPEEDUP, {**w, "statistic": statistic}, getattr(view.observed, statistic))
     families.add(m.CALIBRATED_COST, w, view.calibrated_cost)
-    families.add(m.BREAK_EVEN_AT_LOAD, w, view.cost_at_load)
+    families.add(m.BREAK_EVEN_AT_LOAD, w, view.break_even_at_load)
 
 
 def add_series(families: Families, view: TargetView, series: SeriesView) -> None:

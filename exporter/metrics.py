@@ -109,13 +109,14 @@ BREAK_EVEN = MetricSpec(
     "specdecode_break_even_acceptance_ratio", "gauge",
     "α below which spec decode costs more than it saves: the cost per drafted token, c_draft + c_verify, as "
     "configured (cost_basis=configured, always) and, where a baseline gives an observed speedup, calibrated "
-    "to it over the verdict window (cost_basis=calibrated; the one in force where present).",
+    "to it over the verdict window (cost_basis=calibrated; the one in force where present). Capped at 1: a "
+    "cost above 1 means no acceptance rate pays off.",
     (*SERIES_LABELS, "cost_basis"),
 )
 BREAK_EVEN_AT_LOAD = _windowed(
     "specdecode_break_even_acceptance_ratio_at_load",
     "Break-even α at the window's mean running batch: the configured cost model with c_verify grown toward "
-    "c_verify_max as the batch nears saturating_batch (a model of load, not a measurement).",
+    "c_verify_max as the batch nears saturating_batch (a model of load, not a measurement); capped at 1.",
 )
 TIME_PER_OUTPUT_TOKEN = _windowed(
     "specdecode_time_per_output_token_seconds",

@@ -13,6 +13,7 @@ from exporter.config import Config, TargetConfig, Window, parse_duration
 from exporter.derive import (
     CostModel,
     WindowStats,
+    break_even_acceptance,
     recommended_num_speculative_tokens,
     span_stats,
     speedup_by_length,
@@ -32,7 +33,7 @@ class WindowView(NamedTuple):  # built per series × window per collection: a Na
     latency: LatencyStats | None  # None without latency families
     observed: ObservedSpeedup | None = None  # against the baseline, when there is one and requests
     calibrated_cost: float | None = None  # c = c_draft + c_verify that makes the model match the observed speedup
-    cost_at_load: float | None = None  # the configured model's c at the window's mean running batch
+    break_even_at_load: float | None = None  # the configured model's break-even at the window's mean running batch
     recommended_k: int | None = None  # under the cost in force: calibrated when there is one, else configured
 
 
@@ -48,7 +49,7 @@ class SeriesView(NamedTuple):
     judgement: Judgement
     method: str | None = None  # from config, else as the source states it (TensorRT-LLM)
     configured_break_even: float | None = None  # the configured cost per drafted token (None without tokens)
-    calibrated_break_even: float | None = None  # the cost that matches the observed speedup, where there is one
+    calibrated_break_even: float | None = None  # from the cost that matches the observed speedup, where there is one
     spec_decode: bool = True  # False for a control target's series
 
     def window(self, name: str | None) -> WindowView | None:
@@ -109,7 +110,8 @@ def window_view(window: Window, span: WindowSpan, model: str | None, k: int | No
     baseline = ctx.baseline_for(model, window) if lat is not None and ctx.config.spec_decode else None
     observed = latency.observed_speedup(baseline, lat) if baseline is not None and lat is not None else None
     calibrated, recommended = _cost_advice(stats, observed)
-    at_load = cost.per_draft_token_at(lat.running) if lat is not None and lat.running is not None else None
+    at_load = (break_even_acceptance(cost.per_draft_token_at(lat.running))
+               if lat is not None and lat.running is not None else None)
     return WindowView(window, stats, lat, observed, calibrated, at_load if stats is not None else None, recommended)
 
 
@@ -154,6 +156,6 @@ def series_view(state: SeriesState, now: float, fresh: bool, ctx: SeriesContext)
         judged.window.name if judged else None, judge(evidence(judged), ctx.app.verdict),
         config.method or (reading.method if reading else None),
         config.cost.break_even_acceptance_ratio if has_tokens else None,
-        calibrated if has_tokens else None,
+        break_even_acceptance(calibrated) if has_tokens and calibrated is not None else None,
         config.spec_decode,
     )

@@ -63,7 +63,7 @@ def window_json(view: WindowView) -> dict[str, Any]:
     if view.observed is not None:
         out["observed_speedup"] = observed_json(view.observed)
     out["calibrated_cost_per_draft_token"] = _round(view.calibrated_cost)
-    out["break_even_acceptance_ratio_at_load"] = _round(view.cost_at_load)
+    out["break_even_acceptance_ratio_at_load"] = _round(view.break_even_at_load)
     return out
 
 

@@ -7,6 +7,7 @@ import pytest
 from exporter.derive import (
     CostModel,
     acceptance_ratio,
+    break_even_acceptance,
     counts_stats,
     expected_speedup,
     geometric_prefix_mean,
@@ -63,6 +64,15 @@ def test_leviathan_probability_is_exact_for_iid_drafts() -> None:
 def test_break_even_is_the_cost_per_draft_token() -> None:
     assert CostModel().break_even_acceptance_ratio == pytest.approx(0.5)
     assert CostModel(c_draft=0.0, c_verify=0.2).break_even_acceptance_ratio == pytest.approx(0.2)
+
+
+def test_break_even_is_capped_at_1_where_no_acceptance_rate_pays_off() -> None:
+    """A cost above 1 per drafted token (a big draft model, a saturated batch, a calibration to a slowdown):
+    even α = 1 gives S = (1 + k) / (1 + k·c) < 1, so the break-even is 1, not an impossible ratio."""
+    assert CostModel(c_draft=0.8, c_verify=0.6).break_even_acceptance_ratio == 1.0
+    assert break_even_acceptance(1.1) == 1.0 and break_even_acceptance(0.35) == 0.35
+    k, c = 3, 1.1
+    assert (1 + k * 1.0) / (1 + k * c) < 1
 
 
 def test_expected_speedup() -> None:
