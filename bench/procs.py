@@ -40,7 +40,8 @@ def static_server(body: bytes) -> Iterator[str]:
 
 
 def fetch_stats(base: str) -> dict[str, list[float]]:
-    return httpx.get(base + "/-/stats", timeout=30, trust_env=False).json()
+    stats: dict[str, list[float]] = httpx.get(base + "/-/stats", timeout=30, trust_env=False).json()
+    return stats
 
 
 @contextlib.contextmanager

@@ -6,9 +6,11 @@ import re
 import shutil
 import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from bench.collect import Pipeline, body_sequence
@@ -18,10 +20,10 @@ from exporter.expose import SpecDecodeCollector
 
 
 class _Static(Collector):
-    def __init__(self, families: list) -> None:
+    def __init__(self, families: list[Metric]) -> None:
         self.families = families
 
-    def collect(self):  # type: ignore[no-untyped-def]
+    def collect(self) -> Iterator[Metric]:
         return iter(self.families)
 
 
@@ -40,11 +42,13 @@ class RenderResult:
 def bench_render(rounds: int) -> RenderResult:
     """8 engines × 4 windows × k=8, views produced by the real collection code."""
     pipeline = Pipeline(body_sequence(1, 8, 8, 30), warm=29)
-    views = [pipeline.collector.view]
+    view = pipeline.collector.view
+    assert view is not None, "the pipeline collected"
+    views = [view]
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(SpecDecodeCollector(lambda: views))  # type: ignore[arg-type,list-item]
+    registry.register(SpecDecodeCollector(lambda: views))
     static = CollectorRegistry(auto_describe=False)
-    static.register(_Static(list(SpecDecodeCollector(lambda: views).collect())))  # type: ignore[arg-type,list-item]
+    static.register(_Static(list(SpecDecodeCollector(lambda: views).collect())))
     text = generate_latest(registry)
     assert text == generate_latest(static)
     samples = sum(1 for line in text.splitlines() if line and not line.startswith(b"#"))
