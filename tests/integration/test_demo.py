@@ -1,0 +1,62 @@
+"""`make demo` runs `specdecode-exporter demo`: within a minute its status page must show what the product is
+for — α, the speedup measured against the control pod, and per-request α by workload and temperature band from
+the traffic it sends through the tap — and Ctrl-C must stop all of it cleanly."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from devtools.procs import child_env, exporter_command, free_port
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def ready(status: dict[str, Any]) -> bool:
+    spec = next(t for t in status["targets"] if t["name"] == "simulated-vllm")
+    series = spec["series"][0] if spec["series"] else {}
+    window = series.get("windows", {}).get("1m", {})
+    requests = spec.get("requests") or {"bands": []}
+    return bool(window.get("observed_speedup") and len({b["temperature"] for b in requests["bands"]}) == 3)
+
+
+def test_the_demo_shows_alpha_observed_speedup_and_request_bands() -> None:
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen([*exporter_command(), "demo", "--web.listen-address", f"127.0.0.1:{port}",
+                             "--duration", "5m"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=child_env())
+    try:
+        deadline, status = time.monotonic() + 40, {}
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, proc.communicate()[0]
+            try:
+                status = httpx.get(f"{base}/api/v1/status", timeout=5).json()
+                if ready(status):
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        assert ready(status), status
+        page = httpx.get(f"{base}/", timeout=5).text
+        proc.send_signal(signal.SIGINT)  # Ctrl-C
+        out, _ = proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, out
+    spec = next(t for t in status["targets"] if t["name"] == "simulated-vllm")
+    control = next(t for t in status["targets"] if t["name"] == "control")
+    assert spec["up"] and control["up"] and control["spec_decode"] is False
+    series = spec["series"][0]
+    assert series["verdict_basis"] == "observed" and "against control target control" in series["verdict_reason"]
+    assert 0.3 < series["windows"]["1m"]["acceptance_ratio"] < 0.95
+    bands = {(b["workload"], b["temperature"]): b["acceptance_ratio"] for b in spec["requests"]["bands"]}
+    assert bands[("code", "0-0.3")] > bands[("code", "0.7+")], "hotter requests accept less in the simulator"
+    assert "request tap" in out and "Traceback" not in out
+    for text in ("observed", "code", "0.7+"):
+        assert text in page
