@@ -55,6 +55,10 @@ def prometheus_binary() -> str | None:
     return find_tool("PROMETHEUS", "prometheus")
 
 
+def promtool_binary() -> str | None:
+    return find_tool("PROMTOOL", "promtool")
+
+
 def alertmanager_binary() -> str | None:
     return find_tool("ALERTMANAGER", "prometheus-alertmanager", "alertmanager")
 

@@ -105,7 +105,8 @@ def quantile(q: float, histogram: Histogram | None) -> float | None:
     in_bucket = counts[index] - below
     if in_bucket <= 0:
         return bounds[index]
-    return start + (bounds[index] - start) * (rank - below) / in_bucket
+    # Parenthesised as Prometheus' bucketQuantile computes it, so both round alike (bit-identical results).
+    return start + (bounds[index] - start) * ((rank - below) / in_bucket)
 
 
 def ratio(numerator: float | None, denominator: float | None) -> float | None:

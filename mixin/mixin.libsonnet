@@ -60,7 +60,7 @@
         },
         {
           "alert": "SpecDecodeTargetDown",
-          "expr": "specdecode_up == 0\nunless on (job, instance, target)\nincrease(specdecode_collect_errors_total{reason=\"no_spec_metrics\"}[5m]) > 0",
+          "expr": "specdecode_up == 0\nunless on (job, instance, target)\nincrease(specdecode_collect_errors_total{reason=~\"no_spec_metrics|no_latency_metrics\"}[5m]) > 0",
           "for": "5m",
           "labels": {
             "severity": "warning"
@@ -151,7 +151,7 @@
         },
         {
           "alert": "SpecDecodeLatencyMissing",
-          "expr": "(max by (job, instance, target) (specdecode_baseline_info)\nunless on (job, instance, target)\ngroup by (job, instance, target) (specdecode_request_time_per_output_token_seconds_count))\nand on (job, instance, target)\nspecdecode_up == 1",
+          "expr": "((max by (job, instance, target) (specdecode_baseline_info)\nunless on (job, instance, target)\ngroup by (job, instance, target) (specdecode_request_time_per_output_token_seconds_count))\nand on (job, instance, target)\nspecdecode_up == 1)\nor\nmax by (job, instance, target) (increase(specdecode_collect_errors_total{reason=\"no_latency_metrics\"}[5m]) > 0)",
           "for": "15m",
           "labels": {
             "severity": "warning"

@@ -29,6 +29,7 @@ from exporter.monitoring.promql import (
     tpot_mean,
 )
 from exporter.request_stats import ACCEPTANCE_BUCKETS as REQUEST_BUCKETS
+from exporter.scrape import FailureReason
 
 Rule = dict[str, Any]
 ALERT_NAME_PREFIX = "SpecDecode"  # every alert's name starts with it (the dashboard selects ALERTS by it)
@@ -232,11 +233,20 @@ def interval_acceptance_low(cfg: MonitoringConfig) -> Alert:
         "net-negative, even if the average looks fine.", guard_window=long_w)
 
 
-def _no_spec_metrics(cfg: MonitoringConfig) -> str:
+# Collection errors that are not an outage: the target answers, but without what the sidecar needs. Each has its
+# own alert, and SpecDecodeTargetDown leaves them to it.
+NO_SPEC, NO_LATENCY = FailureReason.NO_SPEC_METRICS.value, FailureReason.NO_LATENCY_METRICS.value
+
+
+def _errors_increasing(cfg: MonitoringConfig, *reasons: str) -> str:
     window = cfg.window(cfg.alert("SpecDecodeMetricsMissing").window or "short")
-    errors = selector(m.COLLECT_ERRORS.exposed_name, ", ".join(
-        p for p in (cfg.metric_selector, 'reason="no_spec_metrics"') if p))
+    reason = f'reason="{reasons[0]}"' if len(reasons) == 1 else f'reason=~"{"|".join(reasons)}"'
+    errors = selector(m.COLLECT_ERRORS.exposed_name, ", ".join(p for p in (cfg.metric_selector, reason) if p))
     return f"increase({errors}[{window}]) > 0"
+
+
+def _no_spec_metrics(cfg: MonitoringConfig) -> str:
+    return _errors_increasing(cfg, NO_SPEC)
 
 
 def target_down(cfg: MonitoringConfig) -> Alert:
@@ -248,7 +258,7 @@ def target_down(cfg: MonitoringConfig) -> Alert:
              "{{ else }}unknown{{ end }}"
     return Alert(
         name, f"{selector(m.UP.name, cfg.metric_selector)} == 0\nunless on ({by(cfg.target_labels)})\n"
-              f"{_no_spec_metrics(cfg)}",
+              f"{_errors_increasing(cfg, NO_SPEC, NO_LATENCY)}",
         "specdecode sidecar cannot collect metrics from {{ $labels.target }}",
         "The sidecar {{ $labels.instance }} (job {{ $labels.job }}) has failed to collect from target "
         f"{{{{ $labels.target }}}} for {cfg.alert(name).for_}; most frequent error reason: {reason}. "
@@ -354,10 +364,12 @@ def latency_missing(cfg: MonitoringConfig) -> Alert:
     info = selector(m.BASELINE_INFO.name, cfg.metric_selector)
     histogram = selector(f"{m.REQUEST_TPOT.name}_count", cfg.metric_selector)
     up = selector(m.UP.name, cfg.metric_selector)
+    # A control target without the histogram fails its collections (no_latency_metrics, specdecode_up 0): that
+    # is this alert too, not SpecDecodeTargetDown.
     return Alert(
         "SpecDecodeLatencyMissing",
-        f"(max by ({labels}) ({info})\nunless on ({labels})\ngroup by ({labels}) ({histogram}))\n"
-        f"and on ({labels})\n{up} == 1",
+        f"((max by ({labels}) ({info})\nunless on ({labels})\ngroup by ({labels}) ({histogram}))\n"
+        f"and on ({labels})\n{up} == 1)\nor\nmax by ({labels}) ({_errors_increasing(cfg, NO_LATENCY)})",
         "No latency metrics from {{ $labels.target }}, which takes part in a baseline comparison",
         "The sidecar {{ $labels.instance }} collects target {{ $labels.target }}, a spec-decode target with a "
         "baseline or a control target, but its exposition has no vllm:request_time_per_output_token_seconds "

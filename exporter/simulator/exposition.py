@@ -266,13 +266,10 @@ def v0_families(models: tuple[ModelSnapshot, ...]) -> list[Family]:
     def engine0(m: ModelSnapshot) -> EngineSnapshot:
         return m.engines[0]  # V0 has no data parallelism (validated: engines == 1)
 
-    def spec_counter(m: ModelSnapshot, field: str) -> list[Series]:
+    def spec_value(m: ModelSnapshot, field: str) -> list[Series]:
+        """One of V0's spec-decode figures: none before the first report, none from a control pod."""
         v0 = engine0(m).v0
-        return one(m, getattr(v0, field)) if v0 is not None else []
-
-    def spec_gauge(m: ModelSnapshot, field: str) -> list[Series]:
-        v0 = engine0(m).v0
-        return one(m, getattr(v0, field)) if v0 is not None else []
+        return one(m, getattr(v0, field)) if v0 is not None and m.spec.spec_decode else []
 
     families = [
         Family("vllm:prompt_tokens", "counter", "Number of prefill tokens processed.",
@@ -285,18 +282,18 @@ def v0_families(models: tuple[ModelSnapshot, ...]) -> list[Family]:
                each(lambda m: [s for r in REQUEST_REASONS_V0
                                for s in one(m, engine0(m).requests.get(r, 0), ("finished_reason", r))])),
         Family("vllm:spec_decode_num_accepted_tokens", "counter", "Number of accepted tokens.",
-               each(lambda m: spec_counter(m, "accepted_total"))),
+               each(lambda m: spec_value(m, "accepted_total"))),
         Family("vllm:spec_decode_num_draft_tokens", "counter", "Number of draft tokens.",
-               each(lambda m: spec_counter(m, "draft_total"))),
+               each(lambda m: spec_value(m, "draft_total"))),
         Family("vllm:spec_decode_num_emitted_tokens", "counter", "Number of emitted tokens.",
-               each(lambda m: spec_counter(m, "emitted_total"))),
+               each(lambda m: spec_value(m, "emitted_total"))),
         Family("vllm:time_per_output_token_seconds", "histogram",
                "Histogram of time per output token in seconds.",
                each(lambda m: [Series((("model_name", m.spec.name),), engine0(m).histograms["v0_tpot"])])),
         Family("vllm:spec_decode_draft_acceptance_rate", "gauge", "Speulative token acceptance rate.",
-               each(lambda m: spec_gauge(m, "acceptance_rate"))),
+               each(lambda m: spec_value(m, "acceptance_rate"))),
         Family("vllm:spec_decode_efficiency", "gauge", "Speculative decoding system efficiency.",
-               each(lambda m: spec_gauge(m, "efficiency"))),
+               each(lambda m: spec_value(m, "efficiency"))),
         Family("vllm:num_requests_running", "gauge", "Number of requests currently running on GPU.",
                each(lambda m: one(m, engine0(m).running))),
         Family("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.",

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from devtools import chain as c
+from devtools.procs import alertmanager_binary, in_ci, prometheus_binary
 
 # Measured figures, one dict per scenario; printed in the terminal summary (visible without -s) and, when
 # $SPECDECODE_E2E_REPORT names a file, written there as JSON.
@@ -24,11 +25,11 @@ def record() -> Iterator[list[dict[str, Any]]]:
 
 @pytest.fixture(scope="module")
 def chain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[c.Chain]:
-    missing = [name for name, path in (("prometheus", c.prometheus_binary()),
-                                       ("prometheus-alertmanager", c.alertmanager_binary())) if path is None]
+    missing = [name for name, path in (("prometheus", prometheus_binary()),
+                                       ("prometheus-alertmanager", alertmanager_binary())) if path is None]
     if missing:
         msg = f"{', '.join(missing)} not found: run scripts/install-tools.sh (Debian packages)"
-        if c.in_ci():
+        if in_ci():
             pytest.fail(msg, pytrace=False)
         pytest.skip(msg)
     workdir = tmp_path_factory.mktemp("chain")
