@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install the Prometheus tools the rule tests need (promtool, amtool; prometheus and alertmanager binaries
-# for the end-to-end tests) and headless Chromium (the status page's browser test) from Debian's packages
-# when they are missing. Idempotent; never leaves a daemon
+# for the end-to-end tests), headless Chromium (the status page's browser test) and cmake/g++/make (to build
+# llama-server) from Debian's packages when they are missing. Idempotent; never leaves a daemon
 # running. Usage: scripts/install-tools.sh   (as root, or with sudo available)
 #
 # Debian bookworm gives prometheus 2.42 (promtool) and prometheus-alertmanager 0.25 (alertmanager, amtool).
@@ -15,9 +15,13 @@ if ! command -v amtool >/dev/null 2>&1 || ! command -v prometheus-alertmanager >
 fi
 # Headless Chromium: the status page's test looks at it in a real browser.
 command -v chromium >/dev/null 2>&1 || need_pkgs+=(chromium)
+# A C++ toolchain: scripts/setup-llama-cpp.sh compiles llama-server (the llama.cpp engine tests).
+command -v cmake >/dev/null 2>&1 || need_pkgs+=(cmake)
+command -v c++ >/dev/null 2>&1 || need_pkgs+=(g++)
+command -v make >/dev/null 2>&1 || need_pkgs+=(make)
 
 if [ "${#need_pkgs[@]}" -eq 0 ]; then
-  echo "install-tools: promtool $(promtool --version 2>&1 | head -n1 | awk '{print $3}'), amtool present; nothing to do"
+  echo "install-tools: promtool $(promtool --version 2>&1 | head -n1 | awk '{print $3}'), amtool, chromium, cmake, g++ present; nothing to do"
   exit 0
 fi
 
