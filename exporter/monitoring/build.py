@@ -110,7 +110,7 @@ def render_sidecar_monitoring_config(src: Sources) -> str:
 
 
 def _sidecar_patch(src: Sources) -> dict[str, Any]:
-    path = src.root / "deploy" / "sidecar" / "sidecar-patch.yaml"
+    path = ROOT / "deploy" / "sidecar" / "sidecar-patch.yaml"  # an input: always this checkout's
     patch = yaml.safe_load(path.read_text(encoding="utf-8"))
     containers = patch["spec"]["template"]["spec"]["containers"]
     if len(containers) != 1 or containers[0].get("name") != NAME:
@@ -179,10 +179,13 @@ def sources(config_file: Path | None, profile: str | None = None, root: Path = R
 
 
 def build(src: Sources, check: bool, only: list[str] | None = None) -> int:
-    """Write (or, with ``check``, compare) the artefacts; returns the number that were stale."""
+    """Write (or, with ``check``, compare) the artefacts; returns the number that were stale. The README's
+    table is this project's documentation: it is written only into this checkout, not into another --root."""
     stale = 0
     for relative, render in ARTEFACTS.items():
         if only is not None and relative not in only:
+            continue
+        if relative == "README.md" and src.root.resolve() != ROOT.resolve():
             continue
         path = src.root / relative
         want = render(src)
@@ -208,7 +211,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", help="apply profiles.<NAME> of the config (e.g. e2e); needs --rules-out")
     parser.add_argument("--rules-out", type=Path, help="write only the rules file, here ('-' for stdout)")
     parser.add_argument("--check", action="store_true", help="exit 1 if a committed artefact is out of date")
-    parser.add_argument("--root", type=Path, default=ROOT, help="the checkout to write into (default: this one)")
+    parser.add_argument("--root", type=Path, default=ROOT,
+                        help="write the artefacts under this directory, in the same layout (default: this checkout)")
     args = parser.parse_args(argv)
     try:
         src = sources(args.config, args.profile, args.root)

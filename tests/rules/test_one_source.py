@@ -29,14 +29,14 @@ USER_CONFIG = {"thresholds": {"page_acceptance_ratio": 0.6}, "verdict": {"paying
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Every artefact, built into a scratch checkout from a user's file that changes one threshold and one band."""
-    root = tmp_path_factory.mktemp("checkout")
-    for source in ("README.md", "deploy/sidecar/sidecar-patch.yaml"):
-        (root / source).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(ROOT / source, root / source)
-    user = root / "my-monitoring.yaml"
+    """Every artefact, built into an empty directory from a user's file that changes one threshold and one band
+    (what a user does: `build --config mine.yaml --root out/`)."""
+    root = tmp_path_factory.mktemp("out")
+    user = tmp_path_factory.mktemp("user") / "my-monitoring.yaml"
     user.write_text(yaml.safe_dump(USER_CONFIG))
     assert build.main(["--config", str(user), "--root", str(root)]) == 0
+    assert not (root / "README.md").exists(), "the project's README is not an artefact of the user's build"
+    assert (root / "mixin/mixin.libsonnet").exists() and (root / "deploy/sidecar/generated/pod-patch.yaml").exists()
     return root
 
 
