@@ -127,7 +127,9 @@ def stage_breakdown(bodies: list[bytes], rounds: int) -> dict[str, float]:
 
         def s_select() -> None:
             nonlocal selection
-            selection = select(text, ALL_PREFIXES)  # noqa: B023 (called within this iteration)
+            # As TargetCollector._ingest: only the known engine's lines once it knows the engine.
+            prefixes = collector.engine.prefixes if collector.engine else ALL_PREFIXES
+            selection = select(text, prefixes)  # noqa: B023 (called within this iteration)
 
         def s_decode() -> None:
             nonlocal decoded

@@ -7,7 +7,9 @@ Every function returns None when its inputs cannot support an answer (no request
 
 from __future__ import annotations
 
+import itertools
 import math
+import operator
 from array import array
 from collections.abc import Sequence
 from typing import NamedTuple
@@ -43,11 +45,8 @@ def valid_histogram(bounds: Sequence[float], counts: Sequence[float], total: flo
 def monotonic(counts: Sequence[float]) -> list[float]:
     """Cumulative counts made non-decreasing (float error or a torn scrape can break it; Prometheus mends it
     the same way before interpolating)."""
-    out: list[float] = []
-    highest = 0.0
-    for count in counts:
-        highest = count if count > highest else highest
-        out.append(highest)
+    out = list(itertools.accumulate(counts, max, initial=0.0))  # a running max from 0, at C speed
+    del out[0]
     return out
 
 
@@ -58,10 +57,12 @@ def accumulate(totals: Histogram | None, previous: Histogram | None, current: Hi
     if totals is None or previous is None or totals.bounds != current.bounds or previous.bounds != current.bounds:
         return Histogram(current.bounds, array("d", current.counts), current.total)
     restarted = restarted or current.observations < previous.observations
+    # map(operator…) rather than generators: this runs per histogram per collection (the bounds are equal, so
+    # the counts are as long); (t + c) - p keeps the float order a generator had.
     if restarted:
-        counts = array("d", (t + c for t, c in zip(totals.counts, current.counts, strict=True)))
+        counts = array("d", map(operator.add, totals.counts, current.counts))
         return Histogram(current.bounds, counts, totals.total + current.total)
-    counts = array("d", (t + c - p for t, c, p in zip(totals.counts, current.counts, previous.counts, strict=True)))
+    counts = array("d", map(operator.sub, map(operator.add, totals.counts, current.counts), previous.counts))
     return Histogram(current.bounds, counts, totals.total + max(0.0, current.total - previous.total))
 
 
@@ -69,7 +70,10 @@ def change(start: Histogram | None, end: Histogram | None) -> Histogram | None:
     """What a window added to the histogram, or None when the ends are not the same histogram."""
     if start is None or end is None or start.bounds != end.bounds:
         return None
-    counts = monotonic([max(0.0, e - s) for s, e in zip(start.counts, end.counts, strict=True)])
+    if len(start.counts) != len(end.counts):
+        return None
+    # Clamping each difference at 0 and then taking the running max is the running max from 0 of the differences.
+    counts = monotonic(list(map(operator.sub, end.counts, start.counts)))
     return Histogram(end.bounds, counts, max(0.0, end.total - start.total))
 
 

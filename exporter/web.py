@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import signal
 import threading
@@ -190,6 +191,19 @@ def build_app(exporter: Exporter, run_collection: bool = True, reloader: Reloade
     return app
 
 
+# Every collection builds thousands of short-lived view objects, so the cyclic GC ran dozens of times per
+# collection and walked the interpreter's startup objects each time: a third of a busy target's view time.
+# Nothing the sidecar builds is cyclic garbage in bulk, so it collects less often.
+GC_YOUNG_THRESHOLD = 10_000
+
+
+def tune_gc() -> None:
+    """Move everything alive at start (modules, config) out of the collector's way, and collect less often."""
+    gc.freeze()
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, older, oldest)
+
+
 def serve(config: Config, load: Callable[[], Config] | None = None, security: WebSecurity | None = None) -> int:
     """Run the sidecar until SIGTERM/SIGINT; SIGHUP or POST /-/reload calls ``load`` again. Returns the exit code."""
     exporter = Exporter(config)
@@ -226,6 +240,7 @@ def serve(config: Config, load: Callable[[], Config] | None = None, security: We
         server.request_exit()
 
     signal.signal(signal.SIGTERM, stop)
+    tune_gc()
     server.run(sockets=[sock])
     event(logging.INFO, "stopped")
     return 0
