@@ -38,7 +38,7 @@ def test_the_sidecar_reads_the_monitoring_config_the_rules_were_built_from() -> 
 
 
 def test_prometheus_rule_carries_exactly_the_rules_in_alerts() -> None:
-    assert RULES.is_file(), f"{RULES.relative_to(ROOT)} missing (alerts/generate.py writes it)"
+    assert RULES.is_file(), f"{RULES.relative_to(ROOT)} missing (make generate writes it)"
     source = yaml.safe_load(RULES.read_text(encoding="utf-8"))
     rule = find(render("deploy/base"), "PrometheusRule")
     assert rule["spec"]["groups"] == source["groups"]
