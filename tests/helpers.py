@@ -8,8 +8,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from devtools.procs import in_ci
 from exporter.collection import Exporter, TargetView
 from exporter.config import Config, TargetConfig, parse_windows
 from exporter.httpserver import ThreadedServer, bind_socket
@@ -30,6 +32,16 @@ FakeClock = ManualClock
 
 Key = tuple[str, frozenset[tuple[str, str]]]
 
+
+
+def require_tool(path: str | None, what: str, install: str = "scripts/install-tools.sh") -> str:
+    """The tool's path. Without it the test is skipped here and fails in CI, where `make test` installs it."""
+    if path is None:
+        message = f"{what} not found: run {install}"
+        if in_ci():
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+    return path
 
 @dataclass
 class Exposition:

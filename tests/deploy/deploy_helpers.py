@@ -17,8 +17,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
+
+from tests.helpers import require_tool as required
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -35,16 +36,9 @@ OVERLAYS: dict[str, set[str]] = {
 SIDECAR = "specdecode-exporter"
 
 
-def in_ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
-
-
 def missing(what: str) -> None:
     """Skip outside CI, fail in CI: a tool the deployment tests need is not installed."""
-    msg = f"{what} (install with scripts/install-deploy-tools.sh)"
-    if in_ci():
-        pytest.fail(f"CI: required deployment test tool missing: {msg}", pytrace=False)
-    pytest.skip(f"missing {msg}")
+    required(None, what, "scripts/install-deploy-tools.sh")
 
 
 def find_tool(name: str) -> str | None:
@@ -56,11 +50,7 @@ def find_tool(name: str) -> str | None:
 
 
 def require_tool(name: str) -> str:
-    path = find_tool(name)
-    if path is None:
-        missing(name)
-        raise AssertionError("unreachable")
-    return path
+    return required(find_tool(name), name, "scripts/install-deploy-tools.sh")
 
 
 @functools.cache

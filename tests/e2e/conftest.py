@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from devtools import chain as c
-from devtools.procs import alertmanager_binary, in_ci, prometheus_binary
+from devtools.procs import alertmanager_binary, prometheus_binary
+from tests.helpers import require_tool
 
 # Measured figures, one dict per scenario; printed in the terminal summary (visible without -s) and, when
 # $SPECDECODE_E2E_REPORT names a file, written there as JSON.
@@ -28,10 +29,7 @@ def chain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[c.Chain]:
     missing = [name for name, path in (("prometheus", prometheus_binary()),
                                        ("prometheus-alertmanager", alertmanager_binary())) if path is None]
     if missing:
-        msg = f"{', '.join(missing)} not found: run scripts/install-tools.sh (Debian packages)"
-        if in_ci():
-            pytest.fail(msg, pytrace=False)
-        pytest.skip(msg)
+        require_tool(None, f"{', '.join(missing)} (Debian packages)")
     workdir = tmp_path_factory.mktemp("chain")
     with c.running_chain(workdir) as running:
         yield running

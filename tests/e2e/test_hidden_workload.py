@@ -28,9 +28,10 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from devtools.chain import rules_settings, write_rules
-from devtools.procs import exporter_command, free_port, in_ci, prometheus_binary, running
+from devtools.procs import exporter_command, free_port, prometheus_binary, running
 from exporter.monitoring.promql import record_name
 from exporter.request_stats import temperature_band
+from tests.helpers import require_tool
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
@@ -81,11 +82,7 @@ class Stack:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    prometheus = prometheus_binary()
-    if prometheus is None:
-        if in_ci():
-            pytest.fail("prometheus binary missing (scripts/install-tools.sh)")
-        pytest.skip("prometheus binary missing (scripts/install-tools.sh)")
+    prometheus = require_tool(prometheus_binary(), "prometheus (Debian package prometheus)")
     tmp = tmp_path_factory.mktemp("hidden-workload")
     (tmp / "scenario.yaml").write_text(yaml.safe_dump(scenario()))
     write_rules(tmp / "rules.yaml")

@@ -35,13 +35,14 @@ import pytest
 import yaml
 
 from devtools.chain import NAMESPACE, rules_settings, seconds, write_rules
-from devtools.procs import Process, in_ci, prometheus_binary
+from devtools.procs import Process, prometheus_binary
 from devtools.stack import Prometheus, scrape_job, start_prometheus, start_sidecar, start_simulator, wait_until
 from exporter import latency
 from exporter.monitoring.config import MonitoringConfig
 from exporter.monitoring.rules import OBSERVED, latency_record
 from exporter.simulator.scenario import scenario_from_dict
 from exporter.simulator.simulator import Simulator
+from tests.helpers import require_tool
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
@@ -137,11 +138,7 @@ class Stack:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    prometheus = prometheus_binary()
-    if prometheus is None:
-        if in_ci():
-            pytest.fail("prometheus binary missing (scripts/install-tools.sh)")
-        pytest.skip("prometheus binary missing (scripts/install-tools.sh)")
+    prometheus = require_tool(prometheus_binary(), "prometheus (Debian package prometheus)")
     tmp: Path = tmp_path_factory.mktemp("latency-alerts")
     for name, spec_decode in (("spec", True), ("control", False)):
         (tmp / f"{name}.scenario.yaml").write_text(yaml.safe_dump(scenario(spec_decode)))

@@ -37,8 +37,9 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from devtools.procs import Process, in_ci, prometheus_binary
+from devtools.procs import Process, prometheus_binary
 from devtools.stack import Prometheus, scrape_job, start_prometheus, start_sidecar, start_simulator, wait_until
+from tests.helpers import require_tool
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
@@ -93,11 +94,7 @@ class Timeline:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    prometheus = prometheus_binary()
-    if prometheus is None:
-        if in_ci():
-            pytest.fail("prometheus binary missing (scripts/install-tools.sh)")
-        pytest.skip("prometheus binary missing (scripts/install-tools.sh)")
+    prometheus = require_tool(prometheus_binary(), "prometheus (Debian package prometheus)")
     tmp: Path = tmp_path_factory.mktemp("tpot-differential")
     (tmp / "scenario.yaml").write_text(yaml.safe_dump(scenario()))
     with contextlib.ExitStack() as started:

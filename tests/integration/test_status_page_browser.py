@@ -14,22 +14,16 @@ from pathlib import Path
 
 import pytest
 
-from devtools.procs import in_ci
 from exporter.config import BaselineConfig
 from exporter.simulator import ModelSpec, steady_scenario
-from tests.helpers import Harness, harness_fixture, start_harness
+from tests.helpers import Harness, harness_fixture, require_tool, start_harness
 
 CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync")
 
 
 def chromium() -> str:
-    path = shutil.which("chromium") or shutil.which("chromium-browser")
-    if path is None:
-        if in_ci():
-            pytest.fail("chromium not found: run scripts/install-tools.sh (Debian package chromium)")
-        pytest.skip("chromium not found (Debian package chromium)")
-    return path
+    return require_tool(shutil.which("chromium") or shutil.which("chromium-browser"), "chromium (Debian package)")
 
 
 def browse(url: str, tmp: Path, *action: str) -> subprocess.CompletedProcess[str]:

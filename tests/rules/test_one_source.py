@@ -14,14 +14,13 @@ from typing import Any
 import pytest
 import yaml
 
-from devtools.procs import in_ci
 from exporter.config import load_config_file
 from exporter.derive import CostModel, counts_stats
 from exporter.monitoring import build
 from exporter.monitoring import config as monitoring_config
 from exporter.verdict import Evidence, Verdict, judge
 from tests.grafana.grafana_dashboard_helpers import all_selection, content_panels, substitute
-from tests.helpers import start_harness
+from tests.helpers import require_tool, start_harness
 
 ROOT = Path(__file__).resolve().parents[2]
 USER_CONFIG = {"thresholds": {"page_acceptance_ratio": 0.6}, "verdict": {"paying_off_from": 1.25}}
@@ -133,11 +132,7 @@ def _on_a_boundary(alpha: float, k: int, cost: CostModel) -> bool:
 
 
 def test_sidecar_and_dashboard_verdicts_agree_on_a_grid(tmp_path: Path) -> None:
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        if in_ci():
-            pytest.fail("promtool not found: run scripts/install-tools.sh")
-        pytest.skip("promtool not found: run scripts/install-tools.sh")
+    promtool = require_tool(shutil.which("promtool"), "promtool (Debian package prometheus)")
     dashboard = json.loads((ROOT / "grafana/dashboards/specdecode.json").read_text())
     panel = next(p for p in content_panels(dashboard) if p["title"] == "Verdict")
     expr = substitute(panel["targets"][0]["expr"], all_selection(dashboard, "5m"))

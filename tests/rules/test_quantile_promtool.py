@@ -35,9 +35,10 @@ from typing import Any
 import pytest
 import yaml
 
-from devtools.procs import in_ci, promtool_binary
+from devtools.procs import promtool_binary
 from exporter import latency
 from exporter.latency import Histogram
+from tests.helpers import require_tool
 
 SEED = 20250114
 CASES = 400
@@ -203,13 +204,7 @@ def ulps_apart(a: float, b: float) -> float:
 
 @pytest.fixture(scope="module")
 def promtool() -> str:
-    path = promtool_binary()
-    if path is None:
-        msg = "promtool not found: run scripts/install-tools.sh (Debian package prometheus)"
-        if in_ci():
-            pytest.fail(msg)
-        pytest.skip(msg)
-    return path
+    return require_tool(promtool_binary(), "promtool (Debian package prometheus)")
 
 
 def test_the_cases_reach_every_branch() -> None:
