@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
@@ -111,6 +112,21 @@ class Engine(Protocol):
 
 
 SeriesKeyValues = tuple[str | None, ...]
+
+
+def known_layout_values(selection: Selection, heads: tuple[str, ...] | None) -> list[float] | None:
+    """The values of a selection whose lines are those of a layout seen before (``heads``), when every value is a
+    usable count (finite, ≥ 0: NaN and ±Inf make the sum non-finite); else None, and decode() parses and says
+    what is wrong. The fast path of Decoder.decode_known."""
+    if heads is None or selection.heads != heads:
+        return None
+    try:
+        values = list(map(float, selection.values))
+    except ValueError:
+        return None
+    if not (math.isfinite(sum(values)) and min(values, default=0.0) >= 0):
+        return None
+    return values
 
 
 class SeriesGrouper:

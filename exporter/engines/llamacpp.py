@@ -21,11 +21,10 @@ server's first speculative request tells the restart even when the counts alone 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from exporter.engines.base import DecodeResult, DecoderOptions, FetchTiming, SeriesReading
+from exporter.engines.base import DecodeResult, DecoderOptions, FetchTiming, SeriesReading, known_layout_values
 from exporter.parse import Sample, Selection, is_finite_count
 
 DRAFT_TOKENS = "llamacpp:spec_decode_num_draft_tokens_total"
@@ -93,14 +92,9 @@ class LlamaCppDecoder:
 
     def decode_known(self, selection: Selection, timing: FetchTiming) -> DecodeResult | None:
         layout = self._layout
-        if layout is None or selection.heads != layout.heads:
+        values = known_layout_values(selection, layout.heads if layout is not None else None)
+        if layout is None or values is None:
             return None
-        try:
-            values = list(map(float, selection.values))
-        except ValueError:
-            return None
-        if not (math.isfinite(sum(values)) and min(values, default=0.0) >= 0):
-            return None  # decode() says what is wrong
         return DecodeResult(series=[self._reading(layout, values)])
 
     def _pending(self, result: DecodeResult, why: str) -> DecodeResult:

@@ -14,6 +14,7 @@ from exporter.engines.base import (
     LatencyReading,
     SeriesGrouper,
     SeriesReading,
+    known_layout_values,
 )
 from exporter.latency import Histogram, monotonic
 from exporter.parse import Sample, Selection, is_finite_count
@@ -222,15 +223,8 @@ class V1Decoder:
 
     def decode_known(self, selection: Selection, timing: FetchTiming) -> DecodeResult | None:
         layout = self._layout
-        if layout is None or selection.heads != layout.heads:
-            return None
-        try:
-            values = list(map(float, selection.values))
-        except ValueError:
-            return None
-        # Every value finite and ≥ 0 (NaN and ±Inf make the sum non-finite): then no series has an unusable
-        # value and the result is what decode() would give. Anything else takes decode() for its messages.
-        if not (math.isfinite(sum(values)) and min(values, default=0.0) >= 0):
+        values = known_layout_values(selection, layout.heads if layout is not None else None)
+        if layout is None or values is None:
             return None
         return DecodeResult(series=[_reading(slots, values) for slots in layout.slots],
                             pending=list(layout.pending), warnings=list(layout.warnings))

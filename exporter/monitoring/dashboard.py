@@ -350,24 +350,13 @@ def load_and_break_even(ctx: Context) -> Any:
 
 
 def request_heatmap(ctx: Context) -> Any:
-    buckets = q.selector(f"{m.REQUEST_ACCEPTANCE.name}_bucket", ctx.tapped.matchers)
-    return (heatmap.Panel().title("Per-request α over time").description(
+    return acceptance_heatmap(
+        "Per-request α over time",
         "One observation per completion request through the request tap: that request's own α from vLLM's "
         "per-request metrics (--per-request-spec-decode-metrics summary). A band of mass below the page threshold "
         "is traffic spec decode slows down, however healthy the aggregate α looks. Empty without the tap "
-        "(--proxy.listen-address).")
-        .datasource(DS).span(12).height(9)
-        .with_target(query(f"sum by (le) (increase({buckets}[{RATE_INTERVAL}]))", "{{le}}",
-                           fmt=pm.PromQueryFormat.HEATMAP))
-        .calculate(False).unit("short").no_value("No tapped requests")
-        .y_axis(heatmap.YAxisConfig().unit("percentunit").min(0).max(1).decimals(0))
-        .color(heatmap.HeatmapColorOptions().mode(hm.HeatmapColorMode.SCHEME).scheme("Spectral")
-               .scale(hm.HeatmapColorScale.EXPONENTIAL).exponent(0.5).steps(64).fill("dark-orange"))
-        .cell_gap(1).cell_values(heatmap.CellValues().unit("short"))
-        .rows_frame(heatmap.RowsHeatmapOptions().layout(cm.HeatmapCellLayout.LE))
-        .show_value(cm.VisibilityMode.NEVER).show_legend().mode(cm.TooltipDisplayMode.SINGLE).show_y_histogram()
-        .show_color_scale(True).scale_distribution(cb.ScaleDistributionConfig().type(cm.ScaleDistribution.LINEAR))
-        .hide_from(cb.HideSeriesConfig().legend(False).tooltip(False).viz(False)))
+        "(--proxy.listen-address).",
+        q.selector(f"{m.REQUEST_ACCEPTANCE.name}_bucket", ctx.tapped.matchers), "No tapped requests")
 
 
 def requests_below_page(ctx: Context) -> Any:
@@ -473,16 +462,13 @@ def mean_length_over_time(ctx: Context) -> Any:
 # ------------------------------------------------------------------------------ row: how is α distributed?
 
 
-def interval_heatmap(ctx: Context) -> Any:
-    buckets = q.selector(f"{m.INTERVAL_ACCEPTANCE.name}_bucket", ctx.scope.matchers)
-    return (heatmap.Panel().title("Per-interval α distribution").description(
-        "One observation per sidecar collection interval that had drafts: that interval's α (histogram "
-        f"{m.INTERVAL_ACCEPTANCE.name}, buckets of 5 points). Mass below the page threshold means spec decode "
-        "is net-negative that share of the time, even if the mean looks fine.")
+def acceptance_heatmap(title: str, description: str, buckets: str, no_value: str) -> Any:
+    """A heatmap of an α histogram (buckets of 5 points) over time, as Grafana draws pre-bucketed data."""
+    return (heatmap.Panel().title(title).description(description)
         .datasource(DS).span(12).height(9)
         .with_target(query(f"sum by (le) (increase({buckets}[{RATE_INTERVAL}]))", "{{le}}",
                            fmt=pm.PromQueryFormat.HEATMAP))
-        .calculate(False).unit("short").no_value("No traffic")
+        .calculate(False).unit("short").no_value(no_value)
         .y_axis(heatmap.YAxisConfig().unit("percentunit").min(0).max(1).decimals(0))
         .color(heatmap.HeatmapColorOptions().mode(hm.HeatmapColorMode.SCHEME).scheme("Spectral")
                .scale(hm.HeatmapColorScale.EXPONENTIAL).exponent(0.5).steps(64).fill("dark-orange"))
@@ -491,6 +477,15 @@ def interval_heatmap(ctx: Context) -> Any:
         .show_value(cm.VisibilityMode.NEVER).show_legend().mode(cm.TooltipDisplayMode.SINGLE).show_y_histogram()
         .show_color_scale(True).scale_distribution(cb.ScaleDistributionConfig().type(cm.ScaleDistribution.LINEAR))
         .hide_from(cb.HideSeriesConfig().legend(False).tooltip(False).viz(False)))
+
+
+def interval_heatmap(ctx: Context) -> Any:
+    return acceptance_heatmap(
+        "Per-interval α distribution",
+        "One observation per sidecar collection interval that had drafts: that interval's α (histogram "
+        f"{m.INTERVAL_ACCEPTANCE.name}, buckets of 5 points). Mass below the page threshold means spec decode "
+        "is net-negative that share of the time, even if the mean looks fine.",
+        q.selector(f"{m.INTERVAL_ACCEPTANCE.name}_bucket", ctx.scope.matchers), "No traffic")
 
 
 def interval_quantiles(ctx: Context) -> Any:

@@ -8,11 +8,11 @@ import argparse
 import asyncio
 import math
 import sys
-from collections.abc import Callable
-from typing import TextIO, TypeVar
+from typing import TextIO
 from urllib.parse import urlsplit
 
 from exporter.config import ConfigError, parse_duration
+from exporter.flags import UsageError, convert
 from exporter.monitoring import config as monitoring_config
 from exporter.probe.client import ProbeFault
 from exporter.probe.measure import Bands
@@ -22,7 +22,6 @@ from exporter.probe.report import PlotError, check_plot_path, render_csv, render
 from exporter.probe.run import Outcome, Plan, run_probe
 
 PROG = "specdecode-exporter probe"
-T = TypeVar("T")
 DEFAULT_TEMPERATURES = "0,0.4,0.8,1.0"
 DEFAULT_MAX_TOTAL_REQUESTS = 2000
 DEFAULT_TIMEOUT = "30m"
@@ -33,8 +32,6 @@ tokens/s per temperature and prompt group against a running server, and with --b
 (baseline TPOT / TPOT) against a server without spec decode; a verdict per row. Details: docs/probe.md."""
 
 
-class UsageError(ValueError):
-    """A bad flag value: one line, exit code 2."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -81,18 +78,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
              "probe.measure_below, probe.ship_speedup), merged onto the shipped one")
 
 
-def _convert(flag: str, raw: str, fn: Callable[[str], T], what: str, ok: Callable[[T], bool]) -> T:
-    try:
-        value = fn(raw)
-    except ValueError:
-        raise UsageError(f"{flag}: expected {what}, got {raw!r}") from None
-    if not ok(value):
-        raise UsageError(f"{flag}: expected {what}, got {raw!r}")
-    return value
 
 
 def _integer(flag: str, raw: str, low: int, high: int) -> int:
-    return _convert(flag, raw, int, f"an integer from {low} to {high}", lambda v: low <= v <= high)
+    return convert(flag, raw, int, f"an integer from {low} to {high}", lambda v: low <= v <= high)
 
 
 def parse_url(flag: str, raw: str) -> str:
@@ -110,7 +99,7 @@ def parse_url(flag: str, raw: str) -> str:
 
 def parse_temperatures(raw: str) -> tuple[float, ...]:
     def one(text: str) -> float:
-        return _convert("--temperatures", text.strip(), float, "comma-separated numbers from 0 to 2",
+        return convert("--temperatures", text.strip(), float, "comma-separated numbers from 0 to 2",
                         lambda v: math.isfinite(v) and 0 <= v <= 2)
 
     values = [one(t) for t in raw.split(",") if t.strip()]

@@ -7,11 +7,10 @@ import dataclasses
 import math
 import os
 import sys
-from collections.abc import Callable
-from typing import TypeVar
 
 import uvicorn
 
+from exporter.flags import UsageError, convert
 from exporter.simulator.app import build_app
 from exporter.simulator.model import ModelSpec
 from exporter.simulator.scenario import (
@@ -26,8 +25,6 @@ from exporter.simulator.scenario import (
 )
 from exporter.simulator.server import bind_socket, url_for
 from exporter.simulator.simulator import Simulator
-
-T = TypeVar("T")
 
 # flag -> help; every flag also reads SPECDECODE_<FLAG> (dots and dashes as underscores)
 _FLAGS: dict[str, str] = {
@@ -65,18 +62,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             help=f"{help_} [${env}]")
 
 
-class UsageError(ValueError):
-    """A bad flag value: one line, exit code 2."""
 
 
-def _convert(flag: str, raw: str, fn: Callable[[str], T], what: str, ok: Callable[[T], bool]) -> T:
-    try:
-        value = fn(raw)
-    except ValueError:
-        raise UsageError(f"{flag}: expected {what}, got {raw!r}") from None
-    if not ok(value):
-        raise UsageError(f"{flag}: expected {what}, got {raw!r}")
-    return value
 
 
 def _opt(args: argparse.Namespace, flag: str) -> str | None:
@@ -89,7 +76,7 @@ def parse_listen_address(raw: str) -> tuple[str, int]:
     if not sep:
         raise UsageError(f"--web.listen-address: expected host:port, got {raw!r}")
     host = host.strip("[]") or "0.0.0.0"
-    port = _convert("--web.listen-address", port_text, int, "host:port with a port 0-65535",
+    port = convert("--web.listen-address", port_text, int, "host:port with a port 0-65535",
                     lambda p: 0 <= p <= 65535)
     return host, port
 
@@ -98,11 +85,11 @@ def build_scenario(args: argparse.Namespace) -> Scenario:
     """Scenario from --scenario (or the packaged demo) with flag overrides, or a steady one."""
     def integer(flag: str, lo: int) -> int | None:
         raw = _opt(args, flag)
-        return None if raw is None else _convert(flag, raw, int, f"an integer >= {lo}", lambda v: v >= lo)
+        return None if raw is None else convert(flag, raw, int, f"an integer >= {lo}", lambda v: v >= lo)
 
     def number(flag: str, lo: float, hi: float) -> float | None:
         raw = _opt(args, flag)
-        return None if raw is None else _convert(
+        return None if raw is None else convert(
             flag, raw, float, f"a number between {lo:g} and {hi:g}", lambda v: math.isfinite(v) and lo <= v <= hi)
 
     fmt = _opt(args, "--format")
@@ -165,7 +152,7 @@ def main(args: argparse.Namespace) -> int:
         host, port = parse_listen_address(_opt(args, "--web.listen-address") or "127.0.0.1:8000")
         scenario = build_scenario(args)
         raw_scale = _opt(args, "--time-scale")
-        scale = 1.0 if raw_scale is None else _convert(
+        scale = 1.0 if raw_scale is None else convert(
             "--time-scale", raw_scale, float, "a positive number", lambda v: math.isfinite(v) and v > 0)
         level, timings, pace = server_options(args)
         sim = Simulator(scenario, time_scale=scale, per_request_metrics=level, request_timings=timings, pace=pace)

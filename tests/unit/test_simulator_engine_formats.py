@@ -9,9 +9,10 @@ import re
 import pytest
 
 from exporter.engines import ALL_PREFIXES, NO_SPEC_METRICS, detect_engine, no_engine_detail
+from exporter.flags import UsageError
 from exporter.parse import select
 from exporter.simulator import ModelSpec, Scenario, ScenarioError, Simulator, scenario_from_dict
-from exporter.simulator.cli import UsageError, add_arguments, build_scenario
+from exporter.simulator.cli import add_arguments, build_scenario
 from exporter.simulator.engine_formats import WRITERS, cpp_number
 from exporter.simulator.exposition import render
 from exporter.simulator.scenario import ENGINE_FORMATS
