@@ -598,24 +598,29 @@ def drafts_rate(ctx: Context) -> Any:
 # ------------------------------------------------------------------------------------ row: latency (vLLM)
 
 
-def tpot_quantiles(ctx: Context) -> Any:
+def vllm_quantiles(ctx: Context, title: str, description: str, histogram: str) -> Any:
+    """P50 and P99 of one of vLLM's own latency histograms, per model."""
     return ts_panel(
-        "Time per output token (vLLM) p50 / p99",
-        "vLLM's per-request TPOT histogram (true time per generated token; vLLM ≥ 0.11). This is what spec "
-        "decode should lower: read it beside α. Filters: namespace, pod, model_name, engine (vLLM's own scrape).",
-        queries(*((q.histogram_quantile(quantile, TPOT, ctx.vllm, RATE_INTERVAL), f"{name} {{{{model_name}}}}")
+        title, description,
+        queries(*((q.histogram_quantile(quantile, histogram, ctx.vllm, RATE_INTERVAL), f"{name} {{{{model_name}}}}")
                   for quantile, name in ((0.5, "p50"), (0.99, "p99")))),
         "s", w=8).min(0)
+
+
+def tpot_quantiles(ctx: Context) -> Any:
+    return vllm_quantiles(
+        ctx, "Time per output token (vLLM) p50 / p99",
+        "vLLM's per-request TPOT histogram (true time per generated token; vLLM ≥ 0.11). This is what spec "
+        "decode should lower: read it beside α. Filters: namespace, pod, model_name, engine (vLLM's own scrape).",
+        TPOT)
 
 
 def itl_quantiles(ctx: Context) -> Any:
-    return ts_panel(
-        "Inter-token latency (vLLM) p50 / p99",
+    return vllm_quantiles(
+        ctx, "Inter-token latency (vLLM) p50 / p99",
         "vLLM's inter-token latency: one sample per engine step, which emits 1 … k+1 tokens under spec decode, "
         "so it rises while TPOT falls when acceptance is good.",
-        queries(*((q.histogram_quantile(quantile, ITL, ctx.vllm, RATE_INTERVAL), f"{name} {{{{model_name}}}}")
-                  for quantile, name in ((0.5, "p50"), (0.99, "p99")))),
-        "s", w=8).min(0)
+        ITL)
 
 
 def load_panel(ctx: Context) -> Any:
