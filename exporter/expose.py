@@ -145,6 +145,10 @@ def add_series(families: Families, view: TargetView, series: SeriesView) -> None
     if tpot is not None:
         families.histogram(m.REQUEST_TPOT, {**labels, "spec_decode": "true" if series.spec_decode else "false"},
                            zip(tpot.bounds, tpot.counts, strict=True), tpot.total)
+    per_request = totals.request_acceptance
+    if per_request is not None:
+        families.histogram(m.ENGINE_REQUEST_ACCEPTANCE, labels,
+                           zip(per_request.bounds, per_request.counts, strict=True), per_request.total)
     for spec, value in series.reported:
         families.add(spec, labels, value)
     families.add(m.SOURCE_RESTARTS, labels, series.restarts)

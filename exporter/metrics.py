@@ -160,6 +160,13 @@ REQUEST_TPOT = MetricSpec(
     "spec_decode=true|false (a control target) so recording rules can compare the two across pods.",
     (*SERIES_LABELS, "spec_decode"),
 )
+ENGINE_REQUEST_ACCEPTANCE = MetricSpec(
+    "specdecode_engine_request_acceptance_ratio", "histogram",
+    "The engine's own histogram of per-request α, where it exports one (vLLM's proposed "
+    "vllm:request_spec_decode_acceptance_rate), re-exported reset-safe with its own buckets: the per-request "
+    "distribution without the request tap, per model and engine only (no workload or temperature).",
+    SERIES_LABELS,
+)
 BASELINE_INFO = MetricSpec(
     "specdecode_baseline_info", "gauge",
     "Always 1 for a target whose latency takes part in a comparison: role=speculative (it has a baseline: "
@@ -266,7 +273,7 @@ COLLECTED: tuple[MetricSpec, ...] = (
     DRAFT_TOKENS_PER_SECOND, ACCEPTED_TOKENS_PER_SECOND, INTERVAL_ACCEPTANCE,
     BREAK_EVEN, EXPECTED_SPEEDUP, EXPECTED_SPEEDUP_BY_LENGTH, RECOMMENDED_K, VERDICT,
     TIME_PER_OUTPUT_TOKEN, TIME_PER_OUTPUT_TOKEN_TAIL, TIME_TO_FIRST_TOKEN, REQUESTS_RUNNING, REQUESTS_WAITING,
-    REQUEST_TPOT, OBSERVED_SPEEDUP, CALIBRATED_COST, BREAK_EVEN_AT_LOAD, BASELINE_INFO,
+    REQUEST_TPOT, ENGINE_REQUEST_ACCEPTANCE, OBSERVED_SPEEDUP, CALIBRATED_COST, BREAK_EVEN_AT_LOAD, BASELINE_INFO,
     LIFETIME_ACCEPTANCE, REPORTED_ACCEPTANCE_LENGTH, REPORTED_ACCEPTANCE_RATIO, SOURCE_RESTARTS, DROPPED_SERIES,
     BUILD_INFO,
 )

@@ -38,6 +38,7 @@ class Totals(NamedTuple):
     time_to_first_token: Histogram | None = None
     running_seconds: float | None = None  # ∫ requests running dt: a window's mean batch is its change / seconds
     waiting_seconds: float | None = None
+    request_acceptance: Histogram | None = None  # the engine's own per-request α histogram, reset-safe
 
 
 def optional_minus(later: float | None, earlier: float | None) -> float | None:
@@ -96,13 +97,15 @@ def _positions_increase(totals: tuple[float, ...], previous: tuple[float, ...], 
     return tuple(positions)
 
 
+_LatencyTotals = tuple[Histogram | None, Histogram | None, float | None, float | None, Histogram | None]
+
+
 def _latency_totals(totals: Totals, previous: LatencyReading | None, current: LatencyReading | None,
-                    restarted: bool, seconds: float) -> tuple[Histogram | None, Histogram | None, float | None,
-                                                              float | None]:
+                    restarted: bool, seconds: float) -> _LatencyTotals:
     """The latency part of the totals after one more reading, ``seconds`` after the previous one."""
     if current is None:
         return (totals.time_per_output_token, totals.time_to_first_token, totals.running_seconds,
-                totals.waiting_seconds)
+                totals.waiting_seconds, totals.request_acceptance)
 
     def histogram(total: Histogram | None, before: Histogram | None, now: Histogram | None) -> Histogram | None:
         return total if now is None else latency.accumulate(total, before, now, restarted)
@@ -116,7 +119,8 @@ def _latency_totals(totals: Totals, previous: LatencyReading | None, current: La
     return (histogram(totals.time_per_output_token, before.time_per_output_token, current.time_per_output_token),
             histogram(totals.time_to_first_token, before.time_to_first_token, current.time_to_first_token),
             integral(totals.running_seconds, before.running, current.running),
-            integral(totals.waiting_seconds, before.waiting, current.waiting))
+            integral(totals.waiting_seconds, before.waiting, current.waiting),
+            histogram(totals.request_acceptance, before.request_acceptance, current.request_acceptance))
 
 
 def add_reading(totals: Totals, previous: SeriesReading | None, current: SeriesReading, restarted: bool,

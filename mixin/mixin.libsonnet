@@ -164,14 +164,14 @@
         },
         {
           "alert": "SpecDecodeRequestAcceptanceLow",
-          "expr": "model:specdecode_request_acceptance_ratio:p10_rate1h < 0.5\nand on (namespace, model_name)\nsum by (namespace, model_name) (rate(specdecode_requests_total[1h])) * 3600 >= 30",
+          "expr": "model:specdecode_request_acceptance_ratio:p10_rate1h < 0.5\nand on (namespace, model_name)\n(sum by (namespace, model_name) (rate(specdecode_requests_total[1h]))\nor\nsum by (namespace, model_name) (rate(specdecode_engine_request_acceptance_ratio_count[1h]))) * 3600 >= 30",
           "for": "15m",
           "labels": {
             "severity": "warning"
           },
           "annotations": {
             "summary": "P10 of per-request acceptance rate for {{ $labels.model_name }} is below 50%",
-            "description": "Over the last 1h, 10% of the requests of {{ $labels.model_name }}{{ with $labels.namespace }} (namespace {{ . }}){{ end }} accepted at most {{ $value | humanizePercentage }} of their drafted tokens (threshold 50%, measured per request by the request tap): for those requests speculative decoding is net-negative even if the model's overall α looks healthy. See α per workload and temperature band to find them.",
+            "description": "Over the last 1h, 10% of the requests of {{ $labels.model_name }}{{ with $labels.namespace }} (namespace {{ . }}){{ end }} accepted at most {{ $value | humanizePercentage }} of their drafted tokens (threshold 50%, measured per request by the request tap, or by vLLM's own per-request histogram where it has one): for those requests speculative decoding is net-negative even if the model's overall α looks healthy. See α per workload and temperature band to find them.",
             "runbook_url": "https://github.com/specdecode-exporter/specdecode-exporter/blob/main/alerts/runbook.md#specdecoderequestacceptancelow"
           }
         },
@@ -367,11 +367,11 @@
       "rules": [
         {
           "record": "model:specdecode_request_acceptance_ratio:p10_rate1h",
-          "expr": "histogram_quantile(0.1, sum by (namespace, model_name, le) (rate(specdecode_request_acceptance_ratio_bucket[1h])))\nand on (namespace, model_name)\n(sum by (namespace, model_name) (rate(specdecode_request_acceptance_ratio_count[1h])) > 0)"
+          "expr": "histogram_quantile(0.1, sum by (namespace, model_name, le) (rate(specdecode_request_acceptance_ratio_bucket[1h])))\nand on (namespace, model_name)\n(sum by (namespace, model_name) (rate(specdecode_request_acceptance_ratio_count[1h])) > 0)\nor\nhistogram_quantile(0.1, sum by (namespace, model_name, le) (rate(specdecode_engine_request_acceptance_ratio_bucket[1h])))\nand on (namespace, model_name)\n(sum by (namespace, model_name) (rate(specdecode_engine_request_acceptance_ratio_count[1h])) > 0)"
         },
         {
           "record": "model:specdecode_requests_below_page_threshold:ratio_rate1h",
-          "expr": "sum by (namespace, model_name) (rate(specdecode_request_acceptance_ratio_bucket{le=\"0.5\"}[1h]))\n/\n(sum by (namespace, model_name) (rate(specdecode_request_acceptance_ratio_count[1h])) > 0)"
+          "expr": "sum by (namespace, model_name) (rate(specdecode_request_acceptance_ratio_bucket{le=\"0.5\"}[1h]))\n/\n(sum by (namespace, model_name) (rate(specdecode_request_acceptance_ratio_count[1h])) > 0)\nor\nsum by (namespace, model_name) (rate(specdecode_engine_request_acceptance_ratio_bucket{le=\"0.5\"}[1h]))\n/\n(sum by (namespace, model_name) (rate(specdecode_engine_request_acceptance_ratio_count[1h])) > 0)"
         },
         {
           "record": "model_band:specdecode_requests:rate1h",

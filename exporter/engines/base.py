@@ -21,12 +21,13 @@ class FetchTiming:
 
 
 class LatencyReading(NamedTuple):
-    """The series' latency and load as the source stands now (vLLM V1's families)."""
+    """The series' per-request and load families as the source stands now (vLLM V1's)."""
 
     time_per_output_token: Histogram | None = None  # per finished request: decode time / (tokens − 1)
     time_to_first_token: Histogram | None = None
     running: float | None = None  # requests in the batch now
     waiting: float | None = None
+    request_acceptance: Histogram | None = None  # per finished request: its α, where the engine exports it
 
     @property
     def observations(self) -> float | None:

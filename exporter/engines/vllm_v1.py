@@ -31,8 +31,11 @@ TPOT = "vllm:request_time_per_output_token_seconds"
 TTFT = "vllm:time_to_first_token_seconds"
 RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
-LATENCY_PREFIXES = (f"{TPOT}_bucket", f"{TPOT}_sum", f"{TPOT}_count", f"{TTFT}_bucket", f"{TTFT}_sum",
-                    f"{TTFT}_count", RUNNING, WAITING)
+# Per-request α as a histogram of finished requests: proposed upstream (vllm-project/vllm#44487), not merged yet.
+# Read where a vLLM exports it, with whatever buckets it has: the distribution without the request tap.
+REQUEST_ACCEPTANCE = "vllm:request_spec_decode_acceptance_rate"
+LATENCY_PREFIXES = (*(f"{family}{suffix}" for family in (TPOT, TTFT, REQUEST_ACCEPTANCE)
+                       for suffix in ("_bucket", "_sum", "_count")), RUNNING, WAITING)
 SPEC_NAMES = frozenset({DRAFTS, DRAFT_TOKENS, ACCEPTED, PER_POSITION})
 
 
@@ -49,6 +52,7 @@ class _LatencySlots:
     ttft: _HistogramSlots | None
     running: int | None
     waiting: int | None
+    request_acceptance: _HistogramSlots | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +92,7 @@ def _histogram_slots(name: str, first: dict[str, int], buckets: dict[str, dict[f
 
 def _latency_slots(first: dict[str, int], buckets: dict[str, dict[float, int]]) -> _LatencySlots | None:
     slots = _LatencySlots(_histogram_slots(TPOT, first, buckets), _histogram_slots(TTFT, first, buckets),
-                          first.get(RUNNING), first.get(WAITING))
+                          first.get(RUNNING), first.get(WAITING), _histogram_slots(REQUEST_ACCEPTANCE, first, buckets))
     return None if slots == _LatencySlots(None, None, None, None) else slots
 
 
@@ -151,7 +155,8 @@ def _latency(slots: _LatencySlots | None, values: Sequence[float]) -> LatencyRea
     if slots is None:
         return None
     return LatencyReading(_histogram(slots.tpot, values), _histogram(slots.ttft, values),
-                          _value(values, slots.running), _value(values, slots.waiting))
+                          _value(values, slots.running), _value(values, slots.waiting),
+                          _histogram(slots.request_acceptance, values))
 
 
 def _reading(slots: _Slots, values: Sequence[float]) -> SeriesReading:

@@ -133,10 +133,15 @@ def _request_rules(cfg: MonitoringConfig) -> Iterator[Rule]:
     w = cfg.long_window
     scope = Scope(cfg.metric_selector, cfg.level_labels())
     band = Scope(cfg.metric_selector, (*cfg.level_labels(), *BAND_LABELS))
+    # From the tap where it runs, else from the engine's own per-request histogram (a model without the tap).
+    engine = m.ENGINE_REQUEST_ACCEPTANCE.name
+    q = cfg.thresholds.request_quantile
     yield {"record": request_quantile_record(cfg),
-           "expr": histogram_quantile(cfg.thresholds.request_quantile, REQUEST_ACCEPTANCE, scope, w)}
+           "expr": f"{histogram_quantile(q, REQUEST_ACCEPTANCE, scope, w)}\nor\n"
+                   f"{histogram_quantile(q, engine, scope, w)}"}
+    bound = below_page_bound(cfg)
     yield {"record": record_name(cfg.alert_level, "specdecode_requests_below_page_threshold", f"ratio_rate{w}"),
-           "expr": share_below(REQUEST_ACCEPTANCE, below_page_bound(cfg), scope, w)}
+           "expr": f"{share_below(REQUEST_ACCEPTANCE, bound, scope, w)}\nor\n{share_below(engine, bound, scope, w)}"}
     yield {"record": band_record(cfg, m.REQUESTS.name), "expr": rate_sum(m.REQUESTS.exposed_name, band, w)}
     yield {"record": band_record(cfg, REQUEST_ACCEPTANCE),
            "expr": guarded_ratio(rate_sum(m.REQUEST_ACCEPTED_TOKENS.exposed_name, band, w),
@@ -385,7 +390,8 @@ def request_acceptance_low(cfg: MonitoringConfig) -> Alert:
         name, f"{request_quantile_record(cfg)} < {fmt_num(threshold)}",
         f"{qname.upper()} of per-request acceptance rate for {{{{ $labels.model_name }}}} is below {threshold:.0%}",
         f"Over the last {w}, {q:.0%} of the requests of {WHERE} accepted at most {PCT} of their drafted tokens "
-        f"(threshold {threshold:.0%}, measured per request by the request tap): for those requests speculative "
+        f"(threshold {threshold:.0%}, measured per request by the request tap, or by vLLM's own per-request histogram "
+        "where it has one): for those requests speculative "
         "decoding is net-negative even if the model's overall α looks healthy. See α per workload and temperature "
         "band to find them.", guard_window=w, guard="tapped")
 
@@ -433,9 +439,11 @@ def runbook_url(cfg: MonitoringConfig, alert: str) -> str:
 
 def _traffic_guard(cfg: MonitoringConfig, alert: Alert) -> str:
     assert alert.guard_window is not None
-    if alert.guard == "tapped":
-        tapped = rate_sum(m.REQUESTS.exposed_name, Scope(cfg.metric_selector, cfg.level_labels()), alert.guard_window)
-        return f"{tapped} * 3600 >= {fmt_num(cfg.min_requests_per_hour)}"
+    if alert.guard == "tapped":  # requests through the tap, else those the engine's own histogram counted
+        scope = Scope(cfg.metric_selector, cfg.level_labels())
+        tapped = rate_sum(m.REQUESTS.exposed_name, scope, alert.guard_window)
+        counted = rate_sum(f"{m.ENGINE_REQUEST_ACCEPTANCE.name}_count", scope, alert.guard_window)
+        return f"({tapped}\nor\n{counted}) * 3600 >= {fmt_num(cfg.min_requests_per_hour)}"
     if alert.guard == "requests":
         requests = rate_sum(f"{m.REQUEST_TPOT.name}_count", Scope(cfg.metric_selector, cfg.level_labels()),
                             alert.guard_window, 'spec_decode="true"')

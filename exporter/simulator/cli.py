@@ -39,6 +39,9 @@ _FLAGS: dict[str, str] = {
     "--time-scale": "simulated seconds per real second (default 1)",
     "--seed": "seed for the optional noise",
     "--spec-decode": "true, or false for a control pod: the same model with spec decode off (default true)",
+    "--request-acceptance-histogram": "true: also serve vllm:request_spec_decode_acceptance_rate, the per-request "
+                                      "α histogram proposed upstream (vllm#44487), one observation per API request "
+                                      "(default false, as in released vLLM)",
     "--per-request-spec-decode-metrics": "none or summary, as vLLM's flag: metrics.speculative_decoding in "
                                          "responses (default summary)",
     "--enable-per-request-metrics": "true or false, as vLLM's flag: timings in responses (default true)",
@@ -101,6 +104,8 @@ def build_scenario(args: argparse.Namespace) -> Scenario:
     spec_decode = _boolean(args, "--spec-decode", True)
     if not spec_decode:
         changes["spec_decode"] = False
+    if _boolean(args, "--request-acceptance-histogram", False):
+        changes["request_acceptance_histogram"] = True
     for key, value in (
         ("engines", integer("--engines", 1)),
         ("num_speculative_tokens", integer("--num-speculative-tokens", 1)),

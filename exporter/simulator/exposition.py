@@ -206,9 +206,9 @@ def v1_families(models: tuple[ModelSnapshot, ...]) -> list[Family]:
         series = tuple(Series(_v1_labels(m, e), float(getattr(e, value))) for m in models for e in m.engines)
         return Family(name, "gauge", help_, series)
 
-    def histogram(name: str, help_: str, key: str) -> Family:
+    def histogram(name: str, help_: str, key: str, among: tuple[ModelSnapshot, ...] = models) -> Family:
         series = tuple(Series(_v1_labels(m, e), e.histograms[key], stamp(m, e))
-                       for m in models for e in m.engines)
+                       for m in among for e in m.engines)
         return Family(name, "histogram", help_, series)
 
     def per_position() -> tuple[Series, ...]:
@@ -237,6 +237,9 @@ def v1_families(models: tuple[ModelSnapshot, ...]) -> list[Family]:
         histogram("vllm:request_time_per_output_token_seconds",
                   "Histogram of time_per_output_token_seconds per request.", "tpot"),
         histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", "e2e"),
+        histogram("vllm:request_spec_decode_acceptance_rate",
+                  "Histogram of the speculative decoding acceptance rate of finished requests.", "request_acceptance",
+                  tuple(m for m in speculating if m.spec.request_acceptance_histogram)),
     ]
     return [f for f in families if f.series]  # vLLM without spec decode has no spec-decode families at all
 

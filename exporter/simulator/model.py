@@ -62,6 +62,9 @@ class ModelSpec:
     output_tokens: int = 256
     max_num_seqs: int = 256
     spec_decode: bool = True  # False: a control pod (same model, spec decode off): no spec families, 1 token/step
+    # vllm:request_spec_decode_acceptance_rate, a per-request α histogram proposed upstream (vllm#44487): off, as
+    # in every vLLM released so far; on, each served API request is one observation
+    request_acceptance_histogram: bool = False
     workloads: tuple[Workload, ...] = ()  # a mixed workload; empty: one workload at the model's α
     # API requests at temperature T without a matching workload accept α·(1 − sensitivity·min(T, 1)).
     temperature_sensitivity: float = 0.5

@@ -47,7 +47,9 @@ TTFT_BUCKETS: tuple[float, ...] = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0
 E2E_BUCKETS: tuple[float, ...] = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
                                   60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
 V0_TPOT_BUCKETS: tuple[float, ...] = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
+REQUEST_ACCEPTANCE_BUCKETS: tuple[float, ...] = tuple(round(0.1 * i, 1) for i in range(1, 11))
 HISTOGRAM_BUCKETS: dict[str, tuple[float, ...]] = {
+    "request_acceptance": REQUEST_ACCEPTANCE_BUCKETS,
     "ttft": TTFT_BUCKETS,
     "itl": ITL_BUCKETS,
     "tpot": ITL_BUCKETS,
@@ -223,6 +225,8 @@ def _account(e: _Engine, g: Generation, prompt_tokens: int) -> None:
     e.histograms["itl"].observe_exactly(g.steps, g.step_seconds)
     e.histograms["v0_tpot"].observe_exactly(g.steps, g.step_seconds)
     e.histograms["tpot"].observe_exactly(1.0, g.tpot_seconds)
+    if g.drafted:
+        e.histograms["request_acceptance"].observe_exactly(1.0, g.accepted / g.drafted)
     e.histograms["ttft"].observe_exactly(1.0, g.ttft_seconds)
     e.histograms["e2e"].observe_exactly(1.0, g.ttft_seconds + g.generation_seconds)
 

@@ -86,6 +86,9 @@ def test_flags_build_a_steady_scenario() -> None:
     m = s.models[0]
     assert (m.name, m.engines, m.num_speculative_tokens, m.drafts_per_second, m.acceptance_rate) == (
         "tiny", 2, 5, 10.0, 0.4)
+    assert not m.request_acceptance_histogram  # as every released vLLM
+    proposed = build_scenario(parse(["--request-acceptance-histogram", "true"]))
+    assert proposed.models[0].request_acceptance_histogram
 
 
 def test_env_vars_are_read(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -102,6 +105,7 @@ def test_env_vars_are_read(monkeypatch: pytest.MonkeyPatch) -> None:
     (["--acceptance-rate", "2"], "--acceptance-rate: expected a number between 0 and 1"),
     (["--web.listen-address", "nowhere"], "--web.listen-address: expected host:port"),
     (["--engines", "2", "--format", "v0"], "--engines: format v0"),
+    (["--request-acceptance-histogram", "maybe"], "--request-acceptance-histogram: expected true or false"),
     (["--scenario", "/nonexistent/x.yaml"], "/nonexistent/x.yaml: cannot read scenario"),
 ])
 def test_bad_input_is_one_line_and_exit_2(argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]) -> None:
