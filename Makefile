@@ -48,7 +48,7 @@ test-vllm: install  ## a real vLLM (CPU build) against the sidecar; installs vll
 generate: install  ## rebuild rules, dashboard, manifests, mixin and README table from the monitoring config
 	$(PY) -m exporter.monitoring.build
 
-bench: install  ## benchmarks (about 6½ minutes: N = 10/100/500 targets, the request tap at 64 streams; bench/run.py --long: longer spans, long soak, the tap at 256 streams and every relay)
+bench: install  ## benchmarks (about 7 minutes: N = 10/100/500 targets, the request tap at 64 streams; bench/run.py --long: longer spans, long soak, the tap at 256 streams and every relay)
 	command -v wrk >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk)
 	$(PY) bench/run.py
 

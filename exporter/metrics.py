@@ -260,6 +260,15 @@ BUILD_INFO = MetricSpec(
     "specdecode_exporter_build_info", "gauge", "Always 1: the exporter's version.", ("version", "python_version")
 )
 
+CONFIG_RELOAD_SUCCESSFUL = MetricSpec(
+    "specdecode_config_last_reload_successful", "gauge",
+    "1 if the last configuration reload (SIGHUP or POST /-/reload) succeeded, else 0.", (),
+)
+CONFIG_RELOAD_TIME = MetricSpec(
+    "specdecode_config_last_reload_success_timestamp_seconds", "gauge",
+    "Unix time of the last successful configuration load (start or reload).", (),
+)
+
 # The tap's families change with every request: they are rendered live on each scrape, not per collection.
 TAP: tuple[MetricSpec, ...] = (
     REQUEST_ACCEPTANCE, REQUEST_MEAN_LENGTH, REQUESTS, REQUEST_DRAFT_TOKENS, REQUEST_ACCEPTED_TOKENS,
@@ -277,7 +286,9 @@ COLLECTED: tuple[MetricSpec, ...] = (
     LIFETIME_ACCEPTANCE, REPORTED_ACCEPTANCE_LENGTH, REPORTED_ACCEPTANCE_RATIO, SOURCE_RESTARTS, DROPPED_SERIES,
     BUILD_INFO,
 )
-CONTRACT: tuple[MetricSpec, ...] = (*COLLECTED, *TAP)
+# Named after Prometheus' own prometheus_config_last_reload_*, so the same alert pattern works.
+RELOAD: tuple[MetricSpec, ...] = (CONFIG_RELOAD_SUCCESSFUL, CONFIG_RELOAD_TIME)
+CONTRACT: tuple[MetricSpec, ...] = (*COLLECTED, *TAP, *RELOAD)
 
 
 def reference_table() -> str:

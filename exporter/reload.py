@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, fields, replace
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from exporter import metrics as m
 from exporter.collection import Exporter
 from exporter.config import Config, ConfigError
 from exporter.log import event, reconfigure_logging
@@ -91,18 +92,15 @@ class Reloader:
 
 
 class ReloadCollector(Collector):
-    """``specdecode_config_last_reload_successful`` and ``…_success_timestamp_seconds``, named after
-    Prometheus' own ``prometheus_config_last_reload_*`` so the same alert pattern works."""
+    """The reload families of the contract (metrics.RELOAD)."""
 
     def __init__(self, reloader: Reloader) -> None:
         self._reloader = reloader
 
     def collect(self) -> Iterator[Metric]:
-        yield GaugeMetricFamily("specdecode_config_last_reload_successful",
-                                "1 if the last configuration reload (SIGHUP or POST /-/reload) succeeded, else 0.",
+        yield GaugeMetricFamily(m.CONFIG_RELOAD_SUCCESSFUL.name, m.CONFIG_RELOAD_SUCCESSFUL.help,
                                 value=1.0 if self._reloader.last_successful else 0.0)
-        yield GaugeMetricFamily("specdecode_config_last_reload_success_timestamp_seconds",
-                                "Unix time of the last successful configuration load (start or reload).",
+        yield GaugeMetricFamily(m.CONFIG_RELOAD_TIME.name, m.CONFIG_RELOAD_TIME.help,
                                 value=self._reloader.last_success_time)
 
     def describe(self) -> Iterator[Metric]:

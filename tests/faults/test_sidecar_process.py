@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from exporter import metrics
 from exporter.collection import Exporter
 from exporter.config import Config, TargetConfig, config_from_mapping, parse_windows
 from exporter.reload import Reloader
@@ -167,6 +168,8 @@ def test_sighup_and_post_reload_keep_window_state(tmp_path: Path, servers: Calla
                                                           target="a") or 0) >= 5)
         before = sidecar.metrics()
         assert before.get("specdecode_config_last_reload_successful") == 1
+        assert (before.get("specdecode_config_last_reload_success_timestamp_seconds") or 0) > time.time() - 600
+        assert [before.helps[spec.name] for spec in metrics.RELOAD] == [spec.help for spec in metrics.RELOAD]
 
         # SIGHUP: add target b and a window; a keeps its counters, histogram and windows.
         write(config, config_text({"a": a.url, "b": b.url}, windows="1m,5m"))

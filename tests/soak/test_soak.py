@@ -4,7 +4,7 @@ Checks that the sidecar's RSS stays flat and that no count is lost: for every (m
 counters equal the true totals (the sum over the engine's lifetimes of what its counters reached).
 Restarts happen right after a successful collection, so every count was observable.
 
-SPECDECODE_SOAK_HOURS sets the simulated length (default 3 in `make test`; `make soak` runs 48). Figures are
+SPECDECODE_SOAK_HOURS sets the simulated length (default 3 in `make test`; `make soak` runs 24). Figures are
 printed (`-s`) and appended to $SPECDECODE_SOAK_REPORT when set."""
 
 from __future__ import annotations
