@@ -2303,7 +2303,7 @@
           "type": "prometheus",
           "uid": "${datasource}"
         },
-        "description": "Share of tapped requests over $window whose own α was at most 0.5 (the page threshold's bucket), and the 10th percentile of per-request α. A P10 below the page threshold is the SpecDecodeRequestAcceptanceLow ticket.",
+        "description": "Share of tapped requests over $window whose own α was at most 0.5 (the page threshold's bucket), and the 10th percentile of per-request α. A P10 below the page threshold is the SpecDecodeRequestAcceptanceLow ticket. Without the tap, from vLLM's own per-request histogram where it exports one (specdecode_engine_request_acceptance_ratio).",
         "fieldConfig": {
           "defaults": {
             "decimals": 1,
@@ -2373,7 +2373,7 @@
               "type": "prometheus",
               "uid": "${datasource}"
             },
-            "expr": "sum by (namespace, model_name) (rate(specdecode_request_acceptance_ratio_bucket{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", le=\"0.5\"}[$window]))\n/\n(sum by (namespace, model_name) (rate(specdecode_request_acceptance_ratio_count{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\"}[$window])) > 0)",
+            "expr": "sum by (namespace, model_name) (rate(specdecode_request_acceptance_ratio_bucket{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", le=\"0.5\"}[$window]))\n/\n(sum by (namespace, model_name) (rate(specdecode_request_acceptance_ratio_count{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\"}[$window])) > 0)\nor\nsum by (namespace, model_name) (rate(specdecode_engine_request_acceptance_ratio_bucket{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", le=\"0.5\"}[$window]))\n/\n(sum by (namespace, model_name) (rate(specdecode_engine_request_acceptance_ratio_count{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\"}[$window])) > 0)",
             "instant": true,
             "legendFormat": "share {{model_name}} {{namespace}}",
             "range": false,
@@ -2384,7 +2384,7 @@
               "type": "prometheus",
               "uid": "${datasource}"
             },
-            "expr": "histogram_quantile(0.1, sum by (namespace, model_name, le) (rate(specdecode_request_acceptance_ratio_bucket{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\"}[$window])))\nand on (namespace, model_name)\n(sum by (namespace, model_name) (rate(specdecode_request_acceptance_ratio_count{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\"}[$window])) > 0)",
+            "expr": "histogram_quantile(0.1, sum by (namespace, model_name, le) (rate(specdecode_request_acceptance_ratio_bucket{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\"}[$window])))\nand on (namespace, model_name)\n(sum by (namespace, model_name) (rate(specdecode_request_acceptance_ratio_count{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\"}[$window])) > 0)\nor\nhistogram_quantile(0.1, sum by (namespace, model_name, le) (rate(specdecode_engine_request_acceptance_ratio_bucket{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\"}[$window])))\nand on (namespace, model_name)\n(sum by (namespace, model_name) (rate(specdecode_engine_request_acceptance_ratio_count{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\"}[$window])) > 0)",
             "instant": true,
             "legendFormat": "P10 α {{model_name}} {{namespace}}",
             "range": false,

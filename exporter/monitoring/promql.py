@@ -7,7 +7,7 @@ from the exporter's metric contract (exporter/metrics.py), never retyped.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from exporter import metrics as m
@@ -95,6 +95,12 @@ def share_below(histogram: str, bound: float, scope: Scope, window: str) -> str:
     """The share of a histogram's observations at or below ``bound`` (one of its bucket bounds)."""
     return guarded_ratio(rate_sum(f"{histogram}_bucket", scope, window, f'le="{fmt_num(bound)}"'),
                          rate_sum(f"{histogram}_count", scope, window))
+
+
+def per_request(query: Callable[[str], str]) -> str:
+    """``query`` over the per-request α histogram: the request tap's where it has data for a result's labels, else
+    the engine's own (vLLM's proposed vllm:request_spec_decode_acceptance_rate, re-exported by the sidecar)."""
+    return f"{query(m.REQUEST_ACCEPTANCE.name)}\nor\n{query(m.ENGINE_REQUEST_ACCEPTANCE.name)}"
 
 
 def verdict_code(alpha: str, speedup: str, bands: VerdictBands, tail: str | None = None) -> str:

@@ -21,6 +21,7 @@ from exporter.monitoring.promql import (
     fmt_num,
     guarded_ratio,
     histogram_quantile,
+    per_request,
     quantile_name,
     rate_sum,
     record_name,
@@ -133,15 +134,11 @@ def _request_rules(cfg: MonitoringConfig) -> Iterator[Rule]:
     w = cfg.long_window
     scope = Scope(cfg.metric_selector, cfg.level_labels())
     band = Scope(cfg.metric_selector, (*cfg.level_labels(), *BAND_LABELS))
-    # From the tap where it runs, else from the engine's own per-request histogram (a model without the tap).
-    engine = m.ENGINE_REQUEST_ACCEPTANCE.name
-    q = cfg.thresholds.request_quantile
+    q, bound = cfg.thresholds.request_quantile, below_page_bound(cfg)
     yield {"record": request_quantile_record(cfg),
-           "expr": f"{histogram_quantile(q, REQUEST_ACCEPTANCE, scope, w)}\nor\n"
-                   f"{histogram_quantile(q, engine, scope, w)}"}
-    bound = below_page_bound(cfg)
+           "expr": per_request(lambda histogram: histogram_quantile(q, histogram, scope, w))}
     yield {"record": record_name(cfg.alert_level, "specdecode_requests_below_page_threshold", f"ratio_rate{w}"),
-           "expr": f"{share_below(REQUEST_ACCEPTANCE, bound, scope, w)}\nor\n{share_below(engine, bound, scope, w)}"}
+           "expr": per_request(lambda histogram: share_below(histogram, bound, scope, w))}
     yield {"record": band_record(cfg, m.REQUESTS.name), "expr": rate_sum(m.REQUESTS.exposed_name, band, w)}
     yield {"record": band_record(cfg, REQUEST_ACCEPTANCE),
            "expr": guarded_ratio(rate_sum(m.REQUEST_ACCEPTED_TOKENS.exposed_name, band, w),
