@@ -62,6 +62,9 @@ FIRING_TIMEOUT_S = 90.0
 # Prometheus' figures come from rate() over a young series (extrapolated per bucket), the truth from the
 # simulator's own histograms over two minutes: close, not equal (the exact comparison is test_tpot_quantiles).
 TRUTH_TOLERANCE = 0.08
+# A P99 rests on the slowest few requests (the mixed model's 10 % creative share, a few dozen requests by then):
+# CI runs measured 0.78–0.91 around a truth of 0.82.
+P99_TRUTH_TOLERANCE = 0.12
 
 
 def scenario(spec_decode: bool) -> dict[str, Any]:
@@ -259,7 +262,7 @@ def test_tail_regression_fires_for_the_mixed_workload_only(stack: Stack, record:
     assert p99 < 1.0 < p50 and mean > 1.0, "the mixed workload is faster on average and at the median"
     truth = true_speedups()["mixed"]
     assert p50 == pytest.approx(truth["p50"], abs=TRUTH_TOLERANCE)
-    assert p99 == pytest.approx(truth["p99"], abs=TRUTH_TOLERANCE)
+    assert p99 == pytest.approx(truth["p99"], abs=P99_TRUTH_TOLERANCE)
     sidecar = sidecar_speedups(stack, "mixed")
     assert sidecar["p99"] < 1.0 < sidecar["p50"], f"the sidecar disagrees with the rules: {sidecar}"
 

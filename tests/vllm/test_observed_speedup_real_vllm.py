@@ -175,7 +175,9 @@ def check_calibration(found: list[Sample], speedup: float, after: h.SpecCounters
           f"break-even calibrated {break_even!r}, configured {configured!r}; "
           f"α {grew.alpha:.4f}, L {mean_length:.4f}, k̄ {grew.draft_tokens / grew.drafts:.4f}")
     assert calibrated == pytest.approx(cost, rel=REL, abs=1e-12)
-    assert break_even is not None and break_even == pytest.approx(cost, rel=REL, abs=1e-12)
+    # Break-even α is the cost, capped at 1 (a cost above 1 means no α pays off: on a busy CPU spec decode can be
+    # that much slower).
+    assert break_even is not None and break_even == pytest.approx(min(cost, 1.0), rel=REL, abs=1e-12)
     assert configured == pytest.approx(0.5)  # the default cost model, c_draft 0.1 + c_verify 0.4
     verdicts = [s for s in found if s.name == "specdecode_verdict" and s.labels.get("target") == SPEC]
     assert [(v.labels["window"], v.labels["basis"]) for v in verdicts] == [(WINDOW, "observed")], verdicts
