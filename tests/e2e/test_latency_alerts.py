@@ -228,11 +228,26 @@ def assert_healthy_for_longer_than_for(stack: Stack, model: str) -> None:
     assert requests and float(requests[0]["value"][1]) >= stack.settings.min_requests_per_hour
 
 
+def wait_firing_for_model(stack: Stack, alertname: str, model: str) -> dict[str, Any]:
+    """The alert firing for ``model``, a warning with the scrape identity and its runbook section."""
+    alert = stack.wait_firing(alertname, "model_name", model)
+    assert alert["labels"] == {"alertname": alertname, "severity": "warning", "namespace": NAMESPACE,
+                               "model_name": model}
+    assert alert["annotations"]["runbook_url"].endswith("/alerts/runbook.md#" + alertname.lower())
+    return alert
+
+
+def assert_fired_for_only(stack: Stack, alertname: str, model: str, *others: str) -> tuple[float, float]:
+    """``alertname`` is active for ``model`` alone while the healthy model has traffic for longer than ``for:``;
+    when it went pending and firing, seconds after Prometheus started."""
+    assert_healthy_for_longer_than_for(stack, "healthy")
+    assert_never_active(stack, alertname, "model_name", *others)
+    assert {a["labels"]["model_name"] for a in stack.prometheus.alerts(alertname)} == {model}
+    return stack.went_pending_then_firing(alertname, "model_name", model)
+
+
 def test_measured_slowdown_fires_for_the_loaded_model_only(stack: Stack, record: list[dict[str, Any]]) -> None:
-    alert = stack.wait_firing(SLOW, "model_name", "loaded")
-    assert alert["labels"] == {"alertname": SLOW, "severity": "warning", "namespace": NAMESPACE,
-                               "model_name": "loaded"}
-    assert alert["annotations"]["runbook_url"].endswith("/alerts/runbook.md#" + SLOW.lower())
+    alert = wait_firing_for_model(stack, SLOW, "loaded")
     stack.assert_description_shows_the_record(alert, r"came ([0-9.]+)× as fast", "mean", "loaded")
     measured = stack.record("mean", "loaded")
     assert measured is not None
@@ -241,10 +256,7 @@ def test_measured_slowdown_fires_for_the_loaded_model_only(stack: Stack, record:
     # The sidecar's own figure for the same model and window agrees with the rules'.
     assert sidecar_speedups(stack, "loaded")["mean"] == pytest.approx(measured, abs=0.05)
 
-    assert_healthy_for_longer_than_for(stack, "healthy")
-    assert_never_active(stack, SLOW, "model_name", "healthy", "mixed")
-    assert {a["labels"]["model_name"] for a in stack.prometheus.alerts(SLOW)} == {"loaded"}
-    pending, firing = stack.went_pending_then_firing(SLOW, "model_name", "loaded")
+    pending, firing = assert_fired_for_only(stack, SLOW, "loaded", "healthy", "mixed")
     record.append({"line": f"{SLOW}: loaded pending +{pending:.0f}s, firing +{firing:.0f}s after Prometheus "
                            f"started; observed mean speedup {measured:.3f} (simulator's truth {truth:.3f}); "
                            "healthy and mixed never pending", "scenario": "observed-speedup-low",
@@ -252,10 +264,7 @@ def test_measured_slowdown_fires_for_the_loaded_model_only(stack: Stack, record:
 
 
 def test_tail_regression_fires_for_the_mixed_workload_only(stack: Stack, record: list[dict[str, Any]]) -> None:
-    alert = stack.wait_firing(TAIL, "model_name", "mixed")
-    assert alert["labels"] == {"alertname": TAIL, "severity": "warning", "namespace": NAMESPACE,
-                               "model_name": "mixed"}
-    assert alert["annotations"]["runbook_url"].endswith("/alerts/runbook.md#" + TAIL.lower())
+    alert = wait_firing_for_model(stack, TAIL, "mixed")
     stack.assert_description_shows_the_record(alert, r"P99 speedup ([0-9.]+)×", "p99", "mixed")
     p50, p99, mean = (stack.record(s, "mixed") for s in ("p50", "p99", "mean"))
     assert p50 is not None and p99 is not None and mean is not None
@@ -266,10 +275,7 @@ def test_tail_regression_fires_for_the_mixed_workload_only(stack: Stack, record:
     sidecar = sidecar_speedups(stack, "mixed")
     assert sidecar["p99"] < 1.0 < sidecar["p50"], f"the sidecar disagrees with the rules: {sidecar}"
 
-    assert_healthy_for_longer_than_for(stack, "healthy")
-    assert_never_active(stack, TAIL, "model_name", "healthy", "loaded")
-    assert {a["labels"]["model_name"] for a in stack.prometheus.alerts(TAIL)} == {"mixed"}
-    pending, firing = stack.went_pending_then_firing(TAIL, "model_name", "mixed")
+    pending, firing = assert_fired_for_only(stack, TAIL, "mixed", "healthy", "loaded")
     record.append({"line": f"{TAIL}: mixed pending +{pending:.0f}s, firing +{firing:.0f}s; speedup P50 {p50:.3f} "
                            f"(truth {truth['p50']:.3f}), P99 {p99:.3f} (truth {truth['p99']:.3f}), mean {mean:.3f}; "
                            "healthy and loaded never pending", "scenario": "tail-regression",
