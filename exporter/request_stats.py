@@ -69,12 +69,6 @@ class Histogram(NamedTuple):
     def observations(self) -> int:
         return self.counts[-1]
 
-    def share_at_most(self, bound: float) -> float | None:
-        """Share of observations at or below ``bound`` (one of the bounds)."""
-        if not self.observations:
-            return None
-        return self.counts[self.bounds.index(bound)] / self.observations
-
 
 class BandKey(NamedTuple):
     model_name: str
@@ -102,15 +96,13 @@ class RequestSpec(NamedTuple):
     steps: float | None  # verification steps (vLLM); llama.cpp does not say
 
 
-def spec_figures(result: TapResult) -> RequestSpec | None:
-    """vLLM's metrics.speculative_decoding, or llama.cpp's timings.draft_n / draft_n_accepted."""
-    metrics = result.metrics or {}
+def spec_figures(metrics: Mapping[str, Any] | None, timings: Mapping[str, Any] | None) -> RequestSpec | None:
+    """A response's vLLM metrics.speculative_decoding, or llama.cpp's timings.draft_n / draft_n_accepted."""
     spec = metrics.get("speculative_decoding") if isinstance(metrics, Mapping) else None
     if isinstance(spec, Mapping):
         drafted, accepted = _count(spec.get("num_draft_tokens")), _count(spec.get("num_accepted_draft_tokens"))
         if drafted is not None and accepted is not None:
             return RequestSpec(drafted, accepted, _count(spec.get("num_spec_steps")))
-    timings = result.timings or {}
     if isinstance(timings, Mapping):
         drafted, accepted = _count(timings.get("draft_n")), _count(timings.get("draft_n_accepted"))
         if drafted is not None and accepted is not None:
@@ -160,7 +152,7 @@ class RequestRecorder:
 
     def observe(self, request: TapRequest, result: TapResult) -> None:
         model = capped(request.model, self.models, self.settings.max_models)
-        figures = spec_figures(result)
+        figures = spec_figures(result.metrics, result.timings)
         if figures is None:
             reason = result.reason or "no_spec_metrics"
             self.without_metrics[(model, reason)] = self.without_metrics.get((model, reason), 0) + 1

@@ -13,15 +13,12 @@ from typing import Any
 
 import httpx
 
+from exporter.engines.vllm_v1 import ACCEPTED, DRAFT_TOKENS, DRAFTS, PER_POSITION, RUNNING, WAITING
 from exporter.parse import ParseError, select_samples
 from exporter.probe.measure import Counters, RequestResult, client_tpot, request_spec, server_tpot
 
-DRAFTS = "vllm:spec_decode_num_drafts_total"
-DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
-ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
-PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
 GENERATION_TOKENS = "vllm:generation_tokens_total"
-IN_FLIGHT = ("vllm:num_requests_running", "vllm:num_requests_waiting")
+IN_FLIGHT = (RUNNING, WAITING)
 PREFIXES = ("vllm:spec_decode_", GENERATION_TOKENS, *IN_FLIGHT)
 SPEC_PREFIX = "vllm:spec_decode_"
 DISCOVERY_TIMEOUT = 10.0

@@ -14,8 +14,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from exporter.latency import ratio
 from exporter.request_stats import spec_figures
-from exporter.tap.model import TapResult
+from exporter.store import counter_increase
 
 # Verdicts of a row.
 DISABLE = "disable"
@@ -45,12 +46,6 @@ def quantile(values: Iterable[float], q: float) -> float | None:
     return ordered[low] + (position - low) * (ordered[high] - ordered[low])
 
 
-def ratio(numerator: float | None, denominator: float | None) -> float | None:
-    if numerator is None or denominator is None or denominator <= 0:
-        return None
-    return numerator / denominator
-
-
 @dataclass(frozen=True, slots=True)
 class RequestSpec:
     """One request's own spec-decode numbers (vLLM's metrics.speculative_decoding, or llama.cpp's timings)."""
@@ -63,9 +58,7 @@ class RequestSpec:
 
 def request_spec(metrics: Mapping[str, Any] | None, timings: Mapping[str, Any] | None) -> RequestSpec | None:
     """A response's spec-decode numbers, read as the request tap reads them (exporter.request_stats)."""
-    figures = spec_figures(TapResult(status=200, metrics=dict(metrics) if metrics else None,
-                                     timings=dict(timings) if timings else None, usage=None, reason=None,
-                                     started=0.0, first_byte=None, finished=0.0))
+    figures = spec_figures(metrics, timings)
     if figures is None:
         return None
     spec = (metrics or {}).get("speculative_decoding")
@@ -170,7 +163,7 @@ class Counters:
     def minus(self, before: Counters) -> SpecCounts:
         """The increase since ``before`` as totals (a counter that went down is a restart: then the value)."""
         def delta(now: float, then: float) -> float:
-            return now - then if now >= then else now
+            return counter_increase(then, now, restarted=False)
 
         per_position = tuple(delta(n, before.per_position[i] if i < len(before.per_position) else 0.0)
                              for i, n in enumerate(self.per_position))

@@ -54,9 +54,6 @@ class Progress:
         self._line(f"row {self.rows_done}/{self.rows} T={row.temperature:g} {row.group}: α {alpha}{speedup}, "
                    f"{row.verdict}")
 
-    def note(self, text: str) -> None:
-        self._line(text)
-
     def close(self) -> None:
         if self.tty and self._drawn:
             self.stream.write("\r\x1b[K")
