@@ -2303,7 +2303,7 @@
           "type": "prometheus",
           "uid": "${datasource}"
         },
-        "description": "Share of tapped requests over $window whose own α was at most 0.5 (the page threshold's bucket), and the 10th percentile of per-request α. A P10 below the page threshold is the SpecDecodeRequestAcceptanceLow ticket. Without the tap, from vLLM's own per-request histogram where it exports one (specdecode_engine_request_acceptance_ratio).",
+        "description": "Share of tapped requests over $window whose own α was at most 0.5 (the page threshold's bucket), and the P10 of per-request α. A P10 below the page threshold is the SpecDecodeRequestAcceptanceLow ticket. Without the tap, from vLLM's own per-request histogram where it exports one (specdecode_engine_request_acceptance_ratio).",
         "fieldConfig": {
           "defaults": {
             "decimals": 1,

@@ -360,18 +360,19 @@ def request_heatmap(ctx: Context) -> Any:
 
 
 def requests_below_page(ctx: Context) -> Any:
-    bound = max(b for b in (round(0.05 * i, 2) for i in range(1, 21)) if b <= ctx.page + 1e-9)
+    bound, quantile = rules.below_page_bound(ctx.cfg), ctx.cfg.thresholds.request_quantile
+    name = q.quantile_name(quantile).upper()
     share = q.per_request(lambda histogram: q.share_below(histogram, bound, ctx.tapped, "$window"))
-    p10 = q.per_request(lambda histogram: q.histogram_quantile(0.1, histogram, ctx.tapped, "$window"))
+    low = q.per_request(lambda histogram: q.histogram_quantile(quantile, histogram, ctx.tapped, "$window"))
     return (stat_panel(
         ctx, f"Requests with α ≤ {bound:g}",
         f"Share of tapped requests over $window whose own α was at most {bound:g} (the page threshold's bucket), "
-        "and the 10th percentile of per-request α. A P10 below the page threshold is the "
+        f"and the {name} of per-request α. A {name} below the page threshold is the "
         "SpecDecodeRequestAcceptanceLow ticket. Without the tap, from vLLM's own per-request histogram where it "
         "exports one (specdecode_engine_request_acceptance_ratio).",
         share, "percentunit", w=4, h=9)
         .targets([query(share, "share " + ctx.legend, ref="A", instant=True),
-                  query(p10, "P10 α " + ctx.legend, ref="B", instant=True)])
+                  query(low, f"{name} α " + ctx.legend, ref="B", instant=True)])
         .thresholds(steps((None, GREEN), (0.1, YELLOW), (0.25, RED))).decimals(1).no_value("No tapped requests"))
 
 
