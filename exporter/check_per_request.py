@@ -18,10 +18,10 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
+from exporter.config import api_base
 from exporter.discover import served_model
 
 SPEC_FLAG = "--per-request-spec-decode-metrics summary"
@@ -39,12 +39,6 @@ class PerRequestFinding:
 
     line: str
     decided: bool = True
-
-
-def completions_url(metrics_url: str) -> str:
-    """vLLM's /v1/completions beside its /metrics (same scheme, host and port)."""
-    parts = urlsplit(metrics_url)
-    return urlunsplit((parts.scheme, parts.netloc, "/v1/completions", "", ""))
 
 
 def hint(api: str | None) -> str | None:
@@ -113,7 +107,7 @@ async def _post(client: httpx.AsyncClient, url: str, payload: Mapping[str, Any],
 
 async def send_test_completion(metrics_url: str, timeout: float) -> PerRequestFinding:
     """Send one tiny completion to the served model (the first in /v1/models) and classify the answer."""
-    url = completions_url(metrics_url)
+    url = api_base(metrics_url) + "/v1/completions"  # vLLM's, beside its /metrics
 
     def failed(why: str) -> PerRequestFinding:
         return PerRequestFinding(f"{PREFIX} cannot tell: POST {url}: {why}", decided=False)

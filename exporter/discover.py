@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
+from exporter.config import api_base
 from exporter.scrape import fetch
 
 MODELS_MAX_BYTES = 1024 * 1024
@@ -17,8 +17,7 @@ MODELS_MAX_BYTES = 1024 * 1024
 
 def models_url(metrics_url: str) -> str:
     """The /v1/models URL of the server that serves ``metrics_url`` (same scheme, host and port)."""
-    parts = urlsplit(metrics_url)
-    return urlunsplit((parts.scheme, parts.netloc, "/v1/models", "", ""))
+    return api_base(metrics_url) + "/v1/models"
 
 
 def first_model_id(body: bytes) -> str | None:
