@@ -33,7 +33,7 @@ from exporter.tap.http1 import (
     replace_content_length,
 )
 from exporter.tap.model import Observer, TapRequest, TapResult
-from exporter.tap.openai import RequestPlan, endpoint_of, plan_request, read_response_body
+from exporter.tap.openai import endpoint_of, plan_request, read_response_body
 from exporter.tap.sse import SseWatcher, StreamFindings, UsageStripper
 
 DEFAULT_CONNECT_TIMEOUT = 3.0
@@ -197,9 +197,9 @@ class _Exchange:
         "first_byte",
         "method",
         "mode",
-        "plan",
         "request",
         "request_read",
+        "single_prompt",
         "started",
         "status",
         "stream",
@@ -210,7 +210,8 @@ class _Exchange:
         self.method = method
         self.started = started
         self.request: TapRequest | None = None  # set for inspected requests only
-        self.plan: RequestPlan | None = None
+        # Not the plan itself: it holds the request body, which need not live as long as the response.
+        self.single_prompt = True
         self.request_read = False  # the whole request has been read from the client
         self.tunnel = False  # an upgrade (or CONNECT): raw bytes both ways once its response starts
         self.first_byte: float | None = None
@@ -236,14 +237,13 @@ class _Exchange:
         return TapResult(self.status, metrics, timings, usage, reason, self.started, self.first_byte, now)
 
     def _reason(self, metrics: object, findings: StreamFindings | None, unparsable: bool) -> str | None:
-        plan = self.plan
         if self.status >= 400:
             return model.HTTP_ERROR
         if metrics is not None:
             return None
-        if plan is not None and plan.n > 1:
+        if self.request is not None and self.request.n > 1:
             return model.N_GT_1
-        if plan is not None and not plan.single_prompt:
+        if not self.single_prompt:
             return model.MULTI_PROMPT
         if unparsable or self.mode == _PASS:
             return model.UNPARSABLE
@@ -598,7 +598,7 @@ class _Link(asyncio.Protocol):
             if plan.body is not body:
                 raw_head, body = replace_content_length(raw_head, len(plan.body)), plan.body
             workload = head.value(self.shared.workload_header)
-            exchange.plan = plan
+            exchange.single_prompt = plan.single_prompt
             exchange.request = TapRequest(
                 method="POST",
                 path=head.start[1].split(b"?", 1)[0].decode("latin-1"),
