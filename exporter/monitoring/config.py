@@ -84,7 +84,7 @@ class MonitoringConfig:
     alerts: tuple[tuple[str, AlertSettings], ...]
     extra_alert_labels: tuple[tuple[str, str], ...]
     dashboard: DashboardSettings
-    probe: ProbeSettings = ProbeSettings(measure_below=0.65, ship_speedup=1.3)  # the loader always sets it
+    probe: ProbeSettings
     profile: str | None = None
 
     def level_labels(self, level: str | None = None) -> tuple[str, ...]:
