@@ -390,19 +390,33 @@ def parse_proxy(data: Any, targets: tuple[TargetConfig, ...], flags: Mapping[str
     upstream = section.get("upstream") or api_base(next(t.url for t in targets if t.name == target))
     if not isinstance(upstream, str) or not re.fullmatch(r"http://[^/@\s]+/?", upstream):
         raise ConfigError(f"proxy.upstream: expected http://host:port (the tap relays plain HTTP), got {upstream!r}")
-    edges = section.get("temperature_bands", [0.3, 0.7])
+    # Absent keys keep ProxyConfig's defaults (one copy of them).
+    options: dict[str, Any] = {}
+    if "temperature_bands" in section:
+        options["temperature_bands"] = _temperature_bands(section["temperature_bands"])
+    if "workload_header" in section:
+        options["workload_header"] = _header_name(section["workload_header"])
+    if "max_workloads" in section:
+        options["max_workloads"] = _int(section["max_workloads"], "proxy.max_workloads", 1)
+    for key, allow_zero in (("connect_timeout", False), ("drain_timeout", True)):
+        if key in section:
+            options[key] = parse_duration(section[key], f"proxy.{key}", allow_zero=allow_zero)
+    return ProxyConfig(listen, upstream.rstrip("/"), str(target), **options)
+
+
+def _temperature_bands(edges: Any) -> tuple[float, ...]:
     if not isinstance(edges, list) or not edges:
         raise ConfigError(f"proxy.temperature_bands: expected a list of increasing temperatures, got {edges!r}")
     bands = tuple(_number(e, f"proxy.temperature_bands[{i}]", 0, 10) for i, e in enumerate(edges))
     if list(bands) != sorted(set(bands)):
         raise ConfigError(f"proxy.temperature_bands: must increase, got {edges!r}")
-    header = section.get("workload_header", "x-workload")
+    return bands
+
+
+def _header_name(header: Any) -> str:
     if not isinstance(header, str) or not re.fullmatch(r"[A-Za-z0-9!#$%&'*+.^_`|~-]+", header):
         raise ConfigError(f"proxy.workload_header: expected an HTTP header name, got {header!r}")
-    return ProxyConfig(listen, upstream.rstrip("/"), str(target), header,
-                       _int(section.get("max_workloads", 10), "proxy.max_workloads", 1),
-                       bands, parse_duration(section.get("connect_timeout", "3s"), "proxy.connect_timeout"),
-                       parse_duration(section.get("drain_timeout", "20s"), "proxy.drain_timeout", allow_zero=True))
+    return header
 
 
 def load_monitoring(data: Mapping[str, Any], monitoring_file: str | None) -> tuple[str | None,
