@@ -7,6 +7,7 @@ Every function returns None when its inputs cannot support an answer (no request
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 import operator
@@ -24,6 +25,17 @@ class Histogram(NamedTuple):
     bounds: tuple[float, ...]
     counts: Sequence[float]
     total: float
+
+    @classmethod
+    def empty(cls, bounds: tuple[float, ...]) -> Histogram:
+        """No observations yet over ``bounds`` (+Inf added)."""
+        return cls((*bounds, math.inf), (0,) * (len(bounds) + 1), 0.0)
+
+    def observed(self, value: float) -> Histogram:
+        """This histogram with one more observation (a new one: a scrape may hold this one)."""
+        first = bisect.bisect_left(self.bounds, value)
+        return Histogram(self.bounds, (*self.counts[:first], *(c + 1 for c in self.counts[first:])),
+                         self.total + value)
 
     @property
     def observations(self) -> float:

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from exporter.latency import Histogram
 from exporter.tap.model import TapRequest, TapResult
 
 ACCEPTANCE_BUCKETS: tuple[float, ...] = tuple(round(0.05 * i, 2) for i in range(1, 21))  # 0.05 … 1.0
@@ -47,27 +48,6 @@ def acceptance_band(alpha: float, edges: Sequence[float]) -> str:
     low = "0" if index == 0 else f"{edges[index - 1]:g}"
     high = "1" if index == len(edges) else f"{edges[index]:g}"
     return f"{low}-{high}"
-
-
-class Histogram(NamedTuple):
-    """Cumulative per bucket bound (+Inf last), sum. Immutable: a scrape may hold the previous one."""
-
-    bounds: tuple[float, ...]
-    counts: tuple[int, ...]
-    total: float
-
-    @classmethod
-    def empty(cls, bounds: tuple[float, ...]) -> Histogram:
-        return cls((*bounds, math.inf), (0,) * (len(bounds) + 1), 0.0)
-
-    def observed(self, value: float) -> Histogram:
-        first = bisect.bisect_left(self.bounds, value)
-        return Histogram(self.bounds, self.counts[:first] + tuple(c + 1 for c in self.counts[first:]),
-                         self.total + value)
-
-    @property
-    def observations(self) -> int:
-        return self.counts[-1]
 
 
 class BandKey(NamedTuple):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from exporter import latency, request_stats
+from exporter import latency
 from exporter.collection import HistoryPoint, TargetView
 from exporter.config import Config
 from exporter.derive import WindowStats
@@ -155,20 +155,12 @@ NOT_ENABLED_HINT = ("vLLM returns no per-request spec-decode metrics: start it w
                     "which it adds itself")
 
 
-def _pooled(histograms: list[request_stats.Histogram]) -> request_stats.Histogram | None:
-    if not histograms:
-        return None
-    counts = tuple(sum(column) for column in zip(*(h.counts for h in histograms), strict=True))
-    return request_stats.Histogram(histograms[0].bounds, counts, sum(h.total for h in histograms))
-
-
-def _distribution_json(histogram: request_stats.Histogram | None, page: float) -> dict[str, Any] | None:
+def _distribution_json(histogram: latency.Histogram | None, page: float) -> dict[str, Any] | None:
     if histogram is None or not histogram.observations:
         return None
-    as_latency = latency.Histogram(histogram.bounds, [float(c) for c in histogram.counts], histogram.total)
     below = [i for i, bound in enumerate(histogram.bounds) if bound <= page]
-    return {"requests": histogram.observations, "p10": _round(latency.quantile(0.1, as_latency)),
-            "p50": _round(latency.quantile(0.5, as_latency)),
+    return {"requests": int(histogram.observations), "p10": _round(latency.quantile(0.1, histogram)),
+            "p50": _round(latency.quantile(0.5, histogram)),
             "share_below_page_threshold": _round(histogram.counts[below[-1]] / histogram.observations) if below
             else 0.0,
             "buckets": list(histogram.bounds[:-1]), "cumulative_counts": list(histogram.counts[:-1])}
@@ -188,7 +180,7 @@ def requests_json(view: RequestsView, page_threshold: float) -> dict[str, Any]:
         reasons[reason] = reasons.get(reason, 0) + count
     return {
         "bands": bands,
-        "models": {model: _distribution_json(_pooled([t.acceptance for k, t in view.bands.items()
+        "models": {model: _distribution_json(latency.pooled([t.acceptance for k, t in view.bands.items()
                                                        if k.model_name == model]), page_threshold)
                    for model in models},
         "without_spec_metrics": reasons,
