@@ -112,6 +112,32 @@ class Engine(Protocol):
     def new_decoder(self, options: DecoderOptions) -> Decoder: ...
 
 
+class PositionLines:
+    """Which line holds each draft position's counter (the per-position family, label ``position`` = 0…k−1, of
+    one series), gathered line by line; the first line of a position counts, like a scrape would."""
+
+    def __init__(self) -> None:
+        self._line_of: dict[int, int] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._line_of)
+
+    def add(self, index: int, sample: Sample) -> str | None:
+        """Takes line ``index``, or says why its position label is not a position."""
+        position = sample.label("position")
+        if position is None or not position.isdigit():
+            return f"{sample.name} has position label {position!r}"
+        self._line_of.setdefault(int(position), index)
+        return None
+
+    def slots(self) -> tuple[int, ...] | str:
+        """The lines of positions 0…k−1 in order (none when the family is absent), or why they cannot be read."""
+        k = max(self._line_of, default=-1) + 1
+        if len(self._line_of) != k:
+            return f"position series have gaps ({sorted(self._line_of)})"
+        return tuple(self._line_of[i] for i in range(k))
+
+
 SeriesKeyValues = tuple[str | None, ...]
 
 

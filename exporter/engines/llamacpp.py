@@ -24,7 +24,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from exporter.engines.base import DecodeResult, DecoderOptions, FetchTiming, SeriesReading, known_layout_values
+from exporter.engines.base import (
+    DecodeResult,
+    DecoderOptions,
+    FetchTiming,
+    PositionLines,
+    SeriesReading,
+    known_layout_values,
+)
 from exporter.parse import Sample, Selection, is_finite_count
 
 DRAFT_TOKENS = "llamacpp:spec_decode_num_draft_tokens_total"
@@ -46,23 +53,19 @@ class _Layout:
 
 def _layout(heads: tuple[str, ...], samples: Sequence[Sample]) -> _Layout | str:
     first: dict[str, int] = {}
-    per_position: dict[int, int] = {}
+    positions = PositionLines()
     for index, sample in enumerate(samples):
-        if sample.name == PER_POSITION:
-            position = sample.label("position")
-            if position is None or not position.isdigit():
-                return f"{PER_POSITION} has position label {position!r}"
-            per_position.setdefault(int(position), index)
-        else:
+        if sample.name != PER_POSITION:
             first.setdefault(sample.name, index)
+        elif (bad := positions.add(index, sample)) is not None:
+            return bad
     missing = [name for name in (DRAFT_TOKENS, ACCEPTED, DRAFTS) if name not in first]
     if missing:
         return f"counter missing: {', '.join(missing)}"
-    k = max(per_position, default=-1) + 1
-    if len(per_position) != k:
-        return f"position series have gaps ({sorted(per_position)})"
-    return _Layout(heads, first[DRAFT_TOKENS], first[ACCEPTED], first[DRAFTS],
-                   tuple(per_position[i] for i in range(k)))
+    slots = positions.slots()
+    if isinstance(slots, str):
+        return slots
+    return _Layout(heads, first[DRAFT_TOKENS], first[ACCEPTED], first[DRAFTS], slots)
 
 
 class LlamaCppDecoder:

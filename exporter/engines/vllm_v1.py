@@ -12,6 +12,7 @@ from exporter.engines.base import (
     DecoderOptions,
     FetchTiming,
     LatencyReading,
+    PositionLines,
     SeriesGrouper,
     SeriesReading,
     known_layout_values,
@@ -100,7 +101,7 @@ def _slots(model_name: str | None, engine: str | None, group: list[tuple[int, Sa
     """Which line holds which counter of one series, or why the series cannot be read (from names and
     labels alone, so it holds for every scrape with the same layout)."""
     first: dict[str, int] = {}
-    per_position: dict[int, int] = {}
+    positions = PositionLines()
     buckets: dict[str, dict[float, int]] = {}
     created: int | None = None
     for index, sample in group:
@@ -108,10 +109,8 @@ def _slots(model_name: str | None, engine: str | None, group: list[tuple[int, Sa
         if name.endswith(CREATED_SUFFIX):
             created = index  # any change of _created means the engine restarted
         elif name == PER_POSITION:
-            position = sample.label("position")
-            if position is None or not position.isdigit():
-                return f"{name} has position label {position!r}"
-            per_position[int(position)] = index
+            if (bad := positions.add(index, sample)) is not None:
+                return bad
         elif name.endswith("_bucket"):
             bound = _bound(sample)
             if bound is not None:
@@ -120,16 +119,13 @@ def _slots(model_name: str | None, engine: str | None, group: list[tuple[int, Sa
             first.setdefault(name, index)  # a duplicate series: keep the first, like a scrape would
     latency = _latency_slots(first, buckets)
     has_tokens = DRAFT_TOKENS in first and ACCEPTED in first
-    if not has_tokens and (latency is None or SPEC_NAMES & first.keys() or per_position):
+    if not has_tokens and (latency is None or SPEC_NAMES & first.keys() or positions):
         return "draft or accepted token counter missing"
-    positions: tuple[int, ...] = ()
-    if per_position:
-        k = max(per_position) + 1
-        if len(per_position) != k:
-            return f"position series have gaps ({sorted(per_position)})"
-        positions = tuple(per_position[i] for i in range(k))
+    position_slots = positions.slots()
+    if isinstance(position_slots, str):
+        return position_slots
     return _Slots(model_name, engine, first.get(DRAFT_TOKENS), first.get(ACCEPTED), first.get(DRAFTS), created,
-                  positions, latency)
+                  position_slots, latency)
 
 
 def _unusable_value(group: list[tuple[int, Sample]]) -> str | None:
