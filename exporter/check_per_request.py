@@ -23,6 +23,7 @@ import httpx
 
 from exporter.config import api_base
 from exporter.discover import served_model
+from exporter.probe.client import error_message
 
 SPEC_FLAG = "--per-request-spec-decode-metrics summary"
 TIMINGS_FLAG = "--enable-per-request-metrics"
@@ -82,17 +83,6 @@ def classify(document: Any, model: str) -> PerRequestFinding:
         "(--proxy.listen-address) can record per-request α and speed.")
 
 
-def _error_message(body: bytes) -> str:
-    """The OpenAI error's message, if the body is one (vLLM names the problem there: an unknown model, …)."""
-    try:
-        document = json.loads(body)
-    except ValueError:
-        return ""
-    error = document.get("error") if isinstance(document, dict) else None
-    message = error.get("message") if isinstance(error, dict) else None
-    return f": {' '.join(str(message).split())[:160]}" if message else ""
-
-
 async def _post(client: httpx.AsyncClient, url: str, payload: Mapping[str, Any], timeout: float
                 ) -> tuple[int, bytes]:
     """(status, body) of one POST, the body capped at MAX_RESPONSE_BYTES (ValueError beyond)."""
@@ -126,7 +116,7 @@ async def send_test_completion(metrics_url: str, timeout: float) -> PerRequestFi
         except (OSError, ValueError) as exc:
             return failed(str(exc) or type(exc).__name__)
     if status != 200:
-        return failed(f"HTTP {status}{_error_message(body)}")
+        return failed(f"HTTP {status}: {error_message(body)}")
     try:
         document = json.loads(body)
     except ValueError:
