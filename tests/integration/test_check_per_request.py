@@ -194,11 +194,13 @@ def test_a_response_without_metrics_names_both_flags() -> None:
         (Answer(body=b"<html>502 Bad Gateway</html>", content_type="text/html"), None, "the answer is not JSON"),
         (Answer(body=b"[1, 2]"), None, "not a completion response"),
         (Answer.fixture("error_unknown_model.json", 404), None, "HTTP 404: The model `no-such-model` does not exist"),
+        (Answer(503, b"upstream connect error\n  or disconnect", "text/plain"), None,
+         "HTTP 503: upstream connect error or disconnect"),
         (Answer(drop_connection=True), None, "RemoteProtocolError"),
         (Answer(body=b"{}", delay=3.0), None, "no answer within 1s"),
         (Answer.fixture("completion_nonstream.json"), Answer(404, b"not found"), "no model to ask"),
     ],
-    ids=["not-json", "json-array", "http-404", "connection-dropped", "timeout", "no-model-list"],
+    ids=["not-json", "json-array", "http-404", "http-503-text", "connection-dropped", "timeout", "no-model-list"],
 )
 def test_a_bad_answer_is_one_line_and_exit_1(completion: Answer, models: Answer | None, why: str) -> None:
     with FakeVllm(completion=completion, **({"models": models} if models else {})) as api:
