@@ -19,7 +19,6 @@ from exporter.monitoring.promql import quantile_name
 from exporter.request_stats import RequestsView
 from exporter.series import SeriesView, WindowView
 from exporter.simulator.exposition import go_float
-from exporter.store import INTERVAL_BUCKETS
 from exporter.tap import TapStats
 
 Labels = dict[str, str]
@@ -136,7 +135,7 @@ def add_series(families: Families, view: TargetView, series: SeriesView) -> None
     if totals.draft_tokens is not None:
         histogram = series.histogram
         families.histogram(m.INTERVAL_ACCEPTANCE, labels,
-                           [*zip(INTERVAL_BUCKETS, histogram.bucket_counts, strict=True),
+                           [*zip(m.ACCEPTANCE_RATIO_BUCKETS, histogram.bucket_counts, strict=True),
                             (math.inf, histogram.observations)], histogram.sum)
         judgement = series.judgement
         families.add(m.VERDICT, {**labels, "window": series.verdict_window or "",

@@ -9,6 +9,9 @@ WINDOWED_NOTE = (
     " Computed by the sidecar from its own collections (every --collect.interval), not at scrape time."
 )
 SERIES_LABELS = ("target", "model_name", "engine")
+# The le bounds of both α histograms (per collection interval and per request): every 0.05, so the page's 0.5 is a
+# bound and a rule can count what falls below it exactly.
+ACCEPTANCE_RATIO_BUCKETS: tuple[float, ...] = tuple(round(0.05 * i, 2) for i in range(1, 21))
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from exporter.latency import Histogram
+from exporter.metrics import ACCEPTANCE_RATIO_BUCKETS
 from exporter.tap.model import TapRequest, TapResult
 
-ACCEPTANCE_BUCKETS: tuple[float, ...] = tuple(round(0.05 * i, 2) for i in range(1, 21))  # 0.05 … 1.0
 LENGTH_BUCKETS: tuple[float, ...] = (1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 8.0, 10.0)
 SPEED_BUCKETS: tuple[float, ...] = (1, 2, 5, 10, 20, 30, 50, 75, 100, 150, 200, 300, 500, 1000)
 UNSET = "unset"
@@ -61,7 +61,7 @@ class BandTotals:
     requests: int = 0
     draft_tokens: float = 0.0
     accepted_tokens: float = 0.0
-    acceptance: Histogram = field(default_factory=lambda: Histogram.empty(ACCEPTANCE_BUCKETS))
+    acceptance: Histogram = field(default_factory=lambda: Histogram.empty(ACCEPTANCE_RATIO_BUCKETS))
     mean_length: Histogram = field(default_factory=lambda: Histogram.empty(LENGTH_BUCKETS))
 
     def frozen(self) -> BandTotals:

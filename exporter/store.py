@@ -15,9 +15,7 @@ from typing import NamedTuple
 from exporter import latency
 from exporter.engines.base import LatencyReading, SeriesReading
 from exporter.latency import Histogram
-
-# Upper bounds of specdecode_interval_acceptance_ratio: 0.05, 0.10, … 1.0 (+Inf is implied).
-INTERVAL_BUCKETS: tuple[float, ...] = tuple(round(0.05 * i, 2) for i in range(1, 21))
+from exporter.metrics import ACCEPTANCE_RATIO_BUCKETS
 
 
 class SeriesKey(NamedTuple):
@@ -144,13 +142,13 @@ class IntervalHistogram(NamedTuple):
     """Cumulative histogram of per-interval α; monotonic for the life of the sidecar. Immutable, so a view can
     hold the series' current histogram without copying it."""
 
-    bucket_counts: tuple[int, ...] = (0,) * len(INTERVAL_BUCKETS)
+    bucket_counts: tuple[int, ...] = (0,) * len(ACCEPTANCE_RATIO_BUCKETS)
     observations: int = 0
     sum: float = 0.0
 
     def observed(self, value: float) -> IntervalHistogram:
         """This histogram with one more observation."""
-        first = bisect.bisect_left(INTERVAL_BUCKETS, value)  # the buckets from here on contain it
+        first = bisect.bisect_left(ACCEPTANCE_RATIO_BUCKETS, value)  # the buckets from here on contain it
         counts = self.bucket_counts
         return IntervalHistogram(counts[:first] + tuple([c + 1 for c in counts[first:]]), self.observations + 1,
                                  self.sum + value)

@@ -29,7 +29,6 @@ from exporter.monitoring.promql import (
     share_below,
     tpot_mean,
 )
-from exporter.request_stats import ACCEPTANCE_BUCKETS as REQUEST_BUCKETS
 from exporter.scrape import FailureReason
 
 Rule = dict[str, Any]
@@ -117,7 +116,7 @@ BAND_LABELS = ("workload", "temperature")
 
 def below_page_bound(cfg: MonitoringConfig) -> float:
     """The per-request histogram's bucket bound the page threshold falls on (buckets every 0.05)."""
-    return max(b for b in REQUEST_BUCKETS if b <= cfg.thresholds.page_acceptance_ratio + 1e-9)
+    return max(b for b in m.ACCEPTANCE_RATIO_BUCKETS if b <= cfg.thresholds.page_acceptance_ratio + 1e-9)
 
 
 def request_quantile_record(cfg: MonitoringConfig) -> str:

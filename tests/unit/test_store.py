@@ -7,7 +7,8 @@ from typing import NamedTuple
 import pytest
 
 from exporter.engines.base import SeriesReading
-from exporter.store import INTERVAL_BUCKETS, SeriesKey, SeriesState, Store, counter_increase
+from exporter.metrics import ACCEPTANCE_RATIO_BUCKETS
+from exporter.store import SeriesKey, SeriesState, Store, counter_increase
 
 
 class Delta(NamedTuple):
@@ -138,7 +139,7 @@ def test_interval_histogram_observes_each_interval_alpha() -> None:
     hist = state.histogram
     assert hist.observations == 2
     assert hist.sum == pytest.approx(1.0)
-    counts = dict(zip(INTERVAL_BUCKETS, hist.bucket_counts, strict=True))
+    counts = dict(zip(ACCEPTANCE_RATIO_BUCKETS, hist.bucket_counts, strict=True))
     assert counts[0.25] == 0
     assert counts[0.3] == 1
     assert counts[0.65] == 1
