@@ -20,17 +20,24 @@ def models_url(metrics_url: str) -> str:
     return api_base(metrics_url) + "/v1/models"
 
 
-def first_model_id(body: bytes) -> str | None:
-    """``data[0].id`` of an OpenAI model list, or None when the body is not one."""
+def model_ids(body: bytes) -> list[str] | None:
+    """The ``data[].id`` of an OpenAI model list, in its order (entries without a name left out); None when the
+    body is not a model list."""
     try:
         document = json.loads(body)
     except ValueError:
         return None
     data = document.get("data") if isinstance(document, dict) else None
-    if not isinstance(data, list) or not data or not isinstance(data[0], dict):
+    if not isinstance(data, list):
         return None
-    model = data[0].get("id")
-    return model if isinstance(model, str) and model else None
+    ids = (entry.get("id") for entry in data if isinstance(entry, dict))
+    return [model for model in ids if isinstance(model, str) and model]
+
+
+def first_model_id(body: bytes) -> str | None:
+    """The first model of an OpenAI model list (vLLM serves one), or None when there is none."""
+    ids = model_ids(body)
+    return ids[0] if ids else None
 
 
 async def served_model(client: httpx.AsyncClient, metrics_url: str, timeout: float, bearer_token: str | None,

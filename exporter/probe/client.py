@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 
+from exporter.discover import model_ids
 from exporter.engines.vllm_v1 import ACCEPTED, DRAFT_TOKENS, DRAFTS, PER_POSITION, RUNNING, WAITING
 from exporter.parse import ParseError, select_samples
 from exporter.probe.measure import Counters, RequestResult, client_tpot, request_spec, server_tpot
@@ -81,11 +82,9 @@ async def served_models(client: httpx.AsyncClient, base: str) -> list[str]:
         raise _unreachable(base, exc) from None
     if response.status_code != 200:
         raise ProbeFault(f"{url} answered HTTP {response.status_code}: not an OpenAI-compatible server (vLLM)?")
-    try:
-        data = response.json().get("data")
-        names = [str(m["id"]) for m in data if isinstance(m, Mapping) and "id" in m]
-    except (ValueError, AttributeError, TypeError):
-        raise ProbeFault(f"{url}: not a model list (is this an OpenAI-compatible server?)") from None
+    names = model_ids(response.content)
+    if names is None:
+        raise ProbeFault(f"{url}: not a model list (is this an OpenAI-compatible server?)")
     if not names:
         raise ProbeFault(f"{url} lists no model")
     return names

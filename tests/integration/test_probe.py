@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -208,6 +209,37 @@ def test_faults_are_one_line() -> None:
                        f"model 'nope' is not served at {url} (served: {MODEL})")
         one_line_fault(run_cli("--url", url, "--baseline-url", f"http://127.0.0.1:{free_port()}"),
                        "cannot reach")
+
+
+@contextlib.contextmanager
+def model_list_server(body: bytes) -> Iterator[str]:
+    """An HTTP server whose /v1/models answers ``body`` (200, JSON), on a free loopback port."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_server_without_a_model_list_or_with_no_model_is_one_line() -> None:
+    with model_list_server(b"<html>not an API</html>") as url:
+        one_line_fault(run_cli("--url", url), f"{url}/v1/models: not a model list")
+    with model_list_server(b'{"object": "list", "data": []}') as url:
+        one_line_fault(run_cli("--url", url), f"{url}/v1/models lists no model")
 
 
 def test_bad_flags_and_the_total_request_cap_exit_2_before_any_request() -> None:
