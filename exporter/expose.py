@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import platform
 from collections.abc import Callable, Iterable, Iterator
 from importlib.metadata import PackageNotFoundError, version
@@ -135,8 +134,7 @@ def add_series(families: Families, view: TargetView, series: SeriesView) -> None
     if totals.draft_tokens is not None:
         histogram = series.histogram
         families.histogram(m.INTERVAL_ACCEPTANCE, labels,
-                           [*zip(m.ACCEPTANCE_RATIO_BUCKETS, histogram.bucket_counts, strict=True),
-                            (math.inf, histogram.observations)], histogram.sum)
+                           zip(histogram.bounds, histogram.counts, strict=True), histogram.total)
         judgement = series.judgement
         families.add(m.VERDICT, {**labels, "window": series.verdict_window or "",
                                  "verdict": judgement.verdict.value, "basis": judgement.basis}, 1.0)

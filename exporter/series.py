@@ -18,9 +18,9 @@ from exporter.derive import (
     span_stats,
     speedup_by_length,
 )
-from exporter.latency import BaselineLatency, LatencyStats, ObservedSpeedup
+from exporter.latency import BaselineLatency, Histogram, LatencyStats, ObservedSpeedup
 from exporter.metrics import MetricSpec
-from exporter.store import IntervalHistogram, SeriesKey, SeriesState, Totals, WindowSpan, optional_minus
+from exporter.store import SeriesKey, SeriesState, Totals, WindowSpan, optional_minus
 from exporter.verdict import Evidence, Judgement, judge
 
 # A baseline for a model over a window (the collector knows the control target or the configured figures).
@@ -40,7 +40,7 @@ class WindowView(NamedTuple):  # built per series × window per collection: a Na
 class SeriesView(NamedTuple):
     key: SeriesKey
     totals: Totals
-    histogram: IntervalHistogram
+    histogram: Histogram  # per-interval α (specdecode_interval_acceptance_ratio)
     windows: tuple[WindowView, ...]
     num_speculative_tokens: int | None
     reported: tuple[tuple[MetricSpec, float], ...]  # the engine's own figures, passed through

@@ -138,23 +138,9 @@ def add_reading(totals: Totals, previous: SeriesReading | None, current: SeriesR
     )
 
 
-class IntervalHistogram(NamedTuple):
-    """Cumulative histogram of per-interval α; monotonic for the life of the sidecar. Immutable, so a view can
-    hold the series' current histogram without copying it."""
-
-    bucket_counts: tuple[int, ...] = (0,) * len(ACCEPTANCE_RATIO_BUCKETS)
-    observations: int = 0
-    sum: float = 0.0
-
-    def observed(self, value: float) -> IntervalHistogram:
-        """This histogram with one more observation."""
-        first = bisect.bisect_left(ACCEPTANCE_RATIO_BUCKETS, value)  # the buckets from here on contain it
-        counts = self.bucket_counts
-        return IntervalHistogram(counts[:first] + tuple([c + 1 for c in counts[first:]]), self.observations + 1,
-                                 self.sum + value)
-
-
-NO_OBSERVATIONS = IntervalHistogram()
+# The per-interval α histogram before any interval with drafts; it grows for the life of the sidecar. Immutable,
+# so a view can hold the series' current one without copying it.
+NO_OBSERVATIONS = Histogram.empty(ACCEPTANCE_RATIO_BUCKETS)
 RING_RESOLUTION = 60  # an old snapshot is kept when it is ≥ 1/60 of its age after the one kept before it
 THIN_EVERY = 12  # snapshots appended between two thinnings (once a minute at 5 s)
 
@@ -172,7 +158,7 @@ class SeriesState:
     totals: Totals = field(default_factory=Totals)
     times: list[float] = field(default_factory=list)
     snapshots: list[Totals] = field(default_factory=list)
-    histogram: IntervalHistogram = NO_OBSERVATIONS
+    histogram: Histogram = NO_OBSERVATIONS  # per-interval α
     last_seen: float = 0.0
     restarts: int = 0
     appended_since_thinning: int = 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import pytest
@@ -138,8 +139,9 @@ def test_interval_histogram_observes_each_interval_alpha() -> None:
     state.update(reading(300.0, 150.0), 15.0, 3600)  # no drafts: no observation
     hist = state.histogram
     assert hist.observations == 2
-    assert hist.sum == pytest.approx(1.0)
-    counts = dict(zip(ACCEPTANCE_RATIO_BUCKETS, hist.bucket_counts, strict=True))
+    assert hist.total == pytest.approx(1.0)
+    assert hist.bounds == (*ACCEPTANCE_RATIO_BUCKETS, math.inf)
+    counts = dict(zip(hist.bounds, hist.counts, strict=True))
     assert counts[0.25] == 0
     assert counts[0.3] == 1
     assert counts[0.65] == 1
