@@ -115,9 +115,6 @@ the page threshold {status['page_threshold']:g}, marginal between (or with a tai
 """
 
 
-
-
-
 def requests_rows(target: dict[str, Any], page_threshold: float) -> str:
     """The request tap's part of a target: the per-request α distribution per model as bars (red below the page
     threshold), α per workload and temperature band, and what is missing and why."""

@@ -33,7 +33,6 @@ FakeClock = ManualClock
 Key = tuple[str, frozenset[tuple[str, str]]]
 
 
-
 def require_tool(path: str | None, what: str, install: str = "scripts/install-tools.sh") -> str:
     """The tool's path. Without it the test is skipped here and fails in CI, where `make test` installs it."""
     if path is None:

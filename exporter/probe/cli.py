@@ -32,8 +32,6 @@ tokens/s per temperature and prompt group against a running server, and with --b
 (baseline TPOT / TPOT) against a server without spec decode; a verdict per row. Details: docs/probe.md."""
 
 
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = DESCRIPTION
     add = parser.add_argument
@@ -76,8 +74,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--monitoring.config-file", dest="monitoring_config_file", metavar="FILE",
         help="the monitoring config whose bands the verdict reads (thresholds.page_acceptance_ratio, "
              "probe.measure_below, probe.ship_speedup), merged onto the shipped one")
-
-
 
 
 def _integer(flag: str, raw: str, low: int, high: int) -> int:

@@ -65,10 +65,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             help=f"{help_} [${env}]")
 
 
-
-
-
-
 def _opt(args: argparse.Namespace, flag: str) -> str | None:
     value = getattr(args, dest_name(flag), None)
     return None if value is None or value == "" else str(value)

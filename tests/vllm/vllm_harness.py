@@ -96,8 +96,6 @@ def vllm_required() -> bool:
     return (ci not in ("", "0", "false", "no")) or os.environ.get("SPECDECODE_REQUIRE_VLLM") == "1"
 
 
-
-
 @dataclass
 class VllmServer:
     """One vLLM OpenAI API server, started and stopped by devtools.procs (its own process group)."""
