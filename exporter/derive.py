@@ -60,19 +60,26 @@ def acceptance_ratio(accepted_tokens: float, draft_tokens: float) -> float | Non
     return _unit(accepted_tokens / draft_tokens)
 
 
-def mean_acceptance_length(accepted_tokens: float, drafts: float | None) -> float | None:
-    """Tokens produced per verification step, bonus token included (vLLM's definition): 1 + accepted/drafts."""
+def per_draft(tokens: float, drafts: float | None) -> float | None:
+    """Tokens per draft; None without drafts, and None where the quotient overflows (a nonsense count of drafts,
+    e.g. 1e-300 from a broken exposition, must not become an infinite length or a NaN speedup)."""
     if drafts is None or drafts <= 0:
         return None
-    accepted_per_draft = accepted_tokens / drafts
+    quotient = tokens / drafts
+    return quotient if math.isfinite(quotient) else None
+
+
+def mean_acceptance_length(accepted_tokens: float, drafts: float | None) -> float | None:
+    """Tokens produced per verification step, bonus token included (vLLM's definition): 1 + accepted/drafts."""
+    accepted_per_draft = per_draft(accepted_tokens, drafts)
+    if accepted_per_draft is None:
+        return None
     return 1.0 + accepted_per_draft if accepted_per_draft > 0.0 else 1.0
 
 
 def mean_draft_length(draft_tokens: float, drafts: float | None) -> float | None:
     """k̄: drafted tokens per draft (below k when e.g. ngram lookups come up short)."""
-    if drafts is None or drafts <= 0:
-        return None
-    return draft_tokens / drafts
+    return per_draft(draft_tokens, drafts)
 
 
 def position_acceptance_ratios(accepted_by_position: tuple[float, ...], drafts: float | None) -> tuple[float, ...]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from exporter.derive import (
@@ -132,3 +134,14 @@ def test_v0_window_uses_k_to_count_drafts() -> None:
     stats = counts_stats(10.0, 500.0, 350.0, None, (), CostModel(), 5)
     assert stats is not None
     assert stats.mean_acceptance_length == pytest.approx(1 + 350 / 100)
+
+
+def test_a_nonsense_count_of_drafts_gives_no_length_and_no_speedup_rather_than_inf_or_nan() -> None:
+    """Hypothesis found it: 51828 drafted tokens over 2.9e-304 drafts (a broken exposition) overflowed the
+    tokens per draft to inf, so the mean lengths were inf and the modelled speedup inf / inf = NaN."""
+    stats = counts_stats(60.0, 51828.0, 51828.0, 2.8830091738816112e-304, (), CostModel(0.1, 0.4), None)
+    assert stats is not None and stats.acceptance_ratio == 1.0
+    assert stats.mean_acceptance_length is None and stats.mean_draft_length is None
+    assert stats.expected_speedup is None
+    floats = [v for v in stats if isinstance(v, float)]
+    assert floats and all(math.isfinite(v) for v in floats), stats
