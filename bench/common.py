@@ -44,6 +44,12 @@ def interleaved(fns: dict[str, Callable[[], object]], *, rounds: int, number: di
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
+def markdown_table(header: list[str], rows: list[list[str]]) -> list[str]:
+    """The lines of a Markdown table."""
+    return ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|",
+            *("| " + " | ".join(row) + " |" for row in rows)]
+
+
 def proc_cpu_seconds(pid: int) -> float:
     """CPU seconds a process has run, threads included. utime + stime count whole clock ticks (10 ms), which a
     relay that spends a few ms in a short run rounds to 0; so live threads count the scheduler's nanoseconds

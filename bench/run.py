@@ -34,7 +34,7 @@ if str(ROOT) not in sys.path:
 
 from bench import collect, corpus, footprint, render, soak  # noqa: E402
 from bench import tap as tap_bench  # noqa: E402
-from bench.common import fmt_ms  # noqa: E402
+from bench.common import fmt_ms, markdown_table  # noqa: E402
 
 SECTIONS = ("collect", "render", "footprint", "scale", "soak", "tap")
 SECTION_HEADING = "## "
@@ -52,10 +52,8 @@ class Report:
         self.lines.append(text)
 
     def table(self, header: list[str], rows: list[list[str]]) -> None:
-        self.add("| " + " | ".join(header) + " |")
-        self.add("|" + "|".join("---" for _ in header) + "|")
-        for row in rows:
-            self.add("| " + " | ".join(row) + " |")
+        for line in markdown_table(header, rows):
+            self.add(line)
 
 
 def run_collect(rep: Report, rounds: int) -> dict[str, float]:
@@ -201,27 +199,7 @@ def run_tap(rep: Report, size: tap_bench.BenchSize) -> list[dict[str, Any]]:
             "added ≤ 1 ms at 64 streams; no stalls.\n")
     measured = tap_bench.run(size)
     rows = tap_bench.with_ratios(measured)
-
-    def ms(value: float | None) -> str:
-        return "—" if value is None else f"{value * 1e3:+.2f} ms"
-
-    def times(value: float | None) -> str:
-        return "—" if value is None else f"**{value:.2f}×**"
-
-    table = []
-    for r in rows:
-        relayed = r["variant"] != tap_bench.BASELINE
-        per_chunk = float(r["cpu_per_chunk"])
-        table.append([str(r["streams"]), str(r["variant"]), str(r["requests"]), str(r["events"]),
-                      f"{float(r['ttfb_p50']) * 1e3:.2f} ms", f"{float(r['ttfb_p99']) * 1e3:.2f} ms",
-                      ms(r["added_p99"]), times(r["ttfb_p99_vs_direct"]),
-                      f"{per_chunk * 1e6:.1f} µs" if relayed else "—", times(r["cpu_vs_floor"]),
-                      f"{per_chunk * 1e5:.1f} %" if relayed else "—",
-                      f"{float(r['proxy_rss_peak_mb']):.0f} MB" if relayed else "—",
-                      str(r["stalls"]), str(r["errors"]), f"{float(r['background_cores']):.2f} cores"])
-    rep.table(["streams", "variant", "requests", "chunks", "TTFB p50", "TTFB p99", "added p99 (≤ 1 ms at 64)",
-               "p99 vs direct", "relay CPU / chunk", "CPU / chunk vs raw relay", "% core per 1k chunks/s (≤ 2 %)",
-               "relay peak RSS", "stalls", "errors", "other load"], table)
+    rep.table(tap_bench.TABLE_HEADER, tap_bench.table_cells(rows))
     if size.rounds > 1:
         rep.add("\nEach round against its own round's baselines (lowest – highest over the rounds):\n")
         spans = tap_bench.round_ranges(measured)

@@ -46,7 +46,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.append(str(ROOT))
 
-from bench.common import CLK_TCK, free_port, proc_cpu_seconds, proc_rss_mb  # noqa: E402
+from bench.common import CLK_TCK, free_port, markdown_table, proc_cpu_seconds, proc_rss_mb  # noqa: E402
 
 INTERVAL = 0.005  # one SSE event per stream every 5 ms
 EVENTS_PER_STREAM = 100  # 0.5 s streams, so each connection measures many first bytes
@@ -480,24 +480,32 @@ def _measure(
     }
 
 
-def _table(rows: list[dict[str, Any]]) -> str:
-    lines = [
-        "| streams | variant | requests | chunks | TTFB p50 | TTFB p99 | added p50 | added p99 | "
-        "proxy CPU/chunk | proxy CPU | % core per 1k tok/s | stalls | other load |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    direct = {r["streams"]: r for r in rows if r["variant"] == "direct"}
+TABLE_HEADER = ["streams", "variant", "requests", "chunks", "TTFB p50", "TTFB p99", "added p99 (≤ 1 ms at 64)",
+                "p99 vs direct", "relay CPU / chunk", "CPU / chunk vs raw relay", "% core per 1k chunks/s (≤ 2 %)",
+                "relay peak RSS", "stalls", "errors", "other load"]
+
+
+def table_cells(rows: Sequence[dict[str, Any]]) -> list[list[str]]:
+    """The cells under TABLE_HEADER for ``rows`` as with_ratios gives them ("—" where a row has no baseline)."""
+
+    def ms(value: float | None) -> str:
+        return "—" if value is None else f"{value * 1e3:+.2f} ms"
+
+    def times(value: float | None) -> str:
+        return "—" if value is None else f"**{value:.2f}×**"
+
+    cells = []
     for r in rows:
-        base = direct[r["streams"]]
-        per_chunk = r["cpu_per_chunk"]
-        lines.append(
-            f"| {r['streams']} | {r['variant']} | {r['requests']} | {r['events']} | {r['ttfb_p50'] * 1e3:.2f} ms | "
-            f"{r['ttfb_p99'] * 1e3:.2f} ms | {(r['ttfb_p50'] - base['ttfb_p50']) * 1e3:+.2f} ms | "
-            f"{(r['ttfb_p99'] - base['ttfb_p99']) * 1e3:+.2f} ms | "
-            f"{per_chunk * 1e6:.1f} µs | {r['cpu_share'] * 100:.0f} % | {per_chunk * 1000 * 100:.1f} % | "
-            f"{r['stalls']} (direct {base['stalls']}) | {r['background_cores']:.2f} cores |"
-        )
-    return "\n".join(lines)
+        relayed = r["variant"] != BASELINE
+        per_chunk = float(r["cpu_per_chunk"])
+        cells.append([str(r["streams"]), str(r["variant"]), str(r["requests"]), str(r["events"]),
+                      f"{float(r['ttfb_p50']) * 1e3:.2f} ms", f"{float(r['ttfb_p99']) * 1e3:.2f} ms",
+                      ms(r["added_p99"]), times(r["ttfb_p99_vs_direct"]),
+                      f"{per_chunk * 1e6:.1f} µs" if relayed else "—", times(r["cpu_vs_floor"]),
+                      f"{per_chunk * 1e5:.1f} %" if relayed else "—",
+                      f"{float(r['proxy_rss_peak_mb']):.0f} MB" if relayed else "—",
+                      str(r["stalls"]), str(r["errors"]), f"{float(r['background_cores']):.2f} cores"])
+    return cells
 
 
 def main() -> None:
@@ -519,7 +527,7 @@ def main() -> None:
     size = BenchSize(tuple(int(s) for s in args.streams.split(",")), args.seconds, args.rounds, args.quiet_wait,
                      tuple(args.variants.split(",")))
     rows = run(size, lambda row: print(json.dumps(row), flush=True))
-    print(_table(_medians(rows)))
+    print("\n".join(markdown_table(TABLE_HEADER, table_cells(with_ratios(rows)))))
 
 
 def run(size: BenchSize, report: Callable[[dict[str, Any]], None] = lambda row: None) -> list[dict[str, Any]]:
