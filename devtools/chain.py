@@ -36,6 +36,7 @@ from devtools.procs import (
     start_process,
     tail,
 )
+from devtools.stack import Prometheus
 from exporter.monitoring import config as monitoring_config
 from exporter.monitoring.build import render_rules, sources
 from exporter.monitoring.config import MonitoringConfig, duration_seconds
@@ -238,6 +239,10 @@ class Chain:
     alertmanager: Process
     client: httpx.Client = field(default_factory=lambda: httpx.Client(trust_env=False, timeout=10))
     started: float = field(default_factory=time.time)  # when Prometheus became ready: its history starts here
+    api: Prometheus = field(init=False)  # Prometheus' HTTP API (devtools.stack), on this chain's client
+
+    def __post_init__(self) -> None:
+        self.api = Prometheus(self.prometheus, self.client)
 
     # --- the rules' own figures
     @property
@@ -273,13 +278,7 @@ class Chain:
 
     # --- Prometheus
     def query(self, expr: str, at: float | None = None) -> list[dict[str, Any]]:
-        params: dict[str, str] = {"query": expr}
-        if at is not None:
-            params["time"] = f"{at:.3f}"
-        body = self.client.get(self.prometheus.url + "/api/v1/query", params=params).json()
-        if body.get("status") != "success":
-            raise AssertionError(f"query {expr!r} failed: {body}")
-        return list(body["data"]["result"])
+        return self.api.query(expr, at)
 
     def scalar(self, expr: str) -> float | None:
         result = self.query(expr)
@@ -298,8 +297,7 @@ class Chain:
 
     def page_states(self) -> set[str]:
         """States ('pending', 'firing') of the page alert in Prometheus right now."""
-        body = self.client.get(self.prometheus.url + "/api/v1/alerts").json()
-        return {a["state"] for a in body["data"]["alerts"] if a["labels"].get("alertname") == PAGE_ALERT}
+        return {a["state"] for a in self.api.alerts(PAGE_ALERT)}
 
     def alert_transitions(self, since: float) -> dict[str, float]:
         """First timestamp of ALERTS{alertname=page, alertstate=pending|firing} since `since`."""
