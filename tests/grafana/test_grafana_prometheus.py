@@ -8,7 +8,6 @@ Needs the Debian `prometheus` binary (scripts/install-tools.sh): skipped without
 from __future__ import annotations
 
 import contextlib
-import itertools
 import math
 import threading
 import time
@@ -21,6 +20,7 @@ import pytest
 import yaml
 
 from devtools.procs import Process, exporter_command, free_port, prometheus_binary, running, tail
+from exporter.demo import send_traffic
 from tests.grafana.grafana_dashboard_helpers import (
     ROOT,
     all_selection,
@@ -84,18 +84,6 @@ def sidecar_config(spec_url: str, control_url: str) -> dict[str, Any]:
             "collect": {"interval": "1s"}, "windows": [f"{RECENT_S}s", "1m", "5m", "15m", "1h"]}
 
 
-def send_through_tap(tap_url: str, model: str, stop: threading.Event) -> None:
-    """Client traffic through the tap: two workloads, three temperatures, streamed and not."""
-    with httpx.Client(base_url=tap_url, timeout=10) as client:
-        for i in itertools.count():
-            if stop.wait(0.2):
-                return
-            body = {"model": model, "prompt": "hello", "max_tokens": 24, "temperature": (0.0, 0.5, 1.0)[i % 3],
-                    "stream": i % 2 == 0}
-            with contextlib.suppress(httpx.HTTPError):
-                client.post("/v1/completions", json=body, headers={"x-workload": ("chat", "code")[i % 2]})
-
-
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     prometheus = require_tool(prometheus_binary(), "prometheus (Debian package prometheus)")
@@ -130,7 +118,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn",
         ], tmp, "/-/ready"))
         model = wait_for_model(prom.url, (simulator, control, sidecar, prom))
-        traffic = threading.Thread(target=send_through_tap, args=(f"http://127.0.0.1:{tap_port}", model, stop),
+        traffic = threading.Thread(target=send_traffic, args=(f"http://127.0.0.1:{tap_port}", model, stop),
                                    daemon=True)
         traffic.start()
         traffic_started = time.monotonic()
