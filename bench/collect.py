@@ -15,14 +15,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench.common import FakeClock, interleaved, time_call
 from bench.corpus import Corpus, simulator_series
-from exporter.collection import TargetCollector
-from exporter.config import Config, TargetConfig, parse_windows
-from exporter.engines import ALL_PREFIXES, DecodeResult, FetchTiming
-from exporter.engines.vllm_v1 import ENGINE as V1
-from exporter.parse import Selection, select
-from exporter.scrape import FetchResult
-from exporter.simulator.exposition import render
-from exporter.store import Store
+from specdecode_exporter.pipeline.engines import ALL_PREFIXES, DecodeResult, FetchTiming
+from specdecode_exporter.pipeline.engines.vllm_v1 import ENGINE as V1
+from specdecode_exporter.pipeline.parse import Selection, select
+from specdecode_exporter.pipeline.scrape import FetchResult
+from specdecode_exporter.pipeline.store import Store
+from specdecode_exporter.sidecar.collection import TargetCollector
+from specdecode_exporter.sidecar.config import Config, TargetConfig, parse_windows
+from specdecode_exporter.simulator.exposition import render
 
 INTERVAL = 5.0
 WANTED = V1.prefixes  # every line the sidecar reads from a vLLM V1 exposition

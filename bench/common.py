@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 
 from devtools.procs import free_port as free_port  # re-exported: benches take it from here
-from exporter.simulator.clock import ManualClock
+from specdecode_exporter.simulator.clock import ManualClock
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 

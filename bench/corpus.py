@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from exporter.simulator import ModelSpec, Scenario, Simulator
-from exporter.simulator.exposition import render
+from specdecode_exporter.simulator import ModelSpec, Scenario, Simulator
+from specdecode_exporter.simulator.exposition import render
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"

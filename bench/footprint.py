@@ -45,7 +45,7 @@ class FootprintResult:
 
 def baseline_rss_mb() -> float:
     """RSS of a bare interpreter that imports what the sidecar imports (the part we cannot shrink)."""
-    code = ("import exporter.web, exporter.cli, uvicorn, httpx, sys;"
+    code = ("import specdecode_exporter.sidecar.web, specdecode_exporter.cli, uvicorn, httpx, sys;"
             "print(open('/proc/self/status').read().split('VmRSS:')[1].split()[0])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env(), cwd=ROOT,
                          check=True, timeout=60).stdout
@@ -93,7 +93,7 @@ import json, sys
 from bench import collect
 from bench.common import proc_rss_mb
 from bench.corpus import simulator_series
-from exporter.simulator.exposition import render
+from specdecode_exporter.simulator.exposition import render
 models, engines, k, collections = (int(a) for a in sys.argv[1:5])
 sim = simulator_series(models, engines, k, "v1")
 sim.advance(60.0)

@@ -16,7 +16,7 @@ from prometheus_client.registry import Collector
 from bench.collect import Pipeline, body_sequence
 from bench.common import interleaved
 from bench.procs import sidecar, static_server
-from exporter.expose import SpecDecodeCollector
+from specdecode_exporter.sidecar.expose import SpecDecodeCollector
 
 
 class _Static(Collector):

@@ -9,7 +9,7 @@
 With --only, the sections that were not run are kept as they are in the output file (results.md), so one
 section can be measured again without the others.
 
-To measure a change to exporter/ without touching the checkout, make it in a copy of the
+To measure a change to src/specdecode_exporter/ without touching the checkout, make it in a copy of the
 package and put that copy first: PYTHONPATH=/tmp/patched .venv/bin/python bench/run.py --only collect
 (the subprocesses the benches start inherit it).
 
@@ -30,7 +30,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
-    sys.path.append(str(ROOT))  # appended, so a PYTHONPATH with a patched exporter/ still wins
+    sys.path.append(str(ROOT))  # appended, so a PYTHONPATH with a patched src/specdecode_exporter/ still wins
 
 from bench import collect, corpus, footprint, render, soak  # noqa: E402
 from bench import tap as tap_bench  # noqa: E402
@@ -284,11 +284,11 @@ def main() -> int:
     if args.smoke and only != {"tap"}:
         parser.error("--smoke: only the tap section has a smoke size (use --only tap)")
     rep = Report()
-    import exporter.parse
+    import specdecode_exporter
 
     rep.add("# specdecode-exporter benchmarks\n")
     rep.add(f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC · Python {platform.python_version()} · "
-            f"{platform.machine()} · exporter from {Path(exporter.parse.__file__).parent.parent} · "
+            f"{platform.machine()} · exporter from {Path(specdecode_exporter.__file__).parent} · "
             f"{'smoke' if args.smoke else '--long' if args.long else 'quick'} run")
     started = time.perf_counter()
     pipeline_ms: dict[str, float] = {}

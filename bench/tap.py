@@ -18,8 +18,8 @@ connection's first request is reported apart, as ttfb_first_p50, in the JSON lin
 chunk (utime + stime from /proc over the load window / chunks received); stalls (a gap over 50 ms between two events
 of one stream, which the upstream sends 5 ms apart); the CPU other jobs used meanwhile.
 
-Variants: tap-uvloop (exporter.tap on uvloop: the design); raw-relay-uvloop (bytes relayed both ways, nothing
-parsed: the floor); tap-asyncio (exporter.tap on the default loop); aiohttp (client + server on uvloop; needs
+Variants: tap-uvloop (specdecode_exporter.tap on uvloop: the design); raw-relay-uvloop (bytes relayed both ways, nothing
+parsed: the floor); tap-asyncio (specdecode_exporter.tap on the default loop); aiohttp (client + server on uvloop; needs
 `pip install aiohttp`); httpx-starlette (httpx client + Starlette StreamingResponse on uvicorn with uvloop and
 httptools: the obvious FastAPI-style proxy). Results and discussion: docs/tap-design.md.
 """
@@ -166,7 +166,7 @@ class _CountingObserver:
 
 
 async def _serve_tap(port: int, upstream: str) -> None:
-    from exporter.tap import start_tap
+    from specdecode_exporter.tap import start_tap
 
     await start_tap("127.0.0.1", port, upstream, _CountingObserver())
     await asyncio.Event().wait()

@@ -37,10 +37,10 @@ from devtools.procs import (
     tail,
 )
 from devtools.stack import Prometheus
-from exporter.monitoring import config as monitoring_config
-from exporter.monitoring.build import render_rules, sources
-from exporter.monitoring.config import MonitoringConfig, duration_seconds
-from exporter.monitoring.rules import alpha_record
+from specdecode_exporter.core import monitoring_config
+from specdecode_exporter.core.monitoring_config import MonitoringConfig, duration_seconds
+from specdecode_exporter.monitoring.build import render_rules, sources
+from specdecode_exporter.monitoring.rules import alpha_record
 
 AM_EXAMPLE = ROOT / "alerts" / "alertmanager.example.yml"
 PROFILE = "e2e"
@@ -437,7 +437,8 @@ def interactive(args: argparse.Namespace) -> int:
             print("The chain is up (all on 127.0.0.1):")
             for name, url in chain.urls().items():
                 print(f"  {name:13} {url}")
-            print(f"Rules: python -m exporter.monitoring.build --profile {PROFILE} (page: {chain.alpha_record} < "
+            print(f"Rules: python -m specdecode_exporter.monitoring.build --profile {PROFILE} "
+                  f"(page: {chain.alpha_record} < "
                   f"{chain.page_threshold:g} for {chain.page_for_s:g}s); routing: {AM_EXAMPLE.relative_to(ROOT)}; "
                   f"files and logs in {chain.workdir}", flush=True)
             if args.manual:

@@ -68,7 +68,7 @@ def exporter_command() -> list[str]:
     cli = Path(sys.executable).parent / "specdecode-exporter"
     if cli.exists():
         return [str(cli)]
-    return [sys.executable, "-c", "import sys; from exporter.cli import main; sys.exit(main())"]
+    return [sys.executable, "-c", "import sys; from specdecode_exporter.cli import main; sys.exit(main())"]
 
 
 def child_env(extra: Mapping[str, str] | None = None, drop: tuple[str, ...] = ()) -> dict[str, str]:

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Create the project's virtual environment (.venv, or $VENV) and install the package with its test extras.
+# Create the project's virtual environment (.venv, or $VENV) with the package's dependencies and its test
+# extras, then install the package itself from a freshly built wheel (scripts/install-package.sh): the tests
+# always run against what users install, never against src/.
 # On a fresh Debian, python3 lacks ensurepip until python3-venv is installed: do that first when needed.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -25,6 +27,6 @@ if [ ! -x "$VENV/bin/python" ]; then
     fi
   fi
 fi
-"$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip
-"$VENV/bin/python" -m pip install -q --disable-pip-version-check -e "$ROOT[test]"
+"$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip "setuptools>=77" "build>=1.2"
+VENV="$VENV" bash "$ROOT/scripts/install-package.sh" --extras test
 echo "bootstrap-venv: $VENV ready ($("$VENV/bin/python" --version))"

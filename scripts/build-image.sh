@@ -8,13 +8,15 @@
 #                 for machines that reach Debian's packages but no container registry. Made once, then reused.
 #   --smoke       run the built image with podman the way Kubernetes runs the sidecar (read-only root
 #                 filesystem, uid 65532, all capabilities dropped, no-new-privileges) against the simulator
-#                 (also from the image), and check /healthz, the HEALTHCHECK, specdecode_up 1 and a windowed
-#                 specdecode_acceptance_ratio sample. Both containers are removed afterwards.
+#                 (also from the image), with the request tap on, and check from inside the sidecar's container:
+#                 /healthz, the HEALTHCHECK, specdecode_up 1, a windowed specdecode_acceptance_ratio, the status
+#                 page, and a completion through the tap (the client's answer as the simulator gives it, the
+#                 request counted). Both containers are removed afterwards. `make test` runs this.
 #   --tag IMAGE   image name (default localhost/specdecode-exporter:<version from pyproject.toml>)
 #
 # Needs: buildah (and debootstrap for --local-base, podman + runc for --smoke):
 #   scripts/install-deploy-tools.sh --image
-# Opt-in, not part of `make test`: it needs root, Debian packages and a few minutes.
+# Needs root and Debian's packages; the base is built once (a few minutes), then each build takes about 1.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -109,18 +111,24 @@ RESTRICTED=(--read-only --user 65532:65532 --cap-drop ALL --security-opt no-new-
 port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'; }
 SIM_PORT="$(port)"
 SIDECAR_PORT="$(port)"
+TAP_PORT="$(port)"
 
 sim="$(podman "${PODMAN_OPTS[@]}" run -d "${RESTRICTED[@]}" --no-healthcheck "$TAG" simulate \
-  --web.listen-address "127.0.0.1:$SIM_PORT" --acceptance-rate 0.7 --num-speculative-tokens 3)"
+  --web.listen-address "127.0.0.1:$SIM_PORT" --acceptance-rate 0.7 --num-speculative-tokens 3 --model-name tiny)"
 CONTAINERS+=("$sim")
 # --health-interval disable: no systemd timer here; the check is run once below with `podman healthcheck run`.
 sidecar="$(podman "${PODMAN_OPTS[@]}" run -d "${RESTRICTED[@]}" --health-interval disable \
   -e "SPECDECODE_WEB_LISTEN_ADDRESS=127.0.0.1:$SIDECAR_PORT" "$TAG" run \
-  --target "vllm=http://127.0.0.1:$SIM_PORT/metrics" --collect.interval 1s 2> >(grep -v 'systemd connection' >&2))"
+  --target "vllm=http://127.0.0.1:$SIM_PORT/metrics" --collect.interval 1s \
+  --proxy.listen-address "127.0.0.1:$TAP_PORT" 2> >(grep -v 'systemd connection' >&2))"
 CONTAINERS+=("$sidecar")
-log "simulator :$SIM_PORT, sidecar :$SIDECAR_PORT (read-only root, uid 65532, no capabilities)"
+log "simulator :$SIM_PORT, sidecar :$SIDECAR_PORT, tap :$TAP_PORT (read-only root, uid 65532, no capabilities)"
 
-fetch() { python3 -c 'import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1], timeout=3).read().decode())' "$1"; }
+# Every check runs inside the sidecar's container, with the image's own Python.
+fetch() {
+  podman "${PODMAN_OPTS[@]}" exec "$sidecar" python3 -c \
+    'import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1], timeout=3).read().decode())' "$1"
+}
 ok=0
 for _ in $(seq 1 60); do
   metrics="$(fetch "http://127.0.0.1:$SIDECAR_PORT/metrics" 2>/dev/null || true)"
@@ -138,6 +146,36 @@ fi
 podman "${PODMAN_OPTS[@]}" healthcheck run "$sidecar" >/dev/null \
   && log "HEALTHCHECK passed" || { echo "build-image: HEALTHCHECK failed" >&2; exit 1; }
 grep -E '^specdecode_(up|acceptance_ratio)\{' <<<"$metrics" | head -n 5
+grep -q 'α' <<<"$(fetch "http://127.0.0.1:$SIDECAR_PORT/")" && log "status page OK" \
+  || { echo "build-image: the status page shows no α" >&2; exit 1; }
+
+# The request tap: one completion through it and one straight to the simulator; the client gets the same kind of
+# answer, and the sidecar counts the tapped request under its workload.
+podman "${PODMAN_OPTS[@]}" exec -i "$sidecar" python3 - "$SIM_PORT" "$TAP_PORT" <<'PY' \
+  || { echo "build-image: the request tap failed" >&2; exit 1; }
+import json, sys, urllib.request
+sim, tap = sys.argv[1:]
+body = json.dumps({"model": "tiny", "prompt": "hello", "max_tokens": 8, "temperature": 0}).encode()
+def post(port):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body,
+                                 {"content-type": "application/json", "x-workload": "smoke"})
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        return resp.status, json.loads(resp.read())
+(s1, direct), (s2, tapped) = post(sim), post(tap)
+assert s1 == s2 == 200 and direct.keys() == tapped.keys(), (s1, s2, direct.keys(), tapped.keys())
+PY
+tapped=0
+for _ in $(seq 1 20); do
+  grep -q '^specdecode_requests_total{.*workload="smoke".*} 1.0' <<<"$(fetch "http://127.0.0.1:$SIDECAR_PORT/metrics")" \
+    && { tapped=1; break; }
+  sleep 0.5
+done
+if [ "$tapped" -ne 1 ]; then
+  echo "build-image: the tapped request was not counted; the sidecar's request series:" >&2
+  grep -E '^specdecode_(requests_total|tap_)' <<<"$(fetch "http://127.0.0.1:$SIDECAR_PORT/metrics")" | head -n 10 >&2
+  exit 1
+fi
+log "request tap OK: the completion passed through and was counted"
 rss="$(podman "${PODMAN_OPTS[@]}" exec "$sidecar" python3 -c 'print(next(l.split()[1] for l in open("/proc/1/status") if l.startswith("VmRSS")))')"
 cpu_seconds() {
   podman "${PODMAN_OPTS[@]}" exec "$sidecar" python3 -c \
@@ -145,4 +183,4 @@ cpu_seconds() {
 }
 c0="$(cpu_seconds)"; sleep 10; c1="$(cpu_seconds)"
 log "sidecar RSS ${rss} kB; CPU $(python3 -c "print(round(($c1 - $c0) / 10 * 1000))")m over 10 s at --collect.interval 1s"
-log "smoke OK: image runs read-only as uid 65532 and exports specdecode_up 1 and specdecode_acceptance_ratio"
+log "smoke OK: image runs read-only as uid 65532: specdecode_up 1, α, the status page and the request tap"

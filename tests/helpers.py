@@ -12,13 +12,13 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from devtools.procs import in_ci
-from exporter.collection import Exporter, TargetView
-from exporter.config import Config, TargetConfig, parse_windows
-from exporter.httpserver import ThreadedServer, bind_socket
-from exporter.simulator import ModelSpec, Scenario, Simulator, steady_scenario
-from exporter.simulator.clock import ManualClock
-from exporter.simulator.server import serve_in_thread
-from exporter.web import build_app
+from specdecode_exporter.core.httpserver import ThreadedServer, bind_socket
+from specdecode_exporter.sidecar.collection import Exporter, TargetView
+from specdecode_exporter.sidecar.config import Config, TargetConfig, parse_windows
+from specdecode_exporter.sidecar.web import build_app
+from specdecode_exporter.simulator import ModelSpec, Scenario, Simulator, steady_scenario
+from specdecode_exporter.simulator.clock import ManualClock
+from specdecode_exporter.simulator.server import serve_in_thread
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from bench import collect, corpus, soak
 from bench.common import FakeClock
 from bench.render import _LAT, _RPS
-from exporter.engines import ALL_PREFIXES
-from exporter.parse import select_samples
+from specdecode_exporter.pipeline.engines import ALL_PREFIXES
+from specdecode_exporter.pipeline.parse import select_samples
 
 
 def test_floor_scans_find_every_line_the_parser_selects() -> None:

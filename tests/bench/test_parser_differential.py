@@ -1,4 +1,4 @@
-"""Differential test: exporter.parse.select_samples agrees with prometheus_client's parser on every
+"""Differential test: specdecode_exporter.pipeline.parse.select_samples agrees with prometheus_client's parser on every
 fixture and on generated expositions (hypothesis), for the lines it selects — including when the same
 text is parsed twice (a parser with a per-line cache must give the same answer on the second pass)."""
 
@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.engines import ALL_PREFIXES
-from exporter.parse import select_samples
+from specdecode_exporter.pipeline.engines import ALL_PREFIXES
+from specdecode_exporter.pipeline.parse import select_samples
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 

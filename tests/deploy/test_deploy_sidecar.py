@@ -142,7 +142,7 @@ def test_kubectl_patch_file_matches_the_component() -> None:
 
 def test_sidecar_config_loads_in_the_exporter() -> None:
     """The ConfigMap's config is accepted by the exporter's own loader (one clear error per bad key)."""
-    from exporter.config import load_config_file
+    from specdecode_exporter.sidecar.config import load_config_file
 
     # The ConfigMap mounts config.yaml and monitoring.yaml side by side; here the flag points at the latter.
     config = load_config_file(str(DEPLOY / "base" / "config.yaml"),

@@ -14,7 +14,7 @@ import yaml
 from deploy_helpers import DEPLOY, ROOT, SIDECAR, find, kubectl, render, sidecar_container
 from packaging.version import Version
 
-from exporter.config import split_listen_address
+from specdecode_exporter.sidecar.config import split_listen_address
 
 TAP_EXAMPLE = "deploy/examples/vllm-tap"
 PLAIN_EXAMPLE = "deploy/examples/vllm"
@@ -74,7 +74,7 @@ def test_service_tap_port_reaches_the_port_the_sidecar_listens_on() -> None:
 def test_the_tap_forwards_to_the_vllm_in_the_pod() -> None:
     """The sidecar's real CLI, given the container's args (the mounted files mapped to the repository's), turns the
     tap on and forwards to the port vLLM serves on."""
-    from exporter.cli import build_parser, config_from_args
+    from specdecode_exporter.cli import build_parser, config_from_args
 
     pod = _pod(render(TAP_EXAMPLE))
     vllm = _container(pod, "vllm")

@@ -1,6 +1,6 @@
 """The real alert chain, end to end (issue #6 A): fake vLLM → sidecar → Debian's Prometheus with the generated
-rules (python -m exporter.monitoring.build --profile e2e) → Debian's Alertmanager with the example routing tree
-→ a webhook.
+rules (python -m specdecode_exporter.monitoring.build --profile e2e) → Debian's Alertmanager with the example
+routing tree → a webhook.
 
 One chain per module; the tests run in file order on it (each waits for the state it needs first):
 

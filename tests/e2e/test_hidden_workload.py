@@ -29,8 +29,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from devtools.chain import rules_settings, write_rules
 from devtools.procs import exporter_command, free_port, prometheus_binary, running
-from exporter.monitoring.promql import record_name
-from exporter.request_stats import temperature_band
+from specdecode_exporter.monitoring.promql import record_name
+from specdecode_exporter.tap.request_stats import temperature_band
 from tests.helpers import require_tool
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]

@@ -37,11 +37,11 @@ import yaml
 from devtools.chain import NAMESPACE, rules_settings, seconds, write_rules
 from devtools.procs import Process, prometheus_binary
 from devtools.stack import Prometheus, scrape_job, start_prometheus, start_sidecar, start_simulator, wait_until
-from exporter import latency
-from exporter.monitoring.config import MonitoringConfig
-from exporter.monitoring.rules import OBSERVED, latency_record
-from exporter.simulator.scenario import scenario_from_dict
-from exporter.simulator.simulator import Simulator
+from specdecode_exporter.core.monitoring_config import MonitoringConfig
+from specdecode_exporter.monitoring.rules import OBSERVED, latency_record
+from specdecode_exporter.pipeline import latency
+from specdecode_exporter.simulator.scenario import scenario_from_dict
+from specdecode_exporter.simulator.simulator import Simulator
 from tests.helpers import require_tool
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]

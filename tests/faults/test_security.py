@@ -14,11 +14,18 @@ import bcrypt
 import httpx
 import pytest
 
-from exporter.collection import Exporter, TargetView, new_client
-from exporter.config import Config, ConfigError, TargetConfig, TLSConfig, config_from_mapping, parse_windows
-from exporter.httpserver import ThreadedServer, bind_socket
-from exporter.web import build_app
-from exporter.webconfig import WebSecurity, load_web_config, parse_basic
+from specdecode_exporter.core.httpserver import ThreadedServer, bind_socket
+from specdecode_exporter.sidecar.collection import Exporter, TargetView, new_client
+from specdecode_exporter.sidecar.config import (
+    Config,
+    ConfigError,
+    TargetConfig,
+    TLSConfig,
+    config_from_mapping,
+    parse_windows,
+)
+from specdecode_exporter.sidecar.web import build_app
+from specdecode_exporter.sidecar.webconfig import WebSecurity, load_web_config, parse_basic
 from tests.faults.certs import Certs
 from tests.faults.conftest import PASSWORD, write
 from tests.faults.hostile import HostileServer, scripted, serve, v1_body
@@ -165,7 +172,7 @@ def web_config(tmp_path: Path, text: str) -> WebSecurity:
 def secured_sidecar(tmp_path: Path, password_hash: str, good_server: HostileServer) -> Iterator[str]:
     security = web_config(tmp_path, f"basic_auth_users:\n  prometheus: {password_hash}\n")
     exporter = Exporter(Config(targets=(TargetConfig("vllm", good_server.url),), windows=parse_windows("1m", "w")))
-    from exporter.reload import Reloader
+    from specdecode_exporter.sidecar.reload import Reloader
 
     app = build_app(exporter, run_collection=False, reloader=Reloader(exporter, lambda: exporter.config),
                     security=security)

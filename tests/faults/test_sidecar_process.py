@@ -16,16 +16,16 @@ from pathlib import Path
 import httpx
 import pytest
 
-from exporter import metrics
-from exporter.collection import Exporter
-from exporter.config import Config, TargetConfig, config_from_mapping, parse_windows
-from exporter.reload import Reloader
+from specdecode_exporter.core import metrics
+from specdecode_exporter.sidecar.collection import Exporter
+from specdecode_exporter.sidecar.config import Config, TargetConfig, config_from_mapping, parse_windows
+from specdecode_exporter.sidecar.reload import Reloader
 from tests.faults.certs import Certs
 from tests.faults.conftest import PASSWORD, write
 from tests.faults.hostile import HostileServer, closed_port, scripted, serve, silent, v1_body
 from tests.helpers import Exposition, FakeClock
 
-EXE = [sys.executable, "-m", "exporter.cli"]
+EXE = [sys.executable, "-m", "specdecode_exporter.cli"]
 
 
 def run_cli(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 import httpx
 import pytest
 
-from exporter.collection import Exporter, TargetView, new_client
-from exporter.config import Config, TargetConfig, parse_windows
-from exporter.httpserver import ThreadedServer, bind_socket
-from exporter.web import build_app
+from specdecode_exporter.core.httpserver import ThreadedServer, bind_socket
+from specdecode_exporter.sidecar.collection import Exporter, TargetView, new_client
+from specdecode_exporter.sidecar.config import Config, TargetConfig, parse_windows
+from specdecode_exporter.sidecar.web import build_app
 from tests.faults.hostile import (
     HostileServer,
     closed_port,

@@ -11,12 +11,12 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.collection import CollectionFailure, ModelNameNeeded, TargetCollector
-from exporter.config import Config, TargetConfig, parse_windows
-from exporter.engines.base import FetchTiming
-from exporter.expose import SpecDecodeCollector
-from exporter.scrape import FetchResult
-from exporter.store import Store
+from specdecode_exporter.pipeline.engines.base import FetchTiming
+from specdecode_exporter.pipeline.scrape import FetchResult
+from specdecode_exporter.pipeline.store import Store
+from specdecode_exporter.sidecar.collection import CollectionFailure, ModelNameNeeded, TargetCollector
+from specdecode_exporter.sidecar.config import Config, TargetConfig, parse_windows
+from specdecode_exporter.sidecar.expose import SpecDecodeCollector
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 CONTENT_TYPES = ("text/plain; version=0.0.4; charset=utf-8", "application/openmetrics-text; version=1.0.0",

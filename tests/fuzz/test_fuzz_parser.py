@@ -18,8 +18,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from exporter.engines import ALL_PREFIXES
-from exporter.parse import ParseError, select_samples
+from specdecode_exporter.pipeline.engines import ALL_PREFIXES
+from specdecode_exporter.pipeline.parse import ParseError, select_samples
 from tests.fuzz.target import CONTENT_TYPES, FIXTURES, Target, seeds
 
 EXAMPLES = int(os.environ.get("SPECDECODE_FUZZ_EXAMPLES", "200"))

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 import yaml
 
-from exporter.monitoring import build
-from exporter.monitoring import config as monitoring_config
-from exporter.verdict import Verdict
+from specdecode_exporter.core import monitoring_config
+from specdecode_exporter.core.verdict import Verdict
+from specdecode_exporter.monitoring import build
 from tests.grafana.grafana_dashboard_helpers import (
     DASHBOARD,
     PROVISIONING,
@@ -45,7 +45,7 @@ CUSTOM_UNIT_PREFIXES = ("suffix:", "prefix:", "si:", "count:")
 def need_sdk() -> ModuleType:
     """The dashboard module needs grafana-foundation-sdk: skip without it, but fail in CI."""
     try:
-        from exporter.monitoring import dashboard as dashboard_module
+        from specdecode_exporter.monitoring import dashboard as dashboard_module
     except ImportError:
         if IN_CI:
             pytest.fail("grafana-foundation-sdk is not installed (pip install the project's test extras)")
@@ -260,7 +260,7 @@ def test_alpha_stat_thresholds(dashboard: dict[str, Any]) -> None:
 
 
 def test_verdict_maps_every_outcome(dashboard: dict[str, Any]) -> None:
-    """The verdict query evaluates to exporter.verdict's codes; every code (and no data) has its word."""
+    """The verdict query evaluates to core.verdict's codes; every code (and no data) has its word."""
     panel = next(p for p in content_panels(dashboard) if p["title"] == "Verdict")
     texts = {}
     for mapping in panel["fieldConfig"]["defaults"]["mappings"]:

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from devtools.procs import Process, exporter_command, free_port, prometheus_binary, running, tail
-from exporter.demo import send_traffic
+from specdecode_exporter.demo import send_traffic
 from tests.grafana.grafana_dashboard_helpers import (
     ROOT,
     all_selection,

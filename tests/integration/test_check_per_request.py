@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from devtools.procs import child_env, exporter_command, running
-from exporter.check_per_request import hint
+from specdecode_exporter.check.per_request import hint
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 REAL = FIXTURES / "vllm_0.32.0"
@@ -33,7 +33,7 @@ PREFIX = "Per-request metrics:"
 
 
 def run_check(url: str, *flags: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "exporter.cli", "check", url, "--duration", "1s", *flags],
+    return subprocess.run([sys.executable, "-m", "specdecode_exporter.cli", "check", url, "--duration", "1s", *flags],
                           capture_output=True, text=True, timeout=timeout, env=child_env())
 
 
@@ -230,7 +230,7 @@ def test_hint_only_for_vllm() -> None:
 
 
 def test_help_documents_the_flag() -> None:
-    result = subprocess.run([sys.executable, "-m", "exporter.cli", "check", "--help"], capture_output=True,
+    result = subprocess.run([sys.executable, "-m", "specdecode_exporter.cli", "check", "--help"], capture_output=True,
                             text=True, timeout=30, env=child_env())
     text = re.sub(r"-\s+", "-", " ".join(result.stdout.split()))  # argparse wraps lines at hyphens
     assert "--send-test-completion" in text and "1-token completion" in text

@@ -9,8 +9,8 @@ import math
 import httpx
 import pytest
 
-from exporter.simulator import ModelSpec, steady_scenario
-from exporter.simulator.model import Workload
+from specdecode_exporter.simulator import ModelSpec, steady_scenario
+from specdecode_exporter.simulator.model import Workload
 from tests.helpers import Harness, start_harness
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"

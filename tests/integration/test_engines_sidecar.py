@@ -9,10 +9,10 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from exporter.config import TargetConfig
-from exporter.engines import ALL_PREFIXES
-from exporter.parse import select_samples
-from exporter.simulator import ModelSpec, steady_scenario
+from specdecode_exporter.pipeline.engines import ALL_PREFIXES
+from specdecode_exporter.pipeline.parse import select_samples
+from specdecode_exporter.sidecar.config import TargetConfig
+from specdecode_exporter.simulator import ModelSpec, steady_scenario
 from tests.helpers import Harness, harness_fixture, start_harness
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"  # ModelSpec's default name

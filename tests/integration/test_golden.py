@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from exporter.simulator import ModelSpec, steady_scenario
+from specdecode_exporter.simulator import ModelSpec, steady_scenario
 from tests.helpers import FIXTURES, start_harness
 
 GOLDEN = FIXTURES / "golden_metrics.prom"
@@ -64,7 +64,7 @@ def test_promtool_check_metrics_is_clean(exposition: str, tmp_path: Path) -> Non
 
 
 def test_golden_file_covers_every_contract_family() -> None:
-    from exporter.metrics import CONTRACT, RELOAD
+    from specdecode_exporter.core.metrics import CONTRACT, RELOAD
 
     golden = GOLDEN.read_text()
     for spec in CONTRACT:

@@ -10,7 +10,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi.responses import PlainTextResponse
 
-from exporter.httpserver import QuietServer, ThreadedServer, bind_socket
+from specdecode_exporter.core.httpserver import QuietServer, ThreadedServer, bind_socket
 
 
 def test_accepted_connections_have_nodelay() -> None:

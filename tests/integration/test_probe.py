@@ -20,12 +20,12 @@ import httpx
 import pytest
 
 from devtools.procs import free_port
-from exporter.cli import main
-from exporter.simulator import ModelSpec, Simulator, steady_scenario
-from exporter.simulator.server import serve_in_thread
+from specdecode_exporter.cli import main
+from specdecode_exporter.simulator import ModelSpec, Simulator, steady_scenario
+from specdecode_exporter.simulator.server import serve_in_thread
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
-CLI = [sys.executable, "-m", "exporter.cli", "probe"]
+CLI = [sys.executable, "-m", "specdecode_exporter.cli", "probe"]
 QUICK = ["--requests", "8", "--max-tokens", "200", "--settle", "100ms"]
 IDLE = ModelSpec(drafts_per_second=0.0)
 
@@ -187,7 +187,7 @@ def test_csv_and_the_plots(capsys: pytest.CaptureFixture[str], tmp_path: Path) -
 
 
 def test_png_without_matplotlib_is_one_line() -> None:
-    code = ("import sys; sys.modules['matplotlib'] = None; from exporter.cli import main; "
+    code = ("import sys; sys.modules['matplotlib'] = None; from specdecode_exporter.cli import main; "
             "sys.exit(main(['probe', '--url', 'http://127.0.0.1:1', '--plot', 'a.png']))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
     assert result.returncode == 2

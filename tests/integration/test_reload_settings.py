@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from exporter.config import Config, config_from_mapping
-from exporter.reload import APPLIED, RESTART_ONLY, Reloader
-from exporter.simulator import ModelSpec, steady_scenario
+from specdecode_exporter.sidecar.config import Config, config_from_mapping
+from specdecode_exporter.sidecar.reload import APPLIED, RESTART_ONLY, Reloader
+from specdecode_exporter.simulator import ModelSpec, steady_scenario
 from tests.helpers import Harness, harness_fixture, start_harness
 
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from exporter.collection import Exporter
-from exporter.config import Config, TargetConfig, parse_windows
-from exporter.httpserver import ThreadedServer, bind_socket
-from exporter.web import build_app
+from specdecode_exporter.core.httpserver import ThreadedServer, bind_socket
+from specdecode_exporter.sidecar.collection import Exporter
+from specdecode_exporter.sidecar.config import Config, TargetConfig, parse_windows
+from specdecode_exporter.sidecar.web import build_app
 from tests.faults.hostile import scripted, serve, v1_body
 
 INTERVAL = 1.0

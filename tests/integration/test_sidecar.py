@@ -8,8 +8,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from exporter.config import TargetConfig
-from exporter.simulator import ModelSpec, steady_scenario
+from specdecode_exporter.sidecar.config import TargetConfig
+from specdecode_exporter.simulator import ModelSpec, steady_scenario
 from tests.helpers import Harness, harness_fixture, start_harness
 
 ALPHA = "specdecode_acceptance_ratio"
@@ -303,7 +303,7 @@ def test_metrics_are_gzipped_for_clients_that_ask(harness: Harness, accept: str)
 def test_specdecode_families_are_rendered_once_per_collection(harness: Harness) -> None:
     from prometheus_client import generate_latest
 
-    from exporter.web import MetricsRenderer
+    from specdecode_exporter.sidecar.web import MetricsRenderer
 
     harness.step(5.0)
     harness.step(5.0)
@@ -326,7 +326,7 @@ def test_specdecode_families_are_rendered_once_per_collection(harness: Harness) 
 
 def test_targets_share_one_default_tls_context() -> None:
     """Each default TLS context loads the CA bundle (~0.8 MB): 100 targets once cost 80 MB of RSS."""
-    from exporter.collection import default_ssl_context, new_client
+    from specdecode_exporter.sidecar.collection import default_ssl_context, new_client
 
     def rss_mib() -> float:
         with open("/proc/self/status") as status:

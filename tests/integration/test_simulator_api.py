@@ -10,9 +10,9 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from exporter.simulator import ModelSpec, Simulator, steady_scenario
-from exporter.simulator.model import LiveParams, Workload, compute_rates, position_fractions
-from exporter.simulator.server import serve_in_thread
+from specdecode_exporter.simulator import ModelSpec, Simulator, steady_scenario
+from specdecode_exporter.simulator.model import LiveParams, Workload, compute_rates, position_fractions
+from specdecode_exporter.simulator.server import serve_in_thread
 from tests.helpers import Exposition, fixture_text
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"

@@ -10,8 +10,8 @@ import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 
-from exporter.simulator import ModelSpec, Scenario, Simulator, build_app, default_scenario
-from exporter.simulator.server import serve_in_thread
+from specdecode_exporter.simulator import ModelSpec, Scenario, Simulator, build_app, default_scenario
+from specdecode_exporter.simulator.server import serve_in_thread
 
 
 class FakeClock:

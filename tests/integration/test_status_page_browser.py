@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from exporter.config import BaselineConfig
-from exporter.simulator import ModelSpec, steady_scenario
+from specdecode_exporter.sidecar.config import BaselineConfig
+from specdecode_exporter.simulator import ModelSpec, steady_scenario
 from tests.helpers import Harness, harness_fixture, require_tool, start_harness
 
 CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

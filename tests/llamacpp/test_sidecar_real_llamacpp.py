@@ -18,8 +18,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from devtools.procs import Process, exporter_command, start_process, tail
-from exporter.simulator import ModelSpec, Scenario, Simulator
-from exporter.simulator.exposition import render
+from specdecode_exporter.simulator import ModelSpec, Scenario, Simulator
+from specdecode_exporter.simulator.exposition import render
 from tests.helpers import Exposition
 
 from .conftest import DRAFT_MAX

@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 import yaml
 
-from exporter.config import load_config_file
-from exporter.derive import CostModel, counts_stats
-from exporter.monitoring import build
-from exporter.monitoring import config as monitoring_config
-from exporter.verdict import Evidence, Verdict, judge
+from specdecode_exporter.core import monitoring_config
+from specdecode_exporter.core.verdict import Evidence, Verdict, judge
+from specdecode_exporter.monitoring import build
+from specdecode_exporter.pipeline.derive import CostModel, counts_stats
+from specdecode_exporter.sidecar.config import load_config_file
 from tests.grafana.grafana_dashboard_helpers import all_selection, content_panels, substitute
 from tests.helpers import require_tool, start_harness
 

@@ -1,4 +1,4 @@
-"""Differential test: the sidecar's histogram quantile (exporter/latency.py) against Prometheus' own
+"""Differential test: the sidecar's histogram quantile (pipeline/latency.py) against Prometheus' own
 histogram_quantile, evaluated by promtool, over many random bucket shapes.
 
 Every case is one classic histogram (one series per `le`) at two instants, a window's start and end. promtool
@@ -36,8 +36,8 @@ import pytest
 import yaml
 
 from devtools.procs import promtool_binary
-from exporter import latency
-from exporter.latency import Histogram
+from specdecode_exporter.pipeline import latency
+from specdecode_exporter.pipeline.latency import Histogram
 from tests.helpers import require_tool
 
 SEED = 20250114

@@ -1,6 +1,6 @@
 """The alert and recording rules in alerts/: generated output up to date, promtool check + unit tests,
 annotations and runbook anchors, and the example Alertmanager routing (amtool). The rules are generated from the
-monitoring config (exporter/monitoring/monitoring.yaml) by exporter.monitoring.build.
+monitoring config (src/specdecode_exporter/core/monitoring.yaml) by specdecode_exporter.monitoring.build.
 
 promtool/amtool come from Debian's `prometheus` and `prometheus-alertmanager` packages
 (scripts/install-tools.sh). Outside CI a missing tool skips its tests; with CI=true it fails them.
@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 import yaml
 
-from exporter.monitoring import build
-from exporter.monitoring import config as monitoring_config
-from exporter.monitoring.config import MonitoringConfigError
-from exporter.monitoring.rules import rule_groups
+from specdecode_exporter.core import monitoring_config
+from specdecode_exporter.core.monitoring_config import MonitoringConfigError
+from specdecode_exporter.monitoring import build
+from specdecode_exporter.monitoring.rules import rule_groups
 
 ROOT = Path(__file__).resolve().parents[2]
 ALERTS = ROOT / "alerts"

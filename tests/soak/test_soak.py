@@ -21,12 +21,12 @@ from dataclasses import dataclass, field
 import httpx
 from prometheus_client import CollectorRegistry, generate_latest
 
-from exporter.collection import Exporter
-from exporter.config import Config, TargetConfig, parse_windows
-from exporter.expose import SpecDecodeCollector
-from exporter.simulator import ModelSpec, Simulator, steady_scenario
-from exporter.simulator.exposition import render
-from exporter.store import SeriesKey
+from specdecode_exporter.pipeline.store import SeriesKey
+from specdecode_exporter.sidecar.collection import Exporter
+from specdecode_exporter.sidecar.config import Config, TargetConfig, parse_windows
+from specdecode_exporter.sidecar.expose import SpecDecodeCollector
+from specdecode_exporter.simulator import ModelSpec, Simulator, steady_scenario
+from specdecode_exporter.simulator.exposition import render
 from tests.helpers import FakeClock
 
 HOURS = float(os.environ.get("SPECDECODE_SOAK_HOURS", "3"))

@@ -11,7 +11,7 @@ from typing import Any
 
 import uvloop
 
-from exporter.tap import Tap, TapRequest, TapResult, start_tap
+from specdecode_exporter.tap import Tap, TapRequest, TapResult, start_tap
 from tests.tap.fake_vllm import FakeVllm
 
 LOOPS = ["asyncio", "uvloop"]

@@ -12,9 +12,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from exporter.log import LOGGER_NAME
-from exporter.tap import start_tap
-from exporter.tap.relay import WRITE_HIGH_WATER
+from specdecode_exporter.core.log import LOGGER_NAME
+from specdecode_exporter.tap import start_tap
+from specdecode_exporter.tap.relay import WRITE_HIGH_WATER
 from tests.tap.fake_vllm import FakeVllm
 from tests.tap.harness import LOOPS, Client, Recorder, dechunk, fetch, request_bytes, run, tapped
 
@@ -25,7 +25,7 @@ STREAM = {"model": "tiny", "prompt": "a", "stream": True}
 @contextlib.contextmanager
 def log_lines() -> Iterator[list[str]]:
     """Every tap log line, formatted as the sidecar formats them."""
-    from exporter.log import EventFormatter
+    from specdecode_exporter.core.log import EventFormatter
 
     lines: list[str] = []
     formatter = EventFormatter(json_format=False)

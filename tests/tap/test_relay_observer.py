@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from exporter.log import LOGGER_NAME
-from exporter.tap import TapRequest, TapResult
+from specdecode_exporter.core.log import LOGGER_NAME
+from specdecode_exporter.tap import TapRequest, TapResult
 from tests.tap.fake_vllm import FIXTURES, fixture_events
 from tests.tap.harness import LOOPS, fetch, request_bytes, run, tapped
 
@@ -110,7 +110,7 @@ def test_failing_observer_does_not_break_the_relay() -> None:
             raise RuntimeError("observer bug")
 
     async def main() -> None:
-        from exporter.tap import start_tap
+        from specdecode_exporter.tap import start_tap
         from tests.tap.fake_vllm import FakeVllm
 
         fake = await FakeVllm().start()

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from exporter.tap.http1 import (
+from specdecode_exporter.tap.http1 import (
     CHUNK_END,
     ChunkedDecoder,
     frame_chunk,
@@ -14,8 +14,8 @@ from exporter.tap.http1 import (
     parse_head,
     replace_content_length,
 )
-from exporter.tap.openai import plan_request, read_response_body
-from exporter.tap.sse import SseWatcher, UsageStripper
+from specdecode_exporter.tap.openai import plan_request, read_response_body
+from specdecode_exporter.tap.sse import SseWatcher, UsageStripper
 from tests.tap.fake_vllm import COMPLETION_ID, fixture_events, normalise_ids, stream_events
 
 # ---- heads ---------------------------------------------------------------------------------------------------

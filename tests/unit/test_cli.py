@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from exporter.simulator import ModelSpec, Simulator, steady_scenario
-from exporter.simulator.server import serve_in_thread
+from specdecode_exporter.simulator import ModelSpec, Simulator, steady_scenario
+from specdecode_exporter.simulator.server import serve_in_thread
 
-CLI = [sys.executable, "-m", "exporter.cli"]
+CLI = [sys.executable, "-m", "specdecode_exporter.cli"]
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 30) -> subprocess.CompletedProcess[str]:

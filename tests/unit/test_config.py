@@ -6,8 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from exporter.cli import build_parser, config_from_args, env_name
-from exporter.config import ConfigError, config_from_mapping, load_config_file, parse_duration, parse_size
+from specdecode_exporter.cli import build_parser, config_from_args, env_name
+from specdecode_exporter.sidecar.config import (
+    ConfigError,
+    config_from_mapping,
+    load_config_file,
+    parse_duration,
+    parse_size,
+)
 
 GOOD = """
 web:

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from exporter.derive import (
+from specdecode_exporter.pipeline.derive import (
     CostModel,
     acceptance_ratio,
     break_even_acceptance,

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from exporter.discover import first_model_id, model_ids
+from specdecode_exporter.sidecar.discover import first_model_id, model_ids
 
 
 def listing(*entries: object) -> bytes:

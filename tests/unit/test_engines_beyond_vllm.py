@@ -7,15 +7,22 @@ import re
 
 import pytest
 
-from exporter.derive import CostModel, span_stats
-from exporter.engines import ALL_PREFIXES, ENGINES, DecoderOptions, FetchTiming, detect_engine, no_engine_detail
-from exporter.engines.base import SeriesReading
-from exporter.engines.llamacpp import LlamaCppDecoder
-from exporter.metrics import REPORTED_ACCEPTANCE_LENGTH, REPORTED_ACCEPTANCE_RATIO
-from exporter.parse import select
-from exporter.simulator import FORMATS, ModelSpec, Scenario, Simulator
-from exporter.simulator.exposition import render
-from exporter.store import Store
+from specdecode_exporter.core.metrics import REPORTED_ACCEPTANCE_LENGTH, REPORTED_ACCEPTANCE_RATIO
+from specdecode_exporter.pipeline.derive import CostModel, span_stats
+from specdecode_exporter.pipeline.engines import (
+    ALL_PREFIXES,
+    ENGINES,
+    DecoderOptions,
+    FetchTiming,
+    detect_engine,
+    no_engine_detail,
+)
+from specdecode_exporter.pipeline.engines.base import SeriesReading
+from specdecode_exporter.pipeline.engines.llamacpp import LlamaCppDecoder
+from specdecode_exporter.pipeline.parse import select
+from specdecode_exporter.pipeline.store import Store
+from specdecode_exporter.simulator import FORMATS, ModelSpec, Scenario, Simulator
+from specdecode_exporter.simulator.exposition import render
 from tests.helpers import fixture_text
 
 TIMING = FetchTiming(0.0, 0.01)

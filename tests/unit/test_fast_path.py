@@ -14,17 +14,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exporter.collection import TargetCollector
-from exporter.config import Config, TargetConfig, parse_windows
-from exporter.derive import CostModel, counts_stats, span_stats
-from exporter.engines import ALL_PREFIXES, FetchTiming
-from exporter.engines.vllm_v1 import V1Decoder
-from exporter.parse import ParseError, select
-from exporter.scrape import FetchResult
-from exporter.simulator import ModelSpec, Scenario, Simulator
-from exporter.simulator.clock import ManualClock
-from exporter.simulator.exposition import render
-from exporter.store import Store, Totals, WindowSpan
+from specdecode_exporter.pipeline.derive import CostModel, counts_stats, span_stats
+from specdecode_exporter.pipeline.engines import ALL_PREFIXES, FetchTiming
+from specdecode_exporter.pipeline.engines.vllm_v1 import V1Decoder
+from specdecode_exporter.pipeline.parse import ParseError, select
+from specdecode_exporter.pipeline.scrape import FetchResult
+from specdecode_exporter.pipeline.store import Store, Totals, WindowSpan
+from specdecode_exporter.sidecar.collection import TargetCollector
+from specdecode_exporter.sidecar.config import Config, TargetConfig, parse_windows
+from specdecode_exporter.simulator import ModelSpec, Scenario, Simulator
+from specdecode_exporter.simulator.clock import ManualClock
+from specdecode_exporter.simulator.exposition import render
 
 TIMING = FetchTiming(0.0, 0.01)
 

@@ -6,14 +6,14 @@ import math
 
 import pytest
 
-from exporter import latency
-from exporter.derive import CostModel
-from exporter.engines import ALL_PREFIXES, DecoderOptions
-from exporter.engines.base import FetchTiming, LatencyReading, SeriesReading
-from exporter.engines.vllm_v1 import ENGINE as V1
-from exporter.latency import BaselineLatency, Histogram, LatencyStats
-from exporter.parse import select
-from exporter.store import SeriesKey, SeriesState
+from specdecode_exporter.pipeline import latency
+from specdecode_exporter.pipeline.derive import CostModel
+from specdecode_exporter.pipeline.engines import ALL_PREFIXES, DecoderOptions
+from specdecode_exporter.pipeline.engines.base import FetchTiming, LatencyReading, SeriesReading
+from specdecode_exporter.pipeline.engines.vllm_v1 import ENGINE as V1
+from specdecode_exporter.pipeline.latency import BaselineLatency, Histogram, LatencyStats
+from specdecode_exporter.pipeline.parse import select
+from specdecode_exporter.pipeline.store import SeriesKey, SeriesState
 from tests.helpers import fixture_text
 
 INF = math.inf

@@ -12,8 +12,8 @@ from prometheus_client.openmetrics.exposition import generate_latest as generate
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.engines import ALL_PREFIXES
-from exporter.parse import ParseError, Sample, parse_line, select_samples
+from specdecode_exporter.pipeline.engines import ALL_PREFIXES
+from specdecode_exporter.pipeline.parse import ParseError, Sample, parse_line, select_samples
 from tests.helpers import fixture_text
 
 FIXTURES = [

@@ -8,11 +8,11 @@ from collections.abc import Callable
 
 import pytest
 
-from exporter.engines import ALL_PREFIXES, FetchTiming
-from exporter.engines.base import Decoder, PositionLines
-from exporter.engines.llamacpp import LlamaCppDecoder
-from exporter.engines.vllm_v1 import V1Decoder
-from exporter.parse import Sample, select
+from specdecode_exporter.pipeline.engines import ALL_PREFIXES, FetchTiming
+from specdecode_exporter.pipeline.engines.base import Decoder, PositionLines
+from specdecode_exporter.pipeline.engines.llamacpp import LlamaCppDecoder
+from specdecode_exporter.pipeline.engines.vllm_v1 import V1Decoder
+from specdecode_exporter.pipeline.parse import Sample, select
 from tests.helpers import fixture_text
 
 TIMING = FetchTiming(0.0, 0.01)

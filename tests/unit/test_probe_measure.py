@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from exporter.monitoring import config as monitoring_config
-from exporter.probe import measure as m
-from exporter.probe.progress import Progress
-from exporter.probe.prompts import Prompt, PromptsError, builtin_prompts, by_group, load_prompts
-from exporter.probe.report import (
+from specdecode_exporter.core import monitoring_config
+from specdecode_exporter.probe import measure as m
+from specdecode_exporter.probe.progress import Progress
+from specdecode_exporter.probe.prompts import Prompt, PromptsError, builtin_prompts, by_group, load_prompts
+from specdecode_exporter.probe.report import (
     COLUMNS,
     PlotError,
     check_plot_path,
@@ -24,7 +24,7 @@ from exporter.probe.report import (
     render_json,
     render_table,
 )
-from exporter.probe.run import Outcome, Plan
+from specdecode_exporter.probe.run import Outcome, Plan
 from tests.helpers import fixture_text
 
 BANDS = m.Bands(0.5, 0.65, 1.3)

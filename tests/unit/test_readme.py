@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from exporter.metrics import CONTRACT, reference_table
+from specdecode_exporter.core.metrics import CONTRACT, reference_table
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -29,8 +29,8 @@ def test_readme_names_the_two_commands() -> None:
 
 
 ROOT = README.parent
-SOURCES = [p for pattern in ("exporter/**/*.py", "devtools/*.py", "bench/*.py", "scripts/*", "*.md", "docs/*.md",
-                             "alerts/*.md", "grafana/*.md", "deploy/*.md") for p in ROOT.glob(pattern)]
+SOURCES = [p for pattern in ("src/specdecode_exporter/**/*.py", "devtools/*.py", "bench/*.py", "scripts/*", "*.md",
+                             "docs/*.md", "alerts/*.md", "grafana/*.md", "deploy/*.md") for p in ROOT.glob(pattern)]
 
 
 def test_the_design_the_code_cites_is_in_the_repository() -> None:

@@ -6,9 +6,9 @@ import dataclasses
 
 import pytest
 
-from exporter.simulator import ModelSpec, Phase, Scenario, ScenarioError, Simulator, default_scenario
-from exporter.simulator.requests import Call
-from exporter.simulator.simulator import EngineSnapshot
+from specdecode_exporter.simulator import ModelSpec, Phase, Scenario, ScenarioError, Simulator, default_scenario
+from specdecode_exporter.simulator.requests import Call
+from specdecode_exporter.simulator.simulator import EngineSnapshot
 
 
 class FakeClock:
@@ -246,7 +246,7 @@ def test_v0_idle_engine_stops_reporting_and_restart_hides_series() -> None:
 
 
 def test_v0_rejects_engines() -> None:
-    from exporter.simulator import scenario_from_dict
+    from specdecode_exporter.simulator import scenario_from_dict
 
     with pytest.raises(ScenarioError, match=r"models\[0\]\.engines"):
         scenario_from_dict({"format": "v0", "models": [{"name": "m", "engines": 2}]}, "s.yaml")

@@ -8,14 +8,14 @@ import re
 
 import pytest
 
-from exporter.engines import ALL_PREFIXES, NO_SPEC_METRICS, detect_engine, no_engine_detail
-from exporter.flags import UsageError
-from exporter.parse import select
-from exporter.simulator import ModelSpec, Scenario, ScenarioError, Simulator, scenario_from_dict
-from exporter.simulator.cli import add_arguments, build_scenario
-from exporter.simulator.engine_formats import WRITERS, cpp_number
-from exporter.simulator.exposition import render
-from exporter.simulator.scenario import ENGINE_FORMATS
+from specdecode_exporter.core.flags import UsageError
+from specdecode_exporter.pipeline.engines import ALL_PREFIXES, NO_SPEC_METRICS, detect_engine, no_engine_detail
+from specdecode_exporter.pipeline.parse import select
+from specdecode_exporter.simulator import ModelSpec, Scenario, ScenarioError, Simulator, scenario_from_dict
+from specdecode_exporter.simulator.cli import add_arguments, build_scenario
+from specdecode_exporter.simulator.engine_formats import WRITERS, cpp_number
+from specdecode_exporter.simulator.exposition import render
+from specdecode_exporter.simulator.scenario import ENGINE_FORMATS
 from tests.helpers import fixture_text
 from tests.unit.test_simulator_exposition import label_orders, signatures
 

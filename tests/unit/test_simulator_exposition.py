@@ -9,8 +9,8 @@ import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 
-from exporter.simulator import ModelSpec, Scenario, Simulator
-from exporter.simulator.exposition import content_type, render
+from specdecode_exporter.simulator import ModelSpec, Scenario, Simulator
+from specdecode_exporter.simulator.exposition import content_type, render
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 CAPTURE = FIXTURES / "captured_vllm_cpu_0.32.0_ngram.prom"

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from exporter.simulator.model import (
+from specdecode_exporter.simulator.model import (
     LiveParams,
     ModelSpec,
     compute_rates,

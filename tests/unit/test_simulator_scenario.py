@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from exporter.simulator import ScenarioError, default_scenario, load_scenario, parse_duration
-from exporter.simulator.cli import add_arguments, build_scenario, env_name, main
+from specdecode_exporter.simulator import ScenarioError, default_scenario, load_scenario, parse_duration
+from specdecode_exporter.simulator.cli import add_arguments, build_scenario, env_name, main
 
 
 def test_packaged_scenarios_load() -> None:

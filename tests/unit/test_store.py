@@ -7,9 +7,9 @@ from typing import NamedTuple
 
 import pytest
 
-from exporter.engines.base import SeriesReading
-from exporter.metrics import ACCEPTANCE_RATIO_BUCKETS
-from exporter.store import SeriesKey, SeriesState, Store, counter_increase
+from specdecode_exporter.core.metrics import ACCEPTANCE_RATIO_BUCKETS
+from specdecode_exporter.pipeline.engines.base import SeriesReading
+from specdecode_exporter.pipeline.store import SeriesKey, SeriesState, Store, counter_increase
 
 
 class Delta(NamedTuple):

@@ -1,11 +1,11 @@
-"""The one verdict definition (exporter/verdict.py) against cases worked out by hand."""
+"""The one verdict definition (src/specdecode_exporter/core/verdict.py) against cases worked out by hand."""
 
 from __future__ import annotations
 
 import pytest
 
-from exporter.derive import CostModel, counts_stats
-from exporter.verdict import Evidence, Verdict, VerdictBands, judge
+from specdecode_exporter.core.verdict import Evidence, Verdict, VerdictBands, judge
+from specdecode_exporter.pipeline.derive import CostModel, counts_stats
 
 BANDS = VerdictBands(page_acceptance_ratio=0.5, hurting_below=1.0, paying_off_from=1.1)
 

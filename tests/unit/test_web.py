@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from exporter.web import accepts_gzip
+from specdecode_exporter.sidecar.web import accepts_gzip
 
 
 @pytest.mark.parametrize(("header", "expected"), [

@@ -3,7 +3,7 @@
 (the spec target has `baseline: {target: control}`, the control `spec_decode: false`). Its observed mean speedup
 equals the ratio of the two servers' TPOT means computed by hand from their raw
 `vllm:request_time_per_output_token_seconds` _sum/_count over the same interval, and its calibrated cost and
-break-even follow from that speedup and vLLM's raw spec-decode counters by exporter/latency.py's formula.
+break-even follow from that speedup and vLLM's raw spec-decode counters by pipeline/latency.py's formula.
 
 Same requests in both: the sidecar starts while both servers are idle, its only window (10m) is longer than the
 sidecar's whole life, so the window opens at the sidecar's first collection (a snapshot of the idle servers, which
@@ -116,7 +116,7 @@ def windowed(found: list[Sample], name: str, target: str, **labels: str) -> floa
 
 
 def by_hand_calibrated_cost(speedup: float, counters: h.SpecCounters) -> float:
-    """exporter/latency.py calibrated_cost: the c for which L / (1 + k̄·c) = S, c = (L / S − 1) / k̄, at least 0."""
+    """pipeline/latency.py calibrated_cost: the c for which L / (1 + k̄·c) = S, c = (L / S − 1) / k̄, at least 0."""
     mean_length = 1 + counters.accepted / counters.drafts
     draft_length = counters.draft_tokens / counters.drafts
     return max(0.0, (mean_length / speedup - 1) / draft_length)

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from exporter.cli import main
+from specdecode_exporter.cli import main
 
 from . import vllm_harness as h
 

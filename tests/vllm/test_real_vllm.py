@@ -115,9 +115,9 @@ def test_live_fixture_if_present_matches_shapes() -> None:
 
 def test_simulator_spec_families_match_real(vllm_ngram_url: str) -> None:
     """The simulator's V1 exposition has the same spec-decode families, types and label names as a real
-    vLLM. (The simulator lives in exporter.simulator; imported lazily so this file runs without it.)"""
-    sim_mod = pytest.importorskip("exporter.simulator")
-    from exporter.simulator.server import serve_in_thread
+    vLLM. (The simulator lives in specdecode_exporter.simulator; imported lazily so this file runs without it.)"""
+    sim_mod = pytest.importorskip("specdecode_exporter.simulator")
+    from specdecode_exporter.simulator.server import serve_in_thread
 
     sim = sim_mod.Simulator(sim_mod.default_scenario())
     assert sim.format == "v1", f"default scenario format is {sim.format!r}; compare a V1 one"

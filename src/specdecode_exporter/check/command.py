@@ -1,0 +1,89 @@
+"""`specdecode-exporter check URL`: collect a few times over a short interval and print a verdict table."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TextIO
+
+import httpx
+
+from specdecode_exporter.check import per_request as check_per_request
+from specdecode_exporter.pipeline.derive import acceptance_ratio
+from specdecode_exporter.sidecar.collection import Exporter, TargetView
+from specdecode_exporter.sidecar.config import Config, TargetConfig, Window
+from specdecode_exporter.sidecar.status import verdict_stats
+
+CHECK_STEP_SECONDS = 2.0  # below V0's 5 s report period, so V0 counters can be decoded too
+
+
+def _fmt(value: float | int | None, spec: str = ".3f") -> str:
+    return "–" if value is None else format(value, spec)
+
+
+async def collect_for(exporter: Exporter, duration: float) -> TargetView:
+    async with httpx.AsyncClient(follow_redirects=False, trust_env=False) as client:
+        deadline = time.monotonic() + duration
+        (view,) = await exporter.collect_all_once(client)
+        while view.up and time.monotonic() < deadline:
+            await asyncio.sleep(min(CHECK_STEP_SECONDS, max(0.0, deadline - time.monotonic())))
+            (view,) = await exporter.collect_all_once(client)
+    return view
+
+
+def render(view: TargetView, duration: float) -> str:
+    cost = view.config.cost
+    lines = [f"target   {view.config.url}", f"api      {view.api}", ""]
+    header = ("model", "engine", "α", "α since start", "mean len", "k", "speedup", "break-even", "best k", "verdict")
+    rows = [header]
+    for series in view.series:
+        stats = verdict_stats(series)
+        totals = series.totals
+        rows.append((
+            series.key.model_name or "", series.key.engine or "",
+            _fmt(stats.acceptance_ratio if stats else None),
+            _fmt(acceptance_ratio(totals.accepted_tokens or 0.0, totals.draft_tokens or 0.0)),
+            _fmt(stats.mean_acceptance_length if stats else None, ".2f"),
+            _fmt(series.num_speculative_tokens, "d"),
+            _fmt(stats.expected_speedup if stats else None, ".2f"),
+            _fmt(cost.break_even_acceptance_ratio, ".2f"),
+            _fmt(stats.recommended_num_speculative_tokens if stats else None, "d"),
+            series.judgement.verdict.value,
+        ))
+    widths = [max(len(str(row[i])) for row in rows) for i in range(len(header))]
+    lines += ["  ".join(str(cell).ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in rows]
+    if not any(s.windows for s in view.series):
+        lines += ["", f"No drafted tokens in the last {duration:g}s: send traffic, or check for longer (--duration)."]
+    lines += [""] + [f"{series.key.model_name or ''} {series.key.engine or ''}".strip()
+                     + f": {series.judgement.verdict.value} ({series.judgement.reason})" for series in view.series]
+    lines += ["", f"Cost model: c_draft={cost.c_draft:g} c_verify={cost.c_verify:g} (break-even α = their sum); "
+                  "speedup is modelled, not measured."]
+    return "\n".join(lines) + "\n"
+
+
+def per_request_line(view: TargetView, send_completion: bool, timeout: float) -> tuple[str | None, bool]:
+    """(the per-request metrics line, whether it could decide); only for vLLM targets that serve spec decode."""
+    if not view.series or view.api not in ("vllm-v1", "vllm-v0"):
+        return None, True
+    if not send_completion or view.api == "vllm-v0":
+        return check_per_request.hint(view.api), True
+    finding = asyncio.run(check_per_request.send_test_completion(view.config.url, timeout))
+    return finding.line, finding.decided
+
+
+def run_check(url: str, duration: float, timeout: float, out: TextIO, send_test_completion: bool = False) -> int:
+    """Collect, print the verdict; with ``send_test_completion``, also one 1-token completion to tell whether vLLM
+    returns the per-request metrics the request tap reads (exit code 1 when that could not be told)."""
+    window = Window(f"{duration:g}s", duration + CHECK_STEP_SECONDS)
+    config = Config(targets=(TargetConfig(name="check", url=url, timeout=timeout),), windows=(window,),
+                    collect_interval=CHECK_STEP_SECONDS)
+    exporter = Exporter(config)
+    view = asyncio.run(collect_for(exporter, duration))
+    if not view.up:
+        out.write(f"specdecode-exporter: cannot collect {url}: {view.last_error}\n")
+        return 1
+    out.write(render(view, duration))
+    line, decided = per_request_line(view, send_test_completion, timeout)
+    if line is not None:
+        out.write(f"\n{line}\n")
+    return 0 if decided else 1

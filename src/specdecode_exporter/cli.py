@@ -1,0 +1,251 @@
+"""specdecode-exporter: run (the sidecar), simulate (a fake vLLM), demo (both), check URL (one-shot verdict),
+probe (measure α and the speedup before you ship).
+
+Flags follow Prometheus exporters; each flag can also come from SPECDECODE_<FLAG> (dots and dashes become
+underscores, upper case), e.g. SPECDECODE_WEB_LISTEN_ADDRESS. Precedence: flag > env > config file > default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, NoReturn
+
+from specdecode_exporter.core.log import setup_logging
+from specdecode_exporter.sidecar.config import (
+    DEFAULT_TARGET_URL,
+    DEFAULT_WINDOWS,
+    LOG_FORMATS,
+    LOG_LEVELS,
+    Config,
+    ConfigError,
+    config_from_mapping,
+    load_config_file,
+    parse_duration,
+    parse_size,
+    parse_windows,
+    targets_from_flags,
+    validate,
+    validate_listen_address,
+)
+
+PROG = "specdecode-exporter"
+
+
+class OneLineArgumentParser(argparse.ArgumentParser):
+    """argparse that reports a bad flag in one line (and where to get help) and exits with code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        sys.exit(2)
+
+
+def env_name(flag: str) -> str:
+    return "SPECDECODE_" + flag.lstrip("-").replace(".", "_").replace("-", "_").upper()
+
+
+@dataclass(frozen=True)
+class Flag:
+    flag: str
+    field: str  # Config field it sets
+    convert: Callable[[str], Any]
+    help: str
+    default_text: str
+
+
+def _listen(value: str) -> str:
+    return validate_listen_address(value, "--web.listen-address")
+
+
+RUN_FLAGS: tuple[Flag, ...] = (
+    Flag("--web.listen-address", "listen_address", _listen, "address to serve on", ":9877"),
+    Flag("--web.telemetry-path", "telemetry_path", str, "path under which to expose metrics", "/metrics"),
+    Flag("--web.config.file", "web_config_file", str,
+         "exporter-toolkit web config: TLS and basic auth for the sidecar's endpoints", "none"),
+    Flag("--collect.interval", "collect_interval", lambda v: parse_duration(v, "--collect.interval"),
+         "how often to collect vLLM's metrics", "5s"),
+    Flag("--collect.max-body-size", "max_body_bytes", lambda v: parse_size(v, "--collect.max-body-size"),
+         "largest exposition accepted (decoded)", "16MiB"),
+    Flag("--collect.stale-after", "stale_after", lambda v: parse_duration(v, "--collect.stale-after"),
+         "drop a label set not seen for this long", "10m"),
+    Flag("--collect.windows", "windows", lambda v: parse_windows(v, "--collect.windows"),
+         "comma-separated windows for the windowed gauges", DEFAULT_WINDOWS),
+    Flag("--log.level", "log_level", str, f"one of {', '.join(LOG_LEVELS)}", "info"),
+    Flag("--log.format", "log_format", str, f"one of {', '.join(LOG_FORMATS)}", "logfmt"),
+)
+
+
+def _from_env(args: argparse.Namespace, dest: str, flag: str) -> Any:
+    value = getattr(args, dest, None)
+    if value is None:
+        value = os.environ.get(env_name(flag))
+    return value
+
+
+def _dest(flag: str) -> str:
+    return flag.lstrip("-").replace(".", "_").replace("-", "_")
+
+
+def add_run_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config.file", dest="config_file", metavar="FILE",
+                        help=f"YAML configuration (env {env_name('--config.file')})")
+    parser.add_argument("--monitoring.config-file", dest="monitoring_config_file", metavar="FILE",
+                        help="the monitoring config the verdict reads (thresholds, bands), merged onto the shipped "
+                             f"one; the same file the rules and dashboard are built from "
+                             f"(env {env_name('--monitoring.config-file')})")
+    parser.add_argument("--target", action="append", metavar="[NAME=]URL",
+                        help=f"vLLM /metrics URL; repeatable (default {DEFAULT_TARGET_URL}; env SPECDECODE_TARGET, "
+                             "comma-separated)")
+    parser.add_argument("--collect.timeout", dest="collect_timeout", metavar="DURATION",
+                        help="timeout of one collection, for --target targets (default 3s)")
+    parser.add_argument("--proxy.listen-address", dest="proxy_listen_address", metavar="ADDRESS",
+                        help="turn the request tap on: also forward vLLM's OpenAI API here and record each "
+                             f"response's per-request metrics (default off; env {env_name('--proxy.listen-address')})")
+    parser.add_argument("--proxy.upstream", dest="proxy_upstream", metavar="URL",
+                        help="where the tap forwards to, http://host:port (default: the target's scheme, host and "
+                             f"port; env {env_name('--proxy.upstream')})")
+    for flag in RUN_FLAGS:
+        parser.add_argument(flag.flag, dest=_dest(flag.flag), metavar="VALUE",
+                            help=f"{flag.help} (default {flag.default_text}; env {env_name(flag.flag)})")
+
+
+def config_from_args(args: argparse.Namespace) -> Config:
+    """Flags > env > config file > defaults."""
+    config_file = _from_env(args, "config_file", "--config.file")
+    monitoring_file = _from_env(args, "monitoring_config_file", "--monitoring.config-file")
+    timeout_text = _from_env(args, "collect_timeout", "--collect.timeout")
+    timeout = parse_duration(timeout_text, "--collect.timeout") if timeout_text else 3.0
+    urls = args.target or [u for u in (os.environ.get("SPECDECODE_TARGET") or "").split(",") if u]
+    flagged_targets = targets_from_flags(urls, timeout) if urls else None
+    proxy_flags = {"listen_address": _from_env(args, "proxy_listen_address", "--proxy.listen-address"),
+                   "upstream": _from_env(args, "proxy_upstream", "--proxy.upstream")}
+    config = (load_config_file(config_file, monitoring_file, flagged_targets, proxy_flags) if config_file
+              else config_from_mapping({}, "defaults", monitoring_file,
+                                       flagged_targets or targets_from_flags([DEFAULT_TARGET_URL], timeout),
+                                       proxy_flags))
+    overrides: dict[str, Any] = {}
+    for flag in RUN_FLAGS:
+        value = _from_env(args, _dest(flag.flag), flag.flag)
+        if value is not None:
+            overrides[flag.field] = flag.convert(value)
+    for key, choices in (("log_level", LOG_LEVELS), ("log_format", LOG_FORMATS)):
+        if key in overrides and overrides[key] not in choices:
+            raise ConfigError(f"--{key.replace('_', '.')}: expected one of {', '.join(choices)}, "
+                              f"got {overrides[key]!r}")
+    if overrides.get("telemetry_path", "/").startswith("/") is False:
+        raise ConfigError(f"--web.telemetry-path: expected a path starting with /, got {overrides['telemetry_path']!r}")
+    return validate(replace(config, **overrides))
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    config = config_from_args(args)
+    from specdecode_exporter.sidecar.webconfig import WebSecurity, load_web_config
+
+    security = WebSecurity(load_web_config(config.web_config_file)) if config.web_config_file else None
+    setup_logging(config.log_level, config.log_format)
+    from specdecode_exporter.sidecar.web import serve
+
+    return serve(config, load=lambda: config_from_args(args), security=security)
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from specdecode_exporter.check.command import run_check
+
+    duration = parse_duration(args.duration, "--duration")
+    timeout = parse_duration(args.timeout, "--timeout")
+    return run_check(args.url, duration, timeout, sys.stdout, send_test_completion=args.send_test_completion)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from specdecode_exporter.demo import run_demo
+
+    setup_logging("info", "logfmt")
+    duration = parse_duration(args.duration, "--duration") if args.duration else None
+    return run_demo(_listen(args.web_listen_address), duration, args.scenario)
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A subcommand whose flags live in its own package (``module`` has add_arguments(parser) and main(args));
+    the package is imported only when the subcommand runs, so `run` never loads a tool."""
+
+    name: str
+    help: str
+    module: str
+
+
+TOOLS: tuple[Tool, ...] = (
+    Tool("simulate", "serve a fake vLLM /metrics (for demos and tests)", "specdecode_exporter.simulator.cli"),
+    Tool("probe", "measure α, TPOT and the speedup per temperature and prompt group", "specdecode_exporter.probe.cli"),
+)
+
+
+def _command_of(argv: Sequence[str] | None) -> str | None:
+    """The subcommand an argument list names: its first argument that is not an option."""
+    args = sys.argv[1:] if argv is None else argv
+    return next((arg for arg in args if not arg.startswith("-")), None)
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The parser for ``argv`` (default: the command line): a tool's flags are added only when it is the command."""
+    parser = OneLineArgumentParser(prog=PROG, description="Is vLLM's speculative decoding paying off?")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineArgumentParser)
+    commands.required = True
+
+    run = commands.add_parser("run", help="run the sidecar (collect vLLM, serve /metrics)")
+    add_run_flags(run)
+    run.set_defaults(handler=cmd_run)
+
+    check = commands.add_parser("check", help="collect a vLLM /metrics URL twice and print a verdict")
+    check.add_argument("url", help="e.g. http://127.0.0.1:8000/metrics")
+    check.add_argument("--duration", default="10s", help="time between first and last collection (default 10s)")
+    check.add_argument("--timeout", default="5s", help="timeout of one collection (default 5s)")
+    check.add_argument("--send-test-completion", action="store_true",
+                       help="also send vLLM one 1-token completion (to the served model) to tell whether its responses "
+                            "carry the per-request metrics the request tap reads (vLLM's --per-request-spec-decode-"
+                            "metrics summary, --enable-per-request-metrics); exit code 1 if the answer cannot tell. "
+                            "Without it, check sends nothing and only names those flags")
+    check.set_defaults(handler=cmd_check)
+
+    demo = commands.add_parser("demo", help="run the simulator and the sidecar together")
+    demo.add_argument("--web.listen-address", dest="web_listen_address", default="127.0.0.1:9877",
+                      help="sidecar address (default 127.0.0.1:9877)")
+    demo.add_argument("--scenario", help="simulator scenario file (default: the packaged demo scenario)")
+    demo.add_argument("--duration", help="stop after this long (default: run until Ctrl-C)")
+    demo.set_defaults(handler=cmd_demo)
+
+    chosen = _command_of(argv)
+    for tool in TOOLS:
+        sub = commands.add_parser(tool.name, help=tool.help)
+        if tool.name == chosen:
+            module = importlib.import_module(tool.module)
+            module.add_arguments(sub)
+            sub.set_defaults(handler=module.main)
+    return parser
+
+
+def _version() -> str:
+    from specdecode_exporter.sidecar.expose import exporter_version
+
+    return exporter_version()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser(argv)
+    args = parser.parse_args(argv)
+    try:
+        return int(args.handler(args) or 0)
+    except ConfigError as exc:
+        sys.stderr.write(f"{PROG}: config error: {exc}\n")
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

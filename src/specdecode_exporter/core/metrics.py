@@ -1,0 +1,318 @@
+"""The exported metric contract (docs/architecture.md, "What the sidecar exports") as data: the collector, the
+README reference table and the golden-file test all read this one table."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client import utils as prometheus_utils
+
+WINDOWED_NOTE = (
+    " Computed by the sidecar from its own collections (every --collect.interval), not at scrape time."
+)
+SERIES_LABELS = ("target", "model_name", "engine")
+# The le bounds of both α histograms (per collection interval and per request): every 0.05, so the page's 0.5 is a
+# bound and a rule can count what falls below it exactly.
+ACCEPTANCE_RATIO_BUCKETS: tuple[float, ...] = tuple(round(0.05 * i, 2) for i in range(1, 21))
+
+
+def go_float(value: float) -> str:
+    """A float as Go (and so Prometheus' own exposition) writes it: +Inf, 1e+06, 0.5."""
+    text: str = prometheus_utils.floatToGoString(value)  # type: ignore[no-untyped-call]
+    return text
+
+
+def quantile_name(q: float) -> str:
+    """0.1 -> p10, 0.5 -> p50, 0.999 -> p99_9."""
+    text = f"{q * 100:.6f}".rstrip("0").rstrip(".")
+    return "p" + text.replace(".", "_")
+
+
+@dataclass(frozen=True, slots=True)
+class MetricSpec:
+    name: str  # the family name; counters are exposed with a _total suffix
+    type: str  # gauge, counter, histogram, info-style gauge
+    help: str
+    labels: tuple[str, ...]  # labels beyond the static ones from config
+
+    @property
+    def exposed_name(self) -> str:
+        return self.name + "_total" if self.type == "counter" else self.name
+
+
+def _windowed(name: str, help_text: str, extra: tuple[str, ...] = ()) -> MetricSpec:
+    return MetricSpec(name, "gauge", help_text + WINDOWED_NOTE, (*SERIES_LABELS, "window", *extra))
+
+
+UP = MetricSpec("specdecode_up", "gauge", "1 if the last collection of the target succeeded, else 0.", ("target",))
+COLLECT_DURATION = MetricSpec(
+    "specdecode_collect_duration_seconds", "gauge", "Duration of the last collection of the target.", ("target",)
+)
+COLLECT_ERRORS = MetricSpec(
+    "specdecode_collect_errors", "counter",
+    "Failed collections by reason: connect, timeout, http_status, too_large, parse, no_spec_metrics, "
+    "no_latency_metrics.",
+    ("target", "reason"),
+)
+INFO = MetricSpec(
+    "specdecode_info", "gauge",
+    "Always 1: the metrics dialect of the source (api), the speculative method (from config; vLLM does not "
+    "export it) and the number of speculative tokens k (from config or inferred).",
+    (*SERIES_LABELS, "api", "method", "num_speculative_tokens"),
+)
+DRAFTS = MetricSpec(
+    "specdecode_drafts", "counter",
+    "Verification steps that carried a draft (one per request per step); reset-safe across vLLM restarts.",
+    SERIES_LABELS,
+)
+DRAFT_TOKENS = MetricSpec(
+    "specdecode_draft_tokens", "counter", "Drafted tokens; reset-safe across vLLM restarts.", SERIES_LABELS
+)
+ACCEPTED_TOKENS = MetricSpec(
+    "specdecode_accepted_tokens", "counter",
+    "Accepted draft tokens (accepted prefix, bonus token excluded); reset-safe across vLLM restarts.",
+    SERIES_LABELS,
+)
+EMITTED_TOKENS = MetricSpec(
+    "specdecode_emitted_tokens", "counter",
+    "Tokens emitted by verification steps (accepted prefix plus one target token per draft); reset-safe.",
+    SERIES_LABELS,
+)
+ACCEPTED_BY_POSITION = MetricSpec(
+    "specdecode_accepted_tokens_by_position", "counter",
+    "Drafts whose accepted prefix is longer than position (0-based); reset-safe.",
+    (*SERIES_LABELS, "position"),
+)
+ACCEPTANCE_RATIO = _windowed(
+    "specdecode_acceptance_ratio",
+    "Draft acceptance rate α over the window: accepted / drafted tokens. Absent when the window had no drafts.",
+)
+MEAN_ACCEPTANCE_LENGTH = _windowed(
+    "specdecode_mean_acceptance_length",
+    "Tokens produced per verification step over the window: 1 + accepted / drafts (vLLM's definition).",
+)
+POSITION_ACCEPTANCE_RATIO = _windowed(
+    "specdecode_position_acceptance_ratio",
+    "Share of drafts whose accepted prefix is longer than position, over the window.",
+    ("position",),
+)
+TOKEN_ACCEPTANCE_PROBABILITY = _windowed(
+    "specdecode_token_acceptance_probability",
+    "Leviathan et al.'s per-token acceptance probability (i.i.d. model) fitted over the window; not α.",
+)
+DRAFT_TOKENS_PER_SECOND = _windowed(
+    "specdecode_draft_tokens_per_second", "Drafted tokens per second over the window."
+)
+ACCEPTED_TOKENS_PER_SECOND = _windowed(
+    "specdecode_accepted_tokens_per_second", "Accepted draft tokens per second over the window."
+)
+EXPECTED_SPEEDUP = _windowed(
+    "specdecode_expected_speedup",
+    "Modelled speedup over plain decoding: mean acceptance length / (1 + k̄·(c_draft + c_verify)); "
+    "below 1 spec decode costs more than it saves.",
+)
+EXPECTED_SPEEDUP_BY_LENGTH = _windowed(
+    "specdecode_expected_speedup_by_length",
+    "Modelled speedup had vLLM drafted num_speculative_tokens tokens, from the per-position curve.",
+    ("num_speculative_tokens",),
+)
+RECOMMENDED_K = _windowed(
+    "specdecode_recommended_num_speculative_tokens",
+    "The number of speculative tokens with the highest modelled speedup (a shorter one only if at least 2 % "
+    "faster than the current); 0 means plain decoding would be faster. Under the calibrated cost where a "
+    "baseline gives one, else the configured.",
+)
+BREAK_EVEN = MetricSpec(
+    "specdecode_break_even_acceptance_ratio", "gauge",
+    "α below which spec decode costs more than it saves: the cost per drafted token, c_draft + c_verify, as "
+    "configured (cost_basis=configured, always) and, where a baseline gives an observed speedup, calibrated "
+    "to it over the verdict window (cost_basis=calibrated; the one in force where present). Capped at 1: a "
+    "cost above 1 means no acceptance rate pays off.",
+    (*SERIES_LABELS, "cost_basis"),
+)
+BREAK_EVEN_AT_LOAD = _windowed(
+    "specdecode_break_even_acceptance_ratio_at_load",
+    "Break-even α at the window's mean running batch: the configured cost model with c_verify grown toward "
+    "c_verify_max as the batch nears saturating_batch (a model of load, not a measurement); capped at 1.",
+)
+TIME_PER_OUTPUT_TOKEN = _windowed(
+    "specdecode_time_per_output_token_seconds",
+    "Time per output token over the window, from vLLM's per-request histogram (each finished request's decode "
+    "time / (tokens − 1)): statistic=mean is exact (_sum/_count), p50/p90/p99 are interpolated within its buckets "
+    "as histogram_quantile does. Not inter-token latency, which under spec decode is one engine step (1…k+1 "
+    "tokens).",
+    ("statistic",),
+)
+TIME_PER_OUTPUT_TOKEN_TAIL = _windowed(
+    "specdecode_time_per_output_token_tail_ratio",
+    "P99 / P50 of time per output token over the window: how much longer the slowest requests' tokens take.",
+)
+TIME_TO_FIRST_TOKEN = _windowed(
+    "specdecode_time_to_first_token_seconds",
+    "Time to first token over the window (statistic p50, p99), from vLLM's histogram; spec decode does not "
+    "speed it up.",
+    ("statistic",),
+)
+REQUESTS_RUNNING = _windowed(
+    "specdecode_requests_running", "Mean number of requests in vLLM's running batch over the window."
+)
+REQUESTS_WAITING = _windowed(
+    "specdecode_requests_waiting", "Mean number of requests waiting in vLLM's queue over the window."
+)
+OBSERVED_SPEEDUP = _windowed(
+    "specdecode_observed_speedup",
+    "Measured speedup: baseline TPOT / current TPOT over the window (statistic=mean exact from _sum/_count; "
+    "p50, p99 from the histograms). Absent without a baseline (a control target or configured figures) or "
+    "without requests. p99 below 1 while p50 is above 1 is a tail regression.",
+    ("statistic",),
+)
+CALIBRATED_COST = _windowed(
+    "specdecode_calibrated_cost_per_draft_token",
+    "The cost per drafted token c = c_draft + c_verify that makes the modelled speedup L / (1 + k̄·c) equal the "
+    "observed mean speedup over the window: the break-even α measured rather than assumed.",
+)
+REQUEST_TPOT = MetricSpec(
+    "specdecode_request_time_per_output_token_seconds", "histogram",
+    "vLLM's per-request time-per-output-token histogram, reset-safe across vLLM restarts, marked with "
+    "spec_decode=true|false (a control target) so recording rules can compare the two across pods.",
+    (*SERIES_LABELS, "spec_decode"),
+)
+ENGINE_REQUEST_ACCEPTANCE = MetricSpec(
+    "specdecode_engine_request_acceptance_ratio", "histogram",
+    "The engine's own histogram of per-request α, where it exports one (vLLM's proposed "
+    "vllm:request_spec_decode_acceptance_rate), re-exported reset-safe with its own buckets: the per-request "
+    "distribution without the request tap, per model and engine only (no workload or temperature).",
+    SERIES_LABELS,
+)
+BASELINE_INFO = MetricSpec(
+    "specdecode_baseline_info", "gauge",
+    "Always 1 for a target whose latency takes part in a comparison: role=speculative (it has a baseline: "
+    "baseline=the control target's name, or measured) or role=control (spec decode off).",
+    ("target", "role", "baseline"),
+)
+INTERVAL_ACCEPTANCE = MetricSpec(
+    "specdecode_interval_acceptance_ratio", "histogram",
+    "α of each collection interval that carried drafts, one observation per interval." + WINDOWED_NOTE,
+    SERIES_LABELS,
+)
+VERDICT = MetricSpec(
+    "specdecode_verdict", "gauge",
+    "Always 1, for the verdict in force (paying off, marginal, hurting, no traffic) over the verdict window "
+    "(monitoring config windows.verdict, else the next longer one with data, else the longest with data); basis: "
+    "observed (against a baseline) or modelled (the cost model).",
+    (*SERIES_LABELS, "window", "verdict", "basis"),
+)
+TAP_LABELS = ("target", "model_name", "workload", "temperature")
+REQUEST_ACCEPTANCE = MetricSpec(
+    "specdecode_request_acceptance_ratio", "histogram",
+    "Per-request α from the request tap (vLLM's per-request metrics: accepted / drafted tokens of one request), "
+    "by model, workload (a request header) and temperature band: the distribution the aggregate counters hide.",
+    TAP_LABELS,
+)
+REQUEST_MEAN_LENGTH = MetricSpec(
+    "specdecode_request_mean_acceptance_length", "histogram",
+    "Per-request mean acceptance length from the request tap (1 + accepted / verification steps).",
+    TAP_LABELS,
+)
+REQUESTS = MetricSpec(
+    "specdecode_requests", "counter",
+    "Completion requests through the request tap that carried spec-decode metrics.", TAP_LABELS,
+)
+REQUEST_DRAFT_TOKENS = MetricSpec(
+    "specdecode_request_draft_tokens", "counter",
+    "Drafted tokens of the requests through the tap: with the accepted counter, α per workload and temperature "
+    "band over any window is exact.", TAP_LABELS,
+)
+REQUEST_ACCEPTED_TOKENS = MetricSpec(
+    "specdecode_request_accepted_tokens", "counter", "Accepted draft tokens of the requests through the tap.",
+    TAP_LABELS,
+)
+REQUESTS_WITHOUT_SPEC = MetricSpec(
+    "specdecode_requests_without_spec_metrics", "counter",
+    "Completion requests through the tap without per-request spec-decode metrics, by reason: not_enabled (start "
+    "vLLM with --per-request-spec-decode-metrics summary), n_gt_1, multi_prompt, no_usage, http_error, "
+    "client_disconnected, upstream_failed, unparsable.",
+    ("target", "model_name", "reason"),
+)
+REQUEST_SPEED = MetricSpec(
+    "specdecode_request_output_tokens_per_second", "histogram",
+    "Per-request generation speed (vLLM's tokens_per_second, else output tokens over the streamed generation) "
+    "by the request's acceptance band: are the low-α requests the slow ones?",
+    ("target", "model_name", "acceptance"),
+)
+TAP_CONNECTIONS = MetricSpec(
+    "specdecode_tap_connections", "gauge", "Client connections the request tap holds open.", ("target",)
+)
+TAP_BUFFERED_BYTES = MetricSpec(
+    "specdecode_tap_buffered_bytes", "gauge",
+    "Bytes the request tap holds for slow clients (bounded per stream by backpressure).", ("target",),
+)
+LIFETIME_ACCEPTANCE = MetricSpec(
+    "specdecode_lifetime_acceptance_ratio", "gauge",
+    "vLLM V0 only: the engine's own lifetime acceptance rate gauge, passed through (since vLLM start, not windowed).",
+    SERIES_LABELS,
+)
+REPORTED_ACCEPTANCE_LENGTH = MetricSpec(
+    "specdecode_reported_acceptance_length", "gauge",
+    "The engine's own mean acceptance length over its own last reporting window or iteration (SGLang "
+    "spec_accept_length, TensorRT-LLM spec_decode_acceptance_length), passed through: not a window of this "
+    "sidecar, never averaged.",
+    SERIES_LABELS,
+)
+REPORTED_ACCEPTANCE_RATIO = MetricSpec(
+    "specdecode_reported_acceptance_ratio", "gauge",
+    "The engine's own acceptance rate over its own last reporting window (SGLang spec_accept_rate), passed "
+    "through: not a window of this sidecar, never averaged, and defined by the engine.",
+    SERIES_LABELS,
+)
+SOURCE_RESTARTS = MetricSpec(
+    "specdecode_source_restarts", "counter",
+    "vLLM restarts detected from counters that went down or a changed _created.", SERIES_LABELS,
+)
+DROPPED_SERIES = MetricSpec(
+    "specdecode_dropped_series", "counter",
+    "Series not tracked because the target exceeded collect.max_series_per_target.", ("target",),
+)
+BUILD_INFO = MetricSpec(
+    "specdecode_exporter_build_info", "gauge", "Always 1: the exporter's version.", ("version", "python_version")
+)
+
+CONFIG_RELOAD_SUCCESSFUL = MetricSpec(
+    "specdecode_config_last_reload_successful", "gauge",
+    "1 if the last configuration reload (SIGHUP or POST /-/reload) succeeded, else 0.", (),
+)
+CONFIG_RELOAD_TIME = MetricSpec(
+    "specdecode_config_last_reload_success_timestamp_seconds", "gauge",
+    "Unix time of the last successful configuration load (start or reload).", (),
+)
+
+# The tap's families change with every request: they are rendered live on each scrape, not per collection.
+TAP: tuple[MetricSpec, ...] = (
+    REQUEST_ACCEPTANCE, REQUEST_MEAN_LENGTH, REQUESTS, REQUEST_DRAFT_TOKENS, REQUEST_ACCEPTED_TOKENS,
+    REQUESTS_WITHOUT_SPEC, REQUEST_SPEED, TAP_CONNECTIONS, TAP_BUFFERED_BYTES,
+)
+
+COLLECTED: tuple[MetricSpec, ...] = (
+    UP, COLLECT_DURATION, COLLECT_ERRORS, INFO,
+    DRAFTS, DRAFT_TOKENS, ACCEPTED_TOKENS, EMITTED_TOKENS, ACCEPTED_BY_POSITION,
+    ACCEPTANCE_RATIO, MEAN_ACCEPTANCE_LENGTH, POSITION_ACCEPTANCE_RATIO, TOKEN_ACCEPTANCE_PROBABILITY,
+    DRAFT_TOKENS_PER_SECOND, ACCEPTED_TOKENS_PER_SECOND, INTERVAL_ACCEPTANCE,
+    BREAK_EVEN, EXPECTED_SPEEDUP, EXPECTED_SPEEDUP_BY_LENGTH, RECOMMENDED_K, VERDICT,
+    TIME_PER_OUTPUT_TOKEN, TIME_PER_OUTPUT_TOKEN_TAIL, TIME_TO_FIRST_TOKEN, REQUESTS_RUNNING, REQUESTS_WAITING,
+    REQUEST_TPOT, ENGINE_REQUEST_ACCEPTANCE, OBSERVED_SPEEDUP, CALIBRATED_COST, BREAK_EVEN_AT_LOAD, BASELINE_INFO,
+    LIFETIME_ACCEPTANCE, REPORTED_ACCEPTANCE_LENGTH, REPORTED_ACCEPTANCE_RATIO, SOURCE_RESTARTS, DROPPED_SERIES,
+    BUILD_INFO,
+)
+# Named after Prometheus' own prometheus_config_last_reload_*, so the same alert pattern works.
+RELOAD: tuple[MetricSpec, ...] = (CONFIG_RELOAD_SUCCESSFUL, CONFIG_RELOAD_TIME)
+CONTRACT: tuple[MetricSpec, ...] = (*COLLECTED, *TAP, *RELOAD)
+
+
+def reference_table() -> str:
+    """The README's metric reference, generated from CONTRACT."""
+    rows = ["| metric | type | labels | meaning |", "|---|---|---|---|"]
+    for spec in CONTRACT:
+        meaning = spec.help.replace(WINDOWED_NOTE, " (windowed)").replace("|", "\\|")
+        labels = ", ".join(f"`{label}`" for label in spec.labels)
+        rows.append(f"| `{spec.exposed_name}` | {spec.type} | {labels} | {meaning} |")
+    return "\n".join(rows)

@@ -1,0 +1,88 @@
+"""The verdict: one definition, used by the status page, `check`, /api/v1/status and `specdecode_verdict`, and
+written as PromQL (``specdecode_exporter.monitoring.promql.verdict_code``) for the dashboard's fleet view from the same
+bands (the monitoring config's ``verdict`` and ``thresholds.page_acceptance_ratio``).
+
+The speedup it judges is the observed one (baseline TPOT / current TPOT) when a baseline exists, else the
+modelled one (docs/architecture.md, "Break-even model"):
+
+* no traffic: no α over the window;
+* hurting: speedup below ``hurting_below``;
+* marginal: speedup below ``paying_off_from``, or α below the page threshold (the page fires), or the
+  observed P99 speedup below ``hurting_below`` while the mean is above it (a tail regression);
+* paying off: otherwise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class Verdict(StrEnum):
+    NO_TRAFFIC = "no traffic"
+    HURTING = "hurting"
+    MARGINAL = "marginal"
+    PAYING_OFF = "paying off"
+
+    @property
+    def code(self) -> int | None:
+        """The number the PromQL form of the verdict evaluates to (no traffic: no sample)."""
+        return _CODES[self]
+
+
+_CODES = {Verdict.NO_TRAFFIC: None, Verdict.HURTING: 0, Verdict.MARGINAL: 1, Verdict.PAYING_OFF: 2}
+VERDICT_BY_CODE = {code: verdict for verdict, code in _CODES.items() if code is not None}
+
+
+@dataclass(frozen=True, slots=True)
+class VerdictBands:
+    page_acceptance_ratio: float = 0.5  # α below this pages; the verdict is then at best "marginal"
+    hurting_below: float = 1.0  # speedup below this: hurting
+    paying_off_from: float = 1.1  # speedup from this (α not below the page threshold): paying off
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    """What one series' verdict is judged on, over one window."""
+
+    acceptance_ratio: float | None
+    modelled_speedup: float | None
+    observed_speedup: float | None = None  # mean TPOT ratio, baseline / current
+    observed_speedup_p50: float | None = None
+    observed_speedup_p99: float | None = None
+    baseline: str | None = None  # what the observed speedup is against, in words ("control target x")
+
+
+@dataclass(frozen=True, slots=True)
+class Judgement:
+    verdict: Verdict
+    basis: str  # "observed", "modelled" or "none"
+    reason: str  # the why, in words, for the status page and `check`
+
+
+def judge(evidence: Evidence, bands: VerdictBands) -> Judgement:
+    alpha = evidence.acceptance_ratio
+    observed = evidence.observed_speedup is not None
+    speedup = evidence.observed_speedup if observed else evidence.modelled_speedup
+    if alpha is None or speedup is None:
+        return Judgement(Verdict.NO_TRAFFIC, "none", "no drafted tokens in the window")
+    basis = "observed" if observed else "modelled"
+    said = _speedup_words(evidence, speedup)
+    if speedup < bands.hurting_below:
+        return Judgement(Verdict.HURTING, basis, f"{said}: below {bands.hurting_below:g}×")
+    p99 = evidence.observed_speedup_p99
+    if p99 is not None and p99 < bands.hurting_below:
+        return Judgement(Verdict.MARGINAL, basis, f"{said}, P99 {p99:.2f}×: tail regression")
+    if alpha < bands.page_acceptance_ratio:
+        return Judgement(Verdict.MARGINAL, basis,
+                         f"{said}, but α {alpha:.2f} is below the page threshold {bands.page_acceptance_ratio:g}")
+    if speedup < bands.paying_off_from:
+        return Judgement(Verdict.MARGINAL, basis, f"{said}: below {bands.paying_off_from:g}×")
+    return Judgement(Verdict.PAYING_OFF, basis, said)
+
+
+def _speedup_words(evidence: Evidence, speedup: float) -> str:
+    if evidence.observed_speedup is None:
+        return f"modelled {speedup:.2f}×"
+    against = f" against {evidence.baseline}" if evidence.baseline else ""
+    return f"observed {speedup:.2f}×{against}"

@@ -1,0 +1,114 @@
+"""`specdecode-exporter demo`: everything the sidecar does, on loopback, with no vLLM.
+
+Two simulated vLLM pods of the same model: one with speculative decoding (the packaged demo scenario: healthy →
+degraded → restart → recovered, looping) and a control pod with it off, the first's baseline. The sidecar collects
+both and runs the request tap in front of the first, and a small client sends it traffic through the tap: two
+workloads at three temperatures, streamed and not, so the per-request figures fill in too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import threading
+
+import httpx
+
+from specdecode_exporter.core.httpserver import ThreadedServer, bind_socket
+from specdecode_exporter.core.log import event
+from specdecode_exporter.sidecar.collection import Exporter
+from specdecode_exporter.sidecar.config import (
+    BaselineConfig,
+    Config,
+    ProxyConfig,
+    TargetConfig,
+    parse_windows,
+    split_listen_address,
+)
+from specdecode_exporter.sidecar.proxy import TapRuntime, tap_runtime
+from specdecode_exporter.sidecar.web import build_app
+from specdecode_exporter.simulator import ModelSpec, Simulator, default_scenario, load_scenario, steady_scenario
+from specdecode_exporter.simulator.server import serve_in_thread
+
+DEMO_INTERVAL_SECONDS = 2.0
+TRAFFIC_EVERY_SECONDS = 0.25
+# (workload header, temperature): the simulator accepts less the hotter a request is sampled
+TRAFFIC = (("chat", 0.0), ("code", 0.0), ("chat", 0.5), ("code", 1.0), ("chat", 1.0))
+
+
+def demo_config(listen_address: str, spec_url: str, control_url: str) -> Config:
+    spec = TargetConfig(name="simulated-vllm", url=f"{spec_url}/metrics", method="eagle3",
+                        baseline=BaselineConfig(target="control"))
+    control = TargetConfig(name="control", url=f"{control_url}/metrics", spec_decode=False)
+    return Config(
+        targets=(spec, control),
+        windows=parse_windows("1m,5m,15m,1h", "windows"),
+        collect_interval=DEMO_INTERVAL_SECONDS,
+        listen_address=listen_address,
+        proxy=ProxyConfig(listen_address="127.0.0.1:0", upstream=spec_url, target=spec.name, drain_timeout=1.0),
+    )
+
+
+def send_traffic(tap_url: str, model: str, stop: threading.Event) -> None:
+    """What clients of the tap would send: a request every TRAFFIC_EVERY_SECONDS, errors ignored."""
+    with httpx.Client(base_url=tap_url, timeout=30, trust_env=False) as client:
+        for i, (workload, temperature) in enumerate(itertools.cycle(TRAFFIC)):
+            if stop.wait(TRAFFIC_EVERY_SECONDS):
+                return
+            body = {"model": model, "prompt": "Write a haiku about GPUs.", "max_tokens": 48,
+                    "temperature": temperature, "stream": i % 2 == 0}
+            with contextlib.suppress(httpx.HTTPError):
+                client.post("/v1/completions", json=body, headers={"x-workload": workload})
+
+
+def run_demo(listen_address: str, duration: float | None, scenario_file: str | None) -> int:
+    scenario = load_scenario(scenario_file) if scenario_file else default_scenario()
+    model = scenario.models[0]
+    started: list[ThreadedServer] = []
+    stop = threading.Event()
+    try:
+        spec, spec_url = serve_in_thread(Simulator(scenario))
+        started.append(spec)
+        control_spec = ModelSpec(name=model.name, spec_decode=False, drafts_per_second=model.drafts_per_second)
+        control, control_url = serve_in_thread(Simulator(steady_scenario(control_spec)))
+        started.append(control)
+        config = demo_config(listen_address, spec_url, control_url)
+        sidecar, tap = _start_sidecar(config)
+        started.append(sidecar)
+        tap_url = f"http://127.0.0.1:{tap.sock.getsockname()[1]}"
+        threading.Thread(target=send_traffic, args=(tap_url, model.name, stop), name="demo-traffic",
+                         daemon=True).start()
+        _print_urls(sidecar.base_url, spec_url, control_url, tap_url)
+        with contextlib.suppress(KeyboardInterrupt):
+            stop.wait(duration)
+    except OSError as exc:
+        event(logging.ERROR, "cannot listen", listen_address=listen_address, detail=exc.strerror or str(exc))
+        return 1
+    finally:
+        stop.set()
+        for server in reversed(started):
+            server.stop()
+    return 0
+
+
+def _start_sidecar(config: Config) -> tuple[ThreadedServer, TapRuntime]:
+    host, port = split_listen_address(config.listen_address)
+    tap = tap_runtime(config)
+    assert tap is not None, "the demo config has a proxy"
+    sock = bind_socket(host, port)
+    return ThreadedServer(build_app(Exporter(config), tap=tap), sock, name="sidecar").start(), tap
+
+
+def _print_urls(sidecar: str, spec: str, control: str, tap: str) -> None:
+    print(f"""
+specdecode-exporter demo is running (Ctrl-C to stop).
+  status page      {sidecar}/      (α, observed speedup against the control pod, per-request bands, charts)
+  metrics          {sidecar}/metrics
+  status (JSON)    {sidecar}/api/v1/status
+  simulated vLLM   {spec}/metrics   (spec decode on; scenario: healthy → degraded → restart → recovered)
+  control pod      {control}/metrics   (the same model, spec decode off: the baseline)
+  request tap      {tap}/v1/completions   (the demo sends traffic through it)
+Watch α drop below 0.5 in the 'degraded' phase, and the observed speedup with it:
+  curl -s {sidecar}/metrics | grep -E 'specdecode_(acceptance_ratio|observed_speedup)\\{{'
+""", flush=True)

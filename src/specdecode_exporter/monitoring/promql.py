@@ -1,0 +1,133 @@
+"""Shared PromQL: the recording rules, the alerts and the dashboard panels build their queries from these.
+
+Ratios are pooled the one right way: numerator and denominator summed separately, then divided, guarded with
+``/ (… > 0)`` so an idle model has no sample (the dashboard shows "No traffic", never NaN). Metric names come
+from the exporter's metric contract (src/specdecode_exporter/core/metrics.py), never retyped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from specdecode_exporter.core import metrics as m
+from specdecode_exporter.core.verdict import VerdictBands
+
+
+@dataclass(frozen=True, slots=True)
+class Scope:
+    """Which series a query reads (label matchers, possibly empty) and what it pools them by."""
+
+    matchers: str
+    by: tuple[str, ...]
+
+    def also(self, *matchers: str) -> str:
+        """The matchers plus more, as the inside of a selector's braces."""
+        return ", ".join(part for part in (self.matchers, *matchers) if part)
+
+    @property
+    def by_clause(self) -> str:
+        return ", ".join(self.by)
+
+
+def by(labels: Sequence[str]) -> str:
+    return ", ".join(labels)
+
+
+def selector(metric: str, matchers: str = "") -> str:
+    return f"{metric}{{{matchers}}}" if matchers else metric
+
+
+def fmt_num(x: float) -> str:
+    return f"{x:g}"
+
+
+def rate_sum(metric: str, scope: Scope, window: str, *matchers: str) -> str:
+    return f"sum by ({scope.by_clause}) (rate({selector(metric, scope.also(*matchers))}[{window}]))"
+
+
+def guarded_ratio(numerator: str, denominator: str) -> str:
+    """numerator / denominator, with no sample (rather than NaN or Inf) where the denominator is 0."""
+    return f"{numerator}\n/\n({denominator} > 0)"
+
+
+def acceptance_ratio(scope: Scope, window: str) -> str:
+    """α pooled over the scope: Σ accepted / Σ drafted."""
+    return guarded_ratio(rate_sum(m.ACCEPTED_TOKENS.exposed_name, scope, window),
+                         rate_sum(m.DRAFT_TOKENS.exposed_name, scope, window))
+
+
+def mean_acceptance_length(scope: Scope, window: str) -> str:
+    """1 + Σ accepted / Σ drafts (vLLM's definition, the bonus token included)."""
+    return "1 + " + guarded_ratio(rate_sum(m.ACCEPTED_TOKENS.exposed_name, scope, window),
+                                  rate_sum(m.DRAFTS.exposed_name, scope, window))
+
+
+def break_even(scope: Scope, basis: str = "configured") -> str:
+    """The sidecars' break-even α (= their cost per drafted token) on one cost basis, the highest in the scope."""
+    basis_matcher = f'cost_basis="{basis}"'
+    return f"max by ({scope.by_clause}) ({selector(m.BREAK_EVEN.name, scope.also(basis_matcher))})"
+
+
+def break_even_in_force(scope: Scope) -> str:
+    """The break-even α in force: calibrated to the observed speedup where a baseline gives one, else configured."""
+    return f"{break_even(scope, 'calibrated')}\nor\n{break_even(scope)}"
+
+
+def expected_speedup(scope: Scope, window: str) -> str:
+    """The modelled speedup from counters and the configured cost: S = (1 + A/D) / (1 + T/D · break-even),
+    pooled over the scope (the sidecar's specdecode_expected_speedup, for many pods)."""
+    drafts = f"({rate_sum(m.DRAFTS.exposed_name, scope, window)} > 0)"
+    accepted = rate_sum(m.ACCEPTED_TOKENS.exposed_name, scope, window)
+    drafted = rate_sum(m.DRAFT_TOKENS.exposed_name, scope, window)
+    return f"(1 + {accepted} / {drafts})\n/\n(1 + {drafted} / {drafts}\n   * {break_even(scope)})"
+
+
+def histogram_quantile(q: float, histogram: str, scope: Scope, window: str, *matchers: str) -> str:
+    """histogram_quantile over the scope, with no sample (not NaN) when the histogram saw nothing."""
+    inner = Scope(scope.also(*matchers), (*scope.by, "le"))
+    buckets = rate_sum(f"{histogram}_bucket", inner, window)
+    count = rate_sum(f"{histogram}_count", Scope(scope.also(*matchers), scope.by), window)
+    return f"histogram_quantile({fmt_num(q)}, {buckets})\nand on ({scope.by_clause})\n({count} > 0)"
+
+
+def share_below(histogram: str, bound: float, scope: Scope, window: str) -> str:
+    """The share of a histogram's observations at or below ``bound`` (one of its bucket bounds)."""
+    return guarded_ratio(rate_sum(f"{histogram}_bucket", scope, window, f'le="{fmt_num(bound)}"'),
+                         rate_sum(f"{histogram}_count", scope, window))
+
+
+def per_request(query: Callable[[str], str]) -> str:
+    """``query`` over the per-request α histogram: the request tap's where it has data for a result's labels, else
+    the engine's own (vLLM's proposed vllm:request_spec_decode_acceptance_rate, re-exported by the sidecar)."""
+    return f"{query(m.REQUEST_ACCEPTANCE.name)}\nor\n{query(m.ENGINE_REQUEST_ACCEPTANCE.name)}"
+
+
+def verdict_code(alpha: str, speedup: str, bands: VerdictBands, tail: str | None = None) -> str:
+    """core.verdict.judge() in PromQL: 0 hurting, 1 marginal, 2 paying off, no sample without traffic.
+    ``speedup`` is the observed speedup where there is one, else the modelled; ``tail`` the observed P99
+    speedup, where there is one. All must carry the same labels."""
+    hurting, paying = fmt_num(bands.hurting_below), fmt_num(bands.paying_off_from)
+    page = fmt_num(bands.page_acceptance_ratio)
+    # Comparisons bind looser than + and * in PromQL: every one is parenthesised.
+    paying_off = f"((({speedup}) >= bool {paying})\n*\n(({alpha}) >= bool {page}))"
+    if tail is not None:  # a tail regression keeps it at marginal; without a P99 figure nothing changes
+        paying_off = f"({paying_off}\n*\n((({tail}) >= bool {hurting}) or (({speedup}) * 0 + 1)))"
+    return f"(({speedup}) >= bool {hurting})\n+\n{paying_off}"
+
+
+def tpot_mean(scope: Scope, window: str) -> str:
+    """Exact mean time per output token pooled over the scope: Σ _sum / Σ _count of the re-exported histogram."""
+    name = m.REQUEST_TPOT.name
+    return guarded_ratio(rate_sum(f"{name}_sum", scope, window), rate_sum(f"{name}_count", scope, window))
+
+
+def baseline_over_current(record: str, matchers: str = "") -> str:
+    """A per-spec_decode record as the observed speedup: the control pods' value over the spec-decode pods'."""
+    control = selector(record, ", ".join(p for p in (matchers, 'spec_decode="false"') if p))
+    spec = selector(record, ", ".join(p for p in (matchers, 'spec_decode="true"') if p))
+    return f"{control}\n/ ignoring (spec_decode)\n({spec} > 0)"
+
+
+def record_name(level: str, metric: str, op: str) -> str:
+    return f"{level}:{metric}:{op}"

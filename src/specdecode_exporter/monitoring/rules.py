@@ -1,0 +1,471 @@
+"""Recording and alerting rules from the monitoring config.
+
+Alerts are a table: each entry says what is wrong (its expression and words) and nothing else. One pass over
+every rule (``finish``) adds what all of them share: the low-traffic guard, ``for:``, the severity and extra
+labels, and the runbook link — the way kubernetes-mixin adds ``runbook_url`` to every group with one function.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from specdecode_exporter.core import metrics as m
+from specdecode_exporter.core.metrics import quantile_name
+from specdecode_exporter.core.monitoring_config import MonitoringConfig
+from specdecode_exporter.monitoring.promql import (
+    Scope,
+    baseline_over_current,
+    break_even_in_force,
+    by,
+    fmt_num,
+    guarded_ratio,
+    histogram_quantile,
+    per_request,
+    rate_sum,
+    record_name,
+    selector,
+    share_below,
+    tpot_mean,
+)
+from specdecode_exporter.pipeline.scrape import FailureReason
+
+Rule = dict[str, Any]
+ALERT_NAME_PREFIX = "SpecDecode"  # every alert's name starts with it (the dashboard selects ALERTS by it)
+WHERE = "{{ $labels.model_name }}{{ with $labels.namespace }} (namespace {{ . }}){{ end }}"
+PCT = "{{ $value | humanizePercentage }}"
+ACCEPTANCE = m.ACCEPTANCE_RATIO.name
+INTERVAL = m.INTERVAL_ACCEPTANCE.name
+
+
+@dataclass(frozen=True, slots=True)
+class Alert:
+    """What one alert says; ``finish`` turns it into a rule."""
+
+    name: str
+    expr: str
+    summary: str
+    description: str
+    guard_window: str | None = None  # the low-traffic guard, at this rate window
+    guard: str = "drafts"  # what the guard counts: drafted tokens, finished requests (latency), tapped requests
+
+
+# ------------------------------------------------------------------------------------------- recording
+
+
+def _records(cfg: MonitoringConfig, level: str, window: str) -> Iterator[Rule]:
+    scope = Scope(cfg.metric_selector, cfg.level_labels(level))
+    op = f"rate{window}"
+    rates = {spec.name: rate_sum(spec.exposed_name, scope, window)
+             for spec in (m.DRAFT_TOKENS, m.ACCEPTED_TOKENS, m.DRAFTS)}
+    for name, expr in rates.items():
+        yield {"record": record_name(level, name, op), "expr": expr}
+    yield {"record": record_name(level, ACCEPTANCE, op),
+           "expr": guarded_ratio(rates[m.ACCEPTED_TOKENS.name], rates[m.DRAFT_TOKENS.name])}
+    yield {"record": record_name(level, m.MEAN_ACCEPTANCE_LENGTH.name, op),
+           "expr": "1 + " + guarded_ratio(rates[m.ACCEPTED_TOKENS.name], rates[m.DRAFTS.name])}
+
+
+def _quantile_records(cfg: MonitoringConfig, level: str) -> Iterator[Rule]:
+    scope = Scope(cfg.metric_selector, cfg.level_labels(level))
+    for q in cfg.quantiles:
+        yield {"record": record_name(level, INTERVAL, f"{quantile_name(q)}_rate{cfg.long_window}"),
+               "expr": histogram_quantile(q, INTERVAL, scope, cfg.long_window)}
+
+
+def baseline_record(cfg: MonitoringConfig) -> str:
+    return record_name(cfg.alert_level, ACCEPTANCE, f"baseline{cfg.baseline_range}")
+
+
+def _baseline_rule(cfg: MonitoringConfig) -> Rule:
+    level, labels = cfg.alert_level, by(cfg.level_labels())
+    rng, off, long_w = cfg.baseline_range, cfg.baseline_offset, cfg.long_window
+    accepted = record_name(level, m.ACCEPTED_TOKENS.name, f"rate{long_w}")
+    drafted = record_name(level, m.DRAFT_TOKENS.name, f"rate{long_w}")
+    return {"record": baseline_record(cfg),
+            "expr": guarded_ratio(f"sum by ({labels}) (sum_over_time({accepted}[{rng}] offset {off}))",
+                                  f"sum by ({labels}) (sum_over_time({drafted}[{rng}] offset {off}))")}
+
+
+TPOT = m.TIME_PER_OUTPUT_TOKEN.name
+OBSERVED = m.OBSERVED_SPEEDUP.name
+LATENCY_STATISTICS = (("mean", None), ("p50", 0.5), ("p99", 0.99))
+
+
+def latency_record(cfg: MonitoringConfig, metric: str, statistic: str, window: str) -> str:
+    return record_name(cfg.alert_level, metric, f"{statistic}_rate{window}")
+
+
+def _latency_rules(cfg: MonitoringConfig) -> Iterator[Rule]:
+    """Time per output token per model, apart for spec-decode and control pods, and the fleet's observed speedup:
+    the control pods' TPOT over the spec-decode pods' (mean exact; p50 and p99 from the histograms)."""
+    scope = Scope(cfg.metric_selector, (*cfg.level_labels(), "spec_decode"))
+    for window in dict.fromkeys([cfg.short_window, cfg.long_window]):
+        for statistic, q in LATENCY_STATISTICS:
+            expr = tpot_mean(scope, window) if q is None else histogram_quantile(q, m.REQUEST_TPOT.name, scope, window)
+            yield {"record": latency_record(cfg, TPOT, statistic, window), "expr": expr}
+        for statistic, _ in LATENCY_STATISTICS:
+            yield {"record": latency_record(cfg, OBSERVED, statistic, window),
+                   "expr": baseline_over_current(latency_record(cfg, TPOT, statistic, window))}
+
+
+REQUEST_ACCEPTANCE = m.REQUEST_ACCEPTANCE.name
+BAND_LABELS = ("workload", "temperature")
+
+
+def below_page_bound(cfg: MonitoringConfig) -> float:
+    """The per-request histogram's bucket bound the page threshold falls on (buckets every 0.05)."""
+    return max(b for b in m.ACCEPTANCE_RATIO_BUCKETS if b <= cfg.thresholds.page_acceptance_ratio + 1e-9)
+
+
+def request_quantile_record(cfg: MonitoringConfig) -> str:
+    q = quantile_name(cfg.thresholds.request_quantile)
+    return record_name(cfg.alert_level, REQUEST_ACCEPTANCE, f"{q}_rate{cfg.long_window}")
+
+
+def band_record(cfg: MonitoringConfig, metric: str) -> str:
+    return record_name(f"{cfg.alert_level}_band", metric, f"rate{cfg.long_window}")
+
+
+def _request_rules(cfg: MonitoringConfig) -> Iterator[Rule]:
+    """The request tap's distribution per model, and exact α per workload and temperature band."""
+    w = cfg.long_window
+    scope = Scope(cfg.metric_selector, cfg.level_labels())
+    band = Scope(cfg.metric_selector, (*cfg.level_labels(), *BAND_LABELS))
+    q, bound = cfg.thresholds.request_quantile, below_page_bound(cfg)
+    yield {"record": request_quantile_record(cfg),
+           "expr": per_request(lambda histogram: histogram_quantile(q, histogram, scope, w))}
+    yield {"record": record_name(cfg.alert_level, "specdecode_requests_below_page_threshold", f"ratio_rate{w}"),
+           "expr": per_request(lambda histogram: share_below(histogram, bound, scope, w))}
+    yield {"record": band_record(cfg, m.REQUESTS.name), "expr": rate_sum(m.REQUESTS.exposed_name, band, w)}
+    yield {"record": band_record(cfg, REQUEST_ACCEPTANCE),
+           "expr": guarded_ratio(rate_sum(m.REQUEST_ACCEPTED_TOKENS.exposed_name, band, w),
+                                 rate_sum(m.REQUEST_DRAFT_TOKENS.exposed_name, band, w))}
+
+
+def recording_groups(cfg: MonitoringConfig) -> list[dict[str, Any]]:
+    windows = list(dict.fromkeys([cfg.short_window, cfg.long_window]))
+    groups = [{"name": f"specdecode.rules.{level}",
+               "rules": [*(r for w in windows for r in _records(cfg, level, w)), *_quantile_records(cfg, level)]}
+              for level, _ in cfg.levels]
+    groups.append({"name": "specdecode.rules.baseline", "rules": [_baseline_rule(cfg)]})
+    groups.append({"name": "specdecode.rules.latency", "rules": list(_latency_rules(cfg))})
+    groups.append({"name": "specdecode.rules.requests", "rules": list(_request_rules(cfg))})
+    return groups
+
+
+# ---------------------------------------------------------------------------------------------- alerts
+
+
+def alpha_record(cfg: MonitoringConfig, window: str) -> str:
+    return record_name(cfg.alert_level, ACCEPTANCE, f"rate{window}")
+
+
+def query_value(promql: str, fmt: str, *args: str, default: str = "unknown") -> str:
+    """An annotation snippet that runs ``printf promql args`` and prints the first result's value through fmt."""
+    return (f'{{{{ with printf "{promql}" {" ".join(args)} | query }}}}'
+            f"{{{{ . | first | value | {fmt} }}}}{{{{ else }}}}{default}{{{{ end }}}}")
+
+
+def _model_query(cfg: MonitoringConfig) -> tuple[str, list[str]]:
+    """Matchers and template arguments that select the alert's own model in an annotation query."""
+    labels = cfg.level_labels()
+    return ", ".join(f"{label}=%q" for label in labels), [f"$labels.{label}" for label in labels]
+
+
+def _target_query(cfg: MonitoringConfig) -> tuple[str, str]:
+    return (", ".join(f"{label}=%q" for label in cfg.target_labels),
+            " ".join(f"$labels.{label}" for label in cfg.target_labels))
+
+
+def acceptance_low(cfg: MonitoringConfig) -> Alert:
+    name = "SpecDecodeAcceptanceRateLow"
+    w, thr = cfg.window(cfg.alert(name).window or "short"), cfg.thresholds.page_acceptance_ratio
+    return Alert(
+        name, f"{alpha_record(cfg, w)} < {fmt_num(thr)}",
+        f"Speculative decoding acceptance rate for {{{{ $labels.model_name }}}} is below {thr:.0%}",
+        f"Over the last {w}, {WHERE} accepted only {PCT} of its drafted tokens (page threshold "
+        f"{thr:.0%}, all pods together). At this rate speculative decoding most likely makes generation "
+        "slower than plain decoding.", guard_window=w)
+
+
+def below_break_even(cfg: MonitoringConfig) -> Alert:
+    name = "SpecDecodeBelowBreakEven"
+    w, on = cfg.window(cfg.alert(name).window or "long"), f"on ({by(cfg.level_labels())})"
+    model_match, model_args = _model_query(cfg)
+    in_force = break_even_in_force(Scope(cfg.metric_selector, cfg.level_labels()))
+    bases = ("calibrated", "configured")  # the one in force first; single quotes: this goes inside printf "…"
+    now = " or ".join(f"max({m.BREAK_EVEN.name}{{cost_basis='{basis}', {model_match}}})" for basis in bases)
+    break_even_now = query_value(now, "humanizePercentage", *model_args * len(bases))
+    return Alert(
+        name, f"{alpha_record(cfg, w)}\n< {on}\n(\n{in_force}\n)",
+        "Speculative decoding for {{ $labels.model_name }} is below break-even (modelled speedup < 1)",
+        f"Over the last {w}, {WHERE} accepted {PCT} of its drafted tokens, below the break-even "
+        f"acceptance rate of {break_even_now} from the sidecar's cost model (calibrated to the observed speedup "
+        "where a baseline gives one): speculative decoding is modelled "
+        "to cost more time than it saves.", guard_window=w)
+
+
+def acceptance_drift(cfg: MonitoringConfig) -> Alert:
+    name = "SpecDecodeAcceptanceRateDrift"
+    w, drop, rng = cfg.window(cfg.alert(name).window or "long"), cfg.thresholds.drift_drop, cfg.baseline_range
+    model_match, model_args = _model_query(cfg)
+    base = baseline_record(cfg)
+    return Alert(
+        name, f"{alpha_record(cfg, w)}\n< on ({by(cfg.level_labels())})\n({base} - {fmt_num(drop)})",
+        f"Speculative decoding acceptance rate for {{{{ $labels.model_name }}}} dropped more than "
+        f"{drop * 100:g} points below its {rng} baseline",
+        f"Over the last {w}, {WHERE} accepted {PCT} of its drafted tokens; its baseline over the "
+        f"previous {rng} was {query_value(f'{base}{{{model_match}}}', 'humanizePercentage', *model_args)}. "
+        "A drop like this usually means drift in the traffic, a stale draft model, or a quantization or "
+        "version change.", guard_window=w)
+
+
+def interval_acceptance_low(cfg: MonitoringConfig) -> Alert:
+    q, thr, long_w = cfg.thresholds.interval_quantile, cfg.thresholds.interval_acceptance_ratio, cfg.long_window
+    qname = quantile_name(q)
+    return Alert(
+        "SpecDecodeIntervalAcceptanceLow",
+        f"{record_name(cfg.alert_level, INTERVAL, f'{qname}_rate{long_w}')} < {fmt_num(thr)}",
+        f"{qname.upper()} of per-interval acceptance rate for {{{{ $labels.model_name }}}} is below {thr:.0%}",
+        f"Over the last {long_w}, {q:.0%} of the collection intervals of {WHERE} had an acceptance rate "
+        f"below {PCT} (threshold {thr:.0%}): for a sizeable share of the time speculative decoding was "
+        "net-negative, even if the average looks fine.", guard_window=long_w)
+
+
+# Collection errors that are not an outage: the target answers, but without what the sidecar needs. Each has its
+# own alert, and SpecDecodeTargetDown leaves them to it.
+NO_SPEC, NO_LATENCY = FailureReason.NO_SPEC_METRICS.value, FailureReason.NO_LATENCY_METRICS.value
+
+
+def _errors_increasing(cfg: MonitoringConfig, *reasons: str) -> str:
+    window = cfg.window(cfg.alert("SpecDecodeMetricsMissing").window or "short")
+    reason = f'reason="{reasons[0]}"' if len(reasons) == 1 else f'reason=~"{"|".join(reasons)}"'
+    errors = selector(m.COLLECT_ERRORS.exposed_name, ", ".join(p for p in (cfg.metric_selector, reason) if p))
+    return f"increase({errors}[{window}]) > 0"
+
+
+def _no_spec_metrics(cfg: MonitoringConfig) -> str:
+    return _errors_increasing(cfg, NO_SPEC)
+
+
+def target_down(cfg: MonitoringConfig) -> Alert:
+    name = "SpecDecodeTargetDown"
+    window = cfg.window(cfg.alert("SpecDecodeMetricsMissing").window or "short")
+    target_match, target_args = _target_query(cfg)
+    reason_q = f"topk(1, increase({m.COLLECT_ERRORS.exposed_name}{{{target_match}}}[{window}]) > 0)"
+    reason = f'{{{{ range printf "{reason_q}" {target_args} | query }}}}{{{{ .Labels.reason }}}}' \
+             "{{ else }}unknown{{ end }}"
+    return Alert(
+        name, f"{selector(m.UP.name, cfg.metric_selector)} == 0\nunless on ({by(cfg.target_labels)})\n"
+              f"{_errors_increasing(cfg, NO_SPEC, NO_LATENCY)}",
+        "specdecode sidecar cannot collect metrics from {{ $labels.target }}",
+        "The sidecar {{ $labels.instance }} (job {{ $labels.job }}) has failed to collect from target "
+        f"{{{{ $labels.target }}}} for {cfg.alert(name).for_}; most frequent error reason: {reason}. "
+        "No acceptance-rate alert can fire for this target meanwhile.")
+
+
+def metrics_missing(cfg: MonitoringConfig) -> Alert:
+    window = cfg.window(cfg.alert("SpecDecodeMetricsMissing").window or "short")
+    return Alert(
+        "SpecDecodeMetricsMissing", _no_spec_metrics(cfg),
+        "vLLM at {{ $labels.target }} serves no speculative-decoding metrics",
+        f"{{{{ $value | humanize }}}} collections by {{{{ $labels.instance }}}} in the last {window} found "
+        "target {{ $labels.target }} answering without any speculative-decoding metrics: spec decode was "
+        "switched off, or a vLLM upgrade renamed the metrics.")
+
+
+def exporter_down(cfg: MonitoringConfig) -> Alert:
+    name = "SpecDecodeExporterDown"
+    return Alert(
+        name, f"up{{{cfg.exporter_job_selector}}} == 0",
+        "Prometheus cannot scrape the specdecode sidecar {{ $labels.instance }}",
+        "Prometheus has failed to scrape the specdecode sidecar {{ $labels.instance }} (job "
+        f"{{{{ $labels.job }}}}) for {cfg.alert(name).for_}. The acceptance-rate alerts are blind for "
+        "the models it watches.")
+
+
+def exporter_absent(cfg: MonitoringConfig) -> Alert:
+    name, job = "SpecDecodeExporterAbsent", cfg.exporter_job_selector
+    return Alert(
+        name, f"absent(up{{{job}}} == 1)", "No specdecode sidecar is up",
+        f"For {cfg.alert(name).for_} Prometheus has had no successfully scraped target matching "
+        f"up{{{job.replace(chr(34), chr(39))}}}. Every speculative-decoding alert is blind. Check that the "
+        "sidecars run and that the scrape job (or ServiceMonitor/PodMonitor) still selects them.")
+
+
+def recommended_k_lower(cfg: MonitoringConfig) -> Alert:
+    name, sw = "SpecDecodeRecommendedKLower", cfg.sidecar_alert_window
+    window = ", ".join(p for p in (cfg.metric_selector, f'window="{sw}"') if p)
+    recommended = selector(m.RECOMMENDED_K.name, window)
+    info = selector(m.INFO.name, ", ".join(p for p in (cfg.metric_selector, 'num_speculative_tokens!=""') if p))
+    target_match, target_args = _target_query(cfg)
+    k_q = f"max by (num_speculative_tokens) ({m.INFO.name}{{{target_match}, model_name=%q}})"
+    configured_k = (f'{{{{ range printf "{k_q}" {target_args} $labels.model_name | query }}}}'
+                    "{{ .Labels.num_speculative_tokens }}{{ else }}unknown{{ end }}")
+    return Alert(
+        name,
+        f"{recommended}\nunless ignoring (window, num_speculative_tokens)\n"
+        f'(count_values without (window) ("num_speculative_tokens", {recommended})\n'
+        f" and ignoring (api, method) {info})\n"
+        f"and ignoring (window, api, method, num_speculative_tokens) {info}\n"
+        f"and {selector(m.DRAFT_TOKENS_PER_SECOND.name, window)} >= {fmt_num(cfg.min_draft_tokens_per_second)}",
+        "Fewer speculative tokens would be faster for {{ $labels.model_name }} on {{ $labels.target }}",
+        f"For {cfg.alert(name).for_} the sidecar's cost model has recommended num_speculative_tokens = "
+        f"{{{{ $value }}}} for {{{{ $labels.model_name }}}} on {{{{ $labels.target }}}}, lower than the "
+        f"configured {configured_k} (window {sw}): later draft positions are rarely accepted.")
+
+
+def _per_pod_speedup(cfg: MonitoringConfig, statistic: str) -> str:
+    """The best pod's own observed speedup (against its control target or measured baseline), per model."""
+    window = ", ".join(p for p in (cfg.metric_selector, f'statistic="{statistic}"',
+                                   f'window="{cfg.sidecar_alert_window}"') if p)
+    return f"max by ({by(cfg.level_labels())}) ({selector(OBSERVED, window)})"
+
+
+def _fleet_else_pods(cfg: MonitoringConfig, fleet: str, fleet_record: str, pods: str) -> str:
+    """The fleet's condition (control pods against spec-decode pods) where there are control pods, else the
+    pods' own comparisons. Parenthesised whole: `or` binds looser than the guard's `and`."""
+    return f"(({fleet})\nor\n(({pods})\nunless on ({by(cfg.level_labels())})\n{fleet_record}))"
+
+
+def observed_speedup_low(cfg: MonitoringConfig) -> Alert:
+    name, hurting = "SpecDecodeObservedSpeedupLow", fmt_num(cfg.verdict.hurting_below)
+    w = cfg.window(cfg.alert(name).window or "long")
+    fleet = latency_record(cfg, OBSERVED, "mean", w)
+    return Alert(
+        name, _fleet_else_pods(cfg, f"{fleet} < {hurting}", fleet, f"{_per_pod_speedup(cfg, 'mean')} < {hurting}"),
+        "Speculative decoding makes {{ $labels.model_name }} slower, measured",
+        f"Over the last {w}, tokens of {WHERE} came {{{{ $value | printf \"%.2f\" }}}}× as fast as without "
+        "speculative decoding (baseline TPOT / current TPOT, below 1 means slower): measured against a "
+        "baseline, not modelled. Turn it off or lower k; check load (verification turns compute-bound at large "
+        "batches) and acceptance.", guard_window=w, guard="requests")
+
+
+def tail_regression(cfg: MonitoringConfig) -> Alert:
+    name, hurting = "SpecDecodeTailRegression", fmt_num(cfg.verdict.hurting_below)
+    w = cfg.window(cfg.alert(name).window or "long")
+    on = f"and on ({by(cfg.level_labels())})"
+    fleet = (f"{latency_record(cfg, OBSERVED, 'p99', w)} < {hurting}\n{on}\n"
+             f"{latency_record(cfg, OBSERVED, 'p50', w)} > {hurting}")
+    pods = f"{_per_pod_speedup(cfg, 'p99')} < {hurting}\n{on}\n{_per_pod_speedup(cfg, 'p50')} > {hurting}"
+    return Alert(
+        name, _fleet_else_pods(cfg, fleet, latency_record(cfg, OBSERVED, "p99", w), pods),
+        "Speculative decoding helps {{ $labels.model_name }}'s median but hurts its slowest requests",
+        f"Over the last {w}, the P99 time per output token of {WHERE} is slower than without speculative "
+        f"decoding (P99 speedup {{{{ $value | printf \"%.2f\" }}}}×) while the median is faster: a tail "
+        "regression, typical of mixed workloads where some requests accept few drafts. Find them per "
+        "temperature and workload (the request tap) and disable spec decode for them.",
+        guard_window=w, guard="requests")
+
+
+def latency_missing(cfg: MonitoringConfig) -> Alert:
+    labels = by(cfg.target_labels)
+    info = selector(m.BASELINE_INFO.name, cfg.metric_selector)
+    histogram = selector(f"{m.REQUEST_TPOT.name}_count", cfg.metric_selector)
+    up = selector(m.UP.name, cfg.metric_selector)
+    # A control target without the histogram fails its collections (no_latency_metrics, specdecode_up 0): that
+    # is this alert too, not SpecDecodeTargetDown.
+    return Alert(
+        "SpecDecodeLatencyMissing",
+        f"((max by ({labels}) ({info})\nunless on ({labels})\ngroup by ({labels}) ({histogram}))\n"
+        f"and on ({labels})\n{up} == 1)\nor\nmax by ({labels}) ({_errors_increasing(cfg, NO_LATENCY)})",
+        "No latency metrics from {{ $labels.target }}, which takes part in a baseline comparison",
+        "The sidecar {{ $labels.instance }} collects target {{ $labels.target }}, a spec-decode target with a "
+        "baseline or a control target, but its exposition has no vllm:request_time_per_output_token_seconds "
+        "histogram (vLLM older than 0.11, or renamed): no observed speedup can be measured.")
+
+
+def request_acceptance_low(cfg: MonitoringConfig) -> Alert:
+    name = "SpecDecodeRequestAcceptanceLow"
+    q, threshold = cfg.thresholds.request_quantile, cfg.thresholds.request_acceptance_ratio
+    qname = quantile_name(q)
+    w = cfg.window(cfg.alert(name).window or "long")
+    return Alert(
+        name, f"{request_quantile_record(cfg)} < {fmt_num(threshold)}",
+        f"{qname.upper()} of per-request acceptance rate for {{{{ $labels.model_name }}}} is below {threshold:.0%}",
+        f"Over the last {w}, {q:.0%} of the requests of {WHERE} accepted at most {PCT} of their drafted tokens "
+        f"(threshold {threshold:.0%}, measured per request by the request tap, or by vLLM's own per-request histogram "
+        "where it has one): for those requests speculative "
+        "decoding is net-negative even if the model's overall α looks healthy. See α per workload and temperature "
+        "band to find them.", guard_window=w, guard="tapped")
+
+
+def band_acceptance_low(cfg: MonitoringConfig) -> Alert:
+    name, threshold = "SpecDecodeBandAcceptanceLow", cfg.thresholds.page_acceptance_ratio
+    w = cfg.window(cfg.alert(name).window or "long")
+    on = f"on ({by((*cfg.level_labels(), *BAND_LABELS))})"
+    requests = band_record(cfg, m.REQUESTS.name)
+    return Alert(
+        name,
+        f"{band_record(cfg, REQUEST_ACCEPTANCE)} < {fmt_num(threshold)}\nand {on}\n"
+        f"{requests} * 3600 >= {fmt_num(cfg.min_requests_per_hour)}",
+        "Requests of {{ $labels.model_name }} in workload {{ $labels.workload }}, temperature "
+        "{{ $labels.temperature }} accept below " f"{threshold:.0%}",
+        f"Over the last {w}, the requests of {WHERE} with workload {{{{ $labels.workload }}}} and temperature band "
+        f"{{{{ $labels.temperature }}}} accepted {PCT} of their drafted tokens (page threshold {threshold:.0%}, "
+        "exact from the request tap's counters): speculative decoding slows these requests down. Route them to "
+        "replicas without spec decode, or lower k.")
+
+
+# The alert table: one entry per alert, in the order of the rules file. A new alert is a function above,
+# an entry here, its severity and for: in monitoring.yaml, a runbook section and a promtool test.
+ALERTS: tuple[Callable[[MonitoringConfig], Alert], ...] = (
+    acceptance_low,
+    below_break_even,
+    acceptance_drift,
+    interval_acceptance_low,
+    target_down,
+    metrics_missing,
+    exporter_down,
+    exporter_absent,
+    recommended_k_lower,
+    observed_speedup_low,
+    tail_regression,
+    latency_missing,
+    request_acceptance_low,
+    band_acceptance_low,
+)
+
+
+def runbook_url(cfg: MonitoringConfig, alert: str) -> str:
+    return f"{cfg.runbook_base_url.rstrip('/')}/alerts/runbook.md#{alert.lower()}"
+
+
+def _traffic_guard(cfg: MonitoringConfig, alert: Alert) -> str:
+    assert alert.guard_window is not None
+    if alert.guard == "tapped":  # requests through the tap, else those the engine's own histogram counted
+        scope = Scope(cfg.metric_selector, cfg.level_labels())
+        tapped = rate_sum(m.REQUESTS.exposed_name, scope, alert.guard_window)
+        counted = rate_sum(f"{m.ENGINE_REQUEST_ACCEPTANCE.name}_count", scope, alert.guard_window)
+        return f"({tapped}\nor\n{counted}) * 3600 >= {fmt_num(cfg.min_requests_per_hour)}"
+    if alert.guard == "requests":
+        requests = rate_sum(f"{m.REQUEST_TPOT.name}_count", Scope(cfg.metric_selector, cfg.level_labels()),
+                            alert.guard_window, 'spec_decode="true"')
+        return f"{requests} * 3600 >= {fmt_num(cfg.min_requests_per_hour)}"
+    traffic = record_name(cfg.alert_level, m.DRAFT_TOKENS.name, f"rate{alert.guard_window}")
+    return f"{traffic} >= {fmt_num(cfg.min_draft_tokens_per_second)}"
+
+
+def finish(alert: Alert, cfg: MonitoringConfig) -> Rule:
+    """The pass over every alert: low-traffic guard, for:, severity and extra labels, runbook link."""
+    if not alert.name.startswith(ALERT_NAME_PREFIX):
+        raise ValueError(f"alert {alert.name}: names start with {ALERT_NAME_PREFIX}")
+    settings = cfg.alert(alert.name)
+    expr = alert.expr
+    if alert.guard_window is not None:
+        expr += f"\nand on ({by(cfg.level_labels())})\n{_traffic_guard(cfg, alert)}"
+    return {
+        "alert": alert.name,
+        "expr": expr,
+        "for": settings.for_,
+        "labels": {"severity": settings.severity, **dict(cfg.extra_alert_labels)},
+        "annotations": {"summary": alert.summary, "description": alert.description,
+                        "runbook_url": runbook_url(cfg, alert.name)},
+    }
+
+
+def rule_groups(cfg: MonitoringConfig) -> dict[str, Any]:
+    alerts = [finish(make(cfg), cfg) for make in ALERTS]
+    return {"groups": [*recording_groups(cfg), {"name": "specdecode.alerts", "rules": alerts}]}

@@ -1,0 +1,141 @@
+"""Fetch one target's /metrics: total deadline, size cap on the decoded body, our own bounded gzip
+decoding (a gzip bomb stops at the cap), no redirects. Returns bytes or a typed failure, never raises."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+
+import httpx
+
+from specdecode_exporter.pipeline.engines.base import FetchTiming
+
+ACCEPT = (
+    "application/openmetrics-text;version=1.0.0;q=0.5,text/plain;version=0.0.4;q=0.4,*/*;q=0.1"
+)
+USER_AGENT = "specdecode-exporter"
+_DECODE_CHUNK = 256 * 1024
+
+
+class FailureReason(StrEnum):
+    CONNECT = "connect"
+    TIMEOUT = "timeout"
+    HTTP_STATUS = "http_status"
+    TOO_LARGE = "too_large"
+    PARSE = "parse"
+    NO_SPEC_METRICS = "no_spec_metrics"
+    NO_LATENCY_METRICS = "no_latency_metrics"  # a control target (spec_decode: false) without TPOT histograms
+
+
+@dataclass(frozen=True, slots=True)
+class FetchResult:
+    timing: FetchTiming
+    body: bytes | None = None
+    content_type: str = ""
+    failure: FailureReason | None = None
+    detail: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.failure is None
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+class BoundedDecoder:
+    """Collects a response body, gunzipping if needed, and stops once the decoded size passes the cap."""
+
+    def __init__(self, content_encoding: str, max_bytes: int) -> None:
+        encoding = content_encoding.strip().lower()
+        if encoding in ("", "identity"):
+            self._inflater = None
+        elif encoding in ("gzip", "x-gzip", "deflate"):
+            self._inflater = zlib.decompressobj(47 if encoding != "deflate" else zlib.MAX_WBITS)
+        else:
+            raise ValueError(f"unsupported Content-Encoding {content_encoding!r}")
+        self._max = max_bytes
+        self._parts: list[bytes] = []
+        self._size = 0
+
+    def _add(self, data: bytes) -> None:
+        self._size += len(data)
+        if self._size > self._max:
+            raise BodyTooLarge
+        self._parts.append(data)
+
+    def feed(self, chunk: bytes) -> None:
+        if self._inflater is None:
+            self._add(chunk)
+            return
+        data = chunk
+        while data:
+            # max_length bounds what one call can inflate, whatever the compression ratio.
+            self._add(self._inflater.decompress(data, _DECODE_CHUNK))
+            data = self._inflater.unconsumed_tail
+
+    def finish(self) -> bytes:
+        if self._inflater is not None:
+            self._add(self._inflater.flush())
+        return b"".join(self._parts)
+
+
+def valid_bearer_token(token: str) -> bool:
+    """A token we can put in a header: visible ASCII only (no CR/LF injection, no spaces)."""
+    return bool(token) and all(33 <= ord(c) <= 126 for c in token)
+
+
+def _headers(bearer_token: str | None) -> dict[str, str]:
+    headers = {"Accept": ACCEPT, "Accept-Encoding": "gzip", "User-Agent": USER_AGENT}
+    if bearer_token:
+        headers["Authorization"] = f"Bearer {bearer_token}"
+    return headers
+
+
+async def fetch(
+    client: httpx.AsyncClient,
+    url: str,
+    timeout: float,
+    max_bytes: int,
+    bearer_token: str | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    sni_hostname: str | None = None,
+) -> FetchResult:
+    started = clock()
+    extensions = {"sni_hostname": sni_hostname} if sni_hostname else None
+
+    def failed(reason: FailureReason, detail: str) -> FetchResult:
+        return FetchResult(FetchTiming(started, clock()), failure=reason, detail=detail)
+
+    try:
+        async with asyncio.timeout(timeout):
+            async with client.stream("GET", url, headers=_headers(bearer_token), timeout=timeout,
+                                     extensions=extensions) as response:
+                if response.status_code != 200:
+                    location = response.headers.get("location")
+                    hint = f" (redirect to {location} not followed)" if location else ""
+                    return failed(FailureReason.HTTP_STATUS, f"HTTP {response.status_code}{hint}")
+                try:
+                    decoder = BoundedDecoder(response.headers.get("content-encoding", ""), max_bytes)
+                except ValueError as exc:
+                    return failed(FailureReason.PARSE, str(exc))
+                async for chunk in response.aiter_raw():
+                    decoder.feed(chunk)
+                body = decoder.finish()
+                content_type = response.headers.get("content-type", "")
+    except BodyTooLarge:
+        return failed(FailureReason.TOO_LARGE, f"body larger than {max_bytes} bytes")
+    except zlib.error as exc:
+        return failed(FailureReason.PARSE, f"bad gzip body: {exc}")
+    except (TimeoutError, httpx.TimeoutException):
+        return failed(FailureReason.TIMEOUT, f"no complete answer within {timeout:g}s")
+    except httpx.HTTPError as exc:
+        return failed(FailureReason.CONNECT, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+    except OSError as exc:
+        return failed(FailureReason.CONNECT, str(exc))
+    return FetchResult(FetchTiming(started, clock()), body=body, content_type=content_type)

@@ -1,0 +1,220 @@
+"""prometheus_client Collector: fresh metric families from the latest TargetViews on every scrape."""
+
+from __future__ import annotations
+
+import platform
+from collections.abc import Callable, Iterable, Iterator
+from importlib.metadata import PackageNotFoundError, version
+
+from prometheus_client.metrics_core import HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from specdecode_exporter.core import metrics as m
+from specdecode_exporter.core.metrics import go_float, quantile_name
+from specdecode_exporter.pipeline import latency
+from specdecode_exporter.pipeline.derive import WindowStats
+from specdecode_exporter.pipeline.latency import TPOT_QUANTILES, TTFT_QUANTILES, LatencyStats
+from specdecode_exporter.sidecar.collection import TargetView
+from specdecode_exporter.sidecar.series import SeriesView, WindowView
+from specdecode_exporter.tap import TapStats
+from specdecode_exporter.tap.request_stats import RequestsView
+
+Labels = dict[str, str]
+
+
+def exporter_version() -> str:
+    try:
+        return version("specdecode-exporter")
+    except PackageNotFoundError:
+        return "dev"
+
+
+def bucket_label(bound: float) -> str:
+    """An upper bound as the le label: Go's float format, as Prometheus and vLLM write it (0.05, 1.0, +Inf)."""
+    return go_float(bound)
+
+
+class LabelledHistogram(HistogramMetricFamily):
+    """prometheus_client's histogram family, for series whose label names differ (per-target static labels)."""
+
+    def add(self, labels: Labels, buckets: Iterable[tuple[float, float]], total: float) -> None:
+        self._labelnames = tuple(labels)
+        self.add_metric(list(labels.values()), [(bucket_label(le), count) for le, count in buckets], total)
+
+
+class Families:
+    """One fresh metric family per contract entry, filled by add() (and histogram() for histograms)."""
+
+    def __init__(self, specs: tuple[m.MetricSpec, ...] = m.COLLECTED) -> None:
+        self._families: dict[str, Metric] = {
+            spec.name: LabelledHistogram(spec.name, spec.help) if spec.type == "histogram"
+            else Metric(spec.name, spec.help, spec.type) for spec in specs}
+
+    def add(self, spec: m.MetricSpec, labels: Labels, value: float | None) -> None:
+        """Add a sample; an unknown value (None) adds nothing, so absent data stays absent."""
+        if value is not None:
+            self._families[spec.name].add_sample(spec.exposed_name, labels, value)
+
+    def histogram(self, spec: m.MetricSpec, labels: Labels, buckets: Iterable[tuple[float, float]],
+                  total: float) -> None:
+        family = self._families[spec.name]
+        assert isinstance(family, LabelledHistogram)
+        family.add(labels, buckets, total)
+
+    def __iter__(self) -> Iterator[Metric]:
+        return iter(self._families.values())
+
+
+def series_labels(view: TargetView, series: SeriesView) -> Labels:
+    labels = {"target": view.config.name}
+    if series.key.model_name is not None:
+        labels["model_name"] = series.key.model_name
+    if series.key.engine is not None:
+        labels["engine"] = series.key.engine
+    labels.update(view.config.labels)
+    return labels
+
+
+def add_acceptance(families: Families, w: Labels, stats: WindowStats, recommended_k: int | None) -> None:
+    families.add(m.ACCEPTANCE_RATIO, w, stats.acceptance_ratio)
+    families.add(m.MEAN_ACCEPTANCE_LENGTH, w, stats.mean_acceptance_length)
+    for position, ratio in enumerate(stats.position_acceptance_ratios):
+        families.add(m.POSITION_ACCEPTANCE_RATIO, {**w, "position": str(position)}, ratio)
+    families.add(m.TOKEN_ACCEPTANCE_PROBABILITY, w, stats.token_acceptance_probability)
+    families.add(m.DRAFT_TOKENS_PER_SECOND, w, stats.draft_tokens_per_second)
+    families.add(m.ACCEPTED_TOKENS_PER_SECOND, w, stats.accepted_tokens_per_second)
+    families.add(m.EXPECTED_SPEEDUP, w, stats.expected_speedup)
+    for k_prime, speedup in enumerate(stats.speedup_by_length, start=1):
+        families.add(m.EXPECTED_SPEEDUP_BY_LENGTH, {**w, "num_speculative_tokens": str(k_prime)}, speedup)
+    families.add(m.RECOMMENDED_K, w, recommended_k)
+
+
+def add_latency(families: Families, w: Labels, stats: LatencyStats) -> None:
+    families.add(m.TIME_PER_OUTPUT_TOKEN, {**w, "statistic": "mean"}, stats.tpot_mean)
+    for q in TPOT_QUANTILES:
+        families.add(m.TIME_PER_OUTPUT_TOKEN, {**w, "statistic": quantile_name(q)}, stats.tpot(q))
+    families.add(m.TIME_PER_OUTPUT_TOKEN_TAIL, w, latency.ratio(stats.tpot(0.99), stats.tpot(0.5)))
+    for q in TTFT_QUANTILES:
+        families.add(m.TIME_TO_FIRST_TOKEN, {**w, "statistic": quantile_name(q)}, stats.ttft(q))
+    families.add(m.REQUESTS_RUNNING, w, stats.running)
+    families.add(m.REQUESTS_WAITING, w, stats.waiting)
+
+
+def add_window(families: Families, labels: Labels, view: WindowView) -> None:
+    w = {**labels, "window": view.window.name}
+    if view.acceptance is not None:
+        add_acceptance(families, w, view.acceptance, view.recommended_k)
+    if view.latency is not None:
+        add_latency(families, w, view.latency)
+    if view.observed is not None:
+        for statistic in ("mean", "p50", "p99"):
+            families.add(m.OBSERVED_SPEEDUP, {**w, "statistic": statistic}, getattr(view.observed, statistic))
+    families.add(m.CALIBRATED_COST, w, view.calibrated_cost)
+    families.add(m.BREAK_EVEN_AT_LOAD, w, view.break_even_at_load)
+
+
+def add_series(families: Families, view: TargetView, series: SeriesView) -> None:
+    labels = series_labels(view, series)
+    k = series.num_speculative_tokens
+    method = series.method or view.method if series.spec_decode else "off"
+    families.add(m.INFO, {**labels, "api": view.api or "unknown", "method": method,
+                          "num_speculative_tokens": str(k) if k else "unknown"}, 1.0)
+    totals = series.totals
+    families.add(m.DRAFT_TOKENS, labels, totals.draft_tokens)
+    families.add(m.ACCEPTED_TOKENS, labels, totals.accepted_tokens)
+    families.add(m.DRAFTS, labels, totals.drafts)
+    families.add(m.EMITTED_TOKENS, labels, totals.emitted_tokens)
+    for position, count in enumerate(totals.accepted_by_position):
+        families.add(m.ACCEPTED_BY_POSITION, {**labels, "position": str(position)}, count)
+    for window in series.windows:
+        add_window(families, labels, window)
+    families.add(m.BREAK_EVEN, {**labels, "cost_basis": "configured"}, series.configured_break_even)
+    families.add(m.BREAK_EVEN, {**labels, "cost_basis": "calibrated"}, series.calibrated_break_even)
+    if totals.draft_tokens is not None:
+        histogram = series.histogram
+        families.histogram(m.INTERVAL_ACCEPTANCE, labels,
+                           zip(histogram.bounds, histogram.counts, strict=True), histogram.total)
+        judgement = series.judgement
+        families.add(m.VERDICT, {**labels, "window": series.verdict_window or "",
+                                 "verdict": judgement.verdict.value, "basis": judgement.basis}, 1.0)
+    tpot = totals.time_per_output_token
+    if tpot is not None:
+        families.histogram(m.REQUEST_TPOT, {**labels, "spec_decode": "true" if series.spec_decode else "false"},
+                           zip(tpot.bounds, tpot.counts, strict=True), tpot.total)
+    per_request = totals.request_acceptance
+    if per_request is not None:
+        families.histogram(m.ENGINE_REQUEST_ACCEPTANCE, labels,
+                           zip(per_request.bounds, per_request.counts, strict=True), per_request.total)
+    for spec, value in series.reported:
+        families.add(spec, labels, value)
+    families.add(m.SOURCE_RESTARTS, labels, series.restarts)
+
+
+def add_baseline_info(families: Families, view: TargetView, target: Labels) -> None:
+    config = view.config
+    if not config.spec_decode:
+        families.add(m.BASELINE_INFO, {**target, "role": "control", "baseline": ""}, 1.0)
+    elif config.baseline is not None:
+        families.add(m.BASELINE_INFO, {**target, "role": "speculative",
+                                       "baseline": config.baseline.target or "measured"}, 1.0)
+
+
+def build_families(views: list[TargetView]) -> Families:
+    families = Families()
+    families.add(m.BUILD_INFO, {"version": exporter_version(), "python_version": platform.python_version()}, 1.0)
+    for view in views:
+        target = {"target": view.config.name, **dict(view.config.labels)}
+        families.add(m.UP, target, 1.0 if view.up else 0.0)
+        families.add(m.COLLECT_DURATION, target, view.collect_duration)
+        for reason, count in view.errors:
+            families.add(m.COLLECT_ERRORS, {**target, "reason": reason}, count)
+        families.add(m.DROPPED_SERIES, target, view.dropped_series)
+        add_baseline_info(families, view, target)
+        for series in view.series:
+            add_series(families, view, series)
+    return families
+
+
+class SpecDecodeCollector(Collector):
+    def __init__(self, views: Callable[[], list[TargetView]]) -> None:
+        self._views = views
+
+    def collect(self) -> Iterator[Metric]:
+        yield from build_families(self._views())
+
+    def describe(self) -> Iterator[Metric]:
+        yield from Families()
+
+
+def build_request_families(view: RequestsView, target: Labels, stats: TapStats | None) -> Families:
+    families = Families(m.TAP)
+    for key, totals in view.bands.items():
+        labels = {**target, "model_name": key.model_name, "workload": key.workload, "temperature": key.temperature}
+        families.add(m.REQUESTS, labels, totals.requests)
+        families.add(m.REQUEST_DRAFT_TOKENS, labels, totals.draft_tokens)
+        families.add(m.REQUEST_ACCEPTED_TOKENS, labels, totals.accepted_tokens)
+        for spec, histogram in ((m.REQUEST_ACCEPTANCE, totals.acceptance), (m.REQUEST_MEAN_LENGTH, totals.mean_length)):
+            families.histogram(spec, labels, zip(histogram.bounds, histogram.counts, strict=True), histogram.total)
+    for (model, reason), count in view.without_metrics.items():
+        families.add(m.REQUESTS_WITHOUT_SPEC, {**target, "model_name": model, "reason": reason}, count)
+    for (model, band), histogram in view.speed.items():
+        families.histogram(m.REQUEST_SPEED, {**target, "model_name": model, "acceptance": band},
+                           zip(histogram.bounds, histogram.counts, strict=True), histogram.total)
+    if stats is not None:
+        families.add(m.TAP_CONNECTIONS, target, stats.connections)
+        families.add(m.TAP_BUFFERED_BYTES, target, stats.buffered_bytes)
+    return families
+
+
+class RequestsCollector(Collector):
+    """The request tap's families, fresh on every scrape (they change with every request)."""
+
+    def __init__(self, view: Callable[[], RequestsView], target: Callable[[], Labels],
+                 stats: Callable[[], TapStats | None]) -> None:
+        self._view, self._target, self._stats = view, target, stats
+
+    def collect(self) -> Iterator[Metric]:
+        yield from build_request_families(self._view(), self._target(), self._stats())
+
+    def describe(self) -> Iterator[Metric]:
+        yield from Families(m.TAP)

@@ -1,0 +1,107 @@
+"""Configuration reload (SIGHUP or ``POST /-/reload``), as Prometheus does it.
+
+The config (file + flags + env) is read again and validated in full before anything changes; a bad one
+is rejected with one log line and the running configuration stays. Targets that keep their name and URL
+keep their window state (see Exporter.apply_config). Every other changed setting is named in the answer,
+as applied (it is, at once: the views are published again) or as needing a restart (the listener's address,
+path and web config file, and the collection concurrency).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, fields, replace
+
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from specdecode_exporter.core import metrics as m
+from specdecode_exporter.core.log import event, reconfigure_logging
+from specdecode_exporter.sidecar.collection import Exporter
+from specdecode_exporter.sidecar.config import Config, ConfigError
+from specdecode_exporter.sidecar.webconfig import WebSecurity
+
+RESTART_ONLY = ("listen_address", "telemetry_path", "web_config_file", "concurrency", "proxy")
+# Config fields a reload applies, with the names a user knows them by. Targets are described by apply_config.
+APPLIED = {
+    "windows": "windows", "collect_interval": "collect.interval", "max_body_bytes": "collect.max_body_size",
+    "stale_after": "collect.stale_after", "max_series_per_target": "collect.max_series_per_target",
+    "verdict": "verdict (page_threshold and bands)", "verdict_window": "verdict window",
+    "monitoring_config_file": "monitoring.config_file", "log_level": "log.level", "log_format": "log.format",
+}
+NOT_SETTINGS = ("targets", "source")
+
+
+def _shown(value: object) -> str:
+    if isinstance(value, tuple):
+        return ",".join(getattr(item, "name", str(item)) for item in value)
+    return str(value)
+
+
+def describe_changes(running: Config, new: Config) -> list[str]:
+    """One note per changed setting, saying whether the reload applied it."""
+    notes = []
+    for item in fields(Config):
+        old_value, new_value = getattr(running, item.name), getattr(new, item.name)
+        if item.name in NOT_SETTINGS or old_value == new_value:
+            continue
+        if item.name in RESTART_ONLY:
+            notes.append(f"{item.name} changed; it applies after a restart")
+        else:
+            notes.append(f"{APPLIED[item.name]} {_shown(old_value)} → {_shown(new_value)} applied")
+    return notes
+
+
+@dataclass
+class Reloader:
+    exporter: Exporter
+    load: Callable[[], Config]
+    web: WebSecurity | None = None
+    last_successful: bool = True
+    last_success_time: float = field(default_factory=time.time)
+
+    def reload(self) -> tuple[bool, str]:
+        """Returns (ok, one-line message). Never raises on a bad config."""
+        running = self.exporter.config
+        try:
+            config = self.load()
+            notes = describe_changes(running, config)
+            if self.web is not None and config.web_config_file == running.web_config_file:
+                notes += self.web.reload()
+        except ConfigError as exc:
+            self.last_successful = False
+            event(logging.ERROR, "reload failed; the running configuration stays", detail=str(exc))
+            return False, str(exc)
+        except Exception as exc:  # e.g. a certificate that vanished between validation and loading
+            self.last_successful = False
+            event(logging.ERROR, "reload failed; the running configuration stays", error=type(exc).__name__,
+                  detail=str(exc)[:200])
+            return False, f"{type(exc).__name__}: {exc}"
+        # Keep what is actually in force, so the next reload compares against it.
+        config = replace(config, **{key: getattr(running, key) for key in RESTART_ONLY})
+        notes += self.exporter.apply_config(config)
+        if (config.log_level, config.log_format) != (running.log_level, running.log_format):
+            reconfigure_logging(config.log_level, config.log_format)
+        self.last_successful = True
+        self.last_success_time = time.time()
+        message = "; ".join(notes) or "no changes"
+        event(logging.INFO, "configuration reloaded", source=config.source, changes=message)
+        return True, message
+
+
+class ReloadCollector(Collector):
+    """The reload families of the contract (metrics.RELOAD)."""
+
+    def __init__(self, reloader: Reloader) -> None:
+        self._reloader = reloader
+
+    def collect(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily(m.CONFIG_RELOAD_SUCCESSFUL.name, m.CONFIG_RELOAD_SUCCESSFUL.help,
+                                value=1.0 if self._reloader.last_successful else 0.0)
+        yield GaugeMetricFamily(m.CONFIG_RELOAD_TIME.name, m.CONFIG_RELOAD_TIME.help,
+                                value=self._reloader.last_success_time)
+
+    def describe(self) -> Iterator[Metric]:
+        return self.collect()

@@ -1,0 +1,188 @@
+"""/api/v1/status: the sidecar's state as JSON, from the latest TargetViews (the HTML page renders the same)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from specdecode_exporter.pipeline import latency
+from specdecode_exporter.pipeline.derive import WindowStats
+from specdecode_exporter.pipeline.latency import LatencyStats, ObservedSpeedup
+from specdecode_exporter.sidecar.collection import HistoryPoint, TargetView
+from specdecode_exporter.sidecar.config import Config
+from specdecode_exporter.sidecar.series import SeriesView, WindowView
+from specdecode_exporter.tap.request_stats import RequestsView
+
+
+def verdict_stats(series: SeriesView) -> WindowStats | None:
+    """The acceptance statistics of the window the series' verdict is for."""
+    view = series.window(series.verdict_window)
+    return view.acceptance if view is not None else None
+
+
+def _round(value: float | None, digits: int = 4) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def acceptance_json(stats: WindowStats) -> dict[str, Any]:
+    return {
+        "acceptance_ratio": _round(stats.acceptance_ratio),
+        "mean_acceptance_length": _round(stats.mean_acceptance_length),
+        "position_acceptance_ratios": [_round(r) for r in stats.position_acceptance_ratios],
+        "token_acceptance_probability": _round(stats.token_acceptance_probability),
+        "draft_tokens_per_second": _round(stats.draft_tokens_per_second, 3),
+        "accepted_tokens_per_second": _round(stats.accepted_tokens_per_second, 3),
+        "expected_speedup": _round(stats.expected_speedup),
+        "expected_speedup_by_length": [_round(s) for s in stats.speedup_by_length],
+        "recommended_num_speculative_tokens": stats.recommended_num_speculative_tokens,
+    }
+
+
+def latency_json(stats: LatencyStats) -> dict[str, Any]:
+    return {
+        "time_per_output_token_seconds": {"mean": _round(stats.tpot_mean, 6), "p50": _round(stats.tpot(0.5), 6),
+                                          "p90": _round(stats.tpot(0.9), 6), "p99": _round(stats.tpot(0.99), 6)},
+        "time_to_first_token_seconds": {"p50": _round(stats.ttft(0.5), 6), "p99": _round(stats.ttft(0.99), 6)},
+        "requests": stats.requests,
+        "requests_running": _round(stats.running, 2),
+        "requests_waiting": _round(stats.waiting, 2),
+    }
+
+
+def observed_json(observed: ObservedSpeedup) -> dict[str, Any]:
+    return {"mean": _round(observed.mean), "p50": _round(observed.p50), "p99": _round(observed.p99),
+            "baseline": observed.baseline}
+
+
+def window_json(view: WindowView) -> dict[str, Any]:
+    out: dict[str, Any] = acceptance_json(view.acceptance) if view.acceptance is not None else {}
+    if view.acceptance is not None:
+        out["recommended_num_speculative_tokens"] = view.recommended_k
+    if view.latency is not None:
+        out["latency"] = latency_json(view.latency)
+    if view.observed is not None:
+        out["observed_speedup"] = observed_json(view.observed)
+    out["calibrated_cost_per_draft_token"] = _round(view.calibrated_cost)
+    out["break_even_acceptance_ratio_at_load"] = _round(view.break_even_at_load)
+    return out
+
+
+def history_json(points: tuple[HistoryPoint, ...], now: float) -> list[dict[str, Any]]:
+    return [{"seconds_ago": round(now - p.at, 1), "acceptance_ratio": _round(p.acceptance_ratio),
+             "tpot_mean_seconds": _round(p.tpot_mean, 6), "observed_speedup": _round(p.observed_speedup)}
+            for p in points]
+
+
+def series_json(view: TargetView, series: SeriesView, now: float) -> dict[str, Any]:
+    totals = series.totals
+    return {
+        "model_name": series.key.model_name,
+        "engine": series.key.engine,
+        "num_speculative_tokens": series.num_speculative_tokens,
+        "spec_decode": series.spec_decode,
+        "break_even_acceptance_ratio": _round(series.break_even),
+        "cost_basis": series.cost_basis,
+        "verdict": series.judgement.verdict.value,
+        "verdict_basis": series.judgement.basis,
+        "verdict_reason": series.judgement.reason,
+        "verdict_window": series.verdict_window,
+        "totals": {
+            "drafts": totals.drafts,
+            "draft_tokens": totals.draft_tokens,
+            "accepted_tokens": totals.accepted_tokens,
+            "emitted_tokens": totals.emitted_tokens,
+            "accepted_tokens_by_position": list(totals.accepted_by_position),
+        },
+        "reported_by_engine": {spec.name: _round(value) for spec, value in series.reported},
+        "restarts": series.restarts,
+        "windows": {view.window.name: window_json(view) for view in series.windows},
+        "history": history_json(view.history.get(series.key, ()), now),
+    }
+
+
+def baseline_json(view: TargetView) -> dict[str, Any] | None:
+    baseline = view.config.baseline
+    if baseline is None:
+        return None
+    if baseline.target is not None:
+        return {"target": baseline.target}
+    return {"time_per_output_token_seconds": baseline.time_per_output_token_seconds, "p50": baseline.p50,
+            "p99": baseline.p99}
+
+
+def status_json(views: list[TargetView], ready: tuple[bool, str], version: str, uptime: float,
+                config: Config, now: float, requests: RequestsView | None = None) -> dict[str, Any]:
+    bands = config.verdict
+    tapped = config.proxy.target if config.proxy is not None else None
+    return {
+        "version": version,
+        "uptime_seconds": round(uptime, 1),
+        "ready": ready[0],
+        "ready_reason": ready[1],
+        "page_threshold": bands.page_acceptance_ratio,
+        "verdict_bands": {"hurting_below": bands.hurting_below, "paying_off_from": bands.paying_off_from,
+                          "page_acceptance_ratio": bands.page_acceptance_ratio, "window": config.verdict_window},
+        "targets": [
+            {
+                "name": view.config.name,
+                "url": view.config.url,
+                "up": view.up,
+                "api": view.api,
+                "method": view.method,
+                "interval_seconds": view.interval,
+                "collect_duration_seconds": _round(view.collect_duration, 6),
+                "last_success": None if view.last_success_wall is None
+                else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(view.last_success_wall)),
+                "last_error": view.last_error,
+                "errors": dict(view.errors),
+                "dropped_series": view.dropped_series,
+                "spec_decode": view.config.spec_decode,
+                "baseline": baseline_json(view),
+                "cost_model": {"c_draft": view.config.cost.c_draft, "c_verify": view.config.cost.c_verify,
+                               "c_verify_max": view.config.cost.c_verify_max,
+                               "saturating_batch": view.config.cost.saturating_batch},
+                "series": [series_json(view, s, now) for s in view.series],
+                "requests": requests_json(requests, bands.page_acceptance_ratio)
+                if requests is not None and view.config.name == tapped else None,
+            }
+            for view in views
+        ],
+    }
+
+
+NOT_ENABLED_HINT = ("vLLM returns no per-request spec-decode metrics: start it with --per-request-spec-decode-metrics "
+                    "summary (and --enable-per-request-metrics for timings); streams need the tap's usage request, "
+                    "which it adds itself")
+
+
+def _distribution_json(histogram: latency.Histogram | None, page: float) -> dict[str, Any] | None:
+    if histogram is None or not histogram.observations:
+        return None
+    below = [i for i, bound in enumerate(histogram.bounds) if bound <= page]
+    return {"requests": int(histogram.observations), "p10": _round(latency.quantile(0.1, histogram)),
+            "p50": _round(latency.quantile(0.5, histogram)),
+            "share_below_page_threshold": _round(histogram.counts[below[-1]] / histogram.observations) if below
+            else 0.0,
+            "buckets": list(histogram.bounds[:-1]), "cumulative_counts": list(histogram.counts[:-1])}
+
+
+def requests_json(view: RequestsView, page_threshold: float) -> dict[str, Any]:
+    """The request tap: α per model, workload and temperature band, the per-request distribution per model."""
+    bands = [{"model_name": key.model_name, "workload": key.workload, "temperature": key.temperature,
+              "requests": totals.requests,
+              "acceptance_ratio": _round(totals.accepted_tokens / totals.draft_tokens) if totals.draft_tokens
+              else None,
+              "distribution": _distribution_json(totals.acceptance, page_threshold)}
+             for key, totals in sorted(view.bands.items())]
+    models = sorted({key.model_name for key in view.bands})
+    reasons: dict[str, int] = {}
+    for (_, reason), count in view.without_metrics.items():
+        reasons[reason] = reasons.get(reason, 0) + count
+    return {
+        "bands": bands,
+        "models": {model: _distribution_json(latency.pooled([t.acceptance for k, t in view.bands.items()
+                                                       if k.model_name == model]), page_threshold)
+                   for model in models},
+        "without_spec_metrics": reasons,
+        "hint": NOT_ENABLED_HINT if reasons.get("not_enabled") else None,
+    }

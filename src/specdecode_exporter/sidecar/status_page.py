@@ -1,0 +1,147 @@
+"""The status page (/): per target and series the numbers that answer "is it paying off?", the verdict with its
+reason, and the last hour as small inline-SVG charts (α, time per output token, observed speedup). It renders the
+same dict as /api/v1/status, so the two never disagree. No JavaScript, no external assets."""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+from specdecode_exporter.core.charts import Axis, Frame, Rule, Series, bar_chart, fit, line_chart
+
+VERDICT_COLOURS = {"paying off": "#1a7f37", "marginal": "#9a6700", "hurting": "#cf222e", "no traffic": "#57606a"}
+MINUTES = Axis(-60.0, 0.0, "{:.0f} min", (-60.0, -30.0, 0.0))
+STYLE = """body{font-family:system-ui,sans-serif;margin:2em;color:#1f2328}table{border-collapse:collapse}
+td,th{border:1px solid #d0d7de;padding:.4em .7em;text-align:left;vertical-align:top}th{background:#f6f8fa}
+.charts td{border-top:none;background:#fff}.chart{margin-right:1em}.verdict{font-weight:bold}"""
+HEADER = ("target", "model", "engine", "α by window", "mean acceptance length", "speedup", "break-even α",
+          "recommended / current k", "verdict")
+
+
+def _cell(value: float | int | None, fmt: str = "{:.3f}") -> str:
+    return "–" if value is None else html.escape(fmt.format(value))
+
+
+def _history(series: dict[str, Any], key: str, scale: float = 1.0) -> list[tuple[float, float]]:
+    return [(-point["seconds_ago"] / 60.0, point[key] * scale) for point in series["history"]
+            if point[key] is not None and point["seconds_ago"] <= 3600]
+
+
+def alpha_chart(series: dict[str, Any], page_threshold: float) -> str:
+    rules = [Rule(page_threshold, f"page {page_threshold:g}")]
+    if series["break_even_acceptance_ratio"] is not None:
+        rules.append(Rule(series["break_even_acceptance_ratio"], "break-even", "#9a6700"))
+    return line_chart("α, last hour", [Series("α", _history(series, "acceptance_ratio"))], MINUTES,
+                      Axis(0.0, 1.0, "{:.1f}", (0.0, 0.5, 1.0)), rules)
+
+
+def tpot_chart(series: dict[str, Any]) -> str:
+    points = _history(series, "tpot_mean_seconds", 1000.0)
+    low, high = fit([y for _, y in points])
+    return line_chart("time per output token (ms)", [Series("TPOT mean", points, "#8250df")], MINUTES,
+                      Axis(low, high, "{:.0f}" if high >= 10 else "{:.1f}"), empty="no requests yet")
+
+
+def speedup_chart(series: dict[str, Any], has_baseline: bool) -> str:
+    points = _history(series, "observed_speedup")
+    low, high = fit([y for _, y in points], floor=0.0, include=(1.0,))
+    return line_chart("observed speedup (×)", [Series("observed", points, "#1a7f37")], MINUTES,
+                      Axis(low, high, "{:.2f}"), [Rule(1.0, "1×")],
+                      empty="measured once requests finish" if has_baseline else "no baseline configured")
+
+
+def series_rows(target: dict[str, Any], series: dict[str, Any], page_threshold: float) -> list[str]:
+    e = html.escape
+    windows = series["windows"]
+    window = windows.get(series["verdict_window"] or "", {})
+    alphas = " · ".join(f"{e(name)} {_cell(w.get('acceptance_ratio'), '{:.2f}')}" for name, w in windows.items()
+                        if w.get("acceptance_ratio") is not None)
+    observed = window.get("observed_speedup", {}).get("mean")
+    speedup = (f"{_cell(observed, '{:.2f}×')} observed" if observed is not None
+               else f"{_cell(window.get('expected_speedup'), '{:.2f}×')} modelled")
+    state = "up" if target["up"] else f"down ({e(target['last_error'] or '')})"
+    charts = [tpot_chart(series)] if not series["spec_decode"] else [
+        alpha_chart(series, page_threshold), tpot_chart(series),
+        speedup_chart(series, target["baseline"] is not None)]
+    colour = VERDICT_COLOURS.get(series["verdict"], "#57606a")
+    verdict = "control (spec decode off)" if not series["spec_decode"] else e(series["verdict"])
+    return [
+        "<tr>"
+        f"<td>{e(target['name'])}<br><small>{state}, {e(target['api'] or '?')}</small></td>"
+        f"<td>{e(series['model_name'] or '')}</td><td>{e(series['engine'] or '')}</td>"
+        f"<td>{alphas or 'no traffic'}</td>"
+        f"<td>{_cell(window.get('mean_acceptance_length'), '{:.2f}')}</td><td>{speedup}</td>"
+        f"<td>{_cell(series['break_even_acceptance_ratio'], '{:.2f}')}<br><small>{e(series['cost_basis'])}</small></td>"
+        f"<td>{_cell(window.get('recommended_num_speculative_tokens'), '{}')} "
+        f"/ {_cell(series['num_speculative_tokens'], '{}')}</td>"
+        f"<td class='verdict' style='color:{colour}'>{verdict}<br><small>{e(series['verdict_reason'])}</small></td>"
+        "</tr>",
+        f"<tr class='charts'><td colspan={len(HEADER)}>{''.join(charts)}</td></tr>",
+    ]
+
+
+def target_rows(status: dict[str, Any]) -> list[str]:
+    rows: list[str] = []
+    for target in status["targets"]:
+        if not target["series"]:
+            state = "up" if target["up"] else f"down ({html.escape(target['last_error'] or '')})"
+            rows.append(f"<tr><td>{html.escape(target['name'])}</td><td colspan={len(HEADER) - 1}>{state}</td></tr>")
+        for series in target["series"]:
+            rows += series_rows(target, series, status["page_threshold"])
+        rows.append(requests_rows(target, status["page_threshold"]))
+    return rows
+
+
+def status_html(status: dict[str, Any], telemetry_path: str) -> str:
+    e = html.escape
+    bands = status["verdict_bands"]
+    body = "\n".join(target_rows(status)) or f"<tr><td colspan={len(HEADER)}>no targets configured</td></tr>"
+    head = "".join(f"<th>{e(name)}</th>" for name in HEADER)
+    return f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>specdecode-exporter</title><style>{STYLE}</style></head><body>
+<h1>specdecode-exporter</h1>
+<p>Is speculative decoding paying off? α = accepted / drafted tokens; below the break-even α it costs more than
+it saves. Verdict over the {e(bands['window'])} window, from the observed speedup where there is a baseline, else the
+modelled one: hurting below {bands['hurting_below']:g}×, paying off from {bands['paying_off_from']:g}× with α not below
+the page threshold {status['page_threshold']:g}, marginal between (or with a tail regression).</p>
+<table><tr>{head}</tr>
+{body}
+</table>
+<p><a href="{e(telemetry_path)}">Metrics</a> · <a href="/api/v1/status">Status (JSON)</a> ·
+<a href="/healthz">Health</a> · <a href="/readyz">Readiness</a></p>
+<p><small>version {e(status['version'])}, up {status['uptime_seconds']:.0f}s,
+{'ready' if status['ready'] else 'not ready: ' + e(status['ready_reason'])}</small></p>
+</body></html>
+"""
+
+
+def requests_rows(target: dict[str, Any], page_threshold: float) -> str:
+    """The request tap's part of a target: the per-request α distribution per model as bars (red below the page
+    threshold), α per workload and temperature band, and what is missing and why."""
+    requests = target.get("requests")
+    if requests is None:
+        return ""
+    e = html.escape
+    charts = []
+    for model, distribution in requests["models"].items():
+        if distribution is None:
+            continue
+        counts = distribution["cumulative_counts"]
+        per_bucket = [c - (counts[i - 1] if i else 0) for i, c in enumerate(counts)]
+        total = max(1, distribution["requests"])
+        bars = [(f"{bound:g}", n / total) for bound, n in zip(distribution["buckets"], per_bucket, strict=True)]
+        colours = ["#cf222e" if bound <= page_threshold else "#1a7f37" for bound in distribution["buckets"]]
+        charts.append(bar_chart(f"per-request α, {model}", bars, colours, Frame(width=360)) +
+                      f"<p><small>{distribution['requests']} requests; P10 {_cell(distribution['p10'], '{:.2f}')}, "
+                      f"{_cell(distribution['share_below_page_threshold'], '{:.0%}')} below {page_threshold:g}"
+                      "</small></p>")
+    bands = "".join(
+        f"<tr><td>{e(b['model_name'])}</td><td>{e(b['workload'])}</td><td>{e(b['temperature'])}</td>"
+        f"<td>{b['requests']}</td><td>{_cell(b['acceptance_ratio'], '{:.2f}')}</td></tr>" for b in requests["bands"])
+    missing = ", ".join(f"{e(reason)} {count}" for reason, count in requests["without_spec_metrics"].items())
+    hint = f"<p class='hint'>{e(requests['hint'])}</p>" if requests["hint"] else ""
+    table = ("<table><tr><th>model</th><th>workload</th><th>temperature</th><th>requests</th><th>α</th></tr>"
+             f"{bands}</table>") if bands else "<p>no tapped request with spec-decode metrics yet</p>"
+    return (f"<tr class='charts'><td colspan={len(HEADER)}><b>Per request (the request tap)</b>"
+            f"<div>{''.join(charts)}</div>{table}"
+            f"<p><small>without spec-decode metrics: {missing or 'none'}</small></p>{hint}</td></tr>")

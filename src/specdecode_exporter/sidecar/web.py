@@ -1,0 +1,246 @@
+"""FastAPI app: /metrics, /healthz, /readyz, /api/v1/status and the landing page; and the server."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import logging
+import signal
+import threading
+import zlib
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
+from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
+from prometheus_client.exposition import choose_encoder
+
+from specdecode_exporter.core.httpserver import QuietServer, bind_socket
+from specdecode_exporter.core.log import event
+from specdecode_exporter.sidecar.collection import Exporter, TargetView
+from specdecode_exporter.sidecar.config import Config, split_listen_address
+from specdecode_exporter.sidecar.expose import RequestsCollector, SpecDecodeCollector, exporter_version
+from specdecode_exporter.sidecar.proxy import TapRuntime, tap_runtime
+from specdecode_exporter.sidecar.reload import ReloadCollector, Reloader
+from specdecode_exporter.sidecar.status import status_json
+from specdecode_exporter.sidecar.status_page import status_html
+from specdecode_exporter.sidecar.webconfig import BasicAuthMiddleware, WebSecurity
+from specdecode_exporter.tap.request_stats import NO_REQUESTS
+
+Encoder = Callable[[CollectorRegistry], bytes]
+_OPENMETRICS_EOF = b"# EOF\n"
+
+
+@dataclass
+class _Rendered:
+    encoder: Encoder
+    views: list[TargetView]  # what it was rendered from; keeping them keeps their ids meaningful
+    text: bytes  # without OpenMetrics' "# EOF": the live families follow it
+    # gzip of the text on first demand, and the compressor right after it: each compressed scrape copies it to
+    # add its live families, so a response is one gzip stream without compressing the large part again.
+    gzipped: tuple[bytes, zlib._Compress] | None = None
+
+
+class MetricsRenderer:
+    """Renders /metrics. The spec-decode families change only when a collection publishes new views, so their
+    text (and its gzip) is rendered once per set of views and reused by every scrape until then; the process,
+    platform, GC and reload families are cheap and rendered fresh each time."""
+
+    def __init__(self, exporter: Exporter, reloader: Reloader | None = None, tap: TapRuntime | None = None) -> None:
+        self._views = exporter.views
+        self._specdecode = CollectorRegistry(auto_describe=True)
+        self._specdecode.register(SpecDecodeCollector(self._current_views))
+        self._live = CollectorRegistry(auto_describe=True)
+        if reloader is not None:
+            self._live.register(ReloadCollector(reloader))
+        # The per-request families change with every tapped request: rendered on every scrape (empty, with
+        # their HELP and TYPE, when the tap is off).
+        self._live.register(RequestsCollector(tap.view, lambda: tap.labels, tap.stats) if tap is not None
+                            else RequestsCollector(lambda: NO_REQUESTS, dict, lambda: None))
+        ProcessCollector(registry=self._live)
+        PlatformCollector(registry=self._live)
+        GCCollector(registry=self._live)
+        self._pending: list[TargetView] = []
+        self._cached: _Rendered | None = None
+        self._lock = threading.Lock()
+
+    def _current_views(self) -> list[TargetView]:
+        return self._pending
+
+    def render(self, encoder: Encoder, compress: bool = False) -> bytes:
+        """The exposition; with ``compress``, gzipped."""
+        views = self._views()
+        with self._lock:
+            cached = self._cached
+            if cached is None or cached.encoder is not encoder or not _same_views(cached.views, views):
+                self._pending = views
+                text = encoder(self._specdecode)
+                if text.endswith(_OPENMETRICS_EOF):
+                    text = text[: -len(_OPENMETRICS_EOF)]  # one # EOF, after the live families
+                cached = self._cached = _Rendered(encoder, views, text)
+            if compress and cached.gzipped is None:
+                compressor = zlib.compressobj(6, zlib.DEFLATED, 16 + zlib.MAX_WBITS)  # 16+: gzip framing
+                cached.gzipped = (compressor.compress(cached.text), compressor)
+        live = encoder(self._live)
+        if not compress:
+            return cached.text + live
+        assert cached.gzipped is not None
+        head, compressor = cached.gzipped
+        rest = compressor.copy()
+        return head + rest.compress(live) + rest.flush()
+
+
+def accepts_gzip(accept_encoding: str) -> bool:
+    """Whether an Accept-Encoding header allows gzip (q=0 forbids it)."""
+    for item in accept_encoding.split(","):
+        coding, _, params = item.strip().partition(";")
+        if coding.strip().lower() in ("gzip", "*"):
+            params = params.strip()
+            q = params[2:] if params.startswith("q=") else "1"
+            try:
+                return float(q) > 0
+            except ValueError:
+                return False
+    return False
+
+
+def _same_views(a: list[TargetView], b: list[TargetView]) -> bool:
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
+
+
+def _on_sighup(reloader: Reloader | None) -> Callable[[], None]:
+    """Reload on SIGHUP while the app runs (main thread only); returns the undo."""
+    if reloader is None:
+        return lambda: None
+    loop = asyncio.get_running_loop()
+    try:
+        loop.add_signal_handler(signal.SIGHUP, reloader.reload)
+    except (NotImplementedError, RuntimeError, ValueError, AttributeError):  # not the main thread, or no SIGHUP
+        return lambda: None
+    def undo() -> None:
+        loop.remove_signal_handler(signal.SIGHUP)
+
+    return undo
+
+
+def build_app(exporter: Exporter, run_collection: bool = True, reloader: Reloader | None = None,
+              security: WebSecurity | None = None, tap: TapRuntime | None = None) -> FastAPI:
+    config: Config = exporter.config  # what the listener was built with; a reload changes exporter.config
+    renderer = MetricsRenderer(exporter, reloader, tap)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        task = asyncio.create_task(exporter.run(), name="collection") if run_collection else None
+        undo_sighup = _on_sighup(reloader)
+        if tap is not None:  # on this loop: the relay runs beside the collection, never in a thread
+            await tap.start()
+        try:
+            yield
+        finally:
+            undo_sighup()
+            if tap is not None:
+                await tap.stop()
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    app = FastAPI(title="specdecode-exporter", version=exporter_version(), lifespan=lifespan,
+                  docs_url=None, redoc_url=None, openapi_url=None)
+
+    def current_status() -> dict[str, object]:
+        now = exporter.clock()
+        return status_json(exporter.views(), exporter.ready(), exporter_version(), now - exporter.started_at,
+                           exporter.config, now, tap.view() if tap is not None else None)
+
+    @app.get(config.telemetry_path)
+    def metrics(request: Request) -> Response:
+        encoder, content_type = choose_encoder(request.headers.get("accept", ""))
+        compress = accepts_gzip(request.headers.get("accept-encoding", ""))
+        headers = {"Vary": "Accept-Encoding"} | ({"Content-Encoding": "gzip"} if compress else {})
+        return Response(renderer.render(encoder, compress), media_type=content_type, headers=headers)
+
+    @app.get("/healthz")
+    def healthz() -> PlainTextResponse:
+        return PlainTextResponse("ok\n")
+
+    @app.get("/readyz")
+    def readyz() -> PlainTextResponse:
+        ready, reason = exporter.ready()
+        return PlainTextResponse(("ok" if ready else f"not ready: {reason}") + "\n", status_code=200 if ready else 503)
+
+    @app.get("/api/v1/status")
+    def status() -> JSONResponse:
+        return JSONResponse(current_status())
+
+    @app.get("/", response_class=HTMLResponse)
+    def landing() -> HTMLResponse:
+        return HTMLResponse(status_html(current_status(), config.telemetry_path))
+
+    if reloader is not None:
+        @app.post("/-/reload")
+        async def reload() -> PlainTextResponse:  # on the event loop, like the collection loops it changes
+            ok, message = reloader.reload()
+            return PlainTextResponse(("ok: " if ok else "failed: ") + message + "\n", status_code=200 if ok else 400)
+
+    if security is not None and security.users:
+        app.add_middleware(BasicAuthMiddleware, security=security)
+    return app
+
+
+# Every collection builds thousands of short-lived view objects, so the cyclic GC ran dozens of times per
+# collection and walked the interpreter's startup objects each time: a third of a busy target's view time.
+# Nothing the sidecar builds is cyclic garbage in bulk, so it collects less often.
+GC_YOUNG_THRESHOLD = 10_000
+
+
+def tune_gc() -> None:
+    """Move everything alive at start (modules, config) out of the collector's way, and collect less often."""
+    gc.freeze()
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, older, oldest)
+
+
+def serve(config: Config, load: Callable[[], Config] | None = None, security: WebSecurity | None = None) -> int:
+    """Run the sidecar until SIGTERM/SIGINT; SIGHUP or POST /-/reload calls ``load`` again. Returns the exit code."""
+    exporter = Exporter(config)
+    reloader = Reloader(exporter, load or (lambda: config), security)
+    host, port = split_listen_address(config.listen_address)
+    try:
+        tap = tap_runtime(config)
+    except OSError as exc:
+        event(logging.ERROR, "cannot listen", listen_address=config.proxy.listen_address if config.proxy else "",
+              detail=exc.strerror or str(exc), what="request tap")
+        return 1
+    # uvloop where installed (the tap's relay is a few µs a chunk cheaper on it), else asyncio's own loop.
+    uv_config = uvicorn.Config(build_app(exporter, reloader=reloader, security=security, tap=tap), host=host,
+                               port=port, log_config=None, access_log=False, timeout_graceful_shutdown=5,
+                               lifespan="on", loop="auto")
+    if security is not None and security.ssl_context is not None:
+        uv_config.load()
+        uv_config.ssl = security.ssl_context  # ours, so a reload can swap the certificate in place
+    server = QuietServer(uv_config)
+    event(logging.INFO, "starting", version=exporter_version(), listen_address=config.listen_address,
+          telemetry_path=config.telemetry_path, targets=",".join(t.url for t in config.targets),
+          interval=f"{config.collect_interval:g}s", windows=",".join(w.name for w in config.windows),
+          tls=security is not None and security.ssl_context is not None,
+          basic_auth=security is not None and bool(security.users),
+          request_tap=f"{config.proxy.listen_address} -> {config.proxy.upstream}" if config.proxy else "off")
+    try:
+        sock = bind_socket(host, port)
+    except OSError as exc:
+        event(logging.ERROR, "cannot listen", listen_address=config.listen_address, detail=exc.strerror or str(exc))
+        return 1
+    # uvicorn re-raises a captured SIGTERM once it has shut down gracefully, with the handler found before it
+    # started: with this one that means "stop" (also before uvicorn listens) and the process exits 0.
+    def stop(_signum: int, _frame: object) -> None:
+        server.request_exit()
+
+    signal.signal(signal.SIGTERM, stop)
+    tune_gc()
+    server.run(sockets=[sock])
+    event(logging.INFO, "stopped")
+    return 0

@@ -1,0 +1,279 @@
+"""``--web.config.file``: TLS and basic auth for the sidecar's own endpoints, in the format of Prometheus'
+exporter-toolkit (https://github.com/prometheus/exporter-toolkit/blob/master/docs/web-configuration.md)::
+
+    tls_server_config:
+      cert_file: server.crt          # relative paths are relative to this file, as in exporter-toolkit
+      key_file: server.key
+      client_auth_type: RequireAndVerifyClientCert   # optional
+      client_ca_file: ca.crt                         # optional
+      min_version: TLS12                             # optional (default TLS12), max_version too
+    basic_auth_users:
+      prometheus: $2b$12$...         # bcrypt hash, e.g. from `htpasswd -nBC 12 "" | tr -d ':\\n'`
+
+Basic auth protects every endpoint except ``/healthz`` and ``/readyz``: kubelet probes cannot send
+credentials, and those two return only "ok"/"not ready" (no metric values, no target URLs). Keys of the
+toolkit format that this implementation cannot honour are rejected at start rather than silently ignored.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import logging
+import ssl
+import threading
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio.to_thread
+import bcrypt
+import yaml
+
+from specdecode_exporter.core.log import event
+from specdecode_exporter.sidecar.config import ConfigError, _check_keys, _mapping
+
+UNPROTECTED_PATHS = frozenset({"/healthz", "/readyz"})
+TLS_VERSIONS = {"TLS10": ssl.TLSVersion.TLSv1, "TLS11": ssl.TLSVersion.TLSv1_1, "TLS12": ssl.TLSVersion.TLSv1_2,
+                "TLS13": ssl.TLSVersion.TLSv1_3}
+CLIENT_AUTH = {"NoClientCert": ssl.CERT_NONE, "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
+               "RequireAndVerifyClientCert": ssl.CERT_REQUIRED}
+# Accepted by exporter-toolkit, but Python's ssl module cannot ask for a client certificate without
+# verifying it, so these would silently mean something else: refuse them.
+UNSUPPORTED_CLIENT_AUTH = ("RequestClientCert", "RequireAnyClientCert")
+TLS_KEYS = {"cert_file", "key_file", "client_auth_type", "client_ca_file", "min_version", "max_version"}
+UNSUPPORTED_TLS_KEYS = {"cert", "key", "client_ca", "cipher_suites", "curve_preferences",
+                        "prefer_server_cipher_suites", "client_allowed_sans"}
+TOP_KEYS = {"tls_server_config", "basic_auth_users"}
+UNSUPPORTED_TOP_KEYS = {"http_server_config", "rate_limit"}
+_CACHE_LIMIT = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class TLSServerConfig:
+    cert_file: str
+    key_file: str
+    client_auth_type: str = "NoClientCert"
+    client_ca_file: str | None = None
+    min_version: str = "TLS12"
+    max_version: str | None = None
+
+    def ssl_context(self) -> ssl.SSLContext:
+        """Raises OSError / ssl.SSLError on bad files."""
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.minimum_version = TLS_VERSIONS[self.min_version]
+        if self.max_version:
+            context.maximum_version = TLS_VERSIONS[self.max_version]
+        context.load_cert_chain(self.cert_file, self.key_file)
+        if self.client_ca_file:
+            context.load_verify_locations(cafile=self.client_ca_file)
+        context.verify_mode = CLIENT_AUTH[self.client_auth_type]
+        return context
+
+
+@dataclass(frozen=True, slots=True)
+class WebConfig:
+    path: str
+    tls: TLSServerConfig | None = None
+    users: Mapping[str, bytes] = field(default_factory=dict)  # user → bcrypt hash
+
+
+def _string(value: Any, where: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{where}: expected a non-empty string, got {value!r}")
+    return value
+
+
+def _resolve(base: Path, value: Any, where: str) -> str:
+    path = Path(_string(value, where))
+    return str(path if path.is_absolute() else base / path)
+
+
+def _check_supported(data: Mapping[str, Any], unsupported: set[str], where: str) -> None:
+    for key in data:
+        if key in unsupported:
+            raise ConfigError(f"{where}{key}: not supported by specdecode-exporter; remove it")
+
+
+def parse_tls(data: Any, base: Path) -> TLSServerConfig | None:
+    where = "tls_server_config"
+    data = _mapping(data, where)
+    if not data:
+        return None
+    _check_supported(data, UNSUPPORTED_TLS_KEYS, f"{where}.")
+    _check_keys(data, TLS_KEYS, where)
+    if "cert_file" not in data or "key_file" not in data:
+        raise ConfigError(f"{where}: cert_file and key_file are both required")
+    client_auth = data.get("client_auth_type", "NoClientCert")
+    if client_auth in UNSUPPORTED_CLIENT_AUTH:
+        raise ConfigError(f"{where}.client_auth_type: {client_auth} is not supported (Python's TLS cannot accept "
+                          "an unverified client certificate); use VerifyClientCertIfGiven or "
+                          "RequireAndVerifyClientCert")
+    if client_auth not in CLIENT_AUTH:
+        raise ConfigError(f"{where}.client_auth_type: expected one of {', '.join(CLIENT_AUTH)}, got {client_auth!r}")
+    ca = _resolve(base, data["client_ca_file"], f"{where}.client_ca_file") if "client_ca_file" in data else None
+    if client_auth != "NoClientCert" and ca is None:
+        raise ConfigError(f"{where}.client_ca_file: required with client_auth_type {client_auth}")
+    versions = {}
+    for key in ("min_version", "max_version"):
+        if key in data:
+            if data[key] not in TLS_VERSIONS:
+                raise ConfigError(f"{where}.{key}: expected one of {', '.join(TLS_VERSIONS)}, got {data[key]!r}")
+            versions[key] = data[key]
+    tls = TLSServerConfig(
+        cert_file=_resolve(base, data["cert_file"], f"{where}.cert_file"),
+        key_file=_resolve(base, data["key_file"], f"{where}.key_file"),
+        client_auth_type=client_auth,
+        client_ca_file=ca,
+        **versions,
+    )
+    try:
+        tls.ssl_context()
+    except (OSError, ssl.SSLError, ValueError) as exc:
+        raise ConfigError(f"{where}: cannot load the certificate or key: {getattr(exc, 'strerror', None) or exc}"
+                          ) from None
+    return tls
+
+
+def parse_users(data: Any) -> dict[str, bytes]:
+    where = "basic_auth_users"
+    users: dict[str, bytes] = {}
+    for user, hashed in _mapping(data, where).items():
+        if not isinstance(user, str) or not user or ":" in user:
+            raise ConfigError(f"{where}: user names are non-empty strings without ':', got {user!r}")
+        if not isinstance(hashed, str) or not hashed.startswith(("$2a$", "$2b$", "$2y$")):
+            raise ConfigError(f"{where}.{user}: expected a bcrypt hash ($2a$, $2b$ or $2y$); plain-text passwords "
+                              "are not accepted")
+        try:
+            bcrypt.checkpw(b"", hashed.encode())
+        except ValueError:
+            raise ConfigError(f"{where}.{user}: not a valid bcrypt hash") from None
+        users[user] = hashed.encode()
+    return users
+
+
+def load_web_config(path: str) -> WebConfig:
+    """Read and validate the web config (certificates loaded, hashes checked); one ConfigError line if bad."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+        data = yaml.safe_load(text)
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read web config file: {exc.strerror or exc}") from None
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: invalid YAML: {str(exc).splitlines()[0]}") from None
+    try:
+        data = _mapping(data, "web config")
+        _check_supported(data, UNSUPPORTED_TOP_KEYS, "")
+        _check_keys(data, TOP_KEYS, "")
+        base = Path(path).resolve().parent
+        tls = parse_tls(data.get("tls_server_config"), base)
+        return WebConfig(path, tls, parse_users(data.get("basic_auth_users")))
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+
+
+class WebSecurity:
+    """The live web config: the TLS context handed to uvicorn and the users that basic auth checks.
+
+    ``reload()`` re-reads the file: new users apply at once; a new certificate and key are loaded into the
+    same SSL context and apply to new connections. Turning TLS on or off needs a restart (the listener
+    is already open)."""
+
+    def __init__(self, config: WebConfig) -> None:
+        self.config = config
+        self.ssl_context = config.tls.ssl_context() if config.tls else None
+        self._cache: dict[bytes, bool] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def users(self) -> Mapping[str, bytes]:
+        return self.config.users
+
+    def reload(self) -> list[str]:
+        """Raises ConfigError (and changes nothing) when the file is bad; returns notes."""
+        new = load_web_config(self.config.path)
+        notes: list[str] = []
+        if (new.tls is None) != (self.config.tls is None):
+            raise ConfigError(f"{new.path}: turning TLS on or off needs a restart")
+        if new.tls is not None and self.ssl_context is not None:
+            if (new.tls.client_auth_type, new.tls.client_ca_file, new.tls.min_version, new.tls.max_version) != (
+                    self.config.tls.client_auth_type, self.config.tls.client_ca_file,  # type: ignore[union-attr]
+                    self.config.tls.min_version, self.config.tls.max_version):  # type: ignore[union-attr]
+                raise ConfigError(f"{new.path}: changing client_auth_type, client_ca_file or TLS versions needs a "
+                                  "restart; only cert_file/key_file and basic_auth_users reload")
+            self.ssl_context.load_cert_chain(new.tls.cert_file, new.tls.key_file)
+            notes.append("web TLS certificate reloaded")
+        with self._lock:
+            self.config = new
+            self._cache.clear()
+        return notes
+
+    def check(self, user: str, password: str) -> bool:
+        """bcrypt.checkpw (constant time in the password) with a cache of results, as exporter-toolkit does:
+        bcrypt costs tens of milliseconds per check, and Prometheus sends the same credentials every scrape."""
+        hashed = self.users.get(user)
+        key = hashlib.sha256(b"%s\0%s\0%s" % (user.encode(), password.encode(), hashed or b"")).digest()
+        with self._lock:
+            cached = self._cache.get(key)
+        if cached is not None:
+            return cached
+        # An unknown user is checked against some user's hash anyway, so that a wrong user name costs as much
+        # time as a wrong password (no user enumeration by timing).
+        reference = hashed or next(iter(self.users.values()))
+        ok = bcrypt.checkpw(password.encode(), reference) and hashed is not None
+        with self._lock:
+            if len(self._cache) >= _CACHE_LIMIT:
+                self._cache.clear()  # a flood of wrong passwords cannot grow memory
+            self._cache[key] = ok
+        return ok
+
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+def parse_basic(header: bytes) -> tuple[str, str] | None:
+    scheme, _, encoded = header.partition(b" ")
+    if scheme.lower() != b"basic":
+        return None
+    try:
+        decoded = base64.b64decode(encoded.strip(), validate=True).decode("utf-8")
+    except (binascii.Error, UnicodeDecodeError):
+        return None
+    user, sep, password = decoded.partition(":")
+    return (user, password) if sep else None
+
+
+class BasicAuthMiddleware:
+    """ASGI middleware: 401 with a Basic challenge unless the request carries valid credentials."""
+
+    def __init__(self, app: ASGIApp, security: WebSecurity) -> None:
+        self.app = app
+        self.security = security
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not self.security.users or scope.get("path") in UNPROTECTED_PATHS:
+            await self.app(scope, receive, send)
+            return
+        header = next((v for k, v in scope.get("headers", []) if k == b"authorization"), b"")
+        credentials = parse_basic(header)
+        if credentials is not None:
+            # bcrypt is slow: check on a worker thread so the event loop (and the collections) keep running.
+            if await anyio.to_thread.run_sync(self.security.check, *credentials):
+                await self.app(scope, receive, send)
+                return
+            event(logging.INFO, "basic auth failed", user=credentials[0][:64], client=_client(scope))
+        await send({"type": "http.response.start", "status": 401,
+                    "headers": [(b"content-type", b"text/plain; charset=utf-8"),
+                                (b"www-authenticate", b'Basic realm="specdecode-exporter"')]})
+        await send({"type": "http.response.body", "body": b"Unauthorized\n"})
+
+
+def _client(scope: Scope) -> str:
+    client = scope.get("client")
+    return f"{client[0]}:{client[1]}" if client else "unknown"

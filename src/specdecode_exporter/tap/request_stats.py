@@ -1,0 +1,183 @@
+"""Per-request truth from the request tap: each tapped completion's own acceptance (vLLM's per-request metrics, or
+llama.cpp's timings), counted by model, workload and temperature band. Counters make α per band exact over any
+window; histograms give the distribution the aggregate counters hide.
+
+The recorder is the tap's Observer: it runs on the event loop for each finished request and only adds to
+counters. Scrapes read an immutable snapshot.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from specdecode_exporter.core.metrics import ACCEPTANCE_RATIO_BUCKETS
+from specdecode_exporter.pipeline.latency import Histogram
+from specdecode_exporter.tap.model import TapRequest, TapResult
+
+LENGTH_BUCKETS: tuple[float, ...] = (1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 8.0, 10.0)
+SPEED_BUCKETS: tuple[float, ...] = (1, 2, 5, 10, 20, 30, 50, 75, 100, 150, 200, 300, 500, 1000)
+UNSET = "unset"
+OTHER = "other"
+MAX_LABEL_LENGTH = 64
+
+
+@dataclass(frozen=True)
+class TapSettings:
+    """How tapped requests are labelled (the proxy section of the config)."""
+
+    temperature_edges: tuple[float, ...] = (0.3, 0.7)  # bands: [0, 0.3), [0.3, 0.7), [0.7, ∞)
+    max_workloads: int = 10  # distinct workload values kept; the rest are "other"
+    max_models: int = 32  # the same for model names (clients name them; a hostile one could name many)
+    acceptance_edges: tuple[float, ...] = (0.5, 0.65)  # bands of per-request α for the speed histogram
+
+
+def temperature_band(temperature: float | None, edges: Sequence[float]) -> str:
+    if temperature is None or not math.isfinite(temperature):
+        return UNSET
+    index = bisect.bisect_right(edges, temperature)
+    low = "0" if index == 0 else f"{edges[index - 1]:g}"
+    return f"{low}-{edges[index]:g}" if index < len(edges) else f"{low}+"
+
+
+def acceptance_band(alpha: float, edges: Sequence[float]) -> str:
+    index = bisect.bisect_right(edges, alpha)
+    low = "0" if index == 0 else f"{edges[index - 1]:g}"
+    high = "1" if index == len(edges) else f"{edges[index]:g}"
+    return f"{low}-{high}"
+
+
+class BandKey(NamedTuple):
+    model_name: str
+    workload: str
+    temperature: str
+
+
+@dataclass
+class BandTotals:
+    requests: int = 0
+    draft_tokens: float = 0.0
+    accepted_tokens: float = 0.0
+    acceptance: Histogram = field(default_factory=lambda: Histogram.empty(ACCEPTANCE_RATIO_BUCKETS))
+    mean_length: Histogram = field(default_factory=lambda: Histogram.empty(LENGTH_BUCKETS))
+
+    def frozen(self) -> BandTotals:
+        return BandTotals(self.requests, self.draft_tokens, self.accepted_tokens, self.acceptance, self.mean_length)
+
+
+class RequestSpec(NamedTuple):
+    """One request's spec-decode figures, whatever the engine reported them as."""
+
+    draft_tokens: float
+    accepted_tokens: float
+    steps: float | None  # verification steps (vLLM); llama.cpp does not say
+
+
+def spec_figures(metrics: Mapping[str, Any] | None, timings: Mapping[str, Any] | None) -> RequestSpec | None:
+    """A response's vLLM metrics.speculative_decoding, or llama.cpp's timings.draft_n / draft_n_accepted."""
+    spec = metrics.get("speculative_decoding") if isinstance(metrics, Mapping) else None
+    if isinstance(spec, Mapping):
+        drafted, accepted = _count(spec.get("num_draft_tokens")), _count(spec.get("num_accepted_draft_tokens"))
+        if drafted is not None and accepted is not None:
+            return RequestSpec(drafted, accepted, _count(spec.get("num_spec_steps")))
+    if isinstance(timings, Mapping):
+        drafted, accepted = _count(timings.get("draft_n")), _count(timings.get("draft_n_accepted"))
+        if drafted is not None and accepted is not None:
+            return RequestSpec(drafted, accepted, None)
+    return None
+
+
+def _count(value: Any) -> float | None:
+    """A finite, non-negative number from a response, or None."""
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value >= 0:
+        return float(value)
+    return None
+
+
+def tokens_per_second(request: TapRequest, result: TapResult) -> float | None:
+    """The request's generation speed: vLLM's own figure, else output tokens over the streamed generation time."""
+    metrics = result.metrics if isinstance(result.metrics, Mapping) else {}
+    reported = _count(metrics.get("tokens_per_second"))
+    if reported:
+        return reported
+    usage = result.usage if isinstance(result.usage, Mapping) else {}
+    tokens = _count(usage.get("completion_tokens"))
+    if request.stream and result.first_byte is not None and tokens is not None and tokens > 1:
+        seconds = result.finished - result.first_byte
+        return tokens / seconds if seconds > 0 else None
+    return None
+
+
+class RequestsView(NamedTuple):
+    """What the tap has seen, for one scrape."""
+
+    bands: Mapping[BandKey, BandTotals]
+    without_metrics: Mapping[tuple[str, str], int]  # (model, reason) → requests
+    speed: Mapping[tuple[str, str], Histogram]  # (model, acceptance band) → tokens/s
+
+
+@dataclass
+class RequestRecorder:
+    """The tap's Observer."""
+
+    settings: TapSettings = field(default_factory=TapSettings)
+    bands: dict[BandKey, BandTotals] = field(default_factory=dict)
+    without_metrics: dict[tuple[str, str], int] = field(default_factory=dict)
+    speed: dict[tuple[str, str], Histogram] = field(default_factory=dict)
+    workloads: set[str] = field(default_factory=set)
+    models: set[str] = field(default_factory=set)
+
+    def observe(self, request: TapRequest, result: TapResult) -> None:
+        model = capped(request.model, self.models, self.settings.max_models)
+        figures = spec_figures(result.metrics, result.timings)
+        if figures is None:
+            reason = result.reason or "no_spec_metrics"
+            self.without_metrics[(model, reason)] = self.without_metrics.get((model, reason), 0) + 1
+            return
+        key = BandKey(model, capped(request.workload, self.workloads, self.settings.max_workloads),
+                      temperature_band(request.temperature, self.settings.temperature_edges))
+        totals = self.bands.setdefault(key, BandTotals())
+        totals.requests += 1
+        totals.draft_tokens += figures.draft_tokens
+        totals.accepted_tokens += figures.accepted_tokens
+        if figures.draft_tokens <= 0:
+            return  # no draft at all (ngram found nothing): no α to put in the distribution
+        alpha = min(1.0, figures.accepted_tokens / figures.draft_tokens)
+        totals.acceptance = totals.acceptance.observed(alpha)
+        if figures.steps:
+            totals.mean_length = totals.mean_length.observed(1.0 + figures.accepted_tokens / figures.steps)
+        speed = tokens_per_second(request, result)
+        if speed is not None:
+            band = (model, acceptance_band(alpha, self.settings.acceptance_edges))
+            self.speed[band] = self.speed.get(band, Histogram.empty(SPEED_BUCKETS)).observed(speed)
+
+    def view(self) -> RequestsView:
+        return RequestsView({k: v.frozen() for k, v in self.bands.items()}, dict(self.without_metrics),
+                            dict(self.speed))
+
+
+def capped(raw: str | None, seen: set[str], limit: int) -> str:
+    """A client-supplied value as a label: the first ``limit`` distinct values as they are, then "other"."""
+    value = _label(raw)
+    if value is None:
+        return UNSET
+    if value in seen:
+        return value
+    if len(seen) >= limit:
+        return OTHER
+    seen.add(value)
+    return value
+
+
+def _label(raw: str | None) -> str | None:
+    """A header or model name as a label value: printable, bounded; None when empty."""
+    if raw is None:
+        return None
+    value = "".join(c for c in raw.strip() if c.isprintable())[:MAX_LABEL_LENGTH]
+    return value or None
+
+
+NO_REQUESTS = RequestsView({}, {}, {})

@@ -1,0 +1,220 @@
+"""Server-sent events of an OpenAI-style completion stream: find the final usage event, and remove it when the tap
+asked for it on the client's behalf.
+
+Each forwarded chunk is checked with a few substring searches only; events are split and parsed as JSON only
+around the end of a stream (the terminal event, the usage event, llama.cpp's timings).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from specdecode_exporter.tap.http1 import is_whole_chunk
+
+# Byte patterns that can only be JSON structure, never text: inside a JSON string every quote is escaped.
+FINISH_MARK = b'"finish_reason":"'  # a terminal chunk (finish_reason set); null elsewhere
+EMPTY_CHOICES_MARK = b'"choices":[]'  # the usage event
+TIMINGS_MARK = b'"timings":'  # llama.cpp's per-request timings, on the last event
+_EVENT_END = re.compile(rb"\r?\n\r?\n")
+_DATA_PREFIX = b"data:"
+_DECODER = json.JSONDecoder()
+
+
+class StreamFindings:
+    """What the end of a stream said: usage, metrics, timings."""
+
+    __slots__ = ("gave_up", "metrics", "saw_usage", "timings", "usage")
+
+    def __init__(self) -> None:
+        self.saw_usage = False
+        self.usage: dict[str, Any] | None = None
+        self.metrics: dict[str, Any] | None = None
+        self.timings: dict[str, Any] | None = None
+        self.gave_up = False
+
+    def record(self, event: dict[str, Any]) -> None:
+        usage, metrics, timings = event.get("usage"), event.get("metrics"), event.get("timings")
+        if event.get("choices") == [] and isinstance(usage, dict):
+            self.saw_usage = True
+            self.usage = usage
+            self.metrics = metrics if isinstance(metrics, dict) else None
+        if isinstance(timings, dict):
+            self.timings = timings
+
+
+def split_events(text: bytes) -> tuple[list[bytes], bytes]:
+    """Complete events (each with its blank-line terminator) and the incomplete rest."""
+    events: list[bytes] = []
+    start = 0
+    for match in _EVENT_END.finditer(text):
+        events.append(text[start : match.end()])
+        start = match.end()
+    return events, text[start:]
+
+
+def event_json(event: bytes) -> dict[str, Any] | None:
+    """The JSON object of a one-line ``data: {...}`` event, else None."""
+    if not event.startswith(_DATA_PREFIX):
+        return None
+    try:
+        value = json.loads(event[len(_DATA_PREFIX) :])
+    except (ValueError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+class SseWatcher:
+    """Reads a stream that is forwarded untouched; records the usage event and timings."""
+
+    __slots__ = ("_carry", "_limit", "findings")
+
+    def __init__(self, limit: int) -> None:
+        self._carry = b""
+        self._limit = limit
+        self.findings = StreamFindings()
+
+    def held_bytes(self) -> int:
+        return len(self._carry)
+
+    def passes(self, chunk: bytes) -> bool:
+        """Whether a read (at a chunk boundary) is one whole HTTP chunk of whole events with nothing to read in them.
+        The patterns contain a quote, which a chunk's size line and CRLFs never do, so the chunk is searched as is."""
+        return (
+            not self._carry
+            and chunk.endswith(b"\n\n\r\n")
+            and EMPTY_CHOICES_MARK not in chunk
+            and TIMINGS_MARK not in chunk
+            and is_whole_chunk(chunk)
+        )
+
+    def feed(self, payload: bytes) -> None:
+        if not self._carry and payload.endswith(b"\n\n"):
+            if EMPTY_CHOICES_MARK not in payload and TIMINGS_MARK not in payload:
+                return
+            events, self._carry = split_events(payload)
+        elif self.findings.gave_up:
+            return
+        else:
+            events, self._carry = split_events(self._carry + payload)
+            if len(self._carry) > self._limit:
+                self._carry = b""
+                self.findings.gave_up = True
+        for event in events:
+            if EMPTY_CHOICES_MARK in event or TIMINGS_MARK in event:
+                parsed = event_json(event)
+                if parsed is not None:
+                    self.findings.record(parsed)
+
+
+class UsageStripper:
+    """Rewrites a stream whose usage event the client did not ask for, so it reads as if never requested.
+
+    vLLM (and llama.cpp) shape the end of a stream differently when usage is on: the terminal chunk loses
+    `system_fingerprint` (vLLM) or `timings` (llama.cpp), which ride on the usage event instead. The terminal event
+    is therefore held until the next event; if that is the usage event, the fields it carries and the terminal
+    event lacks (other than usage and metrics) are appended to the terminal event, and the usage event is dropped.
+    """
+
+    __slots__ = ("_carry", "_held", "_limit", "findings")
+
+    def __init__(self, limit: int) -> None:
+        self._carry = b""
+        self._held: bytes | None = None
+        self._limit = limit
+        self.findings = StreamFindings()
+
+    def held_bytes(self) -> int:
+        return len(self._carry) + len(self._held or b"")
+
+    def passes(self, chunk: bytes) -> bool:
+        """Whether a read (at a chunk boundary) is one whole HTTP chunk that goes to the client unchanged."""
+        return (
+            not self._carry
+            and self._held is None
+            and chunk.endswith(b"\n\n\r\n")
+            and FINISH_MARK not in chunk
+            and EMPTY_CHOICES_MARK not in chunk
+            and is_whole_chunk(chunk)
+        )
+
+    def feed(self, payload: bytes) -> bytes:
+        """The bytes to send for this payload: itself (the common case), a rewritten version, or b""."""
+        if (
+            not self._carry
+            and self._held is None
+            and payload.endswith(b"\n\n")
+            and FINISH_MARK not in payload
+            and EMPTY_CHOICES_MARK not in payload
+        ):
+            return payload
+        if self.findings.gave_up:
+            return payload
+        events, self._carry = split_events(self._carry + payload)
+        out = [piece for event in events for piece in self._event(event)]
+        if len(self._carry) > self._limit:
+            # Not a stream this class understands: hand over what is held, and pass the rest as it comes.
+            out.append(self.finish())
+        return b"".join(out)
+
+    def finish(self) -> bytes:
+        """Whatever is still held, at the end of the stream (or when giving up)."""
+        if self._carry:
+            self.findings.gave_up = True
+        rest = (self._held or b"") + self._carry
+        self._held, self._carry = None, b""
+        return rest
+
+    def _event(self, event: bytes) -> list[bytes]:
+        out: list[bytes] = []
+        if EMPTY_CHOICES_MARK in event:
+            parsed = event_json(event)
+            if parsed is not None and parsed.get("choices") == [] and "usage" in parsed:
+                self.findings.record(parsed)
+                if self._held is None:
+                    return out
+                held, self._held = self._held, None
+                return [_merge_terminal(held, event, parsed)]
+        if self._held is not None:
+            out.append(self._held)
+            self._held = None
+        if FINISH_MARK in event:
+            self._held = event
+            if TIMINGS_MARK in event:
+                parsed = event_json(event)
+                if parsed is not None:
+                    self.findings.record(parsed)
+        else:
+            out.append(event)
+        return out
+
+
+def _merge_terminal(held: bytes, usage_event: bytes, usage: dict[str, Any]) -> bytes:
+    terminal = event_json(held)
+    if terminal is None or "usage" in terminal:
+        # Usage on the terminal chunk: the server sends it on every chunk (--enable-force-include-usage), so the
+        # client sees the usage event without the tap too.
+        return held + usage_event
+    moved = [key for key in usage if key not in terminal and key not in ("usage", "metrics")]
+    members = [_raw_member(usage_event, key, usage[key]) for key in moved]
+    if any(member is None for member in members):
+        return held + usage_event  # cannot be moved byte for byte: better the usage event than a wrong one
+    close = held.rindex(b"}")
+    return held[:close] + b"".join(b"," + member for member in members if member) + held[close:]
+
+
+def _raw_member(event: bytes, key: str, value: object) -> bytes | None:
+    """``"key":value`` exactly as ``event`` spells it: the occurrence whose value is the top-level ``value``."""
+    text = event.decode("utf-8", "replace")
+    needle = json.dumps(key) + ":"
+    start = text.find(needle)
+    while start >= 0:
+        try:
+            found, end = _DECODER.raw_decode(text, start + len(needle))
+        except ValueError:
+            found, end = None, -1
+        if end >= 0 and found == value:
+            return text[start:end].encode("utf-8")
+        start = text.find(needle, start + 1)
+    return None
