@@ -16,13 +16,13 @@ from dataclasses import dataclass, replace
 from typing import Any, NoReturn
 
 from specdecode_exporter.core.log import setup_logging
+from specdecode_exporter.core.validation import ConfigError
 from specdecode_exporter.sidecar.config import (
     DEFAULT_TARGET_URL,
     DEFAULT_WINDOWS,
     LOG_FORMATS,
     LOG_LEVELS,
     Config,
-    ConfigError,
     config_from_mapping,
     load_config_file,
     parse_duration,

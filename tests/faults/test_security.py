@@ -15,10 +15,10 @@ import httpx
 import pytest
 
 from specdecode_exporter.core.httpserver import ThreadedServer, bind_socket
+from specdecode_exporter.core.validation import ConfigError
 from specdecode_exporter.sidecar.collection import Exporter, TargetView, new_client
 from specdecode_exporter.sidecar.config import (
     Config,
-    ConfigError,
     TargetConfig,
     TLSConfig,
     config_from_mapping,

@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from specdecode_exporter.core import monitoring_config
+from specdecode_exporter.core.validation import ConfigError
 from specdecode_exporter.core.verdict import VerdictBands
 from specdecode_exporter.pipeline.derive import CostModel
 
@@ -27,10 +28,6 @@ _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 _DURATION_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*(B|KB|KiB|MB|MiB|GB|GiB)?", re.IGNORECASE)
 _SIZE_FACTORS = {"b": 1, "kb": 1000, "kib": 1024, "mb": 1000**2, "mib": 1024**2, "gb": 1000**3, "gib": 1024**3}
-
-
-class ConfigError(ValueError):
-    """A bad configuration value; the message is the single line shown to the user."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,8 +19,9 @@ from prometheus_client.registry import Collector
 
 from specdecode_exporter.core import metrics as m
 from specdecode_exporter.core.log import event, reconfigure_logging
+from specdecode_exporter.core.validation import ConfigError
 from specdecode_exporter.sidecar.collection import Exporter
-from specdecode_exporter.sidecar.config import Config, ConfigError
+from specdecode_exporter.sidecar.config import Config
 from specdecode_exporter.sidecar.webconfig import WebSecurity
 
 RESTART_ONLY = ("listen_address", "telemetry_path", "web_config_file", "concurrency", "proxy")

@@ -33,7 +33,8 @@ import bcrypt
 import yaml
 
 from specdecode_exporter.core.log import event
-from specdecode_exporter.sidecar.config import ConfigError, _check_keys, _mapping
+from specdecode_exporter.core.validation import ConfigError
+from specdecode_exporter.sidecar.config import _check_keys, _mapping
 
 UNPROTECTED_PATHS = frozenset({"/healthz", "/readyz"})
 TLS_VERSIONS = {"TLS10": ssl.TLSVersion.TLSv1, "TLS11": ssl.TLSVersion.TLSv1_1, "TLS12": ssl.TLSVersion.TLSv1_2,
