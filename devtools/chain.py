@@ -38,7 +38,8 @@ from devtools.procs import (
 )
 from devtools.stack import Prometheus
 from specdecode_exporter.core import monitoring_config
-from specdecode_exporter.core.monitoring_config import MonitoringConfig, duration_seconds
+from specdecode_exporter.core.monitoring_config import MonitoringConfig
+from specdecode_exporter.core.validation import parse_duration
 from specdecode_exporter.monitoring.build import render_rules, sources
 from specdecode_exporter.monitoring.rules import alpha_record
 
@@ -63,7 +64,7 @@ REPEAT_INTERVAL = "5m"
 
 def seconds(duration: str) -> float:
     """A Prometheus duration (15s, 1m30s) in seconds."""
-    return duration_seconds(duration)
+    return parse_duration(duration, "duration", allow_zero=True)
 
 
 def fmt_duration(value: float) -> str:

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from specdecode_exporter.core import monitoring_config
-from specdecode_exporter.core.monitoring_config import MonitoringConfigError
+from specdecode_exporter.core.validation import ConfigError
 from specdecode_exporter.monitoring import build
 from specdecode_exporter.monitoring.rules import rule_groups
 
@@ -105,13 +105,13 @@ def test_e2e_profile_has_short_durations(tmp_path: Path, promtool: str) -> None:
 def test_config_errors_name_the_key(tmp_path: Path) -> None:
     bad = tmp_path / "monitoring.yaml"
     bad.write_text("thresholds: {page_acceptance_ratio: 1.5}\n")
-    with pytest.raises(MonitoringConfigError, match=r"thresholds\.page_acceptance_ratio"):
+    with pytest.raises(ConfigError, match=r"thresholds\.page_acceptance_ratio"):
         monitoring_config.load(bad)
     bad.write_text("alerts: {SpecDecodeTargetDown: {for: 5 minutes}}\n")
-    with pytest.raises(MonitoringConfigError, match=r"alerts\.SpecDecodeTargetDown\.for"):
+    with pytest.raises(ConfigError, match=r"alerts\.SpecDecodeTargetDown\.for"):
         monitoring_config.load(bad)
     bad.write_text("thresholds: {page_acceptance_ratoi: 0.4}\n")
-    with pytest.raises(MonitoringConfigError, match=r"thresholds\.page_acceptance_ratoi: unknown key"):
+    with pytest.raises(ConfigError, match=r"thresholds\.page_acceptance_ratoi: unknown key"):
         monitoring_config.load(bad)
     # The build says it in one line and exits 2.
     assert build.main(["--config", str(bad), "--check"]) == 2

@@ -1,5 +1,8 @@
 """The monitoring config (monitoring.yaml beside this file): loaded, merged with a user's file and a profile,
-validated key by key. Every generator and the sidecar's verdict read the MonitoringConfig it gives."""
+validated key by key (core.validation). Every generator and the sidecar's verdict read the MonitoringConfig it gives.
+
+Each section below is a frozen dataclass whose fields are the file's keys: a new key (a threshold, a window) is a
+new field with its type, and every generator can read it."""
 
 from __future__ import annotations
 
@@ -7,85 +10,237 @@ import copy
 import functools
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-import yaml
+from pydantic import BeforeValidator, Field, GetCoreSchemaHandler
+from pydantic_core import core_schema
 
+from specdecode_exporter.core import validation
+from specdecode_exporter.core.validation import (
+    Choice,
+    ConfigError,
+    Context,
+    Number,
+    PromDuration,
+    PromDurationOrZero,
+    Range,
+    Section,
+    Text,
+    fail,
+    show,
+)
 from specdecode_exporter.core.verdict import VerdictBands
 
 DEFAULT_FILE = Path(__file__).resolve().parent / "monitoring.yaml"
 SEVERITIES = ("critical", "warning", "info")
-_DURATION = re.compile(r"^([0-9]+(ms|s|m|h|d|w|y))+$")
-_LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
-_LEVEL = re.compile(r"^[a-z_][a-z0-9_]*$")
-_UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
+_LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+_LEVEL = re.compile(r"[a-z_][a-z0-9_]*")
+
+Ratio = Annotated[Number, Range(0, 1)]
+NonNegative = Annotated[Number, Range(0)]
 
 
-class MonitoringConfigError(ValueError):
-    """A bad value in the monitoring config; the message names the key."""
+def _label_names(value: object) -> tuple[str, ...]:
+    if not isinstance(value, list | tuple) or not value or not all(isinstance(v, str) for v in value):
+        raise fail(f"expected a non-empty list of label names, got {show(value)}")
+    for i, name in enumerate(value):
+        if not _LABEL.fullmatch(name):
+            raise fail(f"{name!r} is not a label name", i)
+    return tuple(value)
+
+
+def _level_name(value: object) -> str:
+    if not isinstance(value, str) or not _LEVEL.fullmatch(value):
+        raise fail(f"{value!r} is not a valid level name (lower case letters, digits, _)")
+    return value
+
+
+LabelNames = Annotated[tuple[str, ...], BeforeValidator(_label_names)]
+LevelName = Annotated[str, BeforeValidator(_level_name)]
 
 
 @dataclass(frozen=True, slots=True)
-class AlertSettings:
-    severity: str
-    for_: str
-    window: str | None  # "short" or "long", where the alert has a rate window
+class Pairs:
+    """A mapping in the file, kept as its (key, value) pairs in the file's order: ``Pairs(dict[K, V])``."""
+
+    mapping: Any
+    non_empty: bool = False
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
+        def pairs(value: Mapping[Any, Any]) -> tuple[tuple[Any, Any], ...]:
+            if self.non_empty and not value:
+                raise fail("expected a non-empty mapping")
+            return tuple(value.items())
+
+        return core_schema.no_info_after_validator_function(pairs, handler.generate_schema(self.mapping))
 
 
 @dataclass(frozen=True, slots=True)
-class Thresholds:
-    page_acceptance_ratio: float
-    good_acceptance_ratio: float
-    drift_drop: float
-    interval_quantile: float
-    interval_acceptance_ratio: float
-    request_quantile: float
-    request_acceptance_ratio: float
+class Selectors(Section):
+    NULL_IS_EMPTY = True
+    exporter_job: Text  # matchers of the sidecar's own scrape job in `up`
+    metric: Annotated[str, Field(strict=True)] = ""  # extra matchers of every specdecode_* selector
 
 
 @dataclass(frozen=True, slots=True)
-class ProbeSettings:
+class Windows(Section):
+    NULL_IS_EMPTY = True
+    short: PromDuration  # the rate window of the page
+    long: PromDuration  # the tickets, the quantiles, the 1-day baseline
+    sidecar: Annotated[tuple[PromDuration, ...], Field(min_length=1)]  # the sidecar's default windows
+    verdict: PromDuration  # the window the verdict is given for
+    sidecar_alert: PromDuration  # the sidecar window the k-advice alert reads
+
+    def cross_check(self, context: Context) -> Windows:
+        for key in ("verdict", "sidecar_alert"):
+            if getattr(self, key) not in self.sidecar:
+                raise fail(f"{getattr(self, key)} is not one of windows.sidecar", key)
+        return self
+
+
+@dataclass(frozen=True, slots=True)
+class BaselineRange(Section):
+    NULL_IS_EMPTY = True
+    range: PromDuration
+    offset: PromDurationOrZero
+
+
+@dataclass(frozen=True, slots=True)
+class Thresholds(Section):
+    NULL_IS_EMPTY = True
+    page_acceptance_ratio: Ratio
+    good_acceptance_ratio: Ratio
+    drift_drop: Ratio
+    interval_quantile: Ratio
+    interval_acceptance_ratio: Ratio
+    request_quantile: Ratio
+    request_acceptance_ratio: Ratio
+
+
+@dataclass(frozen=True, slots=True)
+class VerdictSpeedups(Section):
+    NULL_IS_EMPTY = True
+    hurting_below: NonNegative
+    paying_off_from: NonNegative
+
+    def cross_check(self, context: Context) -> VerdictSpeedups:
+        if self.paying_off_from < self.hurting_below:
+            raise fail("must not be below verdict.hurting_below", "paying_off_from")
+        return self
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeSettings(Section):
     """The bands of `specdecode-exporter probe` (docs/probe.md); below the page threshold it says "disable"."""
 
-    measure_below: float  # α from the page threshold up to this: "measure P99 under real load"; from here: "ship"
-    ship_speedup: float  # with a baseline, a median observed speedup below this: "do not ship"
+    NULL_IS_EMPTY = True
+    measure_below: Ratio  # α from the page threshold up to this: "measure P99 under real load"; from here: "ship"
+    ship_speedup: Annotated[Number, Range(0, above=True)]  # a median observed speedup below this: "do not ship"
 
 
 @dataclass(frozen=True, slots=True)
-class DashboardSettings:
-    uid: str
-    title: str
-    refresh: str
-    time_from: str
+class AlertSettings(Section):
+    severity: Annotated[str, Choice(*SEVERITIES)]
+    for_: Annotated[PromDurationOrZero, Field(alias="for")]
+    window: Annotated[str, Choice("short", "long")] | None = None  # where the alert has a rate window
 
 
 @dataclass(frozen=True, slots=True)
-class MonitoringConfig:
-    runbook_base_url: str
-    metric_selector: str
-    exporter_job_selector: str
-    target_labels: tuple[str, ...]
-    levels: tuple[tuple[str, tuple[str, ...]], ...]  # (level, labels) in the config's order
-    alert_level: str
-    short_window: str
-    long_window: str
-    sidecar_windows: tuple[str, ...]
-    verdict_window: str
-    sidecar_alert_window: str
-    quantiles: tuple[float, ...]
-    baseline_range: str
-    baseline_offset: str
-    min_draft_tokens_per_second: float
-    min_requests_per_hour: float
+class DashboardSettings(Section):
+    NULL_IS_EMPTY = True
+    uid: Text
+    title: Text
+    refresh: Text
+    time_from: Text
+
+
+def _extra_labels(value: object) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise fail(f"expected a mapping of label name to value, got {show(value)}")
+    return {str(k): str(v) for k, v in value.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class MonitoringConfig(Section):
+    runbook_base_url: Text
+    selectors: Selectors
+    target_labels: LabelNames
+    levels: Annotated[tuple[tuple[str, tuple[str, ...]], ...], Pairs(dict[LevelName, LabelNames], non_empty=True)]
+    alert_level: Text
+    windows: Windows
+    quantiles: Annotated[tuple[Ratio, ...], Field(min_length=1)]
+    baseline: BaselineRange
+    min_draft_tokens_per_second: NonNegative
+    min_requests_per_hour: NonNegative
     thresholds: Thresholds
-    verdict: VerdictBands
-    alerts: tuple[tuple[str, AlertSettings], ...]
-    extra_alert_labels: tuple[tuple[str, str], ...]
+    speedups: Annotated[VerdictSpeedups, Field(alias="verdict")]
+    alerts: Annotated[tuple[tuple[str, AlertSettings], ...], Pairs(dict[str, AlertSettings])]
     dashboard: DashboardSettings
     probe: ProbeSettings
-    profile: str | None = None
+    extra_alert_labels: Annotated[tuple[tuple[str, str], ...], Pairs(dict[str, str]),
+                                  BeforeValidator(_extra_labels)] = ()
+    force_for: PromDurationOrZero | None = None  # every alert's `for:` (the end-to-end profile's short waits)
+    profile: str | None = field(default=None, metadata={"key": False})
+
+    def cross_check(self, context: Context) -> MonitoringConfig:
+        if self.alert_level not in dict(self.levels):
+            raise fail(f"{self.alert_level!r} is not one of levels ({', '.join(dict(self.levels))})", "alert_level")
+        if self.thresholds.interval_quantile not in self.quantiles:
+            raise fail("must be one of quantiles (it is recorded)", "thresholds", "interval_quantile")
+        page = self.thresholds.page_acceptance_ratio
+        if self.probe.measure_below < page:
+            raise fail(f"{self.probe.measure_below:g} must not be below thresholds.page_acceptance_ratio ({page:g})",
+                       "probe", "measure_below")
+        if self.force_for is None:
+            return self
+        forced = tuple((name, replace(a, for_=self.force_for)) for name, a in self.alerts)
+        return replace(self, alerts=forced)
+
+    # The names the generators read.
+    @property
+    def metric_selector(self) -> str:
+        return self.selectors.metric
+
+    @property
+    def exporter_job_selector(self) -> str:
+        return self.selectors.exporter_job
+
+    @property
+    def short_window(self) -> str:
+        return self.windows.short
+
+    @property
+    def long_window(self) -> str:
+        return self.windows.long
+
+    @property
+    def sidecar_windows(self) -> tuple[str, ...]:
+        return self.windows.sidecar
+
+    @property
+    def verdict_window(self) -> str:
+        return self.windows.verdict
+
+    @property
+    def sidecar_alert_window(self) -> str:
+        return self.windows.sidecar_alert
+
+    @property
+    def baseline_range(self) -> str:
+        return self.baseline.range
+
+    @property
+    def baseline_offset(self) -> str:
+        return self.baseline.offset
+
+    @property
+    def verdict(self) -> VerdictBands:
+        return VerdictBands(page_acceptance_ratio=self.thresholds.page_acceptance_ratio,
+                            hurting_below=self.speedups.hurting_below, paying_off_from=self.speedups.paying_off_from)
 
     def level_labels(self, level: str | None = None) -> tuple[str, ...]:
         return dict(self.levels)[level or self.alert_level]
@@ -93,7 +248,7 @@ class MonitoringConfig:
     def alert(self, name: str) -> AlertSettings:
         settings = dict(self.alerts).get(name)
         if settings is None:
-            raise MonitoringConfigError(f"alerts.{name}: missing (severity and for: of every alert)")
+            raise ConfigError(f"alerts.{name}: missing (severity and for: of every alert)")
         return settings
 
     def window(self, which: str) -> str:
@@ -111,18 +266,11 @@ def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, An
 
 
 def read_yaml(path: Path) -> dict[str, Any]:
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise MonitoringConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f" at line {mark.line + 1}" if mark else ""
-        raise MonitoringConfigError(f"{path}: invalid YAML{at}: {getattr(exc, 'problem', None) or exc}") from None
+    data = validation.read_yaml(path, "monitoring config")
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise MonitoringConfigError(f"{path}: expected a mapping at the top level")
+        raise ConfigError(f"{path}: expected a mapping at the top level, got {show(data)}")
     return data
 
 
@@ -131,7 +279,7 @@ def load(path: str | Path | None = None, profile: str | None = None) -> Monitori
     raw = read_yaml(DEFAULT_FILE)
     if path is not None and Path(path).resolve() != DEFAULT_FILE:
         raw = deep_merge(raw, read_yaml(Path(path)))
-    return from_mapping(raw, profile)
+    return from_mapping(raw, profile, str(path or DEFAULT_FILE))
 
 
 @functools.cache
@@ -140,195 +288,15 @@ def shipped() -> MonitoringConfig:
     return load()
 
 
-def from_mapping(raw: Mapping[str, Any], profile: str | None = None) -> MonitoringConfig:
+def from_mapping(raw: Mapping[str, Any], profile: str | None = None, source: str | None = None) -> MonitoringConfig:
+    """The config from a merged mapping (``source``, the file named in errors); ``profile`` merged onto it."""
     data = dict(raw)
     profiles = data.pop("profiles", None) or {}
+    if not isinstance(profiles, Mapping) or not all(isinstance(p, Mapping) for p in profiles.values()):
+        raise ConfigError(f"profiles: expected a mapping of profile name to settings, got {show(profiles)}")
     if profile is not None:
         if profile not in profiles:
-            raise MonitoringConfigError(f"profiles: no profile {profile!r} (have: {', '.join(sorted(profiles))})")
+            raise ConfigError(f"profiles: no profile {profile!r} (have: {', '.join(sorted(profiles))})")
         data = deep_merge(data, profiles[profile])
-    force_for = data.pop("force_for", None)
-    _check_keys(data, _TOP_LEVEL, "")
-    try:
-        config = _build(data)
-    except (KeyError, TypeError, AttributeError) as exc:
-        raise MonitoringConfigError(f"missing or malformed key {exc}") from None
-    if force_for is not None:
-        _duration(force_for, "force_for")
-        forced = tuple((name, AlertSettings(a.severity, force_for, a.window)) for name, a in config.alerts)
-        config = replace(config, alerts=forced)
+    config: MonitoringConfig = validation.validate(MonitoringConfig, data, source)
     return replace(config, profile=profile)
-
-
-_TOP_LEVEL = {"runbook_base_url", "selectors", "target_labels", "levels", "alert_level", "windows", "quantiles",
-              "baseline", "min_draft_tokens_per_second", "min_requests_per_hour", "thresholds", "verdict", "alerts",
-              "extra_alert_labels", "dashboard", "probe"}
-
-
-def _build(data: Mapping[str, Any]) -> MonitoringConfig:
-    selectors = _mapping(data.get("selectors"), "selectors", {"metric", "exporter_job"})
-    windows = _mapping(data.get("windows"), "windows", {"short", "long", "sidecar", "verdict", "sidecar_alert"})
-    levels = _levels(data.get("levels"))
-    alert_level = data.get("alert_level")
-    if alert_level not in dict(levels):
-        raise MonitoringConfigError(f"alert_level: {alert_level!r} is not one of levels ({', '.join(dict(levels))})")
-    sidecar_windows = tuple(_duration(w, f"windows.sidecar[{i}]") for i, w in enumerate(_list(windows, "sidecar")))
-    verdict_window = _duration(windows.get("verdict"), "windows.verdict")
-    sidecar_alert = _duration(windows.get("sidecar_alert"), "windows.sidecar_alert")
-    for key, value in (("verdict", verdict_window), ("sidecar_alert", sidecar_alert)):
-        if value not in sidecar_windows:
-            raise MonitoringConfigError(f"windows.{key}: {value} is not one of windows.sidecar")
-    baseline = _mapping(data.get("baseline"), "baseline", {"range", "offset"})
-    return MonitoringConfig(
-        runbook_base_url=_string(data.get("runbook_base_url"), "runbook_base_url"),
-        metric_selector=_string(selectors.get("metric", ""), "selectors.metric", empty_ok=True),
-        exporter_job_selector=_string(selectors.get("exporter_job"), "selectors.exporter_job"),
-        target_labels=_labels(data.get("target_labels"), "target_labels"),
-        levels=levels,
-        alert_level=str(alert_level),
-        short_window=_duration(windows.get("short"), "windows.short"),
-        long_window=_duration(windows.get("long"), "windows.long"),
-        sidecar_windows=sidecar_windows,
-        verdict_window=verdict_window,
-        sidecar_alert_window=sidecar_alert,
-        quantiles=tuple(_ratio(q, "quantiles") for q in _list(data, "quantiles")),
-        baseline_range=_duration(baseline.get("range"), "baseline.range"),
-        baseline_offset=_duration(baseline.get("offset"), "baseline.offset"),
-        min_draft_tokens_per_second=_number(data.get("min_draft_tokens_per_second"), "min_draft_tokens_per_second"),
-        min_requests_per_hour=_number(data.get("min_requests_per_hour"), "min_requests_per_hour"),
-        thresholds=_thresholds(data.get("thresholds"), [q for q in data.get("quantiles") or []]),
-        verdict=_verdict(data.get("verdict"), data.get("thresholds")),
-        alerts=_alerts(data.get("alerts")),
-        extra_alert_labels=tuple((str(k), str(v)) for k, v in
-                                 _mapping(data.get("extra_alert_labels"), "extra_alert_labels", None).items()),
-        dashboard=_dashboard(data.get("dashboard")),
-        probe=_probe(data.get("probe"), data.get("thresholds")),
-    )
-
-
-def _thresholds(value: Any, quantiles: list[Any]) -> Thresholds:
-    keys = {"page_acceptance_ratio", "good_acceptance_ratio", "drift_drop", "interval_quantile",
-            "interval_acceptance_ratio", "request_quantile", "request_acceptance_ratio"}
-    data = _mapping(value, "thresholds", keys)
-    ratios = {key: _ratio(data.get(key), f"thresholds.{key}") for key in keys}
-    if ratios["interval_quantile"] not in quantiles:
-        raise MonitoringConfigError("thresholds.interval_quantile: must be one of quantiles (it is recorded)")
-    return Thresholds(**ratios)
-
-
-def _verdict(value: Any, thresholds: Any) -> VerdictBands:
-    data = _mapping(value, "verdict", {"hurting_below", "paying_off_from"})
-    hurting = _number(data.get("hurting_below"), "verdict.hurting_below")
-    paying = _number(data.get("paying_off_from"), "verdict.paying_off_from")
-    if paying < hurting:
-        raise MonitoringConfigError("verdict.paying_off_from: must not be below verdict.hurting_below")
-    page = _ratio(_mapping(thresholds, "thresholds", None).get("page_acceptance_ratio"),
-                  "thresholds.page_acceptance_ratio")
-    return VerdictBands(page_acceptance_ratio=page, hurting_below=hurting, paying_off_from=paying)
-
-
-def _probe(value: Any, thresholds: Any) -> ProbeSettings:
-    data = _mapping(value, "probe", {"measure_below", "ship_speedup"})
-    measure_below = _ratio(data.get("measure_below"), "probe.measure_below")
-    page = _mapping(thresholds, "thresholds", None).get("page_acceptance_ratio")
-    if isinstance(page, int | float) and measure_below < page:
-        raise MonitoringConfigError(f"probe.measure_below: {measure_below:g} must not be below "
-                                    f"thresholds.page_acceptance_ratio ({page:g})")
-    ship_speedup = _number(data.get("ship_speedup"), "probe.ship_speedup")
-    if ship_speedup <= 0:
-        raise MonitoringConfigError(f"probe.ship_speedup: must be a number > 0, got {ship_speedup:g}")
-    return ProbeSettings(measure_below=measure_below, ship_speedup=ship_speedup)
-
-
-def _alerts(value: Any) -> tuple[tuple[str, AlertSettings], ...]:
-    data = _mapping(value, "alerts", None)
-    out: list[tuple[str, AlertSettings]] = []
-    for name, settings in data.items():
-        where = f"alerts.{name}"
-        entry = _mapping(settings, where, {"severity", "for", "window"})
-        severity = entry.get("severity")
-        if severity not in SEVERITIES:
-            raise MonitoringConfigError(f"{where}.severity: must be one of {', '.join(SEVERITIES)}, got {severity!r}")
-        window = entry.get("window")
-        if window is not None and window not in ("short", "long"):
-            raise MonitoringConfigError(f"{where}.window: must be short or long, got {window!r}")
-        out.append((str(name), AlertSettings(str(severity), _duration(entry.get("for"), f"{where}.for"), window)))
-    return tuple(out)
-
-
-def _dashboard(value: Any) -> DashboardSettings:
-    data = _mapping(value, "dashboard", {"uid", "title", "refresh", "time_from"})
-    return DashboardSettings(**{key: _string(data.get(key), f"dashboard.{key}") for key in
-                                ("uid", "title", "refresh", "time_from")})
-
-
-def _levels(value: Any) -> tuple[tuple[str, tuple[str, ...]], ...]:
-    if not isinstance(value, Mapping) or not value:
-        raise MonitoringConfigError("levels: expected a mapping of level name to label list")
-    out = []
-    for name, labels in value.items():
-        if not _LEVEL.match(str(name)):
-            raise MonitoringConfigError(f"levels: {name!r} is not a valid level name")
-        out.append((str(name), _labels(labels, f"levels.{name}")))
-    return tuple(out)
-
-
-def _check_keys(data: Mapping[str, Any], allowed: set[str], where: str) -> None:
-    unknown = sorted(str(k) for k in data if k not in allowed)
-    if unknown:
-        prefix = f"{where}." if where else ""
-        raise MonitoringConfigError(f"{prefix}{unknown[0]}: unknown key (allowed: {', '.join(sorted(allowed))})")
-
-
-def _mapping(value: Any, where: str, allowed: set[str] | None) -> Mapping[str, Any]:
-    if value is None:
-        value = {}
-    if not isinstance(value, Mapping):
-        raise MonitoringConfigError(f"{where}: expected a mapping, got {type(value).__name__}")
-    if allowed is not None:
-        _check_keys(value, allowed, where)
-    return value
-
-
-def _list(data: Mapping[str, Any], key: str) -> list[Any]:
-    value = data.get(key)
-    if not isinstance(value, list) or not value:
-        raise MonitoringConfigError(f"{key}: expected a non-empty list")
-    return value
-
-
-def _string(value: Any, where: str, empty_ok: bool = False) -> str:
-    if not isinstance(value, str) or (not value and not empty_ok):
-        raise MonitoringConfigError(f"{where}: required string, got {value!r}")
-    return value
-
-
-def _duration(value: Any, where: str) -> str:
-    if not isinstance(value, str) or not _DURATION.match(value):
-        raise MonitoringConfigError(f"{where}: {value!r} is not a Prometheus duration (e.g. 30s, 5m, 1h, 1d)")
-    return value
-
-
-def duration_seconds(value: str) -> float:
-    return sum(float(n) * _UNIT_SECONDS[unit] for n, unit in re.findall(r"(\d+)(ms|s|m|h|d|w|y)", value))
-
-
-def _number(value: Any, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-        raise MonitoringConfigError(f"{where}: must be a number >= 0, got {value!r}")
-    return float(value)
-
-
-def _ratio(value: Any, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
-        raise MonitoringConfigError(f"{where}: {value!r} must be a number between 0 and 1")
-    return float(value)
-
-
-def _labels(value: Any, where: str) -> tuple[str, ...]:
-    if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
-        raise MonitoringConfigError(f"{where}: expected a non-empty list of label names")
-    for name in value:
-        if not _LABEL.match(name):
-            raise MonitoringConfigError(f"{where}: {name!r} is not a label name")
-    return tuple(value)

@@ -28,7 +28,8 @@ import yaml
 
 from specdecode_exporter.core import monitoring_config
 from specdecode_exporter.core.metrics import reference_table
-from specdecode_exporter.core.monitoring_config import MonitoringConfig, MonitoringConfigError
+from specdecode_exporter.core.monitoring_config import MonitoringConfig
+from specdecode_exporter.core.validation import ConfigError
 from specdecode_exporter.monitoring.rules import rule_groups
 
 NAME = "specdecode-exporter"
@@ -246,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.profile:
             raise BuildError("--profile changes only the rules: give --rules-out too")
         stale = build(src, args.check)
-    except (MonitoringConfigError, BuildError, OSError) as exc:
+    except (ConfigError, BuildError, OSError) as exc:
         print(f"build: {exc}", file=sys.stderr)
         return 2
     return 1 if args.check and stale else 0

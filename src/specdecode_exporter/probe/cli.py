@@ -122,7 +122,7 @@ def _duration(flag: str, raw: str) -> float:
 def _bands(path: str | None) -> Bands:
     try:
         cfg = monitoring_config.load(path)
-    except monitoring_config.MonitoringConfigError as exc:
+    except ConfigError as exc:
         raise UsageError(f"--monitoring.config-file: {exc}") from None
     return Bands(cfg.thresholds.page_acceptance_ratio, cfg.probe.measure_below, cfg.probe.ship_speedup)
 

@@ -424,7 +424,7 @@ def load_monitoring(data: Mapping[str, Any], monitoring_file: str | None) -> tup
     path = monitoring_file or _optional_str(section, "config_file", "monitoring", "a path")
     try:
         return path, monitoring_config.load(path) if path else monitoring_config.shipped()
-    except monitoring_config.MonitoringConfigError as exc:
+    except ConfigError as exc:
         raise ConfigError(f"monitoring.config_file: {exc}") from None
 
 
