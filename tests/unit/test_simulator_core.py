@@ -6,7 +6,8 @@ import dataclasses
 
 import pytest
 
-from specdecode_exporter.simulator import ModelSpec, Phase, Scenario, ScenarioError, Simulator, default_scenario
+from specdecode_exporter.core.validation import ConfigError
+from specdecode_exporter.simulator import ModelSpec, Phase, Scenario, Simulator, default_scenario
 from specdecode_exporter.simulator.requests import Call
 from specdecode_exporter.simulator.simulator import EngineSnapshot
 
@@ -97,7 +98,7 @@ def test_fake_clock_and_time_scale() -> None:
 
 
 def test_time_scale_must_be_positive() -> None:
-    with pytest.raises(ScenarioError, match="time_scale"):
+    with pytest.raises(ConfigError, match="time_scale"):
         Simulator(Scenario(), clock=lambda: 0.0, time_scale=0)
 
 
@@ -170,7 +171,7 @@ def test_override_pauses_phases_until_resume() -> None:
     sim.resume()
     sim.advance(sim.scenario.phases[0].duration)
     assert sim.state()["phase"]["name"] == "degraded"
-    with pytest.raises(ScenarioError, match="unknown model"):
+    with pytest.raises(ConfigError, match="unknown model"):
         sim.set_override(model="nope", acceptance_rate=0.5)
     sim.goto_phase("recovered")
     assert sim.state()["phase"]["name"] == "recovered"
@@ -198,7 +199,7 @@ def test_faults_from_phase_and_manual() -> None:
     assert sim.fault == "garbage"
     sim.set_fault("none")
     assert sim.fault == "http_500"
-    with pytest.raises(ScenarioError):
+    with pytest.raises(ConfigError):
         sim.set_fault("explode")
 
 
@@ -248,5 +249,5 @@ def test_v0_idle_engine_stops_reporting_and_restart_hides_series() -> None:
 def test_v0_rejects_engines() -> None:
     from specdecode_exporter.simulator import scenario_from_dict
 
-    with pytest.raises(ScenarioError, match=r"models\[0\]\.engines"):
+    with pytest.raises(ConfigError, match=r"models\[0\]\.engines"):
         scenario_from_dict({"format": "v0", "models": [{"name": "m", "engines": 2}]}, "s.yaml")

@@ -9,9 +9,10 @@ import re
 import pytest
 
 from specdecode_exporter.core.flags import UsageError
+from specdecode_exporter.core.validation import ConfigError
 from specdecode_exporter.pipeline.engines import ALL_PREFIXES, NO_SPEC_METRICS, detect_engine, no_engine_detail
 from specdecode_exporter.pipeline.parse import select
-from specdecode_exporter.simulator import ModelSpec, Scenario, ScenarioError, Simulator, scenario_from_dict
+from specdecode_exporter.simulator import ModelSpec, Scenario, Simulator, scenario_from_dict
 from specdecode_exporter.simulator.cli import add_arguments, build_scenario
 from specdecode_exporter.simulator.engine_formats import WRITERS, cpp_number
 from specdecode_exporter.simulator.exposition import render
@@ -88,7 +89,7 @@ def test_trtllm_counters_appear_with_the_first_draft() -> None:
 ])
 def test_scenarios_respect_what_each_format_can_say(fmt: str, models: int, engines: int, problem: str) -> None:
     data = {"format": fmt, "models": [{"name": f"m{i}", "engines": engines} for i in range(models)]}
-    with pytest.raises(ScenarioError, match=problem):
+    with pytest.raises(ConfigError, match=problem):
         scenario_from_dict(data)
 
 

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from specdecode_exporter.simulator import ScenarioError, default_scenario, load_scenario, parse_duration
+from specdecode_exporter.core.validation import ConfigError
+from specdecode_exporter.simulator import default_scenario, load_scenario
 from specdecode_exporter.simulator.cli import add_arguments, build_scenario, env_name, main
 
 
@@ -18,26 +19,14 @@ def test_packaged_scenarios_load() -> None:
     assert 120 <= sum(p.duration for p in demo.phases) <= 600
     steady = default_scenario("steady")
     assert steady.phases == () and steady.models[0].acceptance_rate == 0.75
-    with pytest.raises(ScenarioError, match="not packaged"):
+    with pytest.raises(ConfigError, match="not packaged"):
         default_scenario("nope")
-
-
-@pytest.mark.parametrize(("text", "seconds"), [
-    ("30s", 30.0), ("5m", 300.0), ("1h30m", 5400.0), ("250ms", 0.25), (12, 12.0), ("1.5s", 1.5),
-])
-def test_parse_duration(text: object, seconds: float) -> None:
-    assert parse_duration(text) == seconds
-
-
-@pytest.mark.parametrize("text", ["soon", "", "5", "-3s", "3 s", True, None, 0, "1h 2m"])
-def test_parse_duration_rejects(text: object) -> None:
-    assert parse_duration(text) is None
 
 
 BAD = [
     ("models: [{name: m}]\nphases: [{name: a, duration: 5s}, {name: b, duration: soon}]\n",
-     "scenario.yaml: phases[1].duration: expected a duration like 30s, got 'soon'"),
-    ("models: [{name: m}]\nphases: [{name: a}]\n", "scenario.yaml: phases[0].duration: missing"),
+     "scenario.yaml: phases[1].duration: expected a duration like 5s, 1m or 500ms, got 'soon'"),
+    ("models: [{name: m}]\nphases: [{name: a}]\n", "scenario.yaml: phases[0].duration: required"),
     ("models: [{name: m, acceptance_rate: 1.5}]\n", "scenario.yaml: models[0].acceptance_rate: expected a number"),
     ("models: [{name: m, acceptence_rate: 0.5}]\n", "scenario.yaml: models[0].acceptence_rate: unknown key"),
     ("format: v2\nmodels: [{name: m}]\n", "scenario.yaml: format: expected one of v1, v1-multiproc"),
@@ -49,17 +38,55 @@ BAD = [
     ("models: [{name: m}]\nphases: [{duration: 5s, fault: boom}]\n", "scenario.yaml: phases[0].fault: expected one of"),
     ("models: [{name: m}]\nloop: maybe\n", "scenario.yaml: loop: expected true or false"),
     ("models: [{name: m}, {name: m}]\n", "scenario.yaml: models[1].name: duplicate"),
-    ("- just\n- a list\n", "scenario.yaml: (top level): expected a mapping"),
-    ("models: [{name: m}\n", "scenario.yaml: line"),
+    ("- just\n- a list\n", "scenario.yaml: expected a mapping at the top level, got ['just', 'a list']"),
+    ("models: [{name: m}\n", "scenario.yaml: invalid YAML at line 2, column 1"),
     ("models: [{name: m, engines: 0}]\n", "scenario.yaml: models[0].engines: expected an integer between 1"),
+    # every message whole: unknown keys, types, ranges, required keys, the rules between keys
+    ("models: [{name: m, acceptence_rate: 0.5}]\n",
+     "scenario.yaml: models[0].acceptence_rate: unknown key (did you mean 'acceptance_rate'?)"),
+    ("modls: [{name: m}]\nmodels: [{name: m}]\n", "scenario.yaml: modls: unknown key (did you mean 'models'?)"),
+    ("models: [{name: m, workloads: [{name: a, shar: 1}]}]\n",
+     "scenario.yaml: models[0].workloads[0].shar: unknown key (did you mean 'share'?)"),
+    ("models: [{name: m, engines: two}]\n", "scenario.yaml: models[0].engines: expected an integer, got 'two'"),
+    ("models: [{name: m, acceptance_rate: 1.5}]\n",
+     "scenario.yaml: models[0].acceptance_rate: expected a number between 0 and 1, got 1.5"),
+    ("models: [{name: m, draft_fill: 0}]\n",
+     "scenario.yaml: models[0].draft_fill: expected a number above 0 and at most 1, got 0"),
+    ("models: [{name: m}]\nseed: -1\n",
+     "scenario.yaml: seed: expected an integer between 0 and 9223372036854775807, got -1"),
+    ("models: [{name: m}]\nphases: [{duration: 0s}]\n",
+     "scenario.yaml: phases[0].duration: must be greater than 0, got '0s'"),
+    ("models: [{name: m}]\nphases: {a: 1}\n", "scenario.yaml: phases: expected a list of phases, got {'a': 1}"),
+    ("phases: []\n", "scenario.yaml: models: required (a non-empty list of models)"),
+    ("models: [{name: m, workloads: [{name: a}, {name: a}]}]\n",
+     "scenario.yaml: models[0].workloads: workload names must be distinct"),
+    ("models: [{name: m, workloads: []}]\n",
+     "scenario.yaml: models[0].workloads: expected a non-empty list of workloads, got []"),
+    ("format: llamacpp\nmodels: [{name: a}, {name: b}]\n",
+     "scenario.yaml: models: format llamacpp names no model; expected one model"),
+    ("format: v0\nmodels: [{name: m, engines: 2}]\n",
+     "scenario.yaml: models[0].engines: format v0 has no engine label; expected 1"),
+    ("models: [{name: m, num_speculative_tokens: 2}]\nphases: [{duration: 5s, position_acceptance: [0.5]}]\n",
+     "scenario.yaml: phases[0].position_acceptance: expected 2 values for model 'm', got 1"),
+    ("models: [{name: m, num_speculative_tokens: 2, draft_fill: 0.5, position_acceptance: [1, 1]}]\n",
+     "scenario.yaml: models[0].position_acceptance: implies more accepted than drafted tokens with draft_fill 0.5"),
 ]
+
+
+def test_unnamed_workloads_and_phases_are_named_by_their_place(tmp_path: Path) -> None:
+    path = tmp_path / "named.yaml"
+    path.write_text("models: [{name: m, workloads: [{share: 1}, {name: b}]}]\nphases: [{duration: 1m30s}]\n")
+    scenario = load_scenario(path)
+    assert [w.name for w in scenario.models[0].workloads] == ["w0", "b"]
+    assert [(p.name, p.duration) for p in scenario.phases] == [("phases[0]", 90.0)]
+    assert scenario.name == "named"
 
 
 @pytest.mark.parametrize(("text", "message"), BAD)
 def test_scenario_errors_are_one_line_naming_the_key(tmp_path: Path, text: str, message: str) -> None:
     path = tmp_path / "scenario.yaml"
     path.write_text(text)
-    with pytest.raises(ScenarioError) as err:
+    with pytest.raises(ConfigError) as err:
         load_scenario(path)
     line = str(err.value)
     assert "\n" not in line
@@ -68,7 +95,7 @@ def test_scenario_errors_are_one_line_naming_the_key(tmp_path: Path, text: str, 
 
 
 def test_missing_file_is_one_line(tmp_path: Path) -> None:
-    with pytest.raises(ScenarioError, match="cannot read scenario"):
+    with pytest.raises(ConfigError, match="cannot read scenario"):
         load_scenario(tmp_path / "missing.yaml")
 
 

@@ -164,6 +164,13 @@ Text = Annotated[str, BeforeValidator(_text)]
 """A non-empty string."""
 
 
+def _plain(number: float) -> str:
+    """1e7 as 10000000 and 2.0 as 2, but 1e-06 and 0.5 as such."""
+    if isinstance(number, int) or (float(number).is_integer() and abs(number) < 1e16):
+        return str(int(number))
+    return f"{number:g}"
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Range:
     """Bounds of a Number or Int field: ``Annotated[Number, Range(0, 1)]``; ``above=True``: strictly above low."""
@@ -174,16 +181,17 @@ class Range:
 
     def describe(self, integer: bool) -> str:
         kind = "an integer" if integer else "a number"
+        low, high = _plain(self.low), _plain(self.high)
         if self.high == math.inf:
-            return f"{kind} {'>' if self.above else '>='} {self.low:g}"
+            return f"{kind} {'>' if self.above else '>='} {low}"
         if self.above:
-            return f"{kind} above {self.low:g} and at most {self.high:g}"
-        return f"{kind} between {self.low:g} and {self.high:g}"
+            return f"{kind} above {low} and at most {high}"
+        return f"{kind} between {low} and {high}"
 
     def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
         def check(value: float) -> float:
             if value < self.low or value > self.high or (self.above and value == self.low):
-                raise fail(f"expected {self.describe(isinstance(value, int))}, got {value:g}")
+                raise fail(f"expected {self.describe(isinstance(value, int))}, got {_plain(value)}")
             return value
 
         return core_schema.no_info_after_validator_function(check, handler(source))

@@ -7,10 +7,8 @@ from specdecode_exporter.simulator.scenario import (
     FORMATS,
     Phase,
     Scenario,
-    ScenarioError,
     default_scenario,
     load_scenario,
-    parse_duration,
     scenario_from_dict,
     steady_scenario,
 )
@@ -22,12 +20,10 @@ __all__ = [
     "ModelSpec",
     "Phase",
     "Scenario",
-    "ScenarioError",
     "Simulator",
     "build_app",
     "default_scenario",
     "load_scenario",
-    "parse_duration",
     "scenario_from_dict",
     "steady_scenario",
 ]

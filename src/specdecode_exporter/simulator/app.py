@@ -12,6 +12,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
+from specdecode_exporter.core.validation import ConfigError
 from specdecode_exporter.simulator.exposition import content_type, render
 from specdecode_exporter.simulator.requests import (
     RequestError,
@@ -20,7 +21,7 @@ from specdecode_exporter.simulator.requests import (
     response_body,
     stream_events,
 )
-from specdecode_exporter.simulator.scenario import FAULTS, ScenarioError
+from specdecode_exporter.simulator.scenario import FAULTS
 from specdecode_exporter.simulator.simulator import Simulator
 
 # Not an exposition: an HTML error page from a proxy followed by a broken sample line.
@@ -63,7 +64,7 @@ def _number(payload: dict[str, Any], key: str, lo: float, hi: float) -> float | 
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float) or not lo <= value <= hi:
-        raise ScenarioError(f"{key}: expected a number between {lo:g} and {hi:g}, got {value!r}")
+        raise ConfigError(f"{key}: expected a number between {lo:g} and {hi:g}, got {value!r}")
     return float(value)
 
 
@@ -74,24 +75,24 @@ def _curve(payload: dict[str, Any]) -> tuple[float, ...] | None:
     if not isinstance(value, list) or not value or not all(
         isinstance(v, int | float) and not isinstance(v, bool) and 0 <= v <= 1 for v in value
     ):
-        raise ScenarioError(f"position_acceptance: expected a list of numbers between 0 and 1, got {value!r}")
+        raise ConfigError(f"position_acceptance: expected a list of numbers between 0 and 1, got {value!r}")
     return tuple(float(v) for v in value)
 
 
 def apply_phase_request(sim: Simulator, payload: object) -> None:
     """POST /-/phase: resume, jump to a named phase, or override live parameters (pauses the scenario)."""
     if not isinstance(payload, dict):
-        raise ScenarioError("body: expected a JSON object")
+        raise ConfigError("body: expected a JSON object")
     for key in payload:
         if key not in _PHASE_KEYS:
-            raise ScenarioError(f"{key}: unknown key (expected one of: {', '.join(_PHASE_KEYS)})")
+            raise ConfigError(f"{key}: unknown key (expected one of: {', '.join(_PHASE_KEYS)})")
     if payload.get("resume") is True:
         sim.resume()
     if payload.get("phase") is not None:
         sim.goto_phase(str(payload["phase"]))
     model = payload.get("model")
     if model is not None and not isinstance(model, str):
-        raise ScenarioError(f"model: expected a model name, got {model!r}")
+        raise ConfigError(f"model: expected a model name, got {model!r}")
     alpha = _number(payload, "acceptance_rate", 0.0, 1.0)
     dps = _number(payload, "drafts_per_second", 0.0, 1e7)
     curve = _curve(payload)
@@ -193,7 +194,7 @@ def build_app(sim: Simulator) -> FastAPI:
     async def phase(request: Request) -> Response:
         try:
             apply_phase_request(sim, await request.json())
-        except ScenarioError as exc:
+        except ConfigError as exc:
             return _error(400, str(exc))
         except ValueError:
             return _error(400, "body: expected a JSON object")

@@ -11,6 +11,7 @@ import sys
 import uvicorn
 
 from specdecode_exporter.core.flags import UsageError, convert
+from specdecode_exporter.core.validation import ConfigError
 from specdecode_exporter.simulator.app import build_app
 from specdecode_exporter.simulator.model import ModelSpec
 from specdecode_exporter.simulator.scenario import (
@@ -18,7 +19,6 @@ from specdecode_exporter.simulator.scenario import (
     SINGLE_ENGINE_FORMATS,
     SINGLE_MODEL_FORMATS,
     Scenario,
-    ScenarioError,
     default_scenario,
     load_scenario,
     steady_scenario,
@@ -157,7 +157,7 @@ def main(args: argparse.Namespace) -> int:
             "--time-scale", raw_scale, float, "a positive number", lambda v: math.isfinite(v) and v > 0)
         level, timings, pace = server_options(args)
         sim = Simulator(scenario, time_scale=scale, per_request_metrics=level, request_timings=timings, pace=pace)
-    except (UsageError, ScenarioError) as exc:
+    except (UsageError, ConfigError) as exc:
         print(f"specdecode-exporter simulate: error: {exc}", file=sys.stderr)
         return 2
     try:

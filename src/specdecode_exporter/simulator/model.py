@@ -11,8 +11,13 @@ Semantics follow vLLM V1 (see docs/architecture.md §3):
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Annotated
 
+from pydantic import BeforeValidator
+
+from specdecode_exporter.core.validation import Bool, Context, Int, Number, Range, Section, Text, fail, show
 from specdecode_exporter.pipeline.derive import geometric_prefix_mean, solve_geometric_probability
 
 # Deterministic spread of latency observations around their mean (multiplier, weight): gives histograms
@@ -29,50 +34,87 @@ KV_CACHE_CAPACITY_TOKENS = 262144
 FINISH_REASON_SHARES: tuple[tuple[str, float], ...] = (("stop", 0.85), ("length", 0.15))
 
 
+Ratio = Annotated[Number, Range(0, 1)]
+
+
+def _probabilities(value: object) -> object:
+    if not isinstance(value, list | tuple) or not value:
+        raise fail(f"expected a list of numbers between 0 and 1, got {show(value)}")
+    return value
+
+
+Probabilities = Annotated[tuple[Ratio, ...], BeforeValidator(_probabilities)]
+
+
 @dataclass(frozen=True)
-class Workload:
-    """A part of a model's traffic with its own acceptance (a task, a temperature band)."""
+class Workload(Section):
+    """A part of a model's traffic with its own acceptance (a task, a temperature band). In a scenario file, the
+    fields of this class (and of ModelSpec) are the keys, their annotations what each accepts."""
 
-    name: str = "default"
-    share: float = 1.0  # of the model's verification steps (background traffic) and of its API requests
-    acceptance_rate: float | None = None  # None: the model's (phase, override) α
-    temperature: float = 0.0  # what its requests carry; an API request takes the workload nearest its temperature
+    name: Text = "default"
+    share: Annotated[Number, Range(0, 1e6)] = 1.0  # of the model's verification steps (background traffic) and of
+    # its API requests
+    acceptance_rate: Ratio | None = None  # None: the model's (phase, override) α
+    temperature: Annotated[Number, Range(0, 2)] = 0.0  # what its requests carry; an API request takes the workload
+    # nearest its temperature
+
+
+def _named_workloads(value: object) -> object:
+    """A scenario's workloads: a non-empty list; a workload without a name is called w<index>."""
+    if value is None:
+        return ()
+    if not isinstance(value, list | tuple) or not value:
+        raise fail(f"expected a non-empty list of workloads, got {show(value)}")
+    return [{"name": f"w{i}", **w} if isinstance(w, Mapping) else w for i, w in enumerate(value)]
 
 
 @dataclass(frozen=True)
-class ModelSpec:
+class ModelSpec(Section):
     """One served model: static shape plus the base (phase-free) traffic parameters."""
 
-    name: str = "meta-llama/Llama-3.1-8B-Instruct"
-    engines: int = 1
-    num_speculative_tokens: int = 3
-    method: str = "eagle3"
-    drafts_per_second: float = 200.0
-    acceptance_rate: float = 0.75
+    name: Text = "meta-llama/Llama-3.1-8B-Instruct"
+    engines: Annotated[Int, Range(1, 1024)] = 1
+    num_speculative_tokens: Annotated[Int, Range(1, 64)] = 3
+    method: Text = "eagle3"
+    drafts_per_second: Annotated[Number, Range(0, 1e7)] = 200.0
+    acceptance_rate: Ratio = 0.75
     # Conditional acceptance per position (P(accept i | accepted 0..i-1)); overrides the iid model.
-    position_acceptance: tuple[float, ...] | None = None
+    position_acceptance: Probabilities | None = None
     # Fraction of the k slots actually drafted (< 1 for ngram lookup misses).
-    draft_fill: float = 1.0
+    draft_fill: Annotated[Number, Range(0, 1, above=True)] = 1.0
     # Relative noise on rates and acceptance, resampled every simulated second (0 = deterministic).
-    noise: float = 0.0
-    target_step_seconds: float = 0.02
+    noise: Ratio = 0.0
+    target_step_seconds: Annotated[Number, Range(1e-6, 60)] = 0.02
     # Extra cost of one drafted token (draft + verification), in plain target steps (docs/architecture.md §5).
-    cost_per_draft_token: float = 0.5
-    prompt_tokens: int = 512
-    output_tokens: int = 256
-    max_num_seqs: int = 256
-    spec_decode: bool = True  # False: a control pod (same model, spec decode off): no spec families, 1 token/step
+    cost_per_draft_token: Annotated[Number, Range(0, 10)] = 0.5
+    prompt_tokens: Annotated[Int, Range(1, 10**7)] = 512
+    output_tokens: Annotated[Int, Range(1, 10**7)] = 256
+    max_num_seqs: Annotated[Int, Range(1, 10**6)] = 256
+    spec_decode: Bool = True  # False: a control pod (same model, spec decode off): no spec families, 1 token/step
     # vllm:request_spec_decode_acceptance_rate, a per-request α histogram proposed upstream (vllm#44487): off, as
     # in every vLLM released so far; on, each served API request is one observation
-    request_acceptance_histogram: bool = False
-    workloads: tuple[Workload, ...] = ()  # a mixed workload; empty: one workload at the model's α
+    request_acceptance_histogram: Bool = False
+    # A mixed workload; empty: one workload at the model's α.
+    workloads: Annotated[tuple[Workload, ...], BeforeValidator(_named_workloads)] = ()
     # API requests at temperature T without a matching workload accept α·(1 − sensitivity·min(T, 1)).
-    temperature_sensitivity: float = 0.5
-    per_request_spread: float = 0.03  # per-request α ~ N(the workload's α, spread), before sampling noise
+    temperature_sensitivity: Ratio = 0.5
+    per_request_spread: Ratio = 0.03  # per-request α ~ N(the workload's α, spread), before sampling noise
     # Load: the step time grows by batch_slowdown per running request, and the verification cost per drafted
     # token grows from cost_per_draft_token to 1 at saturating_batch running requests (0: no growth).
-    batch_slowdown: float = 0.0
-    saturating_batch: float = 0.0
+    batch_slowdown: Annotated[Number, Range(0, 10)] = 0.0
+    saturating_batch: Annotated[Number, Range(0, 1e6)] = 0.0
+
+    def cross_check(self, context: Context) -> ModelSpec:
+        if len({w.name for w in self.workloads}) != len(self.workloads):
+            raise fail("workload names must be distinct", "workloads")
+        curve = self.position_acceptance
+        if curve is not None and len(curve) != self.num_speculative_tokens:
+            raise fail(f"expected {self.num_speculative_tokens} values (one per position, num_speculative_tokens), "
+                       f"got {len(curve)}", "position_acceptance")
+        problem = curve_problem(curve, self)
+        if problem:
+            raise fail(problem, "position_acceptance")
+        return self
 
 
 @dataclass(frozen=True)
@@ -120,6 +162,17 @@ def cumulative_fractions(conditional: tuple[float, ...]) -> tuple[float, ...]:
         acc *= c
         out.append(acc)
     return tuple(out)
+
+
+def curve_problem(curve: tuple[float, ...] | None, spec: ModelSpec) -> str | None:
+    """Why a conditional per-position curve cannot drive ``spec`` (None: it can)."""
+    if curve is None:
+        return None
+    if len(curve) != spec.num_speculative_tokens:
+        return f"expected {spec.num_speculative_tokens} values for model {spec.name!r}, got {len(curve)}"
+    if sum(cumulative_fractions(curve)) > spec.num_speculative_tokens * spec.draft_fill + 1e-9:
+        return f"implies more accepted than drafted tokens with draft_fill {spec.draft_fill:g}"
+    return None
 
 
 def position_fractions(acceptance_rate: float, k: int, draft_fill: float = 1.0) -> tuple[float, ...]:

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from specdecode_exporter.core.validation import ConfigError
 from specdecode_exporter.simulator.model import (
     FINISH_REASON_SHARES,
     LATENCY_SPREAD,
@@ -34,7 +35,7 @@ from specdecode_exporter.simulator.model import (
     scale_fractions,
 )
 from specdecode_exporter.simulator.requests import Call, Generation, generate, request_alpha, workload_for
-from specdecode_exporter.simulator.scenario import FAULTS, Phase, Scenario, ScenarioError, default_scenario
+from specdecode_exporter.simulator.scenario import FAULTS, Phase, Scenario, default_scenario
 
 V0_REPORT_INTERVAL = 5.0  # vLLM V0 logs spec-decode metrics every 5 s (local_interval)
 NOISE_TICK = 1.0
@@ -267,7 +268,7 @@ class Simulator:
         self.request_timings = request_timings
         self.pace = pace
         if not (math.isfinite(time_scale) and time_scale > 0):
-            raise ScenarioError(f"time_scale: expected a positive number, got {time_scale!r}")
+            raise ConfigError(f"time_scale: expected a positive number, got {time_scale!r}")
         self.scenario = scenario if scenario is not None else default_scenario()
         self.time_scale = time_scale
         self.seed = self.scenario.seed if seed is None else seed
@@ -425,10 +426,10 @@ class Simulator:
             targets = [model] if model is not None else list(self._specs)
             for name in targets:
                 if name not in self._specs:
-                    raise ScenarioError(f"model: unknown model {name!r} (known: {', '.join(self._specs)})")
+                    raise ConfigError(f"model: unknown model {name!r} (known: {', '.join(self._specs)})")
                 k = self._specs[name].num_speculative_tokens
                 if position_acceptance is not None and len(position_acceptance) != k:
-                    raise ScenarioError(f"position_acceptance: expected {k} values "
+                    raise ConfigError(f"position_acceptance: expected {k} values "
                                         f"for model {name!r}, got {len(position_acceptance)}")
             for name in targets:
                 layer = self._overrides.setdefault(name, {})
@@ -453,7 +454,7 @@ class Simulator:
             self._sync()
             names = [p.name for p in self.scenario.phases]
             if name not in names:
-                raise ScenarioError(f"phase: unknown phase {name!r} (known: {', '.join(names) or 'none'})")
+                raise ConfigError(f"phase: unknown phase {name!r} (known: {', '.join(names) or 'none'})")
             self._enter_phase(names.index(name))
 
     def restart(self) -> None:
@@ -465,7 +466,7 @@ class Simulator:
     def set_fault(self, mode: str) -> None:
         """Force a /metrics fault; 'none' clears it (a scenario phase's own fault still applies)."""
         if mode not in FAULTS:
-            raise ScenarioError(f"mode: expected one of {', '.join(FAULTS)}, got {mode!r}")
+            raise ConfigError(f"mode: expected one of {', '.join(FAULTS)}, got {mode!r}")
         with self._lock:
             self._manual_fault = None if mode == "none" else mode
 
