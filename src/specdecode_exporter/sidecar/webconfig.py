@@ -24,17 +24,26 @@ import logging
 import ssl
 import threading
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import anyio.to_thread
 import bcrypt
-import yaml
+from pydantic import BeforeValidator, Field
 
 from specdecode_exporter.core.log import event
-from specdecode_exporter.core.validation import ConfigError
-from specdecode_exporter.sidecar.config import _check_keys, _mapping
+from specdecode_exporter.core.validation import (
+    Choice,
+    ConfigError,
+    Context,
+    Section,
+    Text,
+    fail,
+    read_yaml,
+    show,
+    validate,
+)
 
 UNPROTECTED_PATHS = frozenset({"/healthz", "/readyz"})
 TLS_VERSIONS = {"TLS10": ssl.TLSVersion.TLSv1, "TLS11": ssl.TLSVersion.TLSv1_1, "TLS12": ssl.TLSVersion.TLSv1_2,
@@ -44,22 +53,43 @@ CLIENT_AUTH = {"NoClientCert": ssl.CERT_NONE, "VerifyClientCertIfGiven": ssl.CER
 # Accepted by exporter-toolkit, but Python's ssl module cannot ask for a client certificate without
 # verifying it, so these would silently mean something else: refuse them.
 UNSUPPORTED_CLIENT_AUTH = ("RequestClientCert", "RequireAnyClientCert")
-TLS_KEYS = {"cert_file", "key_file", "client_auth_type", "client_ca_file", "min_version", "max_version"}
-UNSUPPORTED_TLS_KEYS = {"cert", "key", "client_ca", "cipher_suites", "curve_preferences",
-                        "prefer_server_cipher_suites", "client_allowed_sans"}
-TOP_KEYS = {"tls_server_config", "basic_auth_users"}
-UNSUPPORTED_TOP_KEYS = {"http_server_config", "rate_limit"}
 _CACHE_LIMIT = 1024
 
 
+def _client_auth(value: object) -> object:
+    if value in UNSUPPORTED_CLIENT_AUTH:
+        raise fail(f"{value} is not supported (Python's TLS cannot accept an unverified client certificate); use "
+                   "VerifyClientCertIfGiven or RequireAndVerifyClientCert")
+    return value
+
+
+TLSVersion = Annotated[str, Choice(*TLS_VERSIONS)]
+
+
 @dataclass(frozen=True, slots=True)
-class TLSServerConfig:
-    cert_file: str
-    key_file: str
-    client_auth_type: str = "NoClientCert"
-    client_ca_file: str | None = None
-    min_version: str = "TLS12"
-    max_version: str | None = None
+class TLSServerConfig(Section):
+    """``tls_server_config``; relative paths are relative to the web config file, as in exporter-toolkit."""
+
+    UNSUPPORTED = frozenset({"cert", "key", "client_ca", "cipher_suites", "curve_preferences",
+                             "prefer_server_cipher_suites", "client_allowed_sans"})
+    cert_file: Text
+    key_file: Text
+    client_auth_type: Annotated[str, Choice(*CLIENT_AUTH), BeforeValidator(_client_auth)] = "NoClientCert"
+    client_ca_file: Text | None = None
+    min_version: TLSVersion = "TLS12"
+    max_version: TLSVersion | None = None
+
+    def cross_check(self, context: Context) -> TLSServerConfig:
+        if self.client_auth_type != "NoClientCert" and self.client_ca_file is None:
+            raise fail(f"required with client_auth_type {self.client_auth_type}", "client_ca_file")
+        base = context.get("base", Path())
+        resolved = replace(self, cert_file=str(base / self.cert_file), key_file=str(base / self.key_file),
+                           client_ca_file=None if self.client_ca_file is None else str(base / self.client_ca_file))
+        try:
+            resolved.ssl_context()
+        except (OSError, ssl.SSLError, ValueError) as exc:
+            raise fail(f"cannot load the certificate or key: {getattr(exc, 'strerror', None) or exc}") from None
+        return resolved
 
     def ssl_context(self) -> ssl.SSLContext:
         """Raises OSError / ssl.SSLError on bad files."""
@@ -74,105 +104,44 @@ class TLSServerConfig:
         return context
 
 
-@dataclass(frozen=True, slots=True)
-class WebConfig:
-    path: str
-    tls: TLSServerConfig | None = None
-    users: Mapping[str, bytes] = field(default_factory=dict)  # user → bcrypt hash
-
-
-def _string(value: Any, where: str) -> str:
-    if not isinstance(value, str) or not value:
-        raise ConfigError(f"{where}: expected a non-empty string, got {value!r}")
-    return value
-
-
-def _resolve(base: Path, value: Any, where: str) -> str:
-    path = Path(_string(value, where))
-    return str(path if path.is_absolute() else base / path)
-
-
-def _check_supported(data: Mapping[str, Any], unsupported: set[str], where: str) -> None:
-    for key in data:
-        if key in unsupported:
-            raise ConfigError(f"{where}{key}: not supported by specdecode-exporter; remove it")
-
-
-def parse_tls(data: Any, base: Path) -> TLSServerConfig | None:
-    where = "tls_server_config"
-    data = _mapping(data, where)
-    if not data:
-        return None
-    _check_supported(data, UNSUPPORTED_TLS_KEYS, f"{where}.")
-    _check_keys(data, TLS_KEYS, where)
-    if "cert_file" not in data or "key_file" not in data:
-        raise ConfigError(f"{where}: cert_file and key_file are both required")
-    client_auth = data.get("client_auth_type", "NoClientCert")
-    if client_auth in UNSUPPORTED_CLIENT_AUTH:
-        raise ConfigError(f"{where}.client_auth_type: {client_auth} is not supported (Python's TLS cannot accept "
-                          "an unverified client certificate); use VerifyClientCertIfGiven or "
-                          "RequireAndVerifyClientCert")
-    if client_auth not in CLIENT_AUTH:
-        raise ConfigError(f"{where}.client_auth_type: expected one of {', '.join(CLIENT_AUTH)}, got {client_auth!r}")
-    ca = _resolve(base, data["client_ca_file"], f"{where}.client_ca_file") if "client_ca_file" in data else None
-    if client_auth != "NoClientCert" and ca is None:
-        raise ConfigError(f"{where}.client_ca_file: required with client_auth_type {client_auth}")
-    versions = {}
-    for key in ("min_version", "max_version"):
-        if key in data:
-            if data[key] not in TLS_VERSIONS:
-                raise ConfigError(f"{where}.{key}: expected one of {', '.join(TLS_VERSIONS)}, got {data[key]!r}")
-            versions[key] = data[key]
-    tls = TLSServerConfig(
-        cert_file=_resolve(base, data["cert_file"], f"{where}.cert_file"),
-        key_file=_resolve(base, data["key_file"], f"{where}.key_file"),
-        client_auth_type=client_auth,
-        client_ca_file=ca,
-        **versions,
-    )
-    try:
-        tls.ssl_context()
-    except (OSError, ssl.SSLError, ValueError) as exc:
-        raise ConfigError(f"{where}: cannot load the certificate or key: {getattr(exc, 'strerror', None) or exc}"
-                          ) from None
-    return tls
-
-
-def parse_users(data: Any) -> dict[str, bytes]:
-    where = "basic_auth_users"
+def _users(value: object) -> dict[str, bytes]:
+    """basic_auth_users: user → bcrypt hash (checked here, so a bad hash fails at start, not at the first login)."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise fail(f"expected a mapping of user name to bcrypt hash, got {show(value)}")
     users: dict[str, bytes] = {}
-    for user, hashed in _mapping(data, where).items():
+    for user, hashed in value.items():
         if not isinstance(user, str) or not user or ":" in user:
-            raise ConfigError(f"{where}: user names are non-empty strings without ':', got {user!r}")
+            raise fail(f"user names are non-empty strings without ':', got {user!r}")
         if not isinstance(hashed, str) or not hashed.startswith(("$2a$", "$2b$", "$2y$")):
-            raise ConfigError(f"{where}.{user}: expected a bcrypt hash ($2a$, $2b$ or $2y$); plain-text passwords "
-                              "are not accepted")
+            raise fail("expected a bcrypt hash ($2a$, $2b$ or $2y$); plain-text passwords are not accepted", user)
         try:
             bcrypt.checkpw(b"", hashed.encode())
         except ValueError:
-            raise ConfigError(f"{where}.{user}: not a valid bcrypt hash") from None
+            raise fail("not a valid bcrypt hash", user) from None
         users[user] = hashed.encode()
     return users
 
 
+@dataclass(frozen=True, slots=True)
+class WebConfig(Section):
+    """The web config file: its keys are ``tls_server_config`` and ``basic_auth_users``."""
+
+    UNSUPPORTED = frozenset({"http_server_config", "rate_limit"})
+    NULL_IS_EMPTY = True
+    path: str = field(default="", metadata={"key": False})
+    tls: Annotated[TLSServerConfig | None, Field(alias="tls_server_config"),
+                   BeforeValidator(lambda v: None if v == {} else v)] = None
+    users: Annotated[Mapping[str, bytes], Field(alias="basic_auth_users"), BeforeValidator(_users)] = field(
+        default_factory=dict)
+
+
 def load_web_config(path: str) -> WebConfig:
     """Read and validate the web config (certificates loaded, hashes checked); one ConfigError line if bad."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-        data = yaml.safe_load(text)
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read web config file: {exc.strerror or exc}") from None
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: invalid YAML: {str(exc).splitlines()[0]}") from None
-    try:
-        data = _mapping(data, "web config")
-        _check_supported(data, UNSUPPORTED_TOP_KEYS, "")
-        _check_keys(data, TOP_KEYS, "")
-        base = Path(path).resolve().parent
-        tls = parse_tls(data.get("tls_server_config"), base)
-        return WebConfig(path, tls, parse_users(data.get("basic_auth_users")))
-    except ConfigError as exc:
-        raise ConfigError(f"{path}: {exc}") from None
+    data = read_yaml(path, "web config file")
+    config: WebConfig = validate(WebConfig, data, path, context={"base": Path(path).resolve().parent})
+    return replace(config, path=path)
 
 
 class WebSecurity:
