@@ -11,26 +11,28 @@ import argparse
 import importlib
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, NoReturn
 
 from specdecode_exporter.core.log import setup_logging
-from specdecode_exporter.core.validation import ConfigError
+from specdecode_exporter.core.validation import ConfigError, Duration, Size, parse_duration, validate
 from specdecode_exporter.sidecar.config import (
     DEFAULT_TARGET_URL,
     DEFAULT_WINDOWS,
     LOG_FORMATS,
     LOG_LEVELS,
     Config,
+    FilePath,
+    ListenAddress,
+    LogFormat,
+    LogLevel,
+    UrlPath,
+    Windows,
+    check_config,
     config_from_mapping,
     load_config_file,
-    parse_duration,
-    parse_size,
-    parse_windows,
     targets_from_flags,
-    validate,
-    validate_listen_address,
 )
 
 PROG = "specdecode-exporter"
@@ -50,32 +52,34 @@ def env_name(flag: str) -> str:
 
 @dataclass(frozen=True)
 class Flag:
+    """A flag of `run` that sets one Config field; its value is checked as the config file's key is (``kind``)."""
+
     flag: str
     field: str  # Config field it sets
-    convert: Callable[[str], Any]
+    kind: Any  # the annotated type of the config file's key
     help: str
     default_text: str
 
+    def convert(self, value: str) -> Any:
+        return validate(self.kind, value, self.flag)
+
 
 def _listen(value: str) -> str:
-    return validate_listen_address(value, "--web.listen-address")
+    address: str = validate(ListenAddress, value, "--web.listen-address")
+    return address
 
 
 RUN_FLAGS: tuple[Flag, ...] = (
-    Flag("--web.listen-address", "listen_address", _listen, "address to serve on", ":9877"),
-    Flag("--web.telemetry-path", "telemetry_path", str, "path under which to expose metrics", "/metrics"),
-    Flag("--web.config.file", "web_config_file", str,
+    Flag("--web.listen-address", "listen_address", ListenAddress, "address to serve on", ":9877"),
+    Flag("--web.telemetry-path", "telemetry_path", UrlPath, "path under which to expose metrics", "/metrics"),
+    Flag("--web.config.file", "web_config_file", FilePath,
          "exporter-toolkit web config: TLS and basic auth for the sidecar's endpoints", "none"),
-    Flag("--collect.interval", "collect_interval", lambda v: parse_duration(v, "--collect.interval"),
-         "how often to collect vLLM's metrics", "5s"),
-    Flag("--collect.max-body-size", "max_body_bytes", lambda v: parse_size(v, "--collect.max-body-size"),
-         "largest exposition accepted (decoded)", "16MiB"),
-    Flag("--collect.stale-after", "stale_after", lambda v: parse_duration(v, "--collect.stale-after"),
-         "drop a label set not seen for this long", "10m"),
-    Flag("--collect.windows", "windows", lambda v: parse_windows(v, "--collect.windows"),
-         "comma-separated windows for the windowed gauges", DEFAULT_WINDOWS),
-    Flag("--log.level", "log_level", str, f"one of {', '.join(LOG_LEVELS)}", "info"),
-    Flag("--log.format", "log_format", str, f"one of {', '.join(LOG_FORMATS)}", "logfmt"),
+    Flag("--collect.interval", "collect_interval", Duration, "how often to collect vLLM's metrics", "5s"),
+    Flag("--collect.max-body-size", "max_body_bytes", Size, "largest exposition accepted (decoded)", "16MiB"),
+    Flag("--collect.stale-after", "stale_after", Duration, "drop a label set not seen for this long", "10m"),
+    Flag("--collect.windows", "windows", Windows, "comma-separated windows for the windowed gauges", DEFAULT_WINDOWS),
+    Flag("--log.level", "log_level", LogLevel, f"one of {', '.join(LOG_LEVELS)}", "info"),
+    Flag("--log.format", "log_format", LogFormat, f"one of {', '.join(LOG_FORMATS)}", "logfmt"),
 )
 
 
@@ -132,13 +136,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
         value = _from_env(args, _dest(flag.flag), flag.flag)
         if value is not None:
             overrides[flag.field] = flag.convert(value)
-    for key, choices in (("log_level", LOG_LEVELS), ("log_format", LOG_FORMATS)):
-        if key in overrides and overrides[key] not in choices:
-            raise ConfigError(f"--{key.replace('_', '.')}: expected one of {', '.join(choices)}, "
-                              f"got {overrides[key]!r}")
-    if overrides.get("telemetry_path", "/").startswith("/") is False:
-        raise ConfigError(f"--web.telemetry-path: expected a path starting with /, got {overrides['telemetry_path']!r}")
-    return validate(replace(config, **overrides))
+    return check_config(replace(config, **overrides))
 
 
 def cmd_run(args: argparse.Namespace) -> int:

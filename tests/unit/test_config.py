@@ -8,12 +8,7 @@ import pytest
 
 from specdecode_exporter.cli import build_parser, config_from_args, env_name
 from specdecode_exporter.core.validation import ConfigError
-from specdecode_exporter.sidecar.config import (
-    config_from_mapping,
-    load_config_file,
-    parse_duration,
-    parse_size,
-)
+from specdecode_exporter.sidecar.config import config_from_mapping, load_config_file, parse_windows
 
 GOOD = """
 web:
@@ -68,23 +63,24 @@ def test_a_full_config_loads(tmp_path: Path) -> None:
         ("targets:\n  - {name: a, url: 'http://x/m'}\n  - {name: a, url: 'http://y/m'}\n", "duplicate target name 'a'"),
         ("targets:\n  - {url: 'http://x/m', labels: {model_name: x}}\n", "targets[0].labels.model_name: reserved"),
         ("targets:\n  - {url: 'http://x/m', labels: {'bad-name': x}}\n", "not a valid Prometheus label name"),
-        ("cost_model: {c_draft: -1}\n", "cost_model.c_draft: must be between 0 and 10"),
+        ("cost_model: {c_draft: -1}\n", "cost_model.c_draft: expected a number between 0 and 10, got -1"),
         ("cost_model: {c_draft: 0.1, draft_parameters: 1}\n", "not both"),
         ("windows: [1m, 1m]\n", "windows: windows must be distinct"),
-        ("page_threshold: 2\n", "page_threshold: must be between 0 and 1"),
-        ("targets: {url: x}\n", "targets: expected a list of targets"),
+        ("page_threshold: 2\n", "page_threshold: expected a number between 0 and 1, got 2"),
+        ("targets: {url: x}\n", "targets: expected a list, got {'url': 'x'}"),
         ("web: {telemetry_path: metrics}\n", "web.telemetry_path: expected a path starting with /"),
         ("web: {telemetry_path: /healthz}\n", "is used by the exporter itself"),
         ("- 1\n- 2\n", "expected a mapping at the top level"),
         ("targets:\n  - url: 'http://x/m'\n    num_speculative_tokens: 0\n",
-         "num_speculative_tokens: must be at least 1"),
+         "targets[0].num_speculative_tokens: expected an integer >= 1, got 0"),
         ("proxy: {listen_adress: ':8001'}\n", "proxy.listen_adress: unknown key (did you mean 'listen_address'?)"),
         ("proxy: {listen_address: nohost}\n", "proxy.listen_address: expected host:port or :port"),
         ("proxy: {listen_address: ':8001', upstream: 'https://x:1'}\n", "proxy.upstream: expected http://host:port"),
         ("proxy: {listen_address: ':8001', target: nope}\n", "proxy.target: 'nope' is not one of the targets"),
         ("proxy: {listen_address: ':8001', temperature_bands: [0.7, 0.3]}\n", "proxy.temperature_bands: must increase"),
         ("proxy: {listen_address: ':8001', workload_header: 'a b'}\n", "proxy.workload_header: expected an HTTP"),
-        ("proxy: {listen_address: ':8001', max_workloads: 0}\n", "proxy.max_workloads: must be at least 1"),
+        ("proxy: {listen_address: ':8001', max_workloads: 0}\n",
+         "proxy.max_workloads: expected an integer >= 1, got 0"),
         ("proxy: {listen_address: ':8001', drain_timeout: soon}\n", "proxy.drain_timeout: expected a duration"),
         ("targets:\n  - {name: a, url: 'http://x/m', baseline: {target: a}}\n",
          "targets[0].baseline.target: 'a' is not a target with spec_decode: false"),
@@ -132,16 +128,12 @@ def test_defaults() -> None:
     assert config.max_body_bytes == 16 * 1024 * 1024
 
 
-@pytest.mark.parametrize(("text", "seconds"), [("5s", 5), ("1m30s", 90), ("500ms", 0.5), ("1h", 3600), ("2", 2)])
-def test_durations(text: str, seconds: float) -> None:
-    assert parse_duration(text, "x") == seconds
-
-
-def test_sizes() -> None:
-    assert parse_size("16MiB", "x") == 16 * 1024 * 1024
-    assert parse_size("1000", "x") == 1000
-    with pytest.raises(ConfigError):
-        parse_size("lots", "x")
+def test_windows_keep_their_spelling_shortest_first() -> None:
+    assert [(w.name, w.seconds) for w in parse_windows("5m, 90,1m", "--collect.windows")] == [
+        ("1m", 60.0), ("90", 90.0), ("5m", 300.0)]
+    with pytest.raises(ConfigError, match=r"^--collect\.windows\[1\]: expected a duration like 5s, 1m or 500ms, "
+                                          r"got 'soon'$"):
+        parse_windows("1m,soon", "--collect.windows")
 
 
 def test_flags_override_env_which_overrides_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -168,3 +160,99 @@ def test_target_flags_replace_file_targets_and_default(tmp_path: Path) -> None:
                                                          ("second", "http://127.0.0.1:2/metrics")]
     default = config_from_args(build_parser().parse_args(["run"]))
     assert [t.url for t in default.targets] == ["http://127.0.0.1:8000/metrics"]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        # unknown keys, at every depth
+        ("web: {listen_adress: ':1'}\n", "web.listen_adress: unknown key (did you mean 'listen_address'?)"),
+        ("targets:\n  - url: http://x/m\n    cost_model: {c_drat: 0.1}\n",
+         "targets[0].cost_model.c_drat: unknown key (did you mean 'c_draft'?)"),
+        ("targets:\n  - url: http://x/m\n    tls_config: {ca_fil: x}\n",
+         "targets[0].tls_config.ca_fil: unknown key (did you mean 'ca_file'?)"),
+        ("targets:\n  - url: http://x/m\n    baseline: {targt: c}\n",
+         "targets[0].baseline.targt: unknown key (did you mean 'target'?)"),
+        # wrong types
+        ("collect: {concurrency: many}\n", "collect.concurrency: expected an integer, got 'many'"),
+        ("collect: {max_body_size: lots}\n", "collect.max_body_size: expected a size like 16MiB, got 'lots'"),
+        ("log: {level: loud}\n", "log.level: expected one of debug, info, warn, error, got 'loud'"),
+        ("web: []\n", "web: expected a mapping, got []"),
+        ("targets:\n  - url: http://x/m\n    labels: [a]\n",
+         "targets[0].labels: expected a mapping of label name to value, got ['a']"),
+        ("targets:\n  - url: http://x/m\n    labels: {team: [a]}\n",
+         "targets[0].labels.team: expected a string value, got ['a']"),
+        ("targets:\n  - url: http://x/m\n    method: 3\n",
+         "targets[0].method: expected a string like eagle3 or ngram, got 3"),
+        ("targets:\n  - url: http://x/m\n    timeout: soon\n",
+         "targets[0].timeout: expected a duration like 5s, 1m or 500ms, got 'soon'"),
+        ("windows: [1m, soon]\n", "windows[1]: expected a duration like 5s, 1m or 500ms, got 'soon'"),
+        # out of range
+        ("targets:\n  - url: http://x/m\n    cost_model: {c_verify: 11}\n",
+         "targets[0].cost_model.c_verify: expected a number between 0 and 10, got 11"),
+        ("targets:\n  - url: http://x/m\n    baseline: {time_per_output_token_seconds: 0}\n",
+         "targets[0].baseline.time_per_output_token_seconds: expected a number > 0, got 0"),
+        ("proxy: {listen_address: ':8001', temperature_bands: [0.3, 11]}\n",
+         "proxy.temperature_bands[1]: expected a number between 0 and 10, got 11"),
+        ("proxy: {listen_address: ':8001', connect_timeout: 0s}\n",
+         "proxy.connect_timeout: must be greater than 0, got '0s'"),
+        # missing required keys
+        ("targets:\n  - name: a\n", "targets[0].url: required"),
+        # the rules between keys, with the messages they always had
+        ("targets:\n  - {url: 'http://x/m', cost_model: {draft_parameters: 1}}\n",
+         "targets[0].cost_model: draft_parameters and target_parameters go together"),
+        ("cost_model: {c_draft: 0.1, target_parameters: 8}\n",
+         "cost_model: give c_draft or draft_parameters/target_parameters, not both"),
+        ("targets:\n  - {url: 'http://x/m', baseline: {target: c, p99: 0.1}}\n",
+         "targets[0].baseline: p50 and p99 go with time_per_output_token_seconds, not with a target"),
+        ("targets:\n  - {url: 'http://x/m', tls_config: {key_file: k}}\n",
+         "targets[0].tls_config: cert_file and key_file go together"),
+        ("targets:\n  - {url: 'http://u:p@x/m'}\n",
+         "targets[0].url: credentials in the URL are not allowed; use bearer_token_file"),
+        ("targets:\n  - {name: a, url: 'http://x/m'}\n  - {name: a, url: 'http://y/m'}\n",
+         "targets: duplicate target name 'a'; every target needs its own name"),
+        ("targets:\n  - {url: 'http://x/m', labels: {job: x}}\n",
+         "targets[0].labels.job: reserved by the exporter; choose another label name"),
+        ("web: {telemetry_path: /-/reload}\n", "web.telemetry_path: /-/reload is used by the exporter itself"),
+        ("proxy: {listen_address: ':8001', target: nope}\n", "proxy.target: 'nope' is not one of the targets (vllm)"),
+        ("monitoring: {config_file: /nonexistent.yaml}\n",
+         "monitoring.config_file: /nonexistent.yaml: cannot read monitoring config: No such file or directory"),
+    ],
+)
+def test_each_message_in_full(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(ConfigError) as error:
+        load_config_file(write(tmp_path, text))
+    assert str(error.value) == f"{tmp_path / 'config.yaml'}: {message}"
+
+
+def test_a_targets_missing_keys_come_from_the_files_sections(tmp_path: Path) -> None:
+    config = load_config_file(write(tmp_path, "collect: {timeout: 2s}\ncost_model: {c_verify: 0.2}\n"
+                                              "targets:\n  - url: http://x/m\n"
+                                              "  - {name: b, url: 'http://y/m', cost_model: {c_draft: 0.3}}\n"))
+    first, second = config.targets
+    assert first.name == "vllm" and first.timeout == 2.0 and (first.cost.c_draft, first.cost.c_verify) == (0.1, 0.2)
+    assert (second.cost.c_draft, second.cost.c_verify) == (0.3, 0.2)
+
+
+@pytest.mark.parametrize(("argv", "env", "message"), [
+    (["--collect.interval", "soon"], {}, "--collect.interval: expected a duration like 5s, 1m or 500ms, got 'soon'"),
+    (["--collect.interval", "0"], {}, "--collect.interval: must be greater than 0, got '0'"),
+    ([], {"--collect.stale-after": "never"}, "--collect.stale-after: expected a duration like 5s, 1m or 500ms, "
+                                             "got 'never'"),
+    (["--collect.max-body-size", "huge"], {}, "--collect.max-body-size: expected a size like 16MiB, got 'huge'"),
+    (["--collect.windows", "1m,1m"], {}, "--collect.windows: windows must be distinct, got 1m, 1m"),
+    (["--log.level", "loud"], {}, "--log.level: expected one of debug, info, warn, error, got 'loud'"),
+    (["--web.telemetry-path", "metrics"], {}, "--web.telemetry-path: expected a path starting with /, got 'metrics'"),
+    (["--web.telemetry-path", "/healthz"], {}, "web.telemetry_path: /healthz is used by the exporter itself"),
+    (["--web.listen-address", "nowhere"], {}, "--web.listen-address: expected host:port or :port, got 'nowhere'"),
+    (["--collect.timeout", "1 s"], {}, "--collect.timeout: expected a duration like 5s, 1m or 500ms, got '1 s'"),
+    (["--target", "ftp://x"], {}, "--target: expected an http(s) URL like http://127.0.0.1:8000/metrics, "
+                                  "got 'ftp://x'"),
+])
+def test_flags_and_env_are_checked_as_the_keys_are(argv: list[str], env: dict[str, str], message: str,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    for flag, value in env.items():
+        monkeypatch.setenv(env_name(flag), value)
+    with pytest.raises(ConfigError) as error:
+        config_from_args(build_parser().parse_args(["run", *argv]))
+    assert str(error.value) == message

@@ -126,7 +126,7 @@ def test_a_section_validates_into_its_dataclass() -> None:
     outer = validate(Outer, {"interval": "1m", "inner": [{"share": "0.5", "for": "90", "count": 3, "on": True}]})
     assert outer == Outer(interval=60.0, inner=(Inner(share=0.5, count=3, on=True, for_="1m30s"),))
     assert validate(Outer, None) == Outer()  # `section:` with no value: every default
-    assert Inner.keys() == ("share", "count", "above", "on", "mode", "for")
+    assert Inner.file_keys() == ("share", "count", "above", "on", "mode", "for")
 
 
 @pytest.mark.parametrize(("data", "message"), [

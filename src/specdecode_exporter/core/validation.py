@@ -25,9 +25,9 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError, core_schema
 
 __all__ = [
-    "Bool", "Choice", "ConfigError", "Duration", "DurationOrZero", "Int", "Number", "PromDuration",
-    "PromDurationOrZero", "Range", "Section", "Size", "Text", "fail", "load_yaml", "parse_duration", "parse_size",
-    "read_yaml", "seconds", "show", "validate",
+    "Bool", "Choice", "ConfigError", "Context", "Duration", "DurationOrZero", "Int", "Number", "PromDuration",
+    "PromDurationOrZero", "Range", "Section", "Size", "Text", "duration_seconds", "fail", "load_yaml",
+    "parse_duration", "parse_size", "read_yaml", "seconds", "show", "suggest", "validate",
 ]
 
 
@@ -78,16 +78,19 @@ def seconds(value: object) -> float | None:
     return number if math.isfinite(number) else None
 
 
-def _duration(allow_zero: bool) -> Callable[[object], float]:
-    def check(value: object) -> float:
-        result = seconds(value)
-        if result is None:
-            raise fail(f"expected {DURATION_EXAMPLE}, got {show(value)}")
-        if result < 0 or (result == 0 and not allow_zero):
-            raise fail(f"must be {'0 or more' if allow_zero else 'greater than 0'}, got {show(value)}")
-        return result
+def duration_seconds(value: object, *at: str | int, allow_zero: bool = False) -> float:
+    """``value`` in seconds, for a validator; the error to raise (at ``at`` below the value) when it is not a
+    duration, or not above 0 (not 0 or more with ``allow_zero``)."""
+    result = seconds(value)
+    if result is None:
+        raise fail(f"expected {DURATION_EXAMPLE}, got {show(value)}", *at)
+    if result < 0 or (result == 0 and not allow_zero):
+        raise fail(f"must be {'0 or more' if allow_zero else 'greater than 0'}, got {show(value)}", *at)
+    return result
 
-    return check
+
+def _duration(allow_zero: bool) -> Callable[[object], float]:
+    return lambda value: duration_seconds(value, allow_zero=allow_zero)
 
 
 def _prometheus_text(allow_zero: bool) -> Callable[[object], str]:
@@ -229,7 +232,7 @@ class Section:
         return self
 
     @classmethod
-    def keys(cls) -> tuple[str, ...]:
+    def file_keys(cls) -> tuple[str, ...]:
         if cls not in _KEYS:
             _KEYS[cls] = _keys(cls)
         return _KEYS[cls]
@@ -240,14 +243,15 @@ class Section:
             return value.cross_check(info.context or {})
 
         checked = core_schema.with_info_after_validator_function(cross_check, handler(source))
-        return core_schema.no_info_before_validator_function(cls._known_keys, checked)
+        return core_schema.no_info_before_validator_function(cls.check_keys, checked)
 
     @classmethod
-    def _known_keys(cls, data: object) -> object:
+    def check_keys(cls, data: object) -> object:
+        """``data`` (``{}`` for a null NULL_IS_EMPTY section); the error to raise at its first unknown key."""
         if data is None and cls.NULL_IS_EMPTY:
             return {}
         if isinstance(data, Mapping):
-            allowed = cls.keys()
+            allowed = cls.file_keys()
             for key in data:
                 if key in cls.UNSUPPORTED:
                     raise fail("not supported by specdecode-exporter; remove it", str(key))
@@ -294,7 +298,9 @@ def validate(kind: type[T] | Any, data: object, source: str | None = None, conte
         return typing.cast(T, _adapter(kind).validate_python(data, context=dict(context or {})))
     except ValidationError as exc:
         line = one_line(exc, at)
-        raise ConfigError(f"{source}: {line}" if source else line) from None
+        if source:  # a flag's list item reads --flag[1]: ...
+            line = f"{source}{line}" if line.startswith("[") else f"{source}: {line}"
+        raise ConfigError(line) from None
 
 
 def one_line(exc: ValidationError, at: tuple[str | int, ...] = ()) -> str:

@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 
 from specdecode_exporter.core import monitoring_config
 from specdecode_exporter.core.flags import UsageError, convert
-from specdecode_exporter.core.validation import ConfigError
+from specdecode_exporter.core.validation import ConfigError, parse_duration
 from specdecode_exporter.probe.client import ProbeFault
 from specdecode_exporter.probe.measure import Bands
 from specdecode_exporter.probe.progress import Progress
@@ -27,7 +27,6 @@ from specdecode_exporter.probe.report import (
     write_plot,
 )
 from specdecode_exporter.probe.run import Outcome, Plan, run_probe
-from specdecode_exporter.sidecar.config import parse_duration
 
 PROG = "specdecode-exporter probe"
 DEFAULT_TEMPERATURES = "0,0.4,0.8,1.0"

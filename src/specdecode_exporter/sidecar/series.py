@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from specdecode_exporter.core.metrics import MetricSpec
+from specdecode_exporter.core.validation import parse_duration
 from specdecode_exporter.core.verdict import Evidence, Judgement, judge
 from specdecode_exporter.pipeline import latency
 from specdecode_exporter.pipeline.derive import (
@@ -21,7 +22,7 @@ from specdecode_exporter.pipeline.derive import (
 )
 from specdecode_exporter.pipeline.latency import BaselineLatency, Histogram, LatencyStats, ObservedSpeedup
 from specdecode_exporter.pipeline.store import SeriesKey, SeriesState, Totals, WindowSpan, optional_minus
-from specdecode_exporter.sidecar.config import Config, TargetConfig, Window, parse_duration
+from specdecode_exporter.sidecar.config import Config, TargetConfig, Window
 
 # A baseline for a model over a window (the collector knows the control target or the configured figures).
 BaselineFor = Callable[[str | None, Window], BaselineLatency | None]
