@@ -67,7 +67,7 @@ def test_a_full_config_loads(tmp_path: Path) -> None:
         ("cost_model: {c_draft: 0.1, draft_parameters: 1}\n", "not both"),
         ("windows: [1m, 1m]\n", "windows: windows must be distinct"),
         ("page_threshold: 2\n", "page_threshold: expected a number between 0 and 1, got 2"),
-        ("targets: {url: x}\n", "targets: expected a list, got {'url': 'x'}"),
+        ("targets: {url: x}\n", "targets: expected a list of targets, got {'url': 'x'}"),
         ("web: {telemetry_path: metrics}\n", "web.telemetry_path: expected a path starting with /"),
         ("web: {telemetry_path: /healthz}\n", "is used by the exporter itself"),
         ("- 1\n- 2\n", "expected a mapping at the top level"),

@@ -27,7 +27,7 @@ from pydantic_core import PydanticCustomError, core_schema
 __all__ = [
     "Bool", "Choice", "ConfigError", "Context", "Duration", "DurationOrZero", "Int", "Number", "PromDuration",
     "PromDurationOrZero", "Range", "Section", "Size", "Text", "duration_seconds", "fail", "load_yaml",
-    "parse_duration", "parse_size", "read_yaml", "seconds", "show", "suggest", "validate",
+    "parse_duration", "parse_size", "read_yaml", "seconds", "show", "suggest", "validate", "words",
 ]
 
 
@@ -150,10 +150,15 @@ def _number(value: object) -> float:
     return float(value)
 
 
-def _text(value: object) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise fail(f"expected a non-empty string, got {show(value)}")
-    return value
+def words(what: str) -> BeforeValidator:
+    """A non-empty string, described as ``what`` when it is not: ``Annotated[str, words("a path")]``."""
+
+    def check(value: object) -> str:
+        if not isinstance(value, str) or not value.strip():
+            raise fail(f"expected {what}, got {show(value)}")
+        return value
+
+    return BeforeValidator(check)
 
 
 Size = Annotated[int, BeforeValidator(_size)]
@@ -163,7 +168,7 @@ Number = Annotated[float, BeforeValidator(_number)]
 Int = Annotated[int, Strict()]
 """An integer (not a bool, not 3.0, not '3'); add a Range to bound it."""
 Bool = Annotated[bool, Strict()]
-Text = Annotated[str, BeforeValidator(_text)]
+Text = Annotated[str, words("a non-empty string")]
 """A non-empty string."""
 
 

@@ -36,6 +36,7 @@ from specdecode_exporter.core.validation import (
     Text,
     fail,
     show,
+    words,
 )
 from specdecode_exporter.core.verdict import VerdictBands
 from specdecode_exporter.pipeline.derive import CostModel
@@ -130,15 +131,6 @@ def _labels(value: object) -> tuple[tuple[str, str], ...]:
     return tuple(sorted((k, str(v)) for k, v in value.items()))
 
 
-def _path_text(what: str) -> Any:
-    def check(value: object) -> object:
-        if value is not None and (not isinstance(value, str) or not value):
-            raise fail(f"expected {what}, got {show(value)}")
-        return value
-
-    return BeforeValidator(check)
-
-
 def _increasing(bands: tuple[float, ...]) -> tuple[float, ...]:
     if not bands:
         raise fail("expected a list of increasing temperatures, got []")
@@ -151,7 +143,7 @@ Windows = Annotated[tuple[Window, ...], BeforeValidator(_windows)]
 Url = Annotated[str, BeforeValidator(_url)]
 ListenAddress = Annotated[str, BeforeValidator(_listen_address)]
 UrlPath = Annotated[str, BeforeValidator(_url_path)]
-FilePath = Annotated[str, _path_text("a path")]
+FilePath = Annotated[str, words("a path")]
 Cost = Annotated[Number, Range(0, 10)]
 Seconds = Annotated[Number, Range(0, above=True)]
 LogLevel = Annotated[str, Choice(*LOG_LEVELS)]
@@ -168,7 +160,7 @@ class TLSConfig(Section):
     ca_file: FilePath | None = None
     cert_file: FilePath | None = None
     key_file: FilePath | None = None
-    server_name: Annotated[str, _path_text("a host name")] | None = None
+    server_name: Annotated[str, words("a host name")] | None = None
     insecure_skip_verify: Bool = False
 
     def cross_check(self, context: Context) -> TLSConfig:
@@ -196,7 +188,7 @@ class BaselineConfig(Section):
     """What a spec-decode target's latency is compared with: a control target (the same model served with spec
     decode off) or TPOT figures from a measurement."""
 
-    target: Annotated[str, _path_text("the name of a target with spec_decode: false")] | None = None
+    target: Annotated[str, words("the name of a target with spec_decode: false")] | None = None
     time_per_output_token_seconds: Seconds | None = None
     p50: Seconds | None = None
     p99: Seconds | None = None
@@ -259,9 +251,9 @@ class TargetConfig(Section):
     url: Url
     timeout: Duration = 3.0
     labels: Annotated[tuple[tuple[str, str], ...], BeforeValidator(_labels)] = ()
-    method: Annotated[str, _path_text("a string like eagle3 or ngram")] | None = None
+    method: Annotated[str, words("a string like eagle3 or ngram")] | None = None
     num_speculative_tokens: Annotated[Int, Range(1)] | None = None
-    model_name: Annotated[str, _path_text("the served model's name")] | None = None  # for engines whose metrics
+    model_name: Annotated[str, words("the served model's name")] | None = None  # for engines whose metrics
     # carry no model label (llama.cpp)
     spec_decode: Bool = True  # False: a control target (spec decode off), collected for its latency only
     baseline: BaselineConfig | None = None
@@ -287,6 +279,12 @@ class ProxyConfig(Section):
         0.3, 0.7)
     connect_timeout: Duration = 3.0
     drain_timeout: DurationOrZero = 20.0  # on shutdown: how long requests in flight may take to finish
+
+
+def _target_list(value: object) -> object:
+    if value is not None and not isinstance(value, list):
+        raise fail(f"expected a list of targets, got {show(value)}")
+    return value or ()
 
 
 def _proxy_keys(value: object) -> object:
@@ -361,7 +359,7 @@ class ConfigFile(Section):
     web: WebSection = WebSection()
     collect: CollectSection = CollectSection()
     windows: Windows | None = None  # None: the monitoring config's windows.sidecar
-    targets: tuple[dict[str, Any], ...] = ()
+    targets: Annotated[tuple[dict[str, Any], ...], BeforeValidator(_target_list)] = ()
     cost_model: CostModelSection = CostModelSection()
     page_threshold: Annotated[Number, Range(0, 1)] | None = None  # overrides the monitoring config's, for this
     # sidecar's verdict only (the alert rules keep the monitoring config's)
