@@ -61,11 +61,11 @@ def new_collector(clock: FakeClock, windows: str = "1m,5m,15m,1h") -> TargetColl
 
 
 def scrape_once(collector: TargetCollector, clock: FakeClock, body: bytes) -> int:
-    """What TargetCollector.collect does after the fetch: _ingest then _view (the real code)."""
+    """What TargetCollector.collect does after the fetch: ingest then publish (the real code)."""
     clock.advance(INTERVAL)
     timing = FetchTiming(clock.now - 0.01, clock.now)
-    collector._ingest(FetchResult(timing=timing, body=body, content_type="text/plain; version=0.0.4"))
-    view = collector.view = collector._view(up=True, duration=0.0)
+    collector.ingest(FetchResult(timing=timing, body=body, content_type="text/plain; version=0.0.4"))
+    view = collector.publish(up=True, duration=0.0)
     return len(view.series)
 
 
@@ -109,7 +109,7 @@ class Pipeline:
 
 
 def stage_breakdown(bodies: list[bytes], rounds: int) -> dict[str, float]:
-    """Median seconds of each stage, replicating TargetCollector._ingest/_view piece by piece (after the first
+    """Median seconds of each stage, replicating TargetCollector.ingest/publish piece by piece (after the first
     body, the decoder knows the layout and takes its fast path, as in the sidecar)."""
     clock = FakeClock()
     collector = new_collector(clock)
@@ -127,7 +127,7 @@ def stage_breakdown(bodies: list[bytes], rounds: int) -> dict[str, float]:
 
         def s_select() -> None:
             nonlocal selection
-            # As TargetCollector._ingest: only the known engine's lines once it knows the engine.
+            # As TargetCollector.ingest: only the known engine's lines once it knows the engine.
             prefixes = collector.engine.prefixes if collector.engine else ALL_PREFIXES
             selection = select(text, prefixes)  # noqa: B023 (called within this iteration)
 
@@ -135,14 +135,14 @@ def stage_breakdown(bodies: list[bytes], rounds: int) -> dict[str, float]:
             nonlocal decoded
             assert selection is not None  # noqa: B023 (called within this iteration)
             known = collector.decoder.decode_known(selection, timing) if collector.decoder else None  # noqa: B023
-            decoded = known or collector._decode(selection, timing)  # noqa: B023
+            decoded = known or collector.decode(selection, timing)  # noqa: B023
 
         for name, fn in (("text", s_text), ("select", s_select), ("decode", s_decode)):
             stages[name].extend(time_call(fn, repeat=1))
         assert decoded is not None
         stages["store"].extend(time_call(
             lambda: collector.store.update("vllm", decoded.series, decoded.pending, clock.now), repeat=1))  # noqa: B023
-        stages["view"].extend(time_call(lambda: collector._view(up=True, duration=0.0), repeat=1))
+        stages["view"].extend(time_call(lambda: collector.publish(up=True, duration=0.0), repeat=1))
     return {k: statistics.median(v[1:] if len(v) > 2 else v) for k, v in stages.items()}
 
 

@@ -60,7 +60,7 @@ def run_collect(rep: Report, rounds: int) -> dict[str, float]:
     rep.h("1. Collect+derive per scrape")
     rep.add("Pipeline = bytes.decode → select (the spec-decode lines) → decoder.decode_known (the layout seen at "
             "the last scrape: no parsing) or else parse + detect_engine + decoder.decode → store.update → "
-            "TargetView with every window's derived values (TargetCollector._ingest + _view, fake clock, windows "
+            "TargetView with every window's derived values (TargetCollector.ingest + publish, fake clock, windows "
             "1m,5m,15m,1h). Baseline = prometheus_client `text_string_to_metric_families` (consumed). Line scan = "
             "the issue's floor: split the text into lines and keep those starting with `vllm:spec_decode_`. Jump "
             "scan = a stricter floor: `str.find` from one spec-decode line to the next. Each function runs several "

@@ -148,6 +148,31 @@ def test_tls_client_certificate_for_mtls_vllm(certs: Certs, mtls_server: Hostile
     assert collect(TargetConfig("vllm", mtls_server.url, tls=TLSConfig(ca_file=str(certs.ca)))).up is False
 
 
+def test_tls_files_gone_since_the_load_make_the_target_down_with_the_reason(certs: Certs, tmp_path: Path) -> None:
+    """The collection loop builds its client from the files; when they went away it publishes a down view with
+    the reason, every interval, instead of crashing or staying silent."""
+    ca = tmp_path / "ca.crt"
+    ca.write_bytes(certs.ca.read_bytes())
+    target = TargetConfig("vllm", "https://127.0.0.1:1/metrics", tls=TLSConfig(ca_file=str(ca)))
+    exporter = Exporter(Config(targets=(target,), windows=parse_windows("1m", "w")))
+    ca.unlink()
+
+    async def first_view() -> TargetView:
+        running = asyncio.create_task(exporter.run())
+        try:
+            while (view := exporter.collectors["vllm"].view) is None:
+                await asyncio.sleep(0.01)
+            return view
+        finally:
+            running.cancel()
+            await asyncio.gather(running, return_exceptions=True)
+
+    view = asyncio.run(asyncio.wait_for(first_view(), 30))
+    assert view.up is False and (view.last_error or "").startswith("connect: tls_config: ")
+    assert dict(view.errors)["connect"] == 1
+    assert exporter.views() == [view] and exporter.ready()[0] is False
+
+
 def test_tls_config_is_validated_at_load(certs: Certs, tmp_path: Path) -> None:
     def load(tls: dict[str, object]) -> Config:
         return config_from_mapping({"targets": [{"url": "https://127.0.0.1/metrics", "tls_config": tls}]}, "t")

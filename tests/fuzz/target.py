@@ -45,14 +45,14 @@ class Target:
         result = FetchResult(FetchTiming(self.now - 0.01, self.now), body=body, content_type=content_type)
         try:
             try:
-                self.collector._ingest(result)
+                self.collector.ingest(result)
             except ModelNameNeeded:  # collect() would ask /v1/models; here nothing answers, as when that fails
-                self.collector.next_model_lookup = self.now + 60.0
-                self.collector._ingest(result)
+                self.collector.looked_up_model(None)
+                self.collector.ingest(result)
             ok = True
         except CollectionFailure:
             ok = False
-        self.collector.view = self.collector._view(up=ok, duration=0.01)
+        self.collector.publish(up=ok, duration=0.01)
         if render:
             text = generate_latest(self.registry).decode()
             for _ in text_string_to_metric_families(text):  # our output parses, whatever came in

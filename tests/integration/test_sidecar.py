@@ -117,7 +117,8 @@ def test_restart_never_gives_negative_or_spiking_rates(harness: Harness) -> None
 )
 def test_faults_set_up_to_zero_and_count_the_reason(fault: str, reason: str) -> None:
     harness = start_harness(target=None, hang_seconds=3.0)
-    harness.exporter.collectors["vllm"].config = TargetConfig("vllm", harness.simulator_url + "/metrics", timeout=0.5)
+    short_timeout = TargetConfig("vllm", harness.simulator_url + "/metrics", timeout=0.5)
+    harness.exporter.collectors["vllm"].reconfigure(short_timeout, harness.exporter.config)
     try:
         for _ in range(3):
             harness.step(5.0)

@@ -243,6 +243,12 @@ class Store:
     by_target: dict[str, dict[SeriesKey, SeriesState]] = field(default_factory=dict)
     dropped_series: dict[str, int] = field(default_factory=dict)
 
+    def set_limits(self, keep_seconds: float, stale_after: float, max_series_per_target: int) -> None:
+        """New limits (a reload): they apply from the next update; nothing kept is dropped now."""
+        self.keep_seconds = keep_seconds
+        self.stale_after = stale_after
+        self.max_series_per_target = max_series_per_target
+
     @property
     def series(self) -> dict[SeriesKey, SeriesState]:
         """Every series of every target (a new dict; for inspection and tests)."""

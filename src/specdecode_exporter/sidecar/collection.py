@@ -148,6 +148,15 @@ def baseline_provider(config: TargetConfig, peer_view: Callable[[str], TargetVie
     return lambda model, window: measured
 
 
+@dataclass(frozen=True, slots=True)
+class Reconfigured:
+    """What a reload changed for one target."""
+
+    changed: bool
+    new_source: bool  # the URL changed: its state started afresh
+    reconnect: bool  # the URL or TLS settings changed: its loop needs a new client
+
+
 @dataclass
 class TargetCollector:
     config: TargetConfig
@@ -165,9 +174,30 @@ class TargetCollector:
     last_failure_logged: float = float("-inf")
     last_success_wall: float | None = None
     last_success_monotonic: float | None = None
-    view: TargetView | None = None
     peer_view: Callable[[str], TargetView | None] = lambda name: None  # another target's latest view
     history: dict[SeriesKey, tuple[HistoryPoint, ...]] = field(default_factory=dict)
+    _published: TargetView | None = field(default=None, init=False)
+
+    @property
+    def view(self) -> TargetView | None:
+        """The latest published view; None before the first collection."""
+        return self._published
+
+    def latest(self) -> TargetView:
+        """The latest view, or a down one that says no collection has run yet."""
+        if self._published is not None:
+            return self._published
+        return TargetView(self.config, False, None, tuple(self.errors.items()), None, (), 0, self.interval,
+                          last_error="no collection yet")
+
+    def unready_reason(self, now: float) -> str | None:
+        """Why this target is not ready (no success within three intervals), or None when it is."""
+        last = self.last_success_monotonic
+        if last is None:
+            return f"target {self.config.name}: no successful collection yet"
+        if now - last > max(3 * self.interval, self.interval + self.config.timeout):
+            return f"target {self.config.name}: last success {now - last:.0f}s ago"
+        return None
 
     @property
     def interval(self) -> float:
@@ -197,26 +227,25 @@ class TargetCollector:
             if result.failure is not None:
                 raise CollectionFailure(result.failure, result.detail)
             try:
-                self._ingest(result)
+                self.ingest(result)
             except ModelNameNeeded:
                 await self._discover_model(client)
-                self._ingest(result)
+                self.ingest(result)
         except CollectionFailure as failure:
-            self.view = self._failed(failure, time.perf_counter() - started)
-            return self.view
+            return self.fail(failure, time.perf_counter() - started)
         except Exception as exc:  # a bug must not stop this target's loop; say so loudly, keep going
             event(logging.ERROR, "collection crashed", target=self.config.name, error=type(exc).__name__,
                   detail=str(exc)[:200])
             crash = CollectionFailure(FailureReason.PARSE, f"internal error {type(exc).__name__}")
-            self.view = self._failed(crash, time.perf_counter() - started)
-            return self.view
+            return self.fail(crash, time.perf_counter() - started)
         self._recovered()
         self.last_success_wall = time.time()
         self.last_success_monotonic = self.clock()
-        self.view = self._view(up=True, duration=time.perf_counter() - started)
-        return self.view
+        return self.publish(up=True, duration=time.perf_counter() - started)
 
-    def _ingest(self, result: FetchResult) -> None:
+    def ingest(self, result: FetchResult) -> None:
+        """A fetched body into the store: select, decode, update. Raises CollectionFailure, or ModelNameNeeded
+        when the series need a model name nobody has looked up yet (see looked_up_model)."""
         text = body_text(result)
         try:
             # Only the known engine's lines: each other dialect's prefixes would cost one more pass over the text.
@@ -226,7 +255,7 @@ class TargetCollector:
             if decoded is None:
                 if self.engine is not None and not self._still_speaks(self.engine, selection.samples()):
                     selection = select(text, ALL_PREFIXES, self.line_cache)  # the target changed dialect
-                decoded = self._decode(selection, result.timing)
+                decoded = self.decode(selection, result.timing)
         except ParseError as exc:
             raise CollectionFailure(FailureReason.PARSE, str(exc)) from None
         for warning in decoded.warnings:
@@ -244,12 +273,16 @@ class TargetCollector:
                               model_name=model if not engine.labels_model else None)
 
     async def _discover_model(self, client: httpx.AsyncClient) -> None:
-        self.next_model_lookup = self.clock() + LOG_REPEAT_SECONDS
         model, detail = await served_model(client, self.config.url, self.config.timeout, self._bearer_token(),
                                            self.clock, self.config.tls.server_name if self.config.tls else None)
         if model is None:
             event(logging.WARNING, "model name unknown: the metrics have no model label", target=self.config.name,
                   detail=detail, hint="set model_name on the target")
+        self.looked_up_model(model)
+
+    def looked_up_model(self, model: str | None) -> None:
+        """What the server's model list said (None: nothing usable); the next lookup waits a minute."""
+        self.next_model_lookup = self.clock() + LOG_REPEAT_SECONDS
         self.discovered_model = model
 
     def _still_speaks(self, engine: Engine, samples: Sequence[Sample]) -> bool:
@@ -257,7 +290,8 @@ class TargetCollector:
             return True
         return engine is vllm_v1.ENGINE and not self.config.spec_decode and vllm_v1.ENGINE.detect_latency(samples)
 
-    def _decode(self, selection: Selection, timing: FetchTiming) -> DecodeResult:
+    def decode(self, selection: Selection, timing: FetchTiming) -> DecodeResult:
+        """Decode by the engine the lines show, with a new decoder when the engine or its options changed."""
         samples = selection.samples()
         engine = detect_engine(samples)
         if engine is None and not self.config.spec_decode:  # a control target: its latency is what is wanted
@@ -275,7 +309,8 @@ class TargetCollector:
             self.engine, self.decoder, self.decoder_options = engine, engine.new_decoder(options), options
         return self.decoder.decode(selection, timing)
 
-    def _failed(self, failure: CollectionFailure, duration: float) -> TargetView:
+    def fail(self, failure: CollectionFailure, duration: float) -> TargetView:
+        """Count and log a failed collection, expire what went stale, and publish a down view."""
         self.errors[failure.reason.value] += 1
         now = self.clock()
         signature = (failure.reason.value, failure.detail)
@@ -285,7 +320,7 @@ class TargetCollector:
             self.last_failure_logged = now
         self.last_failure = signature
         self.store.expire(self.config.name, now)
-        return self._view(up=False, duration=duration, error=f"{failure.reason.value}: {failure.detail}")
+        return self.publish(up=False, duration=duration, error=f"{failure.reason.value}: {failure.detail}")
 
     def _recovered(self) -> None:
         if self.last_failure is not None:
@@ -294,7 +329,35 @@ class TargetCollector:
             self.last_failure = None
             self.last_failure_logged = float("-inf")
 
-    def _view(self, up: bool, duration: float, error: str | None = None) -> TargetView:
+    def publish(self, up: bool, duration: float, error: str | None = None) -> TargetView:
+        """Build the view from the store under the config in force and make it the latest one."""
+        self._published = self._view(up, duration, error)
+        return self._published
+
+    def republish(self) -> None:
+        """The latest view again, from the store under the config in force now (after a reload)."""
+        view = self._published
+        if view is not None:
+            self.publish(up=view.up, duration=view.collect_duration or 0.0, error=view.last_error)
+
+    def reconfigure(self, target: TargetConfig, app: Config) -> Reconfigured:
+        """Switch to a reloaded config. A new URL is a new source: its series and engine start afresh."""
+        self.app = app
+        previous, self.config = self.config, target
+        if previous == target:
+            return Reconfigured(changed=False, new_source=False, reconnect=False)
+        new_source = previous.url != target.url
+        if new_source:
+            self.store.drop_target(target.name)
+            self.engine = self.decoder = None
+            self.discovered_model = None
+            self.next_model_lookup = float("-inf")
+        elif previous.model_name != target.model_name:
+            self.decoder = None  # it names the series (llama.cpp): a new one, from the slow path
+        return Reconfigured(changed=True, new_source=new_source,
+                            reconnect=(previous.url, previous.tls) != (target.url, target.tls))
+
+    def _view(self, up: bool, duration: float, error: str | None) -> TargetView:
         now = self.clock()
         interval = self.interval
         freshness = 2 * interval + self.config.timeout
@@ -329,6 +392,11 @@ class TargetCollector:
                 self.history[view.key] = extended(self.history.get(view.key, ()), point)
 
 
+def store_limits(config: Config) -> tuple[float, float, int]:
+    """The store's keep_seconds, stale_after and max_series_per_target under ``config``."""
+    return config.longest_window + 2 * config.collect_interval, config.stale_after, config.max_series_per_target
+
+
 @dataclass
 class Exporter:
     """All targets, the store and the latest views; runs one collection task per target."""
@@ -343,11 +411,7 @@ class Exporter:
 
     def __post_init__(self) -> None:
         self.started_at = self.clock()
-        self.store = Store(
-            keep_seconds=self.config.longest_window + 2 * self.config.collect_interval,
-            stale_after=self.config.stale_after,
-            max_series_per_target=self.config.max_series_per_target,
-        )
+        self.store = Store(*store_limits(self.config))
         self.collectors = {t.name: self._collector(t, self.config) for t in self.config.targets}
 
     def _collector(self, target: TargetConfig, config: Config) -> TargetCollector:
@@ -358,21 +422,15 @@ class Exporter:
         return collector.view if collector is not None else None
 
     def views(self) -> list[TargetView]:
-        return [c.view or self._pending_view(c) for c in self.collectors.values()]
-
-    def _pending_view(self, collector: TargetCollector) -> TargetView:
-        return TargetView(collector.config, False, None, tuple(collector.errors.items()), None, (), 0,
-                          collector.interval, last_error="no collection yet")
+        return [c.latest() for c in self.collectors.values()]
 
     def ready(self) -> tuple[bool, str]:
         """Ready when every target has been collected successfully within the last three intervals."""
         now = self.clock()
         for collector in self.collectors.values():
-            last = collector.last_success_monotonic
-            if last is None:
-                return False, f"target {collector.config.name}: no successful collection yet"
-            if now - last > max(3 * collector.interval, collector.interval + collector.config.timeout):
-                return False, f"target {collector.config.name}: last success {now - last:.0f}s ago"
+            reason = collector.unready_reason(now)
+            if reason is not None:
+                return False, reason
         return True, "ok"
 
     async def collect_all_once(self, client: httpx.AsyncClient) -> list[TargetView]:
@@ -384,7 +442,7 @@ class Exporter:
         except (OSError, ssl.SSLError, ValueError) as exc:  # the TLS files went away since the config was loaded
             detail = f"tls_config: {getattr(exc, 'strerror', None) or exc}"
             while True:
-                collector.view = collector._failed(CollectionFailure(FailureReason.CONNECT, detail), 0.0)
+                collector.fail(CollectionFailure(FailureReason.CONNECT, detail), 0.0)
                 await asyncio.sleep(collector.interval)
         async with client:
             delay_once = phase  # fraction of an interval, added once after the first collection
@@ -423,9 +481,7 @@ class Exporter:
         """
         notes: list[str] = []
         self.config = config
-        self.store.keep_seconds = config.longest_window + 2 * config.collect_interval
-        self.store.stale_after = config.stale_after
-        self.store.max_series_per_target = config.max_series_per_target
+        self.store.set_limits(*store_limits(config))
         wanted = {t.name: t for t in config.targets}
         for name in [n for n in self.collectors if n not in wanted]:
             self._stop(name)
@@ -439,21 +495,12 @@ class Exporter:
                 self._start(collector)
                 notes.append(f"target {name} added")
                 continue
-            collector.app = config
-            if collector.config == target:
+            change = collector.reconfigure(target, config)
+            if not change.changed:
                 continue
-            previous, collector.config = collector.config, target
-            if previous.url != target.url:
-                self._forget(name)
-                collector.engine = collector.decoder = None
-                collector.discovered_model = None
-                collector.next_model_lookup = float("-inf")
-                notes.append(f"target {name} has a new URL; its state starts afresh")
-            else:
-                notes.append(f"target {name} updated")
-                if previous.model_name != target.model_name:
-                    collector.decoder = None  # it names the series (llama.cpp): a new one, from the slow path
-            if (previous.url, previous.tls) != (target.url, target.tls) and self._stop(name) is not None:
+            notes.append(f"target {name} has a new URL; its state starts afresh" if change.new_source
+                         else f"target {name} updated")
+            if change.reconnect and self._stop(name) is not None:
                 self._start(collector)
         self.republish()
         return notes
@@ -462,10 +509,7 @@ class Exporter:
         """Build every collected target's view again from the store, under the config in force now (after a
         reload, so the verdict, windows and thresholds it changed show at once, not at the next collection)."""
         for collector in self.collectors.values():
-            if collector.view is not None:
-                view = collector.view
-                collector.view = collector._view(up=view.up, duration=view.collect_duration or 0.0,
-                                                 error=view.last_error)
+            collector.republish()
 
     def _forget(self, target: str) -> None:
         self.store.drop_target(target)
