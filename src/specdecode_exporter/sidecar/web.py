@@ -11,6 +11,7 @@ import threading
 import zlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -34,6 +35,14 @@ Encoder = Callable[[CollectorRegistry], bytes]
 _OPENMETRICS_EOF = b"# EOF\n"
 
 
+class Compressor(Protocol):
+    """What zlib.compressobj returns, as far as the renderer uses it."""
+
+    def compress(self, data: bytes, /) -> bytes: ...
+    def flush(self, mode: int = ..., /) -> bytes: ...
+    def copy(self) -> Compressor: ...
+
+
 @dataclass
 class _Rendered:
     encoder: Encoder
@@ -41,7 +50,7 @@ class _Rendered:
     text: bytes  # without OpenMetrics' "# EOF": the live families follow it
     # gzip of the text on first demand, and the compressor right after it: each compressed scrape copies it to
     # add its live families, so a response is one gzip stream without compressing the large part again.
-    gzipped: tuple[bytes, zlib._Compress] | None = None
+    gzipped: tuple[bytes, Compressor] | None = None
 
 
 class MetricsRenderer:
@@ -51,8 +60,6 @@ class MetricsRenderer:
 
     def __init__(self, exporter: Exporter, reloader: Reloader | None = None, tap: TapRuntime | None = None) -> None:
         self._views = exporter.views
-        self._specdecode = CollectorRegistry(auto_describe=True)
-        self._specdecode.register(SpecDecodeCollector(self._current_views))
         self._live = CollectorRegistry(auto_describe=True)
         if reloader is not None:
             self._live.register(ReloadCollector(reloader))
@@ -63,12 +70,8 @@ class MetricsRenderer:
         ProcessCollector(registry=self._live)
         PlatformCollector(registry=self._live)
         GCCollector(registry=self._live)
-        self._pending: list[TargetView] = []
         self._cached: _Rendered | None = None
         self._lock = threading.Lock()
-
-    def _current_views(self) -> list[TargetView]:
-        return self._pending
 
     def render(self, encoder: Encoder, compress: bool = False) -> bytes:
         """The exposition; with ``compress``, gzipped."""
@@ -76,14 +79,13 @@ class MetricsRenderer:
         with self._lock:
             cached = self._cached
             if cached is None or cached.encoder is not encoder or not _same_views(cached.views, views):
-                self._pending = views
-                text = encoder(self._specdecode)
+                text = encoder(specdecode_registry(views))
                 if text.endswith(_OPENMETRICS_EOF):
                     text = text[: -len(_OPENMETRICS_EOF)]  # one # EOF, after the live families
                 cached = self._cached = _Rendered(encoder, views, text)
             if compress and cached.gzipped is None:
-                compressor = zlib.compressobj(6, zlib.DEFLATED, 16 + zlib.MAX_WBITS)  # 16+: gzip framing
-                cached.gzipped = (compressor.compress(cached.text), compressor)
+                gzip: Compressor = zlib.compressobj(6, zlib.DEFLATED, 16 + zlib.MAX_WBITS)  # 16+: gzip framing
+                cached.gzipped = (gzip.compress(cached.text), gzip)
         live = encoder(self._live)
         if not compress:
             return cached.text + live
@@ -91,6 +93,13 @@ class MetricsRenderer:
         head, compressor = cached.gzipped
         rest = compressor.copy()
         return head + rest.compress(live) + rest.flush()
+
+
+def specdecode_registry(views: list[TargetView]) -> CollectorRegistry:
+    """A registry whose only collector yields the spec-decode families of exactly these views."""
+    registry = CollectorRegistry(auto_describe=True)
+    registry.register(SpecDecodeCollector(lambda: views))
+    return registry
 
 
 def accepts_gzip(accept_encoding: str) -> bool:
