@@ -6,7 +6,7 @@ import platform
 from collections.abc import Callable, Iterable, Iterator
 from importlib.metadata import PackageNotFoundError, version
 
-from prometheus_client.metrics_core import HistogramMetricFamily, Metric
+from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from specdecode_exporter.core import metrics as m
@@ -34,21 +34,25 @@ def bucket_label(bound: float) -> str:
     return go_float(bound)
 
 
-class LabelledHistogram(HistogramMetricFamily):
-    """prometheus_client's histogram family, for series whose label names differ (per-target static labels)."""
-
-    def add(self, labels: Labels, buckets: Iterable[tuple[float, float]], total: float) -> None:
-        self._labelnames = tuple(labels)
-        self.add_metric(list(labels.values()), [(bucket_label(le), count) for le, count in buckets], total)
+def add_histogram(family: Metric, labels: Labels, buckets: Iterable[tuple[float, float]], total: float) -> None:
+    """One histogram's samples, each with its own labels (series of one family may carry different per-target
+    labels): cumulative buckets, then _count (the +Inf bucket) and _sum. Like OpenMetrics, no _count or _sum
+    where a bucket bound is negative (observations may then be negative, and their sum means nothing)."""
+    lowest: float | None = None
+    count = 0.0
+    for le, count in buckets:
+        lowest = le if lowest is None else lowest
+        family.add_sample(family.name + "_bucket", {**labels, "le": bucket_label(le)}, count)
+    if lowest is not None and lowest >= 0:
+        family.add_sample(family.name + "_count", labels, count)
+        family.add_sample(family.name + "_sum", labels, total)
 
 
 class Families:
     """One fresh metric family per contract entry, filled by add() (and histogram() for histograms)."""
 
     def __init__(self, specs: tuple[m.MetricSpec, ...] = m.COLLECTED) -> None:
-        self._families: dict[str, Metric] = {
-            spec.name: LabelledHistogram(spec.name, spec.help) if spec.type == "histogram"
-            else Metric(spec.name, spec.help, spec.type) for spec in specs}
+        self._families = {spec.name: Metric(spec.name, spec.help, spec.type) for spec in specs}
 
     def add(self, spec: m.MetricSpec, labels: Labels, value: float | None) -> None:
         """Add a sample; an unknown value (None) adds nothing, so absent data stays absent."""
@@ -57,9 +61,7 @@ class Families:
 
     def histogram(self, spec: m.MetricSpec, labels: Labels, buckets: Iterable[tuple[float, float]],
                   total: float) -> None:
-        family = self._families[spec.name]
-        assert isinstance(family, LabelledHistogram)
-        family.add(labels, buckets, total)
+        add_histogram(self._families[spec.name], labels, buckets, total)
 
     def __iter__(self) -> Iterator[Metric]:
         return iter(self._families.values())
