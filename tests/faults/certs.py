@@ -28,7 +28,7 @@ def _ca(directory: Path, name: str) -> None:
              "-keyout", f"{name}.key", "-out", f"{name}.crt", cwd=directory)
 
 
-def _leaf(directory: Path, name: str, ca: str, extensions: str) -> None:
+def leaf(directory: Path, name: str, ca: str, extensions: str) -> None:
     (directory / f"{name}.ext").write_text(extensions)
     _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}", "-keyout", f"{name}.key",
              "-out", f"{name}.csr", cwd=directory)
@@ -44,8 +44,8 @@ def make_certs(directory: Path) -> Certs:
     directory.mkdir(parents=True, exist_ok=True)
     _ca(directory, "ca")
     _ca(directory, "other-ca")
-    _leaf(directory, "server", "ca", "subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:vllm.internal\n"
+    leaf(directory, "server", "ca", "subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:vllm.internal\n"
           "extendedKeyUsage=serverAuth\n")
-    _leaf(directory, "client", "ca", "extendedKeyUsage=clientAuth\n")
+    leaf(directory, "client", "ca", "extendedKeyUsage=clientAuth\n")
     return Certs(directory / "ca.crt", directory / "server.crt", directory / "server.key",
                  directory / "client.crt", directory / "client.key", directory / "other-ca.crt")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import ssl
 import subprocess
@@ -20,7 +21,7 @@ from specdecode_exporter.core import metrics
 from specdecode_exporter.sidecar.collection import Exporter
 from specdecode_exporter.sidecar.config import Config, TargetConfig, config_from_mapping, parse_windows
 from specdecode_exporter.sidecar.reload import Reloader
-from tests.faults.certs import Certs
+from tests.faults.certs import Certs, leaf
 from tests.faults.conftest import PASSWORD, write
 from tests.faults.hostile import HostileServer, closed_port, scripted, serve, silent, v1_body
 from tests.helpers import Exposition, FakeClock
@@ -246,6 +247,33 @@ def test_mutual_tls_from_the_web_config_file(certs: Certs, servers: Callable[...
     try:
         sidecar.wait_until(lambda: sidecar.client.get(sidecar.base_url + "/healthz").status_code == 200)
         with pytest.raises(httpx.HTTPError):  # no client certificate
+            httpx.get(sidecar.base_url + "/healthz", verify=_ca_context(certs), timeout=5)
+    finally:
+        sidecar.stop()
+
+
+def test_a_reloaded_web_certificate_is_served_to_new_connections(tmp_path: Path, certs: Certs,
+                                                                 servers: Callable[..., HostileServer]) -> None:
+    """uvicorn serves the sidecar's own TLS context, so a reload loads the new certificate into what is served."""
+    a = servers(scripted(Counting()))
+    leaf(certs.ca.parent, "server-other", "other-ca", "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n")
+    shutil.copy(certs.server_cert, tmp_path / "tls.crt")
+    shutil.copy(certs.server_key, tmp_path / "tls.key")
+    web = write(tmp_path / "web.yml", "tls_server_config:\n  cert_file: tls.crt\n  key_file: tls.key\n")
+    port = closed_port()
+    sidecar = Process(["--target", a.url, "--web.config.file", str(web), "--web.listen-address",
+                       f"127.0.0.1:{port}"], f"https://127.0.0.1:{port}", verify=_ca_context(certs))
+    trusts_other = ssl.create_default_context(cafile=str(certs.other_ca))
+    try:
+        sidecar.wait_until(lambda: sidecar.client.get(sidecar.base_url + "/healthz").status_code == 200)
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(sidecar.base_url + "/healthz", verify=trusts_other, timeout=5)
+        shutil.copy(certs.ca.parent / "server-other.crt", tmp_path / "tls.crt")
+        shutil.copy(certs.ca.parent / "server-other.key", tmp_path / "tls.key")
+        reloaded = sidecar.client.post(sidecar.base_url + "/-/reload")
+        assert reloaded.status_code == 200 and "web TLS certificate reloaded" in reloaded.text
+        assert httpx.get(sidecar.base_url + "/healthz", verify=trusts_other, timeout=5).status_code == 200
+        with pytest.raises(httpx.ConnectError):  # new connections get the new certificate only
             httpx.get(sidecar.base_url + "/healthz", verify=_ca_context(certs), timeout=5)
     finally:
         sidecar.stop()

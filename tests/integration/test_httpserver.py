@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import socket
+import time
 
 import httpx
 import pytest
+import uvicorn
 from fastapi import FastAPI
 from fastapi.responses import PlainTextResponse
 
@@ -54,3 +57,57 @@ def test_quiet_server_serves_a_date_and_stops_without_waiting_for_its_tick(monke
     assert response.text == "ok" and response.headers["date"].endswith("GMT")
     server.stop(timeout=10.0)
     assert not server._thread.is_alive()
+
+
+# QuietServer replaces uvicorn's Server.main_loop, which is not public API (uvicorn is pinned in pyproject.toml).
+# These fail when a uvicorn release no longer runs main_loop or changes what on_tick(counter) does: then check
+# the new main_loop before raising the pin.
+
+def _app() -> FastAPI:
+    app = FastAPI()
+
+    @app.get("/")
+    def root() -> PlainTextResponse:
+        return PlainTextResponse("ok")
+
+    return app
+
+
+def test_uvicorn_runs_the_quiet_main_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    ticks: list[int] = []
+
+    async def on_tick(self: uvicorn.Server, counter: int) -> bool:
+        ticks.append(counter)
+        return await uvicorn.Server.on_tick(self, counter)
+
+    monkeypatch.setattr(QuietServer, "TICK_SECONDS", 0.01)
+    monkeypatch.setattr(QuietServer, "on_tick", on_tick)
+    server = ThreadedServer(_app(), bind_socket(), lifespan="off").start()
+    try:
+        deadline = time.monotonic() + 30
+        while len(ticks) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert httpx.get(server.base_url + "/").headers["date"].endswith("GMT")
+    finally:
+        server.stop(timeout=10.0)
+    assert len(ticks) >= 3, "uvicorn never ticked: does Server.serve still await self.main_loop()?"
+    # uvicorn's own loop ticks with 0, 1, 2, …; ours with every counter a Date refresh (counter % 10 == 0).
+    assert ticks[:3] == [0, 10, 20], f"uvicorn no longer runs QuietServer.main_loop (ticks {ticks[:5]})"
+
+
+def test_uvicorn_on_tick_refreshes_the_date_every_tenth_counter_and_reports_exit() -> None:
+    assert list(inspect.signature(uvicorn.Server.main_loop).parameters) == ["self"]
+    assert list(inspect.signature(uvicorn.Server.on_tick).parameters) == ["self", "counter"]
+    assert inspect.iscoroutinefunction(uvicorn.Server.on_tick)
+    config = uvicorn.Config(_app(), log_config=None)
+    config.load()
+    server = QuietServer(config)
+
+    async def tick(counter: int) -> tuple[bool, list[bytes]]:
+        stop = await server.on_tick(counter)
+        return stop, [name for name, _ in server.server_state.default_headers]
+
+    assert asyncio.run(tick(1)) == (False, [])  # not a tenth: the headers are left alone
+    assert asyncio.run(tick(10)) == (False, [b"date", b"server"])
+    server.request_exit()
+    assert asyncio.run(tick(20))[0] is True

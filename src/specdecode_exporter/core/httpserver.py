@@ -43,7 +43,11 @@ def url_for(sock: socket.socket) -> str:
 class QuietServer(uvicorn.Server):
     """uvicorn's server, waking once a second instead of ten times. uvicorn's loop ticks every 0.1 s to refresh
     its Date header (one-second resolution) and to notice a shutdown; that was nine-tenths of an idle sidecar's
-    CPU (0.33 % of a core → 0.03 %). A shutdown wakes the loop at once instead of waiting for the tick."""
+    CPU (0.33 % of a core → 0.03 %). A shutdown wakes the loop at once instead of waiting for the tick.
+
+    uvicorn has no setting for its tick, so this replaces Server.main_loop, which is not public API: uvicorn is
+    pinned to the versions tested (pyproject.toml), and tests/integration/test_httpserver.py fails when uvicorn
+    stops running main_loop or changes what on_tick(counter) does."""
 
     TICK_SECONDS = 1.0
 

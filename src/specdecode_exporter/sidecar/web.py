@@ -225,12 +225,12 @@ def serve(config: Config, load: Callable[[], Config] | None = None, security: We
               detail=exc.strerror or str(exc), what="request tap")
         return 1
     # uvloop where installed (the tap's relay is a few µs a chunk cheaper on it), else asyncio's own loop.
+    # The TLS context is ours, so that a reload can swap the certificate in place.
+    context = security.ssl_context if security is not None else None
     uv_config = uvicorn.Config(build_app(exporter, reloader=reloader, security=security, tap=tap), host=host,
                                port=port, log_config=None, access_log=False, timeout_graceful_shutdown=5,
-                               lifespan="on", loop="auto")
-    if security is not None and security.ssl_context is not None:
-        uv_config.load()
-        uv_config.ssl = security.ssl_context  # ours, so a reload can swap the certificate in place
+                               lifespan="on", loop="auto",
+                               ssl_context_factory=(lambda _config, _default: context) if context else None)
     server = QuietServer(uv_config)
     event(logging.INFO, "starting", version=exporter_version(), listen_address=config.listen_address,
           telemetry_path=config.telemetry_path, targets=",".join(t.url for t in config.targets),
