@@ -192,8 +192,8 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     """The parser for ``argv`` (default: the command line): a tool's flags are added only when it is the command."""
     parser = OneLineArgumentParser(prog=PROG, description="Is vLLM's speculative decoding paying off?")
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineArgumentParser)
-    commands.required = True
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineArgumentParser,
+                                     required=True)
 
     run = commands.add_parser("run", help="run the sidecar (collect vLLM, serve /metrics)")
     add_run_flags(run)

@@ -186,6 +186,20 @@ def test_stream_without_recognisable_events_is_held_back_only_so_far() -> None:
     assert watcher.findings.gave_up and watcher.held_bytes() < 1000
 
 
+def test_a_stripper_given_up_hands_over_what_it_holds_and_passes_the_rest() -> None:
+    """The relay gives up on a stream whose HTTP chunk is larger than it inspects: the held terminal event goes out
+    then, and the usage event that follows is no longer dropped."""
+    events = stream_events({"max_tokens": 2, "stream": True, "stream_options": {"include_usage": True}}, False)
+    terminal = next(i for i, event in enumerate(events) if b'"finish_reason":"' in event)
+    stripper = UsageStripper(1 << 20)
+    out = [stripper.feed(event) for event in events[: terminal + 1]]
+    assert out[-1] == b""  # the terminal event is held until the next one
+    out.append(stripper.give_up())
+    assert stripper.findings.gave_up
+    out += [stripper.feed(event) for event in events[terminal + 1 :]]
+    assert b"".join(out) + stripper.finish() == b"".join(events)
+
+
 def test_watcher_reads_usage_split_across_pieces() -> None:
     events = stream_events({"max_tokens": 2, "stream": True, "stream_options": {"include_usage": True}}, False)
     body = b"".join(events)

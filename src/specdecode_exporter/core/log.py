@@ -58,7 +58,7 @@ def reconfigure_logging(level: str, fmt: str) -> None:
     logger.setLevel(_LEVELS.get(level, logging.INFO))
     for handler in logger.handlers:
         if isinstance(handler.formatter, EventFormatter):
-            handler.formatter.json_format = fmt == "json"
+            handler.setFormatter(EventFormatter(fmt == "json"))
 
 
 def event(level: int, msg: str, **fields: Any) -> None:

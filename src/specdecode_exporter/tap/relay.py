@@ -782,8 +782,7 @@ class _Link(asyncio.Protocol):
             else:
                 self.resp_chunk.append(piece)
                 if sum(map(len, self.resp_chunk)) > self.shared.max_inspect_body:
-                    rest = stripper.finish() + b"".join(self.resp_chunk)
-                    stripper.findings.gave_up = True
+                    rest = stripper.give_up() + b"".join(self.resp_chunk)
                     self.resp_chunk.clear()
                     out.append(frame_chunk(rest))
                     exchange.mode = _REFRAME

@@ -158,6 +158,13 @@ class UsageStripper:
             out.append(self.finish())
         return b"".join(out)
 
+    def give_up(self) -> bytes:
+        """Stop rewriting (the stream is not one this class can inspect): what is held; later payloads pass as
+        they come."""
+        rest = self.finish()
+        self.findings.gave_up = True
+        return rest
+
     def finish(self) -> bytes:
         """Whatever is still held, at the end of the stream (or when giving up)."""
         if self._carry:
