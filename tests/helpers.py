@@ -105,6 +105,10 @@ class Harness:
     def status(self) -> dict[str, object]:
         return httpx.get(self.sidecar_url + "/api/v1/status", timeout=5).json()
 
+    def stop_simulator(self) -> None:
+        """The simulated vLLM goes away; the sidecar keeps serving."""
+        self._stops.pop().stop()  # type: ignore[attr-defined]  # started last
+
     def stop(self) -> None:
         for server in self._stops:
             server.stop()  # type: ignore[attr-defined]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import socket
+import threading
 import time
 
 import httpx
@@ -52,11 +53,11 @@ def test_quiet_server_serves_a_date_and_stops_without_waiting_for_its_tick(monke
     def root() -> PlainTextResponse:
         return PlainTextResponse("ok")
 
-    server = ThreadedServer(app, bind_socket(), lifespan="off").start()
+    server = ThreadedServer(app, bind_socket(), lifespan="off", name="quiet-stop").start()
     response = httpx.get(server.base_url + "/")
     assert response.text == "ok" and response.headers["date"].endswith("GMT")
     server.stop(timeout=10.0)
-    assert not server._thread.is_alive()
+    assert "quiet-stop" not in {thread.name for thread in threading.enumerate()}
 
 
 # QuietServer replaces uvicorn's Server.main_loop, which is not public API (uvicorn is pinned in pyproject.toml).

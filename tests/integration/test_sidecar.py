@@ -144,7 +144,7 @@ def test_unreachable_target_is_connect_and_metrics_keep_answering() -> None:
     harness = start_harness()
     try:
         harness.step(5.0)
-        harness._stops.pop().stop()  # the simulator goes away
+        harness.stop_simulator()
         harness.step(5.0)
         metrics = harness.metrics()
         assert metrics.get("specdecode_up") == 0.0
