@@ -7,8 +7,10 @@ from the exporter's metric contract (src/specdecode_exporter/core/metrics.py), n
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 from specdecode_exporter.core import metrics as m
 from specdecode_exporter.core.verdict import VerdictBands
@@ -89,6 +91,24 @@ def histogram_quantile(q: float, histogram: str, scope: Scope, window: str, *mat
     buckets = rate_sum(f"{histogram}_bucket", inner, window)
     count = rate_sum(f"{histogram}_count", Scope(scope.also(*matchers), scope.by), window)
     return f"histogram_quantile({fmt_num(q)}, {buckets})\nand on ({scope.by_clause})\n({count} > 0)"
+
+
+@runtime_checkable
+class Derivable(Protocol):
+    """A number standing for a value the jsonnet mixin reads from _config (monitoring.mixin.SymbolicNumber): a
+    value computed from it other than by arithmetic is handed back through derive, with the same computation in
+    jsonnet, so that the mixin follows an override of it."""
+
+    def derive(self, value: float, jsonnet: Callable[[str], str]) -> float: ...
+
+
+def bucket_at_or_below(bounds: Sequence[float], x: float) -> float:
+    """The largest of the (ascending) bucket ``bounds`` at or below ``x``: the bucket a threshold falls on."""
+    chosen = max(b for b in bounds if b <= x + 1e-9)
+    if isinstance(x, Derivable):
+        return x.derive(chosen, lambda e: f"std.foldl(function(best, b) if b <= {e} + 1e-9 then b else best, "
+                                          f"{json.dumps(list(bounds))}, null)")
+    return chosen
 
 
 def share_below(histogram: str, bound: float, scope: Scope, window: str) -> str:

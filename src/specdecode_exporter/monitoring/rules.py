@@ -18,6 +18,7 @@ from specdecode_exporter.monitoring.promql import (
     Scope,
     baseline_over_current,
     break_even_in_force,
+    bucket_at_or_below,
     by,
     fmt_num,
     guarded_ratio,
@@ -116,7 +117,7 @@ BAND_LABELS = ("workload", "temperature")
 
 def below_page_bound(cfg: MonitoringConfig) -> float:
     """The per-request histogram's bucket bound the page threshold falls on (buckets every 0.05)."""
-    return max(b for b in m.ACCEPTANCE_RATIO_BUCKETS if b <= cfg.thresholds.page_acceptance_ratio + 1e-9)
+    return bucket_at_or_below(m.ACCEPTANCE_RATIO_BUCKETS, cfg.thresholds.page_acceptance_ratio)
 
 
 def request_quantile_record(cfg: MonitoringConfig) -> str:
