@@ -1,21 +1,34 @@
 """The jsonnet mixin, evaluated by the real jsonnet (the `jsonnet` package's C++ binding), is the same rules and
-dashboard as the YAML and JSON files: a kube-prometheus user who imports it gets exactly what promtool tests."""
+dashboard as the YAML and JSON files: a kube-prometheus user who imports it gets exactly what promtool tests. Its
+_config holds the values users tune, and an override of any of them renders what the generators render from a
+monitoring config with the same change."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import shutil
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import _jsonnet as jsonnet  # the `jsonnet` package (a test dependency)
+import pytest
 import yaml
 
+from specdecode_exporter.core import monitoring_config
+from specdecode_exporter.core.monitoring_config import MonitoringConfig
+from specdecode_exporter.monitoring import dashboard, mixin
+from specdecode_exporter.monitoring.rules import rule_groups
 from tests.grafana.grafana_dashboard_helpers import ROOT
+from tests.helpers import require_tool
 
 MIXIN = ROOT / "mixin" / "mixin.libsonnet"
+FIELDS = ("prometheusAlerts", "prometheusRules", "grafanaDashboards")
 
 
-def evaluate(field: str) -> Any:
-    snippet = f'(import "{MIXIN.name}").{field}'
+def evaluate(field: str, overrides: str = "{}") -> Any:
+    snippet = f'((import "{MIXIN.name}") + {overrides}).{field}'
     return json.loads(jsonnet.evaluate_snippet("snippet", snippet, jpathdir=[str(MIXIN.parent)]))
 
 
@@ -29,8 +42,8 @@ def test_the_mixin_rules_are_the_rule_file() -> None:
 
 
 def test_the_mixin_dashboard_is_the_dashboard_file() -> None:
-    dashboard = json.loads((ROOT / "grafana" / "dashboards" / "specdecode.json").read_text())
-    assert evaluate("grafanaDashboards") == {"specdecode.json": dashboard}
+    dashboard_file = json.loads((ROOT / "grafana" / "dashboards" / "specdecode.json").read_text())
+    assert evaluate("grafanaDashboards") == {"specdecode.json": dashboard_file}
 
 
 def test_the_mixin_composes_like_a_mixin() -> None:
@@ -42,3 +55,104 @@ def test_the_mixin_composes_like_a_mixin() -> None:
     assert names == ["specdecode.alerts", "mine"]
     assert json.loads(jsonnet.evaluate_snippet("snippet", f'std.objectFields(import "{MIXIN.name}")',
                                                jpathdir=[str(MIXIN.parent)])) == []
+
+
+# ------------------------------------------------------------------------------------------ _config overrides
+
+# A value of each kind different from every default, so that each override changes what is rendered.
+OVERRIDE = {"ratio": 0.35, "number": 2.5, "duration": "7m", "matchers": 'cluster="prod"'}
+
+
+def generated(cfg: MonitoringConfig) -> dict[str, Any]:
+    """What the generators render from ``cfg``, as the mixin's fields."""
+    groups = rule_groups(cfg)["groups"]
+    alerts = [g for g in groups if any("alert" in r for r in g["rules"])]
+    records = [g for g in groups if g not in alerts]
+    return {"prometheusAlerts": {"groups": alerts}, "prometheusRules": {"groups": records},
+            "grafanaDashboards": {"specdecode.json": json.loads(dashboard.render(cfg))}}
+
+
+def rendered(overrides: str) -> dict[str, Any]:
+    """The mixin's three fields under ``overrides``, in one evaluation."""
+    snippet = (f'local m = (import "{MIXIN.name}") + {overrides}; '
+               + "{" + ", ".join(f"{field}: m.{field}" for field in FIELDS) + "}")
+    return json.loads(jsonnet.evaluate_snippet("snippet", snippet, jpathdir=[str(MIXIN.parent)]))
+
+
+@pytest.mark.parametrize("tunable", mixin.TUNABLE, ids=lambda t: t.key)
+def test_each_config_value_overridden_in_jsonnet_renders_as_the_same_change_in_the_monitoring_config(
+        tunable: mixin.Tunable) -> None:
+    """Generic over _config: a rule or panel that derives a tunable value in a way the mixin cannot follow fails
+    here (then see monitoring/mixin.py)."""
+    value = OVERRIDE.get(tunable.kind, f"x-{tunable.key}")
+    cfg = mixin.with_value(monitoring_config.shipped(), tunable.path, value)
+    assert rendered(f"{{ _config+:: {{ {tunable.key}: {json.dumps(value)} }} }}") == generated(cfg)
+
+
+def test_every_alerts_severity_and_for_and_extra_labels_overridden_in_jsonnet() -> None:
+    shipped = monitoring_config.shipped()
+    cfg = mixin.with_value(shipped, "alerts", tuple(
+        (name, mixin.with_value(mixin.with_value(settings, "severity", "info"), "for_", f"{i + 1}m"))
+        for i, (name, settings) in enumerate(shipped.alerts)))
+    cfg = mixin.with_value(cfg, "extra_alert_labels", (("team", "ml-platform"),))
+    alerts = ", ".join(f"{name}+: {{ severity: 'info', 'for': '{i + 1}m' }}" for i, (name, _) in
+                       enumerate(shipped.alerts))
+    overrides = f"{{ _config+:: {{ alerts+: {{ {alerts} }}, extraAlertLabels+: {{ team: 'ml-platform' }} }} }}"
+    assert rendered(overrides) == generated(cfg)
+
+
+USER = """{ _config+:: {
+  pageAcceptanceRatio: 0.4,
+  longWindow: '2h',
+  metricSelector: 'cluster="prod"',
+  runbookBaseURL: 'https://runbooks.example.com/specdecode/',
+  alerts+: { SpecDecodeAcceptanceRateLow+: { 'for': '5m', severity: 'warning' } },
+} }"""
+
+
+def _alert(groups: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(r for g in groups["groups"] for r in g["rules"] if r.get("alert") == name)
+
+
+def test_a_users_overrides_reach_the_alerts_and_the_dashboard(tmp_path: Path) -> None:
+    alerts, records = evaluate("prometheusAlerts", USER), evaluate("prometheusRules", USER)
+    page = _alert(alerts, "SpecDecodeAcceptanceRateLow")
+    assert page["expr"].startswith("model:specdecode_acceptance_ratio:rate5m < 0.4\n")
+    assert (page["for"], page["labels"]["severity"]) == ("5m", "warning")
+    assert "below 40%" in page["annotations"]["summary"]
+    assert page["annotations"]["runbook_url"] == \
+        "https://runbooks.example.com/specdecode/alerts/runbook.md#specdecodeacceptanceratelow"
+    drift = _alert(alerts, "SpecDecodeAcceptanceRateDrift")
+    assert drift["expr"].startswith("model:specdecode_acceptance_ratio:rate2h\n")
+    assert any('specdecode_accepted_tokens_total{cluster="prod"}' in r["expr"] for g in records["groups"]
+               for r in g["rules"])
+    below = next(r for g in records["groups"] for r in g["rules"]
+                 if r["record"].startswith("model:specdecode_requests_below_page_threshold"))
+    assert 'le="0.4"' in below["expr"] and below["record"].endswith(":ratio_rate2h")
+    board = evaluate("grafanaDashboards", USER)["specdecode.json"]
+    steps = [s["value"] for p in board["panels"] if p.get("title") == "Acceptance rate α"
+             for s in p["fieldConfig"]["defaults"]["thresholds"]["steps"]]
+    assert 0.4 in steps and 0.5 not in steps
+    promtool = require_tool(shutil.which("promtool"), "promtool (Debian package prometheus)")
+    rules_file = tmp_path / "rules.yaml"
+    rules_file.write_text(yaml.safe_dump({"groups": records["groups"] + alerts["groups"]}))
+    check = subprocess.run([promtool, "check", "rules", str(rules_file)], capture_output=True, text=True, timeout=60)
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+def _leaves(value: Any, path: str = "") -> list[str]:
+    if not dataclasses.is_dataclass(value):
+        return [path]
+    return [leaf for f in dataclasses.fields(value) for leaf in _leaves(getattr(value, f.name), path + f.name + ".")]
+
+
+def test_every_value_of_the_monitoring_config_is_in_config_or_named_as_baked_in() -> None:
+    """A new key of the monitoring config is a decision: a line in mixin.TUNABLE (users override it from jsonnet)
+    or in mixin.BAKED (it changes the rules' set or names: rebuild)."""
+    shipped = monitoring_config.shipped()
+    alert_settings = [f"alerts.{f.name}" for f in dataclasses.fields(shipped.alerts[0][1])]
+    covered = {t.path for t in mixin.TUNABLE} | set(mixin.BAKED) | {f"alerts.{a}" for a, _ in mixin.ALERT_FIELDS} \
+        | {"extra_alert_labels"}
+    leaves = [leaf.rstrip(".") for leaf in _leaves(shipped) if leaf.rstrip(".") != "alerts"] + alert_settings
+    assert [leaf for leaf in leaves if leaf not in covered] == []
+    assert [path for path in covered if path not in leaves] == []

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import copy
 import difflib
-import json
 import re
 import sys
 from collections.abc import Callable
@@ -30,6 +29,7 @@ from specdecode_exporter.core import monitoring_config
 from specdecode_exporter.core.metrics import reference_table
 from specdecode_exporter.core.monitoring_config import MonitoringConfig
 from specdecode_exporter.core.validation import ConfigError
+from specdecode_exporter.monitoring import mixin
 from specdecode_exporter.monitoring.rules import rule_groups
 
 NAME = "specdecode-exporter"
@@ -145,17 +145,13 @@ def render_sidecar_patch(src: Sources) -> str:
 
 
 def render_mixin(src: Sources) -> str:
-    """A monitoring mixin for kube-prometheus and jsonnet users: the same rules and dashboard, as jsonnet.
-    Its values are data, not logic: change the monitoring config and rebuild rather than override _config."""
-    groups = rule_groups(src.cfg)["groups"]
-    alerts = [g for g in groups if any("alert" in r for r in g["rules"])]
-    records = [g for g in groups if g not in alerts]
-    dashboard = json.loads(render_dashboard(src))
-    body = {"prometheusAlerts": {"groups": alerts}, "prometheusRules": {"groups": records},
-            "grafanaDashboards": {"specdecode.json": dashboard}}
-    fields = ",\n".join(f"  {key}+:: {json.dumps(value, indent=2, ensure_ascii=False)}"
-                        for key, value in body.items())
-    return header(src.config_name).replace("# ", "// ") + "{\n" + fields + ",\n}\n"
+    """A monitoring mixin for kube-prometheus and jsonnet users: the same rules and dashboard, as jsonnet that reads
+    the values users tune from _config (monitoring.mixin)."""
+    try:
+        return mixin.render(src.cfg, header(src.config_name).replace("# ", "// "))
+    except ImportError as exc:
+        raise BuildError("the mixin's dashboard needs the grafana-foundation-sdk package: "
+                         f"pip install 'specdecode-exporter[dashboard]' ({exc})") from None
 
 
 def render_readme(src: Sources) -> str:
