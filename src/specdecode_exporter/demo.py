@@ -17,6 +17,7 @@ import httpx
 
 from specdecode_exporter.core.httpserver import ThreadedServer, bind_socket
 from specdecode_exporter.core.log import event
+from specdecode_exporter.core.signals import stop_on_signals
 from specdecode_exporter.sidecar.collection import Exporter
 from specdecode_exporter.sidecar.config import (
     BaselineConfig,
@@ -28,7 +29,14 @@ from specdecode_exporter.sidecar.config import (
 )
 from specdecode_exporter.sidecar.proxy import TapRuntime, tap_runtime
 from specdecode_exporter.sidecar.web import build_app
-from specdecode_exporter.simulator import ModelSpec, Simulator, default_scenario, load_scenario, steady_scenario
+from specdecode_exporter.simulator import (
+    ModelSpec,
+    Scenario,
+    Simulator,
+    default_scenario,
+    load_scenario,
+    steady_scenario,
+)
 from specdecode_exporter.simulator.server import serve_in_thread
 
 DEMO_INTERVAL_SECONDS = 2.0
@@ -63,7 +71,13 @@ def send_traffic(tap_url: str, model: str, stop: threading.Event) -> None:
 
 
 def run_demo(listen_address: str, duration: float | None, scenario_file: str | None) -> int:
+    """Until ``duration`` is over, Ctrl-C or SIGTERM: all three a clean stop (exit 0), as for the sidecar."""
     scenario = load_scenario(scenario_file) if scenario_file else default_scenario()
+    with stop_on_signals():
+        return _run_demo(listen_address, duration, scenario)
+
+
+def _run_demo(listen_address: str, duration: float | None, scenario: Scenario) -> int:
     model = scenario.models[0]
     started: list[ThreadedServer] = []
     stop = threading.Event()
@@ -80,8 +94,9 @@ def run_demo(listen_address: str, duration: float | None, scenario_file: str | N
         threading.Thread(target=send_traffic, args=(tap_url, model.name, stop), name="demo-traffic",
                          daemon=True).start()
         _print_urls(sidecar.base_url, spec_url, control_url, tap_url)
-        with contextlib.suppress(KeyboardInterrupt):
-            stop.wait(duration)
+        stop.wait(duration)
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM (stop_on_signals), also while starting
+        pass
     except OSError as exc:
         event(logging.ERROR, "cannot listen", listen_address=listen_address, detail=exc.strerror or str(exc))
         return 1
