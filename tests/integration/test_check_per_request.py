@@ -206,8 +206,9 @@ def test_a_bad_answer_is_one_line_and_exit_1(completion: Answer, models: Answer 
     with FakeVllm(completion=completion, **({"models": models} if models else {})) as api:
         result = run_check(api.url + "/metrics", "--send-test-completion", "--timeout", "1s")
     assert result.returncode == 1, result.stdout
-    [line] = per_request_lines(result)
-    assert line.startswith(f"{PREFIX} cannot tell: ") and why in line, line
+    assert per_request_lines(result) == [], "stdout keeps only results"
+    [line] = result.stderr.splitlines()  # what went wrong, in one line
+    assert line.startswith(f"specdecode-exporter check: {PREFIX} cannot tell: ") and why in line, line
     assert "α" in result.stdout, "the verdict table is printed before the test completion"
 
 
@@ -216,10 +217,9 @@ def test_unreachable_target_with_the_flag_is_one_line() -> None:
 
     url = f"http://127.0.0.1:{free_port()}/metrics"
     result = run_check(url, "--send-test-completion", "--timeout", "1s")
-    assert result.returncode == 1
-    assert result.stdout.strip().splitlines() == [result.stdout.strip()]
-    assert result.stdout.startswith(f"specdecode-exporter: cannot collect {url}: connect")
-    assert "Traceback" not in result.stderr
+    assert result.returncode == 1 and result.stdout == ""
+    [line] = result.stderr.splitlines()
+    assert line.startswith(f"specdecode-exporter check: cannot collect {url}: connect"), line
 
 
 def test_hint_only_for_vllm() -> None:

@@ -95,4 +95,6 @@ def test_check_prints_a_verdict_against_the_simulator() -> None:
 def test_check_unreachable_is_one_line_exit_1() -> None:
     result = run_cli("check", "http://127.0.0.1:9/metrics", "--duration", "1s", "--timeout", "1s")
     assert result.returncode == 1
-    assert result.stdout.strip().startswith("specdecode-exporter: cannot collect http://127.0.0.1:9/metrics: connect")
+    assert result.stdout == "", "stdout keeps only results"
+    [line] = result.stderr.splitlines()  # the detail, in one line, and no log line beside it
+    assert line.startswith("specdecode-exporter check: cannot collect http://127.0.0.1:9/metrics: connect"), line
