@@ -66,5 +66,6 @@ def test_the_page_in_a_real_browser(harness: Harness, tmp_path: Path) -> None:
     # The verdict with its reason in words: measured against the baseline, not modelled.
     status = harness.status()["targets"][0]["series"][0]  # type: ignore[index]
     assert status["verdict_basis"] == "observed"
-    assert status["verdict_reason"].startswith("observed ") and "against measured baseline" in status["verdict_reason"]
+    assert status["verdict_reason"].startswith("observed ")
+    assert "against the measured baseline" in status["verdict_reason"]
     assert status["verdict"] in text and status["verdict_reason"] in text

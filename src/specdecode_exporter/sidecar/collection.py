@@ -127,7 +127,7 @@ def control_baseline(view: TargetView, model: str | None, window: Window) -> Bas
     if tpot is None or latency.mean(tpot) is None:
         return None
     return BaselineLatency(latency.mean(tpot), latency.quantile(0.5, tpot), latency.quantile(0.99, tpot),
-                           f"control target {view.config.name}")
+                           f'the control target "{view.config.name}"')  # reads well whatever the name
 
 
 def baseline_provider(config: TargetConfig, peer_view: Callable[[str], TargetView | None]) -> BaselineFor:
@@ -144,7 +144,7 @@ def baseline_provider(config: TargetConfig, peer_view: Callable[[str], TargetVie
 
         return from_control
     measured = BaselineLatency(baseline.time_per_output_token_seconds, baseline.p50, baseline.p99,
-                               "measured baseline")
+                               "the measured baseline")
     return lambda model, window: measured
 
 
