@@ -4,6 +4,7 @@ the traffic it sends through the tap — and Ctrl-C or SIGTERM must stop all of 
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import time
@@ -69,8 +70,10 @@ def test_the_demo_shows_alpha_observed_speedup_and_request_bands() -> None:
     bands = {(b["workload"], b["temperature"]): b["acceptance_ratio"] for b in spec["requests"]["bands"]}
     assert bands[("code", "0-0.3")] > bands[("code", "0.7+")], "hotter requests accept less in the simulator"
     assert "request tap" in out and "Traceback" not in out
-    for text in ("observed", "code", "0.7+"):
-        assert text in page
+    for text in ("observed", "code", "0.7+", "counted since the sidecar started", "α since start"):
+        assert text in page, text
+    # Both speedups, labelled (the page was fetched after the status: a collection may have come in between).
+    assert re.search(r"\d\.\d\d× observed<br>\d\.\d\d× modelled", page), page
 
 
 def test_sigterm_stops_the_demo_as_ctrl_c_does() -> None:
