@@ -23,7 +23,8 @@ def ready(status: dict[str, Any]) -> bool:
     series = spec["series"][0] if spec["series"] else {}
     window = series.get("windows", {}).get("1m", {})
     requests = spec.get("requests") or {"bands": []}
-    return bool(window.get("observed_speedup") and len({b["temperature"] for b in requests["bands"]}) == 3)
+    return bool(window.get("observed_speedup") and len({(b["workload"], b["temperature"]) for b in requests["bands"]})
+                == 6)
 
 
 def start_demo(port: int) -> subprocess.Popen[str]:
@@ -68,6 +69,8 @@ def test_the_demo_shows_alpha_observed_speedup_and_request_bands() -> None:
     assert 'against the control target "control"' in series["verdict_reason"], series["verdict_reason"]
     assert 0.3 < series["windows"]["1m"]["acceptance_ratio"] < 0.95
     bands = {(b["workload"], b["temperature"]): b["acceptance_ratio"] for b in spec["requests"]["bands"]}
+    # As the README says: two workloads, each at temperatures 0, 0.5 and 1 (one per default band).
+    assert set(bands) == {(w, t) for w in ("chat", "code") for t in ("0-0.3", "0.3-0.7", "0.7+")}
     assert bands[("code", "0-0.3")] > bands[("code", "0.7+")], "hotter requests accept less in the simulator"
     assert "request tap" in out and "Traceback" not in out
     for text in ("observed", "code", "0.7+", "counted since the sidecar started", "α since start"):

@@ -98,3 +98,12 @@ def test_check_unreachable_is_one_line_exit_1() -> None:
     assert result.stdout == "", "stdout keeps only results"
     [line] = result.stderr.splitlines()  # the detail, in one line, and no log line beside it
     assert line.startswith("specdecode-exporter check: cannot collect http://127.0.0.1:9/metrics: connect"), line
+
+
+def test_the_demo_sends_each_workload_at_three_temperatures_streamed_and_not() -> None:
+    """What the README says the demo sends: two workloads at temperatures 0, 0.5 and 1, streamed and not."""
+    from specdecode_exporter.demo import traffic
+
+    rounds = [traffic(i) for i in range(12)]
+    assert sorted(rounds) == sorted((w, t, s) for w in ("chat", "code") for t in (0.0, 0.5, 1.0)
+                                    for s in (False, True))
