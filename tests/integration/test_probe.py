@@ -294,12 +294,14 @@ def test_ctrl_c_or_sigterm_prints_the_rows_so_far_and_exits_128_plus_the_signal(
 
 
 def test_total_timeout_stops_with_the_rows_so_far() -> None:
-    paced = ModelSpec(drafts_per_second=0.0, target_step_seconds=0.004)  # about 0.3 s a request
+    # Paced, a request takes at least 0.4 s (100 steps of 4 ms) and about half a second here: in 5 s at most 12 of
+    # the 16 one-request rows can finish however fast the machine, and the first one unless it is ten times slower.
+    paced = ModelSpec(drafts_per_second=0.0, target_step_seconds=0.004)
     with simulator(paced, pace=True) as url:
-        result = run_cli("--url", url, "--requests", "2", "--max-tokens", "100", "--timeout", "1500ms", "--json",
+        result = run_cli("--url", url, "--requests", "1", "--max-tokens", "100", "--timeout", "5s", "--json",
                          "--warmup", "0")
     assert result.returncode == 1
-    assert "stopped at --timeout 1500ms: " in result.stderr and "of 16 rows measured" in result.stderr
+    assert "stopped at --timeout 5s: " in result.stderr and "of 16 rows measured" in result.stderr
     rows = json.loads(result.stdout)
     assert 0 < len(rows) < 16
 
