@@ -62,8 +62,9 @@ class Exchange:
 
 
 class FakeVllm:
-    def __init__(self, idle_timeout: float | None = None) -> None:
+    def __init__(self, idle_timeout: float | None = None, max_idle_closes: int | None = None) -> None:
         self.idle_timeout = idle_timeout  # close connections idle this long, as uvicorn's timeout_keep_alive does
+        self.max_idle_closes = max_idle_closes  # … but at most this many (None: any)
         self.exchanges: list[Exchange] = []
         self.connections = 0
         self.idle_closes = 0  # connections it closed for idling
@@ -110,10 +111,16 @@ class _Conn(asyncio.Protocol):
         self.start_idle_timer()
 
     def start_idle_timer(self) -> None:
+        limit = self.fake.max_idle_closes
+        if limit is not None and self.fake.idle_closes >= limit:
+            return
         if self.fake.idle_timeout is not None and self.transport is not None:
             self.idle_timer = asyncio.get_running_loop().call_later(self.fake.idle_timeout, self.close_idle)
 
     def close_idle(self) -> None:
+        limit = self.fake.max_idle_closes
+        if limit is not None and self.fake.idle_closes >= limit:
+            return
         assert self.transport is not None
         self.transport.close()
         self.fake.idle_closes += 1
