@@ -71,6 +71,12 @@ def exporter_command() -> list[str]:
     return [sys.executable, "-c", "import sys; from specdecode_exporter.cli import main; sys.exit(main())"]
 
 
+def ignoring_sigint(command: list[str]) -> list[str]:
+    """``command`` started as a shell starts a background job (`cmd &`): with SIGINT ignored, which the command
+    inherits across exec. A command that stops on Ctrl-C must not depend on the disposition it inherited."""
+    return ["sh", "-c", 'trap "" INT; exec "$@"', "sh", *command]
+
+
 def child_env(extra: Mapping[str, str] | None = None, drop: tuple[str, ...] = ()) -> dict[str, str]:
     """This environment without the exporter's own settings (a test's SPECDECODE_* must not leak into a child)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPECDECODE_") and k not in drop}

@@ -155,7 +155,10 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     duration = parse_duration(args.duration, "--duration")
     timeout = parse_duration(args.timeout, "--timeout")
-    return run_check(args.url, duration, timeout, sys.stdout, send_test_completion=args.send_test_completion)
+    # A failed collection is check's one-line answer on stderr, not a log line beside it; a bug still logs.
+    setup_logging("error", "logfmt")
+    return run_check(args.url, duration, timeout, sys.stdout, sys.stderr,
+                     send_test_completion=args.send_test_completion)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

@@ -17,6 +17,7 @@ import httpx
 
 from specdecode_exporter.core.httpserver import ThreadedServer, bind_socket
 from specdecode_exporter.core.log import event
+from specdecode_exporter.core.signals import stop_on_signals
 from specdecode_exporter.sidecar.collection import Exporter
 from specdecode_exporter.sidecar.config import (
     BaselineConfig,
@@ -28,13 +29,23 @@ from specdecode_exporter.sidecar.config import (
 )
 from specdecode_exporter.sidecar.proxy import TapRuntime, tap_runtime
 from specdecode_exporter.sidecar.web import build_app
-from specdecode_exporter.simulator import ModelSpec, Simulator, default_scenario, load_scenario, steady_scenario
+from specdecode_exporter.simulator import (
+    ModelSpec,
+    Scenario,
+    Simulator,
+    default_scenario,
+    load_scenario,
+    steady_scenario,
+)
 from specdecode_exporter.simulator.server import serve_in_thread
 
 DEMO_INTERVAL_SECONDS = 2.0
 TRAFFIC_EVERY_SECONDS = 0.25
-# (workload header, temperature): the simulator accepts less the hotter a request is sampled
-TRAFFIC = (("chat", 0.0), ("code", 0.0), ("chat", 0.5), ("code", 1.0), ("chat", 1.0))
+# (workload header, temperature): both workloads at 0, 0.5 and 1, so each fills the three temperature bands of
+# the default edges (0-0.3, 0.3-0.7, 0.7+); the simulator accepts less the hotter a request is sampled
+WORKLOADS = ("chat", "code")
+TEMPERATURES = (0.0, 0.5, 1.0)
+TRAFFIC = tuple(itertools.product(WORKLOADS, TEMPERATURES))
 
 
 def demo_config(listen_address: str, spec_url: str, control_url: str) -> Config:
@@ -50,20 +61,34 @@ def demo_config(listen_address: str, spec_url: str, control_url: str) -> Config:
     )
 
 
+def traffic(i: int) -> tuple[str, float, bool]:
+    """The i-th request the demo sends: (workload, temperature, streamed)."""
+    workload, temperature = TRAFFIC[i % len(TRAFFIC)]
+    return workload, temperature, (i + i // len(TRAFFIC)) % 2 == 0
+
+
 def send_traffic(tap_url: str, model: str, stop: threading.Event) -> None:
-    """What clients of the tap would send: a request every TRAFFIC_EVERY_SECONDS, errors ignored."""
+    """What clients of the tap would send: a request every TRAFFIC_EVERY_SECONDS, each workload and temperature
+    in turn, streamed and not in alternate rounds, errors ignored."""
     with httpx.Client(base_url=tap_url, timeout=30, trust_env=False) as client:
-        for i, (workload, temperature) in enumerate(itertools.cycle(TRAFFIC)):
+        for i in itertools.count():
             if stop.wait(TRAFFIC_EVERY_SECONDS):
                 return
+            workload, temperature, stream = traffic(i)
             body = {"model": model, "prompt": "Write a haiku about GPUs.", "max_tokens": 48,
-                    "temperature": temperature, "stream": i % 2 == 0}
+                    "temperature": temperature, "stream": stream}
             with contextlib.suppress(httpx.HTTPError):
                 client.post("/v1/completions", json=body, headers={"x-workload": workload})
 
 
 def run_demo(listen_address: str, duration: float | None, scenario_file: str | None) -> int:
+    """Until ``duration`` is over, Ctrl-C or SIGTERM: all three a clean stop (exit 0), as for the sidecar."""
     scenario = load_scenario(scenario_file) if scenario_file else default_scenario()
+    with stop_on_signals():
+        return _run_demo(listen_address, duration, scenario)
+
+
+def _run_demo(listen_address: str, duration: float | None, scenario: Scenario) -> int:
     model = scenario.models[0]
     started: list[ThreadedServer] = []
     stop = threading.Event()
@@ -80,8 +105,9 @@ def run_demo(listen_address: str, duration: float | None, scenario_file: str | N
         threading.Thread(target=send_traffic, args=(tap_url, model.name, stop), name="demo-traffic",
                          daemon=True).start()
         _print_urls(sidecar.base_url, spec_url, control_url, tap_url)
-        with contextlib.suppress(KeyboardInterrupt):
-            stop.wait(duration)
+        stop.wait(duration)
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM (stop_on_signals), also while starting
+        pass
     except OSError as exc:
         event(logging.ERROR, "cannot listen", listen_address=listen_address, detail=exc.strerror or str(exc))
         return 1

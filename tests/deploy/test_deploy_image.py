@@ -1,5 +1,5 @@
 """The Dockerfile: hadolint-clean, multi-stage, non-root numeric user, HEALTHCHECK on /healthz, pinned deps.
-(The image itself is built and run by the opt-in scripts/build-image.sh --smoke.)"""
+(The image itself is built and run by scripts/build-image.sh --local-base --smoke, which `make test` runs.)"""
 
 from __future__ import annotations
 

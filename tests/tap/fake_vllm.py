@@ -62,10 +62,13 @@ class Exchange:
 
 
 class FakeVllm:
-    def __init__(self, idle_timeout: float | None = None) -> None:
+    def __init__(self, idle_timeout: float | None = None, max_idle_closes: int | None = None) -> None:
         self.idle_timeout = idle_timeout  # close connections idle this long, as uvicorn's timeout_keep_alive does
+        self.max_idle_closes = max_idle_closes  # … but at most this many (None: any)
         self.exchanges: list[Exchange] = []
         self.connections = 0
+        self.idle_closes = 0  # connections it closed for idling
+        self.idle_closed = asyncio.Event()
         self.server: asyncio.Server | None = None
         self.port = 0
 
@@ -73,6 +76,11 @@ class FakeVllm:
         self.server = await asyncio.get_running_loop().create_server(lambda: _Conn(self), "127.0.0.1", 0)
         self.port = int(self.server.sockets[0].getsockname()[1])
         return self
+
+    async def wait_idle_closes(self, count: int) -> None:
+        while self.idle_closes < count:
+            self.idle_closed.clear()
+            await self.idle_closed.wait()
 
     @property
     def url(self) -> str:
@@ -103,10 +111,24 @@ class _Conn(asyncio.Protocol):
         self.start_idle_timer()
 
     def start_idle_timer(self) -> None:
+        limit = self.fake.max_idle_closes
+        if limit is not None and self.fake.idle_closes >= limit:
+            return
         if self.fake.idle_timeout is not None and self.transport is not None:
-            self.idle_timer = asyncio.get_running_loop().call_later(self.fake.idle_timeout, self.transport.close)
+            self.idle_timer = asyncio.get_running_loop().call_later(self.fake.idle_timeout, self.close_idle)
+
+    def close_idle(self) -> None:
+        limit = self.fake.max_idle_closes
+        if limit is not None and self.fake.idle_closes >= limit:
+            return
+        assert self.transport is not None
+        self.transport.close()
+        self.fake.idle_closes += 1
+        self.fake.idle_closed.set()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self.idle_timer is not None:
+            self.idle_timer.cancel()
         self.closed.set()
         self.writable.set()
         if self.current is not None:

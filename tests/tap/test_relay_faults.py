@@ -57,10 +57,9 @@ def test_upstream_down_gives_a_json_502_at_once(loop: str) -> None:
 
     async def main() -> None:
         recorder = Recorder()
-        tap = await start_tap("127.0.0.1", 0, f"http://127.0.0.1:{_closed_port()}", recorder, connect_timeout=2.0)
-        started = time.monotonic()
+        # A connect timeout far beyond the test's own limit: a refusal must be answered at once, not timed out.
+        tap = await start_tap("127.0.0.1", 0, f"http://127.0.0.1:{_closed_port()}", recorder, connect_timeout=60.0)
         response = await fetch(tap.port, raw)
-        assert time.monotonic() - started < 1.0  # refused: no need to wait for the connect timeout
         head, _, body = response.partition(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 502 Bad Gateway\r\n") and b"connection: close" in head
         assert body.count(b"\n") == 0
@@ -97,13 +96,11 @@ def test_upstream_not_answering_connects_gives_a_502_within_the_connect_timeout(
     port = listener.getsockname()[1]
 
     async def main() -> None:
-        await asyncio.sleep(0.2)
+        # The kernel retries a dropped SYN for minutes: a 502 that names the connect timeout, within the test's
+        # own limit, is the tap's timeout at work.
         tap = await start_tap("127.0.0.1", 0, f"http://127.0.0.1:{port}", Recorder(), connect_timeout=0.5)
-        started = time.monotonic()
         response = await fetch(tap.port, request_bytes("/v1/completions", STREAM))
-        elapsed = time.monotonic() - started
         assert response.startswith(b"HTTP/1.1 502 ") and b"connect timeout" in response
-        assert elapsed < 1.5
         await tap.close()
 
     try:
@@ -122,13 +119,10 @@ def test_client_disconnect_closes_the_upstream_at_once(loop: str) -> None:
             client = await Client.open(tap.port)
             await client.send(raw)
             await client.reader.readuntil(b"data: ")
-            await asyncio.sleep(0.05)
-            left_at = time.monotonic()
             client.writer.transport.abort()
             exchange = fake.exchanges[-1]
-            await asyncio.wait_for(exchange.disconnected.wait(), 1.0)
-            assert time.monotonic() - left_at < 0.5
-            assert exchange.events_sent < 100  # vLLM would abort the request here
+            await exchange.disconnected.wait()
+            assert exchange.events_sent < 400  # closed mid-stream, not at its end: vLLM would abort the request here
             ((_, result),) = await recorder.wait(1)
             assert (result.status, result.reason, result.metrics) == (200, "client_disconnected", None)
 
@@ -174,15 +168,20 @@ def test_upstream_idle_close_is_mirrored_but_never_loses_a_request_being_read() 
     raw = request_bytes("/v1/completions", {**STREAM, "max_tokens": 2})
 
     async def main() -> None:
-        fake = await FakeVllm(idle_timeout=0.2).start()
+        # The upstream connections of the two clients close as idle, and no other: a request sent just as the
+        # upstream closes its connection is HTTP/1.1's keep-alive race, not what this test is about.
+        fake = await FakeVllm(max_idle_closes=2).start()
         recorder = Recorder()
         tap = await start_tap("127.0.0.1", 0, fake.url, recorder)
-        direct = await fetch(fake.port, raw)
+        direct = await fetch(fake.port, raw)  # its connection has no idle timer: the timeout is set only now
+        fake.idle_timeout = 0.2
         idle = await Client.open(tap.port)
         slow = await Client.open(tap.port)
         await slow.send(raw[:-5])
-        await asyncio.sleep(0.5)
-        assert await asyncio.wait_for(idle.reader.read(), 1.0) == b""  # closed with its idle upstream
+        await fake.wait_idle_closes(2)
+        assert await idle.reader.read() == b""  # closed with its idle upstream
+        while fake.connections < 4:  # direct, idle's, slow's, and the new one the tap opened for slow's request
+            await asyncio.sleep(0.01)
         await slow.send(raw[-5:])
         assert await slow.response() == direct
         ((request, result),) = await recorder.wait(1)
@@ -216,17 +215,16 @@ def test_slow_client_bounded_memory_and_others_unaffected(loop: str) -> None:
             slow = _small_receive_buffer_socket(tap.port)
             slow.send(flood)
             peak = 0
-            for _ in range(20):  # the flood fills every buffer on its way, then stops
+            flood_exchange = None
+            while flood_exchange is None or not flood_exchange.paused:  # the flood fills every buffer, then stops
                 await asyncio.sleep(0.02)
                 peak = max(peak, tap.stats().buffered_bytes)
-            flood_exchange = next(e for e in fake.exchanges if e.body and e.body.get("fake_pad"))
-            assert flood_exchange.paused and flood_exchange.events_sent < 3000
+                flood_exchange = next((e for e in fake.exchanges if e.body and e.body.get("fake_pad")), None)
+            assert flood_exchange.events_sent < 3000
 
-            started = time.monotonic()
+            # The slow client never reads: streams stuck behind it would never end (the test's limit would cut it).
             fast = await asyncio.gather(*(fetch(tap.port, paced) for _ in range(8)))
-            elapsed = time.monotonic() - started
             assert all(dechunk(r) == dechunk(expected) for r in fast)
-            assert elapsed < 40 * 0.005 + 0.5  # 40 events 5 ms apart, not stuck behind the slow client
             for _ in range(10):
                 await asyncio.sleep(0.01)
                 peak = max(peak, tap.stats().buffered_bytes)
@@ -238,7 +236,7 @@ def test_slow_client_bounded_memory_and_others_unaffected(loop: str) -> None:
             ((_, result),) = (r for r in await recorder.wait(9) if r[1].reason == "client_disconnected")
             assert result.status == 200
 
-    run(loop, main, timeout=20)
+    run(loop, main, timeout=60)  # a limit against a hang, not a measure of speed
 
 
 @pytest.mark.parametrize("loop", LOOPS)
@@ -275,17 +273,16 @@ def test_close_with_grace_lets_requests_in_flight_finish(loop: str) -> None:
         await idle.exchange(request_bytes("/v1/models", method="GET"))
         await streaming.send(raw)
         await streaming.reader.readuntil(b"data: ")
-        started = time.monotonic()
-        closing = asyncio.create_task(tap.close(grace=5.0))
-        await asyncio.sleep(0.1)
-        assert await asyncio.wait_for(idle.reader.read(), 1.0) == b"", "an idle connection is closed at once"
+        exchange = fake.exchanges[-1]
+        # A grace far beyond the test's own limit: the tap must close when the stream ends, not at the deadline.
+        closing = asyncio.create_task(tap.close(grace=600.0))
+        assert await idle.reader.read() == b"", "an idle connection is closed at once"
         with pytest.raises(OSError):
             await Client.open(tap.port)
-        assert not closing.done()
-        rest = await asyncio.wait_for(streaming.reader.read(), 3.0)  # to the end, then the tap closes it
+        assert not closing.done() or exchange.events_sent == 40, "closed before the stream in flight ended"
+        rest = await streaming.reader.read()  # to the end, then the tap closes it
         assert rest.count(b"data: {") > 20 and rest.endswith(b"data: [DONE]\n\n\r\n0\r\n\r\n")
-        await asyncio.wait_for(closing, 1.0)
-        assert time.monotonic() - started < 2.0, "closed as soon as the stream ended, not at the grace deadline"
+        await closing
         assert len(await recorder.wait(1)) == 1 and recorder.seen[0][1].metrics is not None
         await fake.close()
 
@@ -305,11 +302,11 @@ def test_close_cuts_what_outlasts_the_grace(grace: float) -> None:
         started = time.monotonic()
         with log_lines() as lines:
             await tap.close(grace=grace)
-        assert grace <= time.monotonic() - started < grace + 0.7
-        with contextlib.suppress(ConnectionError):
-            assert not (await asyncio.wait_for(client.reader.read(), 1.0)).endswith(b"0\r\n\r\n")
-        await asyncio.sleep(0.05)
-        assert tap.stats().connections == 0
+        assert grace <= time.monotonic() - started  # the grace is kept in real time, never cut short
+        with contextlib.suppress(ConnectionError):  # cut: the 5 s stream never ends properly
+            assert not (await client.reader.read()).endswith(b"0\r\n\r\n")
+        while tap.stats().connections:
+            await asyncio.sleep(0.01)
         assert any("request tap stopped" in line and "cut=1" in line for line in lines), lines
         with pytest.raises(OSError):
             await Client.open(tap.port)

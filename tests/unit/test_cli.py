@@ -95,4 +95,15 @@ def test_check_prints_a_verdict_against_the_simulator() -> None:
 def test_check_unreachable_is_one_line_exit_1() -> None:
     result = run_cli("check", "http://127.0.0.1:9/metrics", "--duration", "1s", "--timeout", "1s")
     assert result.returncode == 1
-    assert result.stdout.strip().startswith("specdecode-exporter: cannot collect http://127.0.0.1:9/metrics: connect")
+    assert result.stdout == "", "stdout keeps only results"
+    [line] = result.stderr.splitlines()  # the detail, in one line, and no log line beside it
+    assert line.startswith("specdecode-exporter check: cannot collect http://127.0.0.1:9/metrics: connect"), line
+
+
+def test_the_demo_sends_each_workload_at_three_temperatures_streamed_and_not() -> None:
+    """What the README says the demo sends: two workloads at temperatures 0, 0.5 and 1, streamed and not."""
+    from specdecode_exporter.demo import traffic
+
+    rounds = [traffic(i) for i in range(12)]
+    assert sorted(rounds) == sorted((w, t, s) for w in ("chat", "code") for t in (0.0, 0.5, 1.0)
+                                    for s in (False, True))

@@ -48,3 +48,27 @@ def test_documents_linked_from_markdown_exist() -> None:
             continue
         for target in re.findall(r"\]\(([^)#:]+\.md)(?:#[^)]*)?\)", path.read_text(encoding="utf-8")):
             assert (path.parent / target).resolve().is_file(), f"{path.relative_to(ROOT)} links to {target}"
+
+
+def test_the_install_paths_in_the_readme_are_the_ones_make_test_runs() -> None:
+    """"Use it" gives the pip path, the image and the manifests with the commands the tests run: when one changes,
+    the README must follow."""
+    readme = README.read_text(encoding="utf-8")
+    use_it = readme[readme.index("## Use it"):readme.index("Once installed:")]
+    make_test = re.search(r"^test:.*?\n((?:\t.*\n)+)", (ROOT / "Makefile").read_text(encoding="utf-8"), re.M)
+    assert make_test is not None
+    for step in ("scripts/runtime-venv.sh", "scripts/build-image.sh --local-base --smoke"):
+        assert step in make_test.group(1), step
+    assert "scripts/build-image.sh --local-base --smoke" in use_it
+    # The bare install runs the sidecar with these flags; the README's pip path shows the same.
+    bare = (ROOT / "tests" / "packaging" / "test_bare_install.py").read_text(encoding="utf-8")
+    for flag in ('"run", "--target"', '"--proxy.listen-address"'):
+        assert flag in bare, flag
+    assert re.search(r"specdecode-exporter run --target \S+ --proxy.listen-address", use_it)
+    # The smoke runs the image as Kubernetes does; the README runs it with the same restrictions.
+    smoke = re.search(r"^RESTRICTED=\((.*)\)$", (ROOT / "scripts" / "build-image.sh").read_text(encoding="utf-8"),
+                      re.M)
+    assert smoke is not None
+    restrictions = smoke.group(1).replace(" --network host", "")
+    assert f"podman run --rm {restrictions}" in use_it, restrictions
+    assert "not applied to a cluster" in use_it and "tests/deploy/" in use_it

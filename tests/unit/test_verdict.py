@@ -43,10 +43,10 @@ def test_no_traffic() -> None:
 def test_observed_speedup_wins_over_the_model() -> None:
     # The model says hurting (0.94), the measurement says it pays off.
     evidence = Evidence(0.55, 0.94, observed_speedup=1.31, observed_speedup_p50=1.35, observed_speedup_p99=1.2,
-                        baseline="control target vllm-nospec")
+                        baseline='the control target "vllm-nospec"')
     judgement = judge(evidence, BANDS)
     assert judgement.verdict is Verdict.PAYING_OFF and judgement.basis == "observed"
-    assert judgement.reason == "observed 1.31× against control target vllm-nospec"
+    assert judgement.reason == 'observed 1.31× against the control target "vllm-nospec"'
 
 
 def test_tail_regression_is_marginal_with_the_reason_in_words() -> None:

@@ -14,6 +14,7 @@ from specdecode_exporter.sidecar.collection import Exporter, TargetView
 from specdecode_exporter.sidecar.config import Config, TargetConfig, Window
 from specdecode_exporter.sidecar.status import verdict_stats
 
+PROG = "specdecode-exporter check"
 CHECK_STEP_SECONDS = 2.0  # below V0's 5 s report period, so V0 counters can be decoded too
 
 
@@ -71,19 +72,24 @@ def per_request_line(view: TargetView, send_completion: bool, timeout: float) ->
     return finding.line, finding.decided
 
 
-def run_check(url: str, duration: float, timeout: float, out: TextIO, send_test_completion: bool = False) -> int:
+def run_check(url: str, duration: float, timeout: float, out: TextIO, err: TextIO,
+              send_test_completion: bool = False) -> int:
     """Collect, print the verdict; with ``send_test_completion``, also one 1-token completion to tell whether vLLM
-    returns the per-request metrics the request tap reads (exit code 1 when that could not be told)."""
+    returns the per-request metrics the request tap reads (exit code 1 when that could not be told). Results go to
+    ``out``; what went wrong goes to ``err``, one line each, so `check … > verdict.txt` keeps only results."""
     window = Window(f"{duration:g}s", duration + CHECK_STEP_SECONDS)
     config = Config(targets=(TargetConfig(name="check", url=url, timeout=timeout),), windows=(window,),
                     collect_interval=CHECK_STEP_SECONDS)
     exporter = Exporter(config)
     view = asyncio.run(collect_for(exporter, duration))
     if not view.up:
-        out.write(f"specdecode-exporter: cannot collect {url}: {view.last_error}\n")
+        err.write(f"{PROG}: cannot collect {url}: {view.last_error}\n")
         return 1
     out.write(render(view, duration))
+    out.flush()
     line, decided = per_request_line(view, send_test_completion, timeout)
-    if line is not None:
+    if line is not None and decided:
         out.write(f"\n{line}\n")
+    elif line is not None:
+        err.write(f"{PROG}: {line}\n")
     return 0 if decided else 1

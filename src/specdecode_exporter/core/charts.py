@@ -6,7 +6,7 @@ from __future__ import annotations
 import html
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 Point = tuple[float, float]
 PALETTE = ("#0969da", "#cf222e", "#1a7f37", "#9a6700", "#8250df", "#57606a")
@@ -77,15 +77,67 @@ def _ticks(axis: Axis) -> tuple[float, ...]:
     return axis.ticks or (axis.low, (axis.low + axis.high) / 2, axis.high)
 
 
-def line_chart(title: str, series: Sequence[Series], x: Axis, y: Axis, rules: Sequence[Rule] = (),
-               frame: Frame = Frame(), empty: str = "no data yet") -> str:
-    """Lines over a shared x axis, with labelled y ticks and horizontal reference lines."""
+LABEL_CHAR_WIDTH = 5.5  # px per character of a 9 px label, generous (an estimate: the SVG is laid out by the browser)
+LABEL_GAP = 10.0  # px between the baselines of two reference-line labels
+
+
+def _label_width(text: str) -> float:
+    return len(text) * LABEL_CHAR_WIDTH
+
+
+def _spread(wanted: Sequence[float], low: float, high: float) -> list[float]:
+    """Label baselines as near to ``wanted`` as they can be, at least LABEL_GAP apart, within [low, high]."""
+    order = sorted(range(len(wanted)), key=lambda i: wanted[i])
+    placed: list[float] = []
+    for i in order:
+        placed.append(max(wanted[i], placed[-1] + LABEL_GAP) if placed else wanted[i])
+    overflow = placed[-1] - high if placed else 0.0
+    if overflow > 0:
+        placed = [y - overflow for y in placed]
+    shift = low - placed[0] if placed and placed[0] < low else 0.0
+    out = [0.0] * len(wanted)
+    for i, y in zip(order, placed, strict=True):
+        out[i] = y + shift
+    return out
+
+
+def _rules(rules: Sequence[Rule], y: Axis, frame: Frame) -> list[str]:
+    """Each reference line across the plot, its label in the right margin (never over the data)."""
     esc = html.escape
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{frame.width}" height="{frame.height}" '
-             f'viewBox="0 0 {frame.width} {frame.height}" role="img" aria-label="{esc(title)}" class="chart">',
-             f'<text x="{frame.left}" y="12" font-size="11" font-weight="bold">{esc(title)}</text>',
-             f'<rect x="{frame.left}" y="{frame.top}" width="{frame.plot_width}" height="{frame.plot_height}" '
-             'fill="#f6f8fa" stroke="#d0d7de"/>']
+    right = frame.left + frame.plot_width
+    ys = [frame.top + y.scale(rule.value, frame.plot_height, flip=True) for rule in rules]
+    labels = _spread([ry + 3 for ry in ys], frame.top + 6, frame.top + frame.plot_height + 3)
+    return [f'<line x1="{frame.left}" x2="{right}" y1="{ry:.1f}" y2="{ry:.1f}" stroke="{rule.colour}" '
+            f'stroke-dasharray="4 3"/><text x="{right + 4}" y="{ly:.1f}" font-size="9" fill="{rule.colour}">'
+            f"{esc(rule.label)}</text>" for rule, ry, ly in zip(rules, ys, labels, strict=True)]
+
+
+def _legend(series: Sequence[Series], frame: Frame) -> list[str]:
+    """The series' names, right-aligned in the title row, each after a sample of its line."""
+    esc = html.escape
+    parts, x = [], float(frame.width - frame.right)
+    for line in reversed(series):
+        x -= _label_width(line.name)
+        parts.append(f'<text x="{x:.1f}" y="12" font-size="9">{esc(line.name)}</text>')
+        dash = ' stroke-dasharray="4 2"' if line.dashed else ""
+        parts.append(f'<line x1="{x - 16:.1f}" x2="{x - 3:.1f}" y1="9" y2="9" stroke="{line.colour}" '
+                     f'stroke-width="1.5"{dash}/>')
+        x -= 24
+    return parts
+
+
+def _with_room_for(frame: Frame, rules: Sequence[Rule]) -> Frame:
+    """The frame widened so that the reference-line labels fit in its right margin; the plot keeps its width."""
+    need = int(max((_label_width(rule.label) for rule in rules), default=0.0)) + 8
+    if need <= frame.right:
+        return frame
+    return replace(frame, width=frame.width + need - frame.right, right=need)
+
+
+def _axes(x: Axis, y: Axis, frame: Frame) -> list[str]:
+    """Tick labels outside the plot: y on the left, x below."""
+    esc = html.escape
+    parts = []
     for tick in _ticks(y):
         ty = frame.top + y.scale(tick, frame.plot_height, flip=True)
         parts.append(f'<text x="{frame.left - 4}" y="{ty + 3:.1f}" font-size="9" text-anchor="end">'
@@ -95,26 +147,43 @@ def line_chart(title: str, series: Sequence[Series], x: Axis, y: Axis, rules: Se
         anchor = "end" if tick >= x.high else "start" if tick <= x.low else "middle"  # stay inside the frame
         parts.append(f'<text x="{tx:.1f}" y="{frame.height - 5}" font-size="9" text-anchor="{anchor}">'
                      f"{esc(x.format.format(tick))}</text>")
-    for rule in rules:
-        ry = frame.top + y.scale(rule.value, frame.plot_height, flip=True)
-        parts.append(f'<line x1="{frame.left}" x2="{frame.left + frame.plot_width}" y1="{ry:.1f}" y2="{ry:.1f}" '
-                     f'stroke="{rule.colour}" stroke-dasharray="4 3"/>'
-                     f'<text x="{frame.left + frame.plot_width - 2}" y="{ry - 2:.1f}" font-size="9" '
-                     f'text-anchor="end" fill="{rule.colour}">{esc(rule.label)}</text>')
-    drawn = 0
+    return parts
+
+
+def _lines(series: Sequence[Series], x: Axis, y: Axis, frame: Frame) -> list[str]:
+    esc = html.escape
+    parts = []
     for line in series:
         coords = [(frame.left + x.scale(px, frame.plot_width, flip=False),
                    frame.top + y.scale(py, frame.plot_height, flip=True))
                   for px, py in line.points if math.isfinite(px) and math.isfinite(py)]
         if not coords:
             continue
-        drawn += 1
         dash = ' stroke-dasharray="5 3"' if line.dashed else ""
         path = " ".join(f"{cx:.1f},{cy:.1f}" for cx, cy in coords)
         parts.append(f'<polyline fill="none" stroke="{line.colour}" stroke-width="1.5"{dash} points="{path}">'
                      f"<title>{esc(line.name)}</title></polyline>")
         if len(coords) == 1:
             parts.append(f'<circle cx="{coords[0][0]:.1f}" cy="{coords[0][1]:.1f}" r="2" fill="{line.colour}"/>')
+    return parts
+
+
+def line_chart(title: str, series: Sequence[Series], x: Axis, y: Axis, rules: Sequence[Rule] = (),
+               frame: Frame = Frame(), empty: str = "no data yet", legend: bool = False) -> str:
+    """Lines over a shared x axis, with labelled y ticks and horizontal reference lines. Every label lies outside
+    the plotted area: ticks left and below, reference lines' labels in the right margin, the legend (``legend``:
+    the names of the series drawn) beside the title."""
+    esc = html.escape
+    frame = _with_room_for(frame, rules)
+    drawn = _lines(series, x, y, frame)
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{frame.width}" height="{frame.height}" '
+             f'viewBox="0 0 {frame.width} {frame.height}" role="img" aria-label="{esc(title)}" class="chart">',
+             f'<text x="{frame.left}" y="12" font-size="11" font-weight="bold">{esc(title)}</text>',
+             f'<rect x="{frame.left}" y="{frame.top}" width="{frame.plot_width}" height="{frame.plot_height}" '
+             'fill="#f6f8fa" stroke="#d0d7de" class="plot"/>',
+             *_axes(x, y, frame), *_rules(rules, y, frame), *drawn]
+    if legend and drawn:
+        parts += _legend([line for line in series if line.points], frame)
     if not drawn:
         parts.append(f'<text x="{frame.left + frame.plot_width / 2}" y="{frame.top + frame.plot_height / 2}" '
                      f'font-size="10" text-anchor="middle" fill="#57606a">{esc(empty)}</text>')

@@ -50,7 +50,7 @@ class Evidence:
     observed_speedup: float | None = None  # mean TPOT ratio, baseline / current
     observed_speedup_p50: float | None = None
     observed_speedup_p99: float | None = None
-    baseline: str | None = None  # what the observed speedup is against, in words ("control target x")
+    baseline: str | None = None  # what the observed speedup is against, in words ('the control target "x"')
 
 
 @dataclass(frozen=True, slots=True)

@@ -160,7 +160,7 @@ class BaselineLatency(NamedTuple):
     mean: float | None
     p50: float | None
     p99: float | None
-    source: str  # in words: "control target vllm-nospec", "measured baseline"
+    source: str  # in words: 'the control target "vllm-nospec"', "the measured baseline"
 
 
 class ObservedSpeedup(NamedTuple):

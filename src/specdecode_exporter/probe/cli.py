@@ -1,6 +1,6 @@
 """`specdecode-exporter probe`: flags, the plan they make, and the output. Exit codes: 0 measured, 1 an expected
-failure (server not there, no spec decode, wrong model, other traffic, --timeout), 2 a bad flag, 130 Ctrl-C
-(after printing the rows measured so far)."""
+failure (server not there, no spec decode, wrong model, other traffic, --timeout), 2 a bad flag, 130 Ctrl-C (SIGINT)
+and 143 SIGTERM (both after printing the rows measured so far)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 
 from specdecode_exporter.core import monitoring_config
 from specdecode_exporter.core.flags import UsageError, convert
+from specdecode_exporter.core.signals import stop_on_signals
 from specdecode_exporter.core.validation import ConfigError, parse_duration
 from specdecode_exporter.probe.client import ProbeFault
 from specdecode_exporter.probe.measure import Bands
@@ -191,16 +192,17 @@ def main(args: argparse.Namespace) -> int:
         return 2
     outcome = Outcome()
     progress = Progress(sys.stderr)
-    try:
-        finished = asyncio.run(_bounded(plan, outcome, progress, timeout))
-    except KeyboardInterrupt:
-        return _partial(args, plan, outcome, progress, "interrupted", 130)
-    except ProbeFault as exc:
-        progress.close()
-        if outcome.rows:
-            emit(args, plan, outcome, sys.stdout)
-        sys.stderr.write(f"{PROG}: {exc}\n")
-        return 1
+    with stop_on_signals() as stop:
+        try:
+            finished = asyncio.run(_bounded(plan, outcome, progress, timeout))
+        except KeyboardInterrupt:
+            return _partial(args, plan, outcome, progress, stop.name, stop.exit_code)
+        except ProbeFault as exc:
+            progress.close()
+            if outcome.rows:
+                emit(args, plan, outcome, sys.stdout)
+            sys.stderr.write(f"{PROG}: {exc}\n")
+            return 1
     if not finished:
         return _partial(args, plan, outcome, progress, f"stopped at --timeout {args.timeout}", 1)
     progress.close()

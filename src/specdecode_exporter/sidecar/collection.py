@@ -53,6 +53,7 @@ class HistoryPoint(NamedTuple):
     acceptance_ratio: float | None
     tpot_mean: float | None
     observed_speedup: float | None
+    expected_speedup: float | None = None  # modelled, charted beside the observed one
 
 
 def history_point(now: float, series: SeriesView) -> HistoryPoint | None:
@@ -61,14 +62,16 @@ def history_point(now: float, series: SeriesView) -> HistoryPoint | None:
         return None
     return HistoryPoint(now, view.acceptance.acceptance_ratio if view.acceptance else None,
                         view.latency.tpot_mean if view.latency else None,
-                        view.observed.mean if view.observed else None)
+                        view.observed.mean if view.observed else None,
+                        view.acceptance.expected_speedup if view.acceptance else None)
 
 
 def extended(points: tuple[HistoryPoint, ...], point: HistoryPoint) -> tuple[HistoryPoint, ...]:
-    """The history with one more point, at most one per step, none older than HISTORY_SECONDS. Immutable: the
-    status page (another thread) may be reading the previous tuple."""
-    if points and point.at - points[-1].at < HISTORY_STEP_SECONDS:
-        return points
+    """The history with one more point: about one per step, none older than HISTORY_SECONDS, and always the
+    latest (it replaces the previous latest until a step has passed since the point before), so a chart reaches
+    up to now. Immutable: the status page (another thread) may be reading the previous tuple."""
+    if len(points) >= 2 and point.at - points[-2].at < HISTORY_STEP_SECONDS:
+        points = points[:-1]
     keep = [p for p in points if point.at - p.at <= HISTORY_SECONDS]
     return (*keep, point)
 
@@ -127,7 +130,7 @@ def control_baseline(view: TargetView, model: str | None, window: Window) -> Bas
     if tpot is None or latency.mean(tpot) is None:
         return None
     return BaselineLatency(latency.mean(tpot), latency.quantile(0.5, tpot), latency.quantile(0.99, tpot),
-                           f"control target {view.config.name}")
+                           f'the control target "{view.config.name}"')  # reads well whatever the name
 
 
 def baseline_provider(config: TargetConfig, peer_view: Callable[[str], TargetView | None]) -> BaselineFor:
@@ -144,7 +147,7 @@ def baseline_provider(config: TargetConfig, peer_view: Callable[[str], TargetVie
 
         return from_control
     measured = BaselineLatency(baseline.time_per_output_token_seconds, baseline.p50, baseline.p99,
-                               "measured baseline")
+                               "the measured baseline")
     return lambda model, window: measured
 
 

@@ -69,7 +69,8 @@ def window_json(view: WindowView) -> dict[str, Any]:
 
 def history_json(points: tuple[HistoryPoint, ...], now: float) -> list[dict[str, Any]]:
     return [{"seconds_ago": round(now - p.at, 1), "acceptance_ratio": _round(p.acceptance_ratio),
-             "tpot_mean_seconds": _round(p.tpot_mean, 6), "observed_speedup": _round(p.observed_speedup)}
+             "tpot_mean_seconds": _round(p.tpot_mean, 6), "observed_speedup": _round(p.observed_speedup),
+             "expected_speedup": _round(p.expected_speedup)}
             for p in points]
 
 
@@ -142,7 +143,7 @@ def status_json(views: list[TargetView], ready: tuple[bool, str], version: str, 
                                "c_verify_max": view.config.cost.c_verify_max,
                                "saturating_batch": view.config.cost.saturating_batch},
                 "series": [series_json(view, s, now) for s in view.series],
-                "requests": requests_json(requests, bands.page_acceptance_ratio)
+                "requests": requests_json(requests, bands.page_acceptance_ratio, uptime)
                 if requests is not None and view.config.name == tapped else None,
             }
             for view in views
@@ -166,8 +167,9 @@ def _distribution_json(histogram: latency.Histogram | None, page: float) -> dict
             "buckets": list(histogram.bounds[:-1]), "cumulative_counts": list(histogram.counts[:-1])}
 
 
-def requests_json(view: RequestsView, page_threshold: float) -> dict[str, Any]:
-    """The request tap: α per model, workload and temperature band, the per-request distribution per model."""
+def requests_json(view: RequestsView, page_threshold: float, uptime: float) -> dict[str, Any]:
+    """The request tap: α per model, workload and temperature band, the per-request distribution per model; all
+    counted since the sidecar started, ``uptime`` seconds ago."""
     bands = [{"model_name": key.model_name, "workload": key.workload, "temperature": key.temperature,
               "requests": totals.requests,
               "acceptance_ratio": _round(totals.accepted_tokens / totals.draft_tokens) if totals.draft_tokens
@@ -179,6 +181,7 @@ def requests_json(view: RequestsView, page_threshold: float) -> dict[str, Any]:
     for (_, reason), count in view.without_metrics.items():
         reasons[reason] = reasons.get(reason, 0) + count
     return {
+        "counted_since_start_seconds": round(uptime, 1),
         "bands": bands,
         "models": {model: _distribution_json(latency.pooled([t.acceptance for k, t in view.bands.items()
                                                        if k.model_name == model]), page_threshold)

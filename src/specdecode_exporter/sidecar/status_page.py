@@ -1,16 +1,18 @@
 """The status page (/): per target and series the numbers that answer "is it paying off?", the verdict with its
-reason, and the last hour as small inline-SVG charts (α, time per output token, observed speedup). It renders the
-same dict as /api/v1/status, so the two never disagree. No JavaScript, no external assets."""
+reason, and up to the last hour as small inline-SVG charts (α, time per output token, observed and modelled
+speedup). It renders the same dict as /api/v1/status, so the two never disagree. No JavaScript, no external
+assets."""
 
 from __future__ import annotations
 
 import html
+import math
 from typing import Any
 
 from specdecode_exporter.core.charts import Axis, Frame, Rule, Series, bar_chart, fit, line_chart
 
 VERDICT_COLOURS = {"paying off": "#1a7f37", "marginal": "#9a6700", "hurting": "#cf222e", "no traffic": "#57606a"}
-MINUTES = Axis(-60.0, 0.0, "{:.0f} min", (-60.0, -30.0, 0.0))
+HISTORY_MINUTES = 60  # what the charts show at most; the sidecar keeps an hour of history
 STYLE = """body{font-family:system-ui,sans-serif;margin:2em;color:#1f2328}table{border-collapse:collapse}
 td,th{border:1px solid #d0d7de;padding:.4em .7em;text-align:left;vertical-align:top}th{background:#f6f8fa}
 .charts td{border-top:none;background:#fff}.chart{margin-right:1em}.verdict{font-weight:bold}"""
@@ -24,30 +26,55 @@ def _cell(value: float | int | None, fmt: str = "{:.3f}") -> str:
 
 def _history(series: dict[str, Any], key: str, scale: float = 1.0) -> list[tuple[float, float]]:
     return [(-point["seconds_ago"] / 60.0, point[key] * scale) for point in series["history"]
-            if point[key] is not None and point["seconds_ago"] <= 3600]
+            if point.get(key) is not None and point["seconds_ago"] <= HISTORY_MINUTES * 60]
+
+
+def minutes_axis(series: dict[str, Any]) -> Axis:
+    """The x axis of a series' charts: as far back as its history goes, in whole minutes (at least one, at most
+    HISTORY_MINUTES), so a sidecar started a minute ago fills the chart instead of its last sixtieth."""
+    oldest = max((point["seconds_ago"] for point in series["history"]), default=0.0)
+    span = float(min(HISTORY_MINUTES, max(1, math.ceil(oldest / 60.0 - 1e-9))))
+    return Axis(-span, 0.0, "{:g} min", (-span, -span / 2, 0.0))
+
+
+def _last(axis: Axis) -> str:
+    return "last hour" if axis.low <= -HISTORY_MINUTES else f"last {-axis.low:g} min"
 
 
 def alpha_chart(series: dict[str, Any], page_threshold: float) -> str:
     rules = [Rule(page_threshold, f"page {page_threshold:g}")]
     if series["break_even_acceptance_ratio"] is not None:
         rules.append(Rule(series["break_even_acceptance_ratio"], "break-even", "#9a6700"))
-    return line_chart("α, last hour", [Series("α", _history(series, "acceptance_ratio"))], MINUTES,
+    x = minutes_axis(series)
+    return line_chart(f"α, {_last(x)}", [Series("α", _history(series, "acceptance_ratio"))], x,
                       Axis(0.0, 1.0, "{:.1f}", (0.0, 0.5, 1.0)), rules)
 
 
 def tpot_chart(series: dict[str, Any]) -> str:
     points = _history(series, "tpot_mean_seconds", 1000.0)
     low, high = fit([y for _, y in points])
-    return line_chart("time per output token (ms)", [Series("TPOT mean", points, "#8250df")], MINUTES,
+    x = minutes_axis(series)
+    return line_chart(f"time per output token (ms), {_last(x)}", [Series("TPOT mean", points, "#8250df")], x,
                       Axis(low, high, "{:.0f}" if high >= 10 else "{:.1f}"), empty="no requests yet")
 
 
 def speedup_chart(series: dict[str, Any], has_baseline: bool) -> str:
-    points = _history(series, "observed_speedup")
-    low, high = fit([y for _, y in points], floor=0.0, include=(1.0,))
-    return line_chart("observed speedup (×)", [Series("observed", points, "#1a7f37")], MINUTES,
-                      Axis(low, high, "{:.2f}"), [Rule(1.0, "1×")],
-                      empty="measured once requests finish" if has_baseline else "no baseline configured")
+    """Observed (against the baseline) and modelled (the cost model) speedup side by side, labelled."""
+    observed = _history(series, "observed_speedup")
+    modelled = _history(series, "expected_speedup")
+    low, high = fit([y for _, y in (*observed, *modelled)], floor=0.0, include=(1.0,))
+    lines = [Series("observed", observed, "#1a7f37"), Series("modelled", modelled, "#57606a", dashed=True)]
+    return line_chart("speedup (×)", lines, minutes_axis(series), Axis(low, high, "{:.2f}"), [Rule(1.0, "1×")],
+                      empty="measured once requests finish" if has_baseline else "no baseline configured",
+                      legend=True)
+
+
+def speedup_cell(window: dict[str, Any], has_baseline: bool) -> str:
+    """Both speedups, each labelled: measured against the baseline, and modelled from α, k and the cost model."""
+    observed = window.get("observed_speedup", {}).get("mean")
+    missing = "" if observed is not None or has_baseline else " <small>(no baseline)</small>"
+    return (f"{_cell(observed, '{:.2f}×')} observed{missing}<br>"
+            f"{_cell(window.get('expected_speedup'), '{:.2f}×')} modelled")
 
 
 def series_rows(target: dict[str, Any], series: dict[str, Any], page_threshold: float) -> list[str]:
@@ -56,9 +83,7 @@ def series_rows(target: dict[str, Any], series: dict[str, Any], page_threshold: 
     window = windows.get(series["verdict_window"] or "", {})
     alphas = " · ".join(f"{e(name)} {_cell(w.get('acceptance_ratio'), '{:.2f}')}" for name, w in windows.items()
                         if w.get("acceptance_ratio") is not None)
-    observed = window.get("observed_speedup", {}).get("mean")
-    speedup = (f"{_cell(observed, '{:.2f}×')} observed" if observed is not None
-               else f"{_cell(window.get('expected_speedup'), '{:.2f}×')} modelled")
+    speedup = speedup_cell(window, target["baseline"] is not None)
     state = "up" if target["up"] else f"down ({e(target['last_error'] or '')})"
     charts = [tpot_chart(series)] if not series["spec_decode"] else [
         alpha_chart(series, page_threshold), tpot_chart(series),
@@ -88,7 +113,7 @@ def target_rows(status: dict[str, Any]) -> list[str]:
             rows.append(f"<tr><td>{html.escape(target['name'])}</td><td colspan={len(HEADER) - 1}>{state}</td></tr>")
         for series in target["series"]:
             rows += series_rows(target, series, status["page_threshold"])
-        rows.append(requests_rows(target, status["page_threshold"]))
+        rows.append(requests_rows(target, status["page_threshold"], status["uptime_seconds"]))
     return rows
 
 
@@ -115,9 +140,21 @@ the page threshold {status['page_threshold']:g}, marginal between (or with a tai
 """
 
 
-def requests_rows(target: dict[str, Any], page_threshold: float) -> str:
+def ago(seconds: float) -> str:
+    """A duration as a person says it: 45 s, 12 min, 3 h 5 min, 2 d 4 h."""
+    minutes = int(seconds // 60)
+    if minutes < 1:
+        return f"{seconds:.0f} s"
+    if minutes < 60:
+        return f"{minutes} min"
+    hours = minutes // 60
+    return f"{hours} h {minutes % 60} min" if hours < 48 else f"{hours // 24} d {hours % 24} h"
+
+
+def requests_rows(target: dict[str, Any], page_threshold: float, uptime_seconds: float) -> str:
     """The request tap's part of a target: the per-request α distribution per model as bars (red below the page
-    threshold), α per workload and temperature band, and what is missing and why."""
+    threshold), α per workload and temperature band, and what is missing and why; all counted since the sidecar
+    started (the tap's counters in Prometheus give any other window)."""
     requests = target.get("requests")
     if requests is None:
         return ""
@@ -140,8 +177,12 @@ def requests_rows(target: dict[str, Any], page_threshold: float) -> str:
         f"<td>{b['requests']}</td><td>{_cell(b['acceptance_ratio'], '{:.2f}')}</td></tr>" for b in requests["bands"])
     missing = ", ".join(f"{e(reason)} {count}" for reason, count in requests["without_spec_metrics"].items())
     hint = f"<p class='hint'>{e(requests['hint'])}</p>" if requests["hint"] else ""
-    table = ("<table><tr><th>model</th><th>workload</th><th>temperature</th><th>requests</th><th>α</th></tr>"
+    table = ("<table><tr><th>model</th><th>workload</th><th>temperature</th><th>requests since start</th>"
+             "<th>α since start</th></tr>"
              f"{bands}</table>") if bands else "<p>no tapped request with spec-decode metrics yet</p>"
-    return (f"<tr class='charts'><td colspan={len(HEADER)}><b>Per request (the request tap)</b>"
+    since = (f"counted since the sidecar started, {ago(uptime_seconds)} ago; for another window, rate() of "
+             "specdecode_request_accepted_tokens_total / specdecode_request_draft_tokens_total in Prometheus")
+    return (f"<tr class='charts'><td colspan={len(HEADER)}><b>Per request (the request tap)</b> "
+            f"<small class='window'>{e(since)}</small>"
             f"<div>{''.join(charts)}</div>{table}"
             f"<p><small>without spec-decode metrics: {missing or 'none'}</small></p>{hint}</td></tr>")

@@ -77,16 +77,19 @@ class Tap:
 
     async def close(self, grace: float = 0.0) -> None:
         self._server.close()
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + grace
+        # The grace is a promise in real (monotonic) time. uvloop's loop.time() is the loop's cached, millisecond-
+        # truncated clock and asyncio may wake a timer up to its resolution early, so the deadline is kept and
+        # checked on time.monotonic(): a stream is never cut before the grace has passed.
+        deadline = time.monotonic() + grace
         in_flight = sum(not link.idle() for link in self._links)
         while True:
             for link in list(self._links):
                 if link.idle():  # between requests: closed now (after what it still has to write)
                     link.close_client()
-            if not self._links or loop.time() >= deadline:
+            left = deadline - time.monotonic()
+            if not self._links or left <= 0:
                 break
-            await asyncio.sleep(DRAIN_POLL_SECONDS)
+            await asyncio.sleep(min(DRAIN_POLL_SECONDS, left))
         cut = len(self._links)
         for link in list(self._links):
             link.abort()
