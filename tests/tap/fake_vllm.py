@@ -8,10 +8,10 @@ fingerprint and `metrics` ride on a final `"choices":[]` usage event instead; `m
 Request body extras steer it (vLLM accepts unknown keys): `max_tokens` (content events), `fake_interval` (s between
 events), `fake_framing` ("event" | "coalesced" | "split"), `fake_status` (an error status), `fake_metrics`
 (false: per-request metrics off), `fake_pad` (bytes of extra text per event), `fake_engine` ("llamacpp"),
-`fake_fixture` (a capture's body instead: a .json verbatim; a .sse verbatim when usage was asked, else as vLLM
-would have sent it without usage), `fake_raw_body` (this text as a 200 application/json body), `fake_abort_after`
-(drop the connection after this
-many events; 0: before the response head).
+`fake_json` ("spaced": JSON written with Python's json.dumps defaults, `"choices": []`, as FastChat-style servers
+write it), `fake_fixture` (a capture's body instead: a .json verbatim; a .sse verbatim when usage was asked, else
+as vLLM would have sent it without usage), `fake_raw_body` (this text as a 200 application/json body),
+`fake_abort_after` (drop the connection after this many events; 0: before the response head).
 Anything that is not a JSON completion request is echoed back: the body is the raw request, head and body.
 """
 
@@ -197,6 +197,10 @@ class _Conn(asyncio.Protocol):
             self.write_json(status, error, close)
             return
         if request.get("stream") is not True:
+            if request.get("fake_json") == "spaced":
+                text = json.dumps(_full_response(request, chat)).encode()
+                self.write(_head(200, b"application/json", len(text), close) + text)
+                return
             self.write_json(200, _full_response(request, chat), close)
             return
         self.write(_head(200, b"text/event-stream; charset=utf-8", None, close))
@@ -309,6 +313,18 @@ def without_usage(events: list[bytes]) -> list[bytes]:
 
 def stream_events(request: dict[str, Any], chat: bool) -> list[bytes]:
     """The SSE events vLLM would send for this streamed request (the [DONE] event included)."""
+    events = _stream_events(request, chat)
+    return [respell(e) for e in events] if request.get("fake_json") == "spaced" else events
+
+
+def respell(event: bytes) -> bytes:
+    """A `data: {...}` event as json.dumps writes it by default (", " and ": " separators)."""
+    if not event.startswith(b"data: {"):
+        return event
+    return b"data: " + json.dumps(json.loads(event[len(b"data: ") :])).encode() + b"\n\n"
+
+
+def _stream_events(request: dict[str, Any], chat: bool) -> list[bytes]:
     fixture = request.get("fake_fixture")
     include_usage = bool((request.get("stream_options") or {}).get("include_usage"))
     if isinstance(fixture, str):
