@@ -64,6 +64,7 @@ class Exchange:
 class FakeVllm:
     def __init__(self, idle_timeout: float | None = None) -> None:
         self.idle_timeout = idle_timeout  # close connections idle this long, as uvicorn's timeout_keep_alive does
+        self.dying = False  # drop every connection when a request has arrived on it, answering nothing
         self.exchanges: list[Exchange] = []
         self.connections = 0
         self.server: asyncio.Server | None = None
@@ -144,6 +145,10 @@ class _Conn(asyncio.Protocol):
         exchange = Exchange(raw, path, parsed)
         self.fake.exchanges.append(exchange)
         self.current = exchange
+        if self.fake.dying:
+            assert self.transport is not None
+            self.transport.abort()
+            return
         close = any(line.lower() == b"connection: close" for line in head)
         if path.startswith("/v1/upgrade"):
             self.write(b"HTTP/1.1 101 Switching Protocols\r\nupgrade: echo\r\nconnection: Upgrade\r\n\r\n")

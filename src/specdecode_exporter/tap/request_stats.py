@@ -137,9 +137,7 @@ class RequestRecorder:
             reason = result.reason or "no_spec_metrics"
             self.without_metrics[(model, reason)] = self.without_metrics.get((model, reason), 0) + 1
             return
-        key = BandKey(model, capped(request.workload, self.workloads, self.settings.max_workloads),
-                      temperature_band(request.temperature, self.settings.temperature_edges))
-        totals = self.bands.setdefault(key, BandTotals())
+        totals = self.bands.setdefault(self.band_key(request), BandTotals())
         totals.requests += 1
         totals.draft_tokens += figures.draft_tokens
         totals.accepted_tokens += figures.accepted_tokens
@@ -153,6 +151,12 @@ class RequestRecorder:
         if speed is not None:
             band = (model, acceptance_band(alpha, self.settings.acceptance_edges))
             self.speed[band] = self.speed.get(band, Histogram.empty(SPEED_BUCKETS)).observed(speed)
+
+    def band_key(self, request: TapRequest) -> BandKey:
+        """The request's labels: model and workload capped, temperature banded (the router labels classes so)."""
+        return BandKey(capped(request.model, self.models, self.settings.max_models),
+                       capped(request.workload, self.workloads, self.settings.max_workloads),
+                       temperature_band(request.temperature, self.settings.temperature_edges))
 
     def view(self) -> RequestsView:
         return RequestsView({k: v.frozen() for k, v in self.bands.items()}, dict(self.without_metrics),

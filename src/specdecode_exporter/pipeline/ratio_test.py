@@ -1,0 +1,95 @@
+"""One-sided tests of a ratio of sums against a threshold, counting requests, not tokens, as the independent units.
+
+α over n requests is the ratio estimator α̂ = Σ accepted_i / Σ drafted_i. The tokens of one request are not
+independent draws: a request's drafts all follow its own prompt and sampling, so acceptance varies far more between
+requests than binomial sampling of tokens allows (overdispersion). A binomial standard error over tokens would be
+several times too small and would route (or page) on noise. The variance here comes from the spread of the
+requests themselves: the linearisation (cluster-robust) variance of a ratio estimator,
+
+    Var(α̂) ≈ n / (n − 1) · Σ (accepted_i − α̂ · drafted_i)² / (Σ drafted_i)²,
+
+which grows with the between-request spread whatever causes it. The two tests compare a one-sided confidence bound
+with the threshold (normal approximation):
+
+    below: α̂ + z(p) · SE < threshold      rejects "α ≥ threshold" at level p
+    above: α̂ − z(p) · SE > threshold      rejects "α ≤ threshold" at level p
+
+For a class whose true α is exactly the threshold each test says yes with probability about p; further from the
+threshold, much less (docs/routing.md has the rates measured by simulation with overdispersed requests).
+
+`decide` is the routing decision built on them (a hysteresis by construction: a class is routed only when its α is
+shown below the threshold and brought back only when shown above it; in between it stays as it is).
+"""
+
+from __future__ import annotations
+
+import math
+from statistics import NormalDist
+from typing import NamedTuple
+
+ROUTE_LEVEL = 0.01  # the chance that one block of requests of a class exactly at break-even is routed
+RETURN_LEVEL = 0.01  # the chance that one canary block of a class exactly at break-even brings it back
+
+
+class RatioSums(NamedTuple):
+    """Running sums over requests of a denominator x (drafted tokens) and a numerator y (accepted tokens)."""
+
+    n: int = 0
+    x: float = 0.0
+    y: float = 0.0
+    xx: float = 0.0
+    yy: float = 0.0
+    xy: float = 0.0
+
+    def added(self, x: float, y: float) -> RatioSums:
+        return RatioSums(self.n + 1, self.x + x, self.y + y, self.xx + x * x, self.yy + y * y, self.xy + x * y)
+
+
+class RatioEstimate(NamedTuple):
+    ratio: float
+    standard_error: float
+    n: int
+
+    def upper(self, level: float) -> float:
+        """The one-sided upper confidence bound at ``level``."""
+        return self.ratio + z_score(level) * self.standard_error
+
+    def lower(self, level: float) -> float:
+        return self.ratio - z_score(level) * self.standard_error
+
+
+def z_score(level: float) -> float:
+    """z with P(Z > z) = level."""
+    return NormalDist().inv_cdf(1.0 - level)
+
+
+def estimate(sums: RatioSums) -> RatioEstimate | None:
+    """Σy/Σx and its request-level standard error; None with fewer than 2 requests or nothing in Σx."""
+    if sums.n < 2 or sums.x <= 0:
+        return None
+    ratio = sums.y / sums.x
+    residual = max(0.0, sums.yy - 2.0 * ratio * sums.xy + ratio * ratio * sums.xx)
+    variance = sums.n / (sums.n - 1) * residual / (sums.x * sums.x)
+    return RatioEstimate(ratio, math.sqrt(variance), sums.n)
+
+
+def below(found: RatioEstimate, threshold: float, level: float = ROUTE_LEVEL) -> bool:
+    """The evidence says the ratio is below ``threshold`` (its upper bound is)."""
+    return found.upper(level) < threshold
+
+
+def above(found: RatioEstimate, threshold: float, level: float = RETURN_LEVEL) -> bool:
+    """The evidence says the ratio is above ``threshold`` (its lower bound is)."""
+    return found.lower(level) > threshold
+
+
+def decide(routed: bool, sums: RatioSums, threshold: float | None, min_requests: int) -> bool:
+    """Whether a class is routed after a block of evidence: ``sums`` over at least ``min_requests`` requests
+    served with speculative decoding (all of the class's while unrouted, the canary's while routed). Without a
+    threshold, or without enough evidence, the class stays as it is."""
+    found = estimate(sums) if sums.n >= max(2, min_requests) else None
+    if threshold is None or found is None:
+        return routed
+    if routed:
+        return not above(found, threshold)
+    return below(found, threshold)
