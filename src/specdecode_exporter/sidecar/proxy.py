@@ -14,7 +14,7 @@ from specdecode_exporter.sidecar.config import Config, ProxyConfig, split_listen
 from specdecode_exporter.sidecar.expose import Labels
 from specdecode_exporter.tap import Tap, TapRequest, TapResult, TapStats, start_tap
 from specdecode_exporter.tap.request_stats import RequestRecorder, RequestsView, TapSettings
-from specdecode_exporter.tap.route import ClassRouter, RouteSettings, RoutesView
+from specdecode_exporter.tap.route import ClassRouter, RoutesView
 
 Views = Callable[[], list[TargetView]]
 
@@ -55,7 +55,6 @@ class TapRuntime:
     config: ProxyConfig
     labels: Labels  # the tapped target's name and static labels
     sock: socket.socket
-    route: RouteSettings | None = None  # routing, off without a fallback
     break_even: Callable[[str], float | None] = lambda model: None  # per model, for the router
     recorder: RequestRecorder = field(init=False)
     router: ClassRouter | None = field(init=False)
@@ -64,8 +63,8 @@ class TapRuntime:
     def __post_init__(self) -> None:
         self.recorder = RequestRecorder(TapSettings(temperature_edges=self.config.temperature_bands,
                                                     max_workloads=self.config.max_workloads))
-        self.router = (ClassRouter(self.route, self.recorder.band_key, self.break_even) if self.route is not None
-                       else None)
+        route = self.config.route
+        self.router = ClassRouter(route, self.recorder.band_key, self.break_even) if route is not None else None
 
     async def start(self) -> None:
         host, port = split_listen_address(self.config.listen_address)
@@ -74,7 +73,7 @@ class TapRuntime:
                                    self.recorder if router is None else _Observers(self.recorder, router),
                                    workload_header=self.config.workload_header,
                                    connect_timeout=self.config.connect_timeout, sock=self.sock, router=router,
-                                   fallback_upstream=self.route.fallback_upstream if self.route else None)
+                                   fallback_upstream=router.settings.fallback_upstream if router else None)
 
     async def stop(self) -> None:
         if self.tap is not None:
@@ -91,7 +90,7 @@ class TapRuntime:
         return self.tap.stats() if self.tap is not None else None
 
 
-def tap_runtime(config: Config, views: Views = list, route: RouteSettings | None = None) -> TapRuntime | None:
+def tap_runtime(config: Config, views: Views = list) -> TapRuntime | None:
     """The tap for ``config``, its socket bound now (OSError when the address is taken); None when it is off.
     ``views`` are the collection's latest: the router's break-even comes from the tapped target's."""
     proxy = config.proxy
@@ -99,5 +98,5 @@ def tap_runtime(config: Config, views: Views = list, route: RouteSettings | None
         return None
     target = next(t for t in config.targets if t.name == proxy.target)
     host, port = split_listen_address(proxy.listen_address)
-    return TapRuntime(proxy, {"target": target.name, **dict(target.labels)}, bind_socket(host, port), route,
+    return TapRuntime(proxy, {"target": target.name, **dict(target.labels)}, bind_socket(host, port),
                       break_even_of(views, target.name))
