@@ -18,6 +18,7 @@ import json
 import math
 import os
 import signal
+import subprocess
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -29,7 +30,7 @@ import httpx
 import pytest
 import yaml
 
-from devtools.procs import Process, free_port
+from devtools.procs import Process, child_env, exporter_command, free_port
 from devtools.stack import start_sidecar, start_simulator
 from tests.helpers import Exposition
 
@@ -176,6 +177,14 @@ def test_a_slow_class_is_routed_the_canary_holds_and_the_speedup_is_the_response
     assert summarise["last_decision"]["bound"] < 0.5
     page = httpx.get(f"{pools.sidecar.url}/").text
     assert "Routing" in page and "routed</b> for" in page
+
+
+def test_check_through_the_tap_says_where_its_test_completion_went(pools: Pools) -> None:
+    result = subprocess.run([*exporter_command(), "check", f"{pools.tap}/metrics", "--duration", "1s",
+                             "--send-test-completion"], capture_output=True, text=True, timeout=60, env=child_env())
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert ("Routing: this URL is a routing request tap; the test completion went to the speculative pool (reason "
+            "unrouted).") in result.stdout
 
 
 def test_a_fallback_killed_mid_run_loses_no_request(pools: Pools) -> None:

@@ -40,9 +40,16 @@ def test_ratio_estimate_by_hand() -> None:
     residuals = sum((a - ratio * d) ** 2 for d, a in requests)
     assert found.ratio == pytest.approx(ratio)
     assert found.standard_error == pytest.approx(math.sqrt(3 / 2 * residuals / 60**2))
-    assert found.upper(0.05) == pytest.approx(ratio + 1.6448536 * found.standard_error)
+    assert found.upper(0.05) == pytest.approx(ratio + ratio_test.t_score(0.05, 2) * found.standard_error)
     assert ratio_test.estimate(RatioSums().added(10, 5)) is None  # one request: no spread to measure
     assert ratio_test.estimate(RatioSums().added(0, 0).added(0, 0)) is None  # nothing drafted
+
+
+@pytest.mark.parametrize(("level", "degrees", "table"), [(0.01, 49, 2.4049), (0.01, 19, 2.5395), (0.05, 9, 1.8331),
+                                                         (0.01, 1000, 2.3301)])
+def test_student_quantiles(level: float, degrees: int, table: float) -> None:
+    """Against printed t tables: the small-sample bound is Student's, not the normal one (2.326 at 1 %)."""
+    assert ratio_test.t_score(level, degrees) == pytest.approx(table, abs=2e-3)
 
 
 def _request(rng: random.Random, alpha: float, spread: float) -> tuple[float, float]:

@@ -231,7 +231,9 @@ def serve(config: Config, load: Callable[[], Config] | None = None, security: We
           interval=f"{config.collect_interval:g}s", windows=",".join(w.name for w in config.windows),
           tls=security is not None and security.ssl_context is not None,
           basic_auth=security is not None and bool(security.users),
-          request_tap=f"{config.proxy.listen_address} -> {config.proxy.upstream}" if config.proxy else "off")
+          request_tap=f"{config.proxy.listen_address} -> {config.proxy.upstream}" if config.proxy else "off",
+          routing=f"{route.mode} -> {route.fallback_upstream}" if (route := config.proxy and config.proxy.route)
+          else "off")
     try:
         sock = bind_socket(host, port)
     except OSError as exc:
