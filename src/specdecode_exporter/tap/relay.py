@@ -207,12 +207,15 @@ class _Shared:
                 event(logging.INFO, "request tap fallback reachable again")
             self.fallback_down, self.fallback_backoff = None, 0.0
             return
+        now = time.monotonic()
         if self.fallback_down is None:
             event(logging.WARNING, "request tap fallback unavailable: its requests go to the upstream",
                   reason=failure)
+        elif now < self.fallback_retry_at:
+            return  # an attempt begun before this pause: one failed try doubles the pause, not each connection
         self.fallback_down = failure
         self.fallback_backoff = min(FALLBACK_RETRY_MAX, max(FALLBACK_RETRY_MIN, 2 * self.fallback_backoff))
-        self.fallback_retry_at = time.monotonic() + self.fallback_backoff
+        self.fallback_retry_at = now + self.fallback_backoff
 
     def fallback_available(self) -> bool:
         return self.fallback_down is None or time.monotonic() >= self.fallback_retry_at
@@ -561,6 +564,7 @@ class _Link(asyncio.Protocol):
             return
         if self.upstream is not None and not self.upstream.is_closing():
             self.upstream.set_protocol(_Parked(self, self.pool, self.upstream))
+            self.upstream.resume_reading()  # paused for a slow client, it would not notice its server closing it
             self.parked[self.pool] = self.upstream
         # A connect still under way is left to finish; upstream_made closes it, as it is no longer current.
         self.upstream, self.connecting, self.current, self.upstream_failure = None, None, None, None
