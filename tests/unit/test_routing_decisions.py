@@ -321,3 +321,15 @@ def test_prompt_length_bands() -> None:
     assert router.key(text).prompt_length == "4000+"
     assert router.key(_request_for()).prompt_length == "unset"
     assert _router()[0].key(text).prompt_length is None
+
+
+def test_the_request_figures_leave_out_what_the_fallback_served() -> None:
+    """The tapped target's per-request figures are its own: a request routed to the fallback is counted by the
+    router (specdecode_route_requests_total), not as a target request without spec-decode metrics."""
+    recorder = RequestRecorder(TapSettings())
+    request = _request_for("summarise")
+    key = ClassKey("m", "summarise", "0-0.3", None)
+    recorder.observe(request, _result(Route(FALLBACK, BENEFIT, True, key), drafted=None))
+    assert recorder.view().without_metrics == {} and recorder.view().bands == {}
+    recorder.observe(request, _result(Route(FALLBACK, BENEFIT, False, key)))  # observe mode: served by the target
+    assert sum(t.requests for t in recorder.view().bands.values()) == 1

@@ -131,6 +131,8 @@ class RequestRecorder:
     models: set[str] = field(default_factory=set)
 
     def observe(self, request: TapRequest, result: TapResult) -> None:
+        if result.route is not None and result.route.to_fallback:
+            return  # served by the routing fallback: not a request of the tapped target
         model = capped(request.model, self.models, self.settings.max_models)
         figures = spec_figures(result.metrics, result.timings)
         if figures is None:
