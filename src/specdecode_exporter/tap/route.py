@@ -294,10 +294,13 @@ class ClassRouter:
     # ---- for scrapes and the status page ------------------------------------------------------------------------
 
     def view(self) -> RoutesView:
+        """An immutable snapshot. Scrapes may run on another thread than the tap: each dict is copied in one step
+        (list() of a dict view holds the GIL throughout) before it is read."""
         now = self._clock()
         classes = tuple(
-            ClassView(key, state.routed, now - state.since, tuple(sorted(state.counts.items())),
+            ClassView(key, state.routed, now - state.since, tuple(sorted(list(state.counts.items()))),
                       ratio_test.estimate(state.evidence), state.evidence.n, state.last, state.episodes,
-                      experiment_of(state.arms) if state.routed and self._enforce else None, state.last_experiment)
-            for key, state in sorted(self._classes.items(), key=lambda item: tuple(map(str, item[0]))))
+                      experiment_of(dict(state.arms)) if state.routed and self._enforce else None,
+                      state.last_experiment)
+            for key, state in sorted(list(self._classes.items()), key=lambda item: tuple(map(str, item[0]))))
         return RoutesView(self.settings, classes)
