@@ -200,6 +200,12 @@ def run_tap(rep: Report, size: tap_bench.BenchSize) -> list[dict[str, Any]]:
     measured = tap_bench.run(size)
     rows = tap_bench.with_ratios(measured)
     rep.table(tap_bench.TABLE_HEADER, tap_bench.table_cells(rows))
+    routing = tap_bench.routing_lines(measured)
+    if routing:
+        rep.add("\n" + " ".join(routing) + " With routing on (proxy.route, enforce) the relay decides every request's "
+                "pool, routes the one class after 5 requests (95 % then go to the fallback, here the same fake "
+                "vLLM on connections of their own), switches a keep-alive connection's pool and adds the "
+                "x-specdecode-route header; the per-chunk path is the same.\n")
     if size.rounds > 1:
         rep.add("\nEach round against its own round's baselines (lowest – highest over the rounds):\n")
         spans = tap_bench.round_ranges(measured)

@@ -51,9 +51,13 @@ from bench.common import CLK_TCK, free_port, markdown_table, proc_cpu_seconds, p
 INTERVAL = 0.005  # one SSE event per stream every 5 ms
 EVENTS_PER_STREAM = 100  # 0.5 s streams, so each connection measures many first bytes
 STALL_GAP = 0.050
-VARIANTS = ("tap-uvloop", "raw-relay-uvloop", "tap-asyncio", "aiohttp", "httpx-starlette")
+VARIANTS = ("tap-uvloop", "raw-relay-uvloop", "tap-routing-uvloop", "tap-asyncio", "aiohttp", "httpx-starlette")
 BASELINE = "direct"  # the upstream called without any relay: what TTFB is compared with
 FLOOR = "raw-relay-uvloop"  # bytes relayed, nothing parsed: what the relays' CPU per chunk is compared with
+TAP = "tap-uvloop"  # the tap without routing: what the tap with routing on is compared with
+ROUTING = "tap-routing-uvloop"  # the tap with routing on (proxy.route, enforce): the class is routed after 5
+# requests, so 95 % of them go to the fallback (the same fake vLLM, on connections of their own) and 5 % stay
+# (the canary): every request takes a decision, and keep-alive connections switch pools.
 
 
 @dataclass(frozen=True)
@@ -72,8 +76,8 @@ class BenchSize:
 
 
 # bench/run.py's sizes. SMOKE only proves the bench works end to end (tests/bench): its figures mean nothing.
-SMOKE = BenchSize((4,), 0.6, 1, 0.0, ("tap-uvloop", FLOOR))
-QUICK = BenchSize((64,), 5.0, 3, 3.0, ("tap-uvloop", FLOOR, "tap-asyncio"))
+SMOKE = BenchSize((4,), 0.6, 1, 0.0, ("tap-uvloop", FLOOR, ROUTING))
+QUICK = BenchSize((64,), 5.0, 3, 3.0, ("tap-uvloop", FLOOR, ROUTING, "tap-asyncio"))
 LONG = BenchSize((64, 256), 6.0, 3, 20.0, VARIANTS)
 _EVENT = (
     b'data: {"id":"cmpl-8c79809def3acc5c","object":"text_completion","created":1795364486,"model":"tiny",'
@@ -165,10 +169,18 @@ class _CountingObserver:
         self.count += 1
 
 
-async def _serve_tap(port: int, upstream: str) -> None:
+async def _serve_tap(port: int, upstream: str, routing: bool = False) -> None:
     from specdecode_exporter.tap import start_tap
+    from specdecode_exporter.tap.request_stats import RequestRecorder
+    from specdecode_exporter.tap.route import ENFORCE, ClassRouter, RouteSettings
 
-    await start_tap("127.0.0.1", port, upstream, _CountingObserver())
+    if not routing:
+        await start_tap("127.0.0.1", port, upstream, _CountingObserver())
+    else:
+        # The fake vLLM's α is 0.76: a break-even of 0.9 routes its one class after min_requests.
+        settings = RouteSettings(upstream, mode=ENFORCE, min_requests=5)
+        router = ClassRouter(settings, RequestRecorder().band_key, lambda model: 0.9)
+        await start_tap("127.0.0.1", port, upstream, router, router=router, fallback_upstream=upstream)
     await asyncio.Event().wait()
 
 
@@ -528,6 +540,7 @@ def main() -> None:
                      tuple(args.variants.split(",")))
     rows = run(size, lambda row: print(json.dumps(row), flush=True))
     print("\n".join(markdown_table(TABLE_HEADER, table_cells(with_ratios(rows)))))
+    print("\n".join(routing_lines(rows)))
 
 
 def run(size: BenchSize, report: Callable[[dict[str, Any]], None] = lambda row: None) -> list[dict[str, Any]]:
@@ -586,6 +599,33 @@ def with_ratios(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def routing_overhead(rows: Sequence[dict[str, Any]]) -> dict[int, dict[str, float | None]]:
+    """Per streams, the tap with routing on against the tap without it, both from ``rows`` (one run, medians):
+    CPU per chunk, its ratio, and the TTFB p99 it adds."""
+    merged = _medians(list(rows))
+    taps = {r["streams"]: r for r in merged if r["variant"] == TAP}
+    out: dict[int, dict[str, float | None]] = {}
+    for row in merged:
+        tap = taps.get(row["streams"])
+        if row["variant"] == ROUTING and tap is not None:
+            out[row["streams"]] = {"cpu_per_chunk": row["cpu_per_chunk"], "tap_cpu_per_chunk": tap["cpu_per_chunk"],
+                                   "cpu_vs_tap": _ratio(row["cpu_per_chunk"], tap["cpu_per_chunk"]),
+                                   "added_p99_vs_tap": row["ttfb_p99"] - tap["ttfb_p99"]}
+    return out
+
+
+def routing_lines(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """One sentence per streams on the cost of routing, for the results."""
+    lines = []
+    for streams, figures in routing_overhead(rows).items():
+        ratio, added = figures["cpu_vs_tap"], figures["added_p99_vs_tap"]
+        lines.append(f"Routing on ({ROUTING}, {streams} streams): {float(figures['cpu_per_chunk'] or 0) * 1e6:.1f} µs "
+                     f"a chunk against {float(figures['tap_cpu_per_chunk'] or 0) * 1e6:.1f} µs for the tap without "
+                     f"routing in the same run: **{'—' if ratio is None else f'{ratio:.2f}×'}**; TTFB p99 "
+                     f"{float(added or 0) * 1e3:+.2f} ms against it.")
+    return lines
+
+
 def _ratio(value: float, baseline: float) -> float | None:
     return value / baseline if baseline > 0 else None
 
@@ -629,6 +669,8 @@ def _run_role(args: argparse.Namespace) -> None:
         Path(args.out).write_text(json.dumps(stats))
     elif args.variant == "tap-uvloop":
         uvloop.run(_serve_tap(args.port, args.upstream))
+    elif args.variant == ROUTING:
+        uvloop.run(_serve_tap(args.port, args.upstream, routing=True))
     elif args.variant == "raw-relay-uvloop":
         uvloop.run(_serve_raw_relay(args.port, args.upstream))
     elif args.variant == "tap-asyncio":

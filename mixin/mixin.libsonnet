@@ -83,6 +83,10 @@
       "SpecDecodeBandAcceptanceLow": {
         "severity": "warning",
         "for": "15m"
+      },
+      "SpecDecodeClassRouted": {
+        "severity": "warning",
+        "for": "6h"
       }
     },
     "extraAlertLabels": {}
@@ -272,6 +276,19 @@
               "summary": "Requests of {{ $labels.model_name }} in workload {{ $labels.workload }}, temperature {{ $labels.temperature }} accept below %s" % [std.format("%.0f%%", $._config.pageAcceptanceRatio * 100)],
               "description": "Over the last %s, the requests of {{ $labels.model_name }}{{ with $labels.namespace }} (namespace {{ . }}){{ end }} with workload {{ $labels.workload }} and temperature band {{ $labels.temperature }} accepted {{ $value | humanizePercentage }} of their drafted tokens (page threshold %s, exact from the request tap's counters): speculative decoding slows these requests down. Route them to replicas without spec decode, or lower k." % [$._config.longWindow, std.format("%.0f%%", $._config.pageAcceptanceRatio * 100)],
               "runbook_url": "%s/alerts/runbook.md#specdecodebandacceptancelow" % [std.rstripChars($._config.runbookBaseURL, "/")]
+            }
+          },
+          {
+            "alert": "SpecDecodeClassRouted",
+            "expr": "max by (namespace, model_name, workload, temperature, prompt_length) (specdecode_route_class_state%s) == 1\nand on (namespace, model_name, workload, temperature, prompt_length)\nsum by (namespace, model_name, workload, temperature, prompt_length) (rate(specdecode_route_requests_total%s[%s])) > 0" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.longWindow],
+            "for": $._config.alerts.SpecDecodeClassRouted["for"],
+            "labels": {
+              "severity": $._config.alerts.SpecDecodeClassRouted.severity
+            } + $._config.extraAlertLabels,
+            "annotations": {
+              "summary": "Requests of {{ $labels.model_name }} in workload {{ $labels.workload }}, temperature {{ $labels.temperature }} are routed away from speculative decoding",
+              "description": "For %s the request tap has sent the requests of {{ $labels.model_name }}{{ with $labels.namespace }} (namespace {{ . }}){{ end }} with workload {{ $labels.workload }} and temperature band {{ $labels.temperature }}{{ with $labels.prompt_length }} (prompts of {{ . }} tokens){{ end }} to the pool without speculative decoding: a block of them showed α below the break-even, and the canary has not shown it above since. Users are not slowed down, but the draft model does not fit this traffic: it needs attention (another draft or method, a lower k, a draft trained on this workload)." % [$._config.alerts.SpecDecodeClassRouted["for"]],
+              "runbook_url": "%s/alerts/runbook.md#specdecodeclassrouted" % [std.rstripChars($._config.runbookBaseURL, "/")]
             }
           }
         ]
@@ -2613,6 +2630,221 @@
           },
           "id": 27,
           "panels": [],
+          "title": "Routing: the traffic spec decode slows down, sent to a pool without it (proxy.route)",
+          "type": "row"
+        },
+        {
+          "datasource": {
+            "type": "prometheus",
+            "uid": "${datasource}"
+          },
+          "description": "1 while the request tap (proxy.route) sends a class of requests (model, workload, temperature band, and prompt-length band where configured) to the fallback pool: a block of its requests showed α below the break-even. A class routed for long is the SpecDecodeClassRouted ticket: its draft needs attention.",
+          "fieldConfig": {
+            "defaults": {
+              "custom": {
+                "fillOpacity": 10,
+                "lineWidth": 2,
+                "showPoints": "never",
+                "spanNulls": false
+              },
+              "decimals": 0,
+              "max": 1,
+              "min": 0,
+              "noValue": "No traffic",
+              "unit": "none"
+            },
+            "overrides": []
+          },
+          "gridPos": {
+            "h": 8,
+            "w": 8,
+            "x": 0,
+            "y": 61
+          },
+          "id": 28,
+          "options": {
+            "legend": {
+              "calcs": [
+                "lastNotNull",
+                "min",
+                "mean"
+              ],
+              "displayMode": "table",
+              "placement": "bottom",
+              "showLegend": true
+            },
+            "tooltip": {
+              "mode": "multi",
+              "sort": "desc"
+            }
+          },
+          "repeatDirection": "h",
+          "targets": [
+            {
+              "datasource": {
+                "type": "prometheus",
+                "uid": "${datasource}"
+              },
+              "expr": "max by (model_name, workload, temperature, prompt_length) (specdecode_route_class_state{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\"})",
+              "instant": false,
+              "legendFormat": "{{model_name}} {{workload}} T {{temperature}} {{prompt_length}}",
+              "range": true,
+              "refId": "A"
+            }
+          ],
+          "title": "Classes routed to the pool without spec decode",
+          "transparent": false,
+          "type": "timeseries"
+        },
+        {
+          "datasource": {
+            "type": "prometheus",
+            "uid": "${datasource}"
+          },
+          "description": "Completions through a routing tap: to the speculative pool (unrouted classes, and the canary of routed ones) or to the fallback (benefit); fallback_down: meant for the fallback, which was unreachable. In observe mode the fallback counts say where enforce mode would have sent them.",
+          "fieldConfig": {
+            "defaults": {
+              "custom": {
+                "fillOpacity": 10,
+                "lineWidth": 2,
+                "showPoints": "never",
+                "spanNulls": false
+              },
+              "min": 0,
+              "noValue": "No traffic",
+              "unit": "reqps"
+            },
+            "overrides": []
+          },
+          "gridPos": {
+            "h": 8,
+            "w": 8,
+            "x": 8,
+            "y": 61
+          },
+          "id": 29,
+          "options": {
+            "legend": {
+              "calcs": [
+                "lastNotNull",
+                "min",
+                "mean"
+              ],
+              "displayMode": "table",
+              "placement": "bottom",
+              "showLegend": true
+            },
+            "tooltip": {
+              "mode": "multi",
+              "sort": "desc"
+            }
+          },
+          "repeatDirection": "h",
+          "targets": [
+            {
+              "datasource": {
+                "type": "prometheus",
+                "uid": "${datasource}"
+              },
+              "expr": "sum by (upstream, reason) (rate(specdecode_route_requests_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\"}[$__rate_interval]))",
+              "instant": false,
+              "legendFormat": "{{upstream}} {{reason}}",
+              "range": true,
+              "refId": "A"
+            }
+          ],
+          "title": "Requests by pool and reason",
+          "transparent": false,
+          "type": "timeseries"
+        },
+        {
+          "datasource": {
+            "type": "prometheus",
+            "uid": "${datasource}"
+          },
+          "description": "Per routed class: mean latency on the fallback / mean latency of its canary (the random share still served with speculative decoding), for time per output token and end to end. Below 1× the fallback is faster, as routing assumed; the most direct measure of what spec decode does for this traffic.",
+          "fieldConfig": {
+            "defaults": {
+              "custom": {
+                "axisSoftMax": 1.5,
+                "axisSoftMin": 0.5,
+                "fillOpacity": 10,
+                "lineWidth": 2,
+                "showPoints": "never",
+                "spanNulls": false,
+                "thresholdsStyle": {
+                  "mode": "line+area"
+                }
+              },
+              "noValue": "No traffic",
+              "thresholds": {
+                "mode": "absolute",
+                "steps": [
+                  {
+                    "color": "red",
+                    "value": null
+                  },
+                  {
+                    "color": "transparent",
+                    "value": $._config.hurtingBelow
+                  }
+                ]
+              },
+              "unit": "suffix:×"
+            },
+            "overrides": []
+          },
+          "gridPos": {
+            "h": 8,
+            "w": 8,
+            "x": 16,
+            "y": 61
+          },
+          "id": 30,
+          "options": {
+            "legend": {
+              "calcs": [
+                "lastNotNull",
+                "min",
+                "mean"
+              ],
+              "displayMode": "table",
+              "placement": "bottom",
+              "showLegend": true
+            },
+            "tooltip": {
+              "mode": "multi",
+              "sort": "desc"
+            }
+          },
+          "repeatDirection": "h",
+          "targets": [
+            {
+              "datasource": {
+                "type": "prometheus",
+                "uid": "${datasource}"
+              },
+              "expr": "max by (model_name, workload, temperature, prompt_length, latency) (specdecode_route_measured_speedup{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\"})",
+              "instant": false,
+              "legendFormat": "{{model_name}} {{workload}} T {{temperature}} {{latency}}",
+              "range": true,
+              "refId": "A"
+            }
+          ],
+          "title": "Measured speedup of routed classes (randomized canary)",
+          "transparent": false,
+          "type": "timeseries"
+        },
+        {
+          "collapsed": false,
+          "gridPos": {
+            "h": 1,
+            "w": 24,
+            "x": 0,
+            "y": 69
+          },
+          "id": 31,
+          "panels": [],
           "title": "Where along the draft does acceptance fall off, and which k is better?",
           "type": "row"
         },
@@ -2660,9 +2892,9 @@
             "h": 9,
             "w": 8,
             "x": 0,
-            "y": 61
+            "y": 70
           },
-          "id": 28,
+          "id": 32,
           "options": {
             "barRadius": 0,
             "barWidth": 0.97,
@@ -2768,9 +3000,9 @@
             "h": 9,
             "w": 8,
             "x": 8,
-            "y": 61
+            "y": 70
           },
-          "id": 29,
+          "id": 33,
           "options": {
             "legend": {
               "calcs": [
@@ -2841,9 +3073,9 @@
             "h": 9,
             "w": 8,
             "x": 16,
-            "y": 61
+            "y": 70
           },
-          "id": 30,
+          "id": 34,
           "options": {
             "displayMode": "gradient",
             "legend": {
@@ -2892,9 +3124,9 @@
             "h": 1,
             "w": 24,
             "x": 0,
-            "y": 70
+            "y": 79
           },
-          "id": 31,
+          "id": 35,
           "panels": [],
           "title": "Token flow",
           "type": "row"
@@ -2954,9 +3186,9 @@
             "h": 8,
             "w": 16,
             "x": 0,
-            "y": 71
+            "y": 80
           },
-          "id": 32,
+          "id": 36,
           "options": {
             "legend": {
               "calcs": [
@@ -3048,9 +3280,9 @@
             "h": 8,
             "w": 8,
             "x": 16,
-            "y": 71
+            "y": 80
           },
-          "id": 33,
+          "id": 37,
           "options": {
             "legend": {
               "calcs": [
@@ -3091,9 +3323,9 @@
             "h": 1,
             "w": 24,
             "x": 0,
-            "y": 79
+            "y": 88
           },
-          "id": 34,
+          "id": 38,
           "panels": [],
           "title": "Latency beside it (vLLM)",
           "type": "row"
@@ -3122,9 +3354,9 @@
             "h": 8,
             "w": 8,
             "x": 0,
-            "y": 80
+            "y": 89
           },
-          "id": 35,
+          "id": 39,
           "options": {
             "legend": {
               "calcs": [
@@ -3194,9 +3426,9 @@
             "h": 8,
             "w": 8,
             "x": 8,
-            "y": 80
+            "y": 89
           },
-          "id": 36,
+          "id": 40,
           "options": {
             "legend": {
               "calcs": [
@@ -3283,9 +3515,9 @@
             "h": 8,
             "w": 8,
             "x": 16,
-            "y": 80
+            "y": 89
           },
-          "id": 37,
+          "id": 41,
           "options": {
             "legend": {
               "calcs": [
@@ -3337,9 +3569,9 @@
             "h": 1,
             "w": 24,
             "x": 0,
-            "y": 88
+            "y": 97
           },
-          "id": 38,
+          "id": 42,
           "panels": [],
           "title": "What the alerts see",
           "type": "row"
@@ -3430,9 +3662,9 @@
             "h": 8,
             "w": 12,
             "x": 0,
-            "y": 89
+            "y": 98
           },
-          "id": 39,
+          "id": 43,
           "options": {
             "legend": {
               "calcs": [
@@ -3525,9 +3757,9 @@
             "h": 8,
             "w": 12,
             "x": 12,
-            "y": 89
+            "y": 98
           },
-          "id": 40,
+          "id": 44,
           "options": {
             "legend": {
               "calcs": [
@@ -3579,9 +3811,9 @@
             "h": 1,
             "w": 24,
             "x": 0,
-            "y": 97
+            "y": 106
           },
-          "id": 41,
+          "id": 45,
           "panels": [],
           "title": "Health",
           "type": "row"
@@ -3633,9 +3865,9 @@
             "h": 6,
             "w": 4,
             "x": 0,
-            "y": 98
+            "y": 107
           },
-          "id": 42,
+          "id": 46,
           "options": {
             "colorMode": "background",
             "graphMode": "none",
@@ -3718,9 +3950,9 @@
             "h": 6,
             "w": 4,
             "x": 4,
-            "y": 98
+            "y": 107
           },
-          "id": 43,
+          "id": 47,
           "options": {
             "colorMode": "background",
             "graphMode": "none",
@@ -3780,9 +4012,9 @@
             "h": 6,
             "w": 6,
             "x": 8,
-            "y": 98
+            "y": 107
           },
-          "id": 44,
+          "id": 48,
           "options": {
             "legend": {
               "calcs": [
@@ -3841,9 +4073,9 @@
             "h": 6,
             "w": 4,
             "x": 14,
-            "y": 98
+            "y": 107
           },
-          "id": 45,
+          "id": 49,
           "options": {
             "legend": {
               "calcs": [
@@ -3899,9 +4131,9 @@
             "h": 6,
             "w": 6,
             "x": 18,
-            "y": 98
+            "y": 107
           },
-          "id": 46,
+          "id": 50,
           "options": {
             "cellHeight": "sm",
             "footer": {
@@ -3972,9 +4204,9 @@
             "h": 5,
             "w": 24,
             "x": 0,
-            "y": 104
+            "y": 113
           },
-          "id": 47,
+          "id": 51,
           "options": {
             "cellHeight": "sm",
             "footer": {

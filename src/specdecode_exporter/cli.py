@@ -83,6 +83,42 @@ RUN_FLAGS: tuple[Flag, ...] = (
 )
 
 
+# --proxy.route.*: routing (proxy.route), each the config key of the same name; off without a fallback upstream.
+ROUTE_FLAGS: tuple[tuple[str, str, str], ...] = (
+    ("--proxy.route.fallback-upstream", "URL",
+     "turn routing on: a pool of the same model without speculative decoding, http://host:port, where the tap sends "
+     "the classes of requests speculative decoding slows down (default off)"),
+    ("--proxy.route.mode", "MODE", "observe (decide and count only) or enforce (send routed classes to the fallback) "
+                                   "(default observe)"),
+    ("--proxy.route.min-requests", "N", "requests of a class (with spec-decode metrics) per decision (default 50)"),
+    ("--proxy.route.canary-share", "SHARE", "share of a routed class kept on speculative decoding, which measures "
+                                            "its speedup and brings it back (default 0.05)"),
+    ("--proxy.route.prompt-length-bands", "TOKENS", "comma-separated prompt lengths in tokens, e.g. 1024,4096: the "
+                                                    "prompt-length band becomes part of a class (default none)"),
+)
+
+
+def _scalar(text: str) -> int | float | str:
+    """A flag's text as the YAML key's value would be: a number where it reads as one."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            continue
+    return text
+
+
+def _route_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """--proxy.route.* (or their env variables) as route.<key>: value, for the proxy section."""
+    out: dict[str, Any] = {}
+    for flag, _, _ in ROUTE_FLAGS:
+        value = _from_env(args, _dest(flag), flag)
+        if value is not None:
+            key = flag.removeprefix("--proxy.route.").replace("-", "_")
+            out[f"route.{key}"] = _scalar(value) if key in ("min_requests", "canary_share") else value
+    return out
+
+
 def _from_env(args: argparse.Namespace, dest: str, flag: str) -> Any:
     value = getattr(args, dest, None)
     if value is None:
@@ -112,6 +148,8 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--proxy.upstream", dest="proxy_upstream", metavar="URL",
                         help="where the tap forwards to, http://host:port (default: the target's scheme, host and "
                              f"port; env {env_name('--proxy.upstream')})")
+    for name, metavar, text in ROUTE_FLAGS:
+        parser.add_argument(name, dest=_dest(name), metavar=metavar, help=f"{text}; env {env_name(name)}")
     for flag in RUN_FLAGS:
         parser.add_argument(flag.flag, dest=_dest(flag.flag), metavar="VALUE",
                             help=f"{flag.help} (default {flag.default_text}; env {env_name(flag.flag)})")
@@ -126,7 +164,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
     urls = args.target or [u for u in (os.environ.get("SPECDECODE_TARGET") or "").split(",") if u]
     flagged_targets = targets_from_flags(urls, timeout) if urls else None
     proxy_flags = {"listen_address": _from_env(args, "proxy_listen_address", "--proxy.listen-address"),
-                   "upstream": _from_env(args, "proxy_upstream", "--proxy.upstream")}
+                   "upstream": _from_env(args, "proxy_upstream", "--proxy.upstream"), **_route_flags(args)}
     config = (load_config_file(config_file, monitoring_file, flagged_targets, proxy_flags) if config_file
               else config_from_mapping({}, "defaults", monitoring_file,
                                        flagged_targets or targets_from_flags([DEFAULT_TARGET_URL], timeout),

@@ -3,7 +3,8 @@
 Two simulated vLLM pods of the same model: one with speculative decoding (the packaged demo scenario: healthy →
 degraded → restart → recovered, looping) and a control pod with it off, the first's baseline. The sidecar collects
 both and runs the request tap in front of the first, and a small client sends it traffic through the tap: two
-workloads at three temperatures, streamed and not, so the per-request figures fill in too.
+workloads at three temperatures, streamed and not, so the per-request figures fill in too. The tap routes (enforce
+mode): a class whose α it shows below the break-even goes to the control pod, its canary measuring the speedup.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from specdecode_exporter.simulator import (
     steady_scenario,
 )
 from specdecode_exporter.simulator.server import serve_in_thread
+from specdecode_exporter.tap.route import ENFORCE, RouteSettings
 
 DEMO_INTERVAL_SECONDS = 2.0
 TRAFFIC_EVERY_SECONDS = 0.25
@@ -57,7 +59,8 @@ def demo_config(listen_address: str, spec_url: str, control_url: str) -> Config:
         windows=parse_windows("1m,5m,15m,1h", "windows"),
         collect_interval=DEMO_INTERVAL_SECONDS,
         listen_address=listen_address,
-        proxy=ProxyConfig(listen_address="127.0.0.1:0", upstream=spec_url, target=spec.name, drain_timeout=1.0),
+        proxy=ProxyConfig(listen_address="127.0.0.1:0", upstream=spec_url, target=spec.name, drain_timeout=1.0,
+                          route=RouteSettings(control_url, mode=ENFORCE, min_requests=20, canary_share=0.2)),
     )
 
 
@@ -120,10 +123,11 @@ def _run_demo(listen_address: str, duration: float | None, scenario: Scenario) -
 
 def _start_sidecar(config: Config) -> tuple[ThreadedServer, TapRuntime]:
     host, port = split_listen_address(config.listen_address)
-    tap = tap_runtime(config)
+    exporter = Exporter(config)
+    tap = tap_runtime(config, exporter.views)
     assert tap is not None, "the demo config has a proxy"
     sock = bind_socket(host, port)
-    return ThreadedServer(build_app(Exporter(config), tap=tap), sock, name="sidecar").start(), tap
+    return ThreadedServer(build_app(exporter, tap=tap), sock, name="sidecar").start(), tap
 
 
 def _print_urls(sidecar: str, spec: str, control: str, tap: str) -> None:
@@ -134,7 +138,8 @@ specdecode-exporter demo is running (Ctrl-C to stop).
   status (JSON)    {sidecar}/api/v1/status
   simulated vLLM   {spec}/metrics   (spec decode on; scenario: healthy → degraded → restart → recovered)
   control pod      {control}/metrics   (the same model, spec decode off: the baseline)
-  request tap      {tap}/v1/completions   (the demo sends traffic through it)
+  request tap      {tap}/v1/completions   (the demo sends traffic through it; it routes classes whose α is
+                   below break-even to the control pod: Routing on the status page, specdecode_route_* metrics)
 Watch α drop below 0.5 in the 'degraded' phase, and the observed speedup with it:
   curl -s {sidecar}/metrics | grep -E 'specdecode_(acceptance_ratio|observed_speedup)\\{{'
 """, flush=True)

@@ -40,7 +40,7 @@ def test_run_py_measures_the_tap_and_keeps_the_other_sections(tmp_path: Path) ->
     assert result.returncode == 0, result.stdout + result.stderr
     text = output.read_text(encoding="utf-8")
     rows = _table_rows(text)
-    assert list(rows) == [tap_bench.BASELINE, "tap-uvloop", tap_bench.FLOOR]
+    assert list(rows) == [tap_bench.BASELINE, "tap-uvloop", tap_bench.FLOOR, tap_bench.ROUTING]
     for cells in rows.values():
         requests, chunks, stalls, errors = int(cells[2]), int(cells[3]), cells[-3], cells[-2]
         assert requests >= 4 and errors == "0", cells
@@ -51,6 +51,9 @@ def test_run_py_measures_the_tap_and_keeps_the_other_sections(tmp_path: Path) ->
     assert rows[tap_bench.FLOOR][9] == "**1.00×**"
     assert rows[tap_bench.BASELINE][7] == rows[tap_bench.BASELINE][9] == "—"
     assert rows["tap-uvloop"][9].startswith("**") and rows["tap-uvloop"][9].endswith("×**")
+    # Routing on, against the tap without it in the same run.
+    assert re.search(r"Routing on \(tap-routing-uvloop, 4 streams\): [\d.]+ µs a chunk against [\d.]+ µs for the tap "
+                     r"without routing in the same run: \*\*\d+\.\d\d×\*\*", text)
     # Sections 1-5 are kept as they were, byte for byte, and said to be from the earlier run.
     for number in range(1, 6):
         assert _section(text, number) == _section(previous, number), number

@@ -8,10 +8,10 @@ fingerprint and `metrics` ride on a final `"choices":[]` usage event instead; `m
 Request body extras steer it (vLLM accepts unknown keys): `max_tokens` (content events), `fake_interval` (s between
 events), `fake_framing` ("event" | "coalesced" | "split"), `fake_status` (an error status), `fake_metrics`
 (false: per-request metrics off), `fake_pad` (bytes of extra text per event), `fake_engine` ("llamacpp"),
-`fake_fixture` (a capture's body instead: a .json verbatim; a .sse verbatim when usage was asked, else as vLLM
-would have sent it without usage), `fake_raw_body` (this text as a 200 application/json body), `fake_abort_after`
-(drop the connection after this
-many events; 0: before the response head).
+`fake_json` ("spaced": JSON written with Python's json.dumps defaults, `"choices": []`, as FastChat-style servers
+write it), `fake_fixture` (a capture's body instead: a .json verbatim; a .sse verbatim when usage was asked, else
+as vLLM would have sent it without usage), `fake_raw_body` (this text as a 200 application/json body),
+`fake_abort_after` (drop the connection after this many events; 0: before the response head).
 Anything that is not a JSON completion request is echoed back: the body is the raw request, head and body.
 """
 
@@ -65,6 +65,7 @@ class FakeVllm:
     def __init__(self, idle_timeout: float | None = None, max_idle_closes: int | None = None) -> None:
         self.idle_timeout = idle_timeout  # close connections idle this long, as uvicorn's timeout_keep_alive does
         self.max_idle_closes = max_idle_closes  # … but at most this many (None: any)
+        self.dying = False  # drop every connection when a request has arrived on it, answering nothing
         self.exchanges: list[Exchange] = []
         self.connections = 0
         self.idle_closes = 0  # connections it closed for idling
@@ -166,6 +167,10 @@ class _Conn(asyncio.Protocol):
         exchange = Exchange(raw, path, parsed)
         self.fake.exchanges.append(exchange)
         self.current = exchange
+        if self.fake.dying:
+            assert self.transport is not None
+            self.transport.abort()
+            return
         close = any(line.lower() == b"connection: close" for line in head)
         if path.startswith("/v1/upgrade"):
             self.write(b"HTTP/1.1 101 Switching Protocols\r\nupgrade: echo\r\nconnection: Upgrade\r\n\r\n")
@@ -219,6 +224,10 @@ class _Conn(asyncio.Protocol):
             self.write_json(status, error, close)
             return
         if request.get("stream") is not True:
+            if request.get("fake_json") == "spaced":
+                text = json.dumps(_full_response(request, chat)).encode()
+                self.write(_head(200, b"application/json", len(text), close) + text)
+                return
             self.write_json(200, _full_response(request, chat), close)
             return
         self.write(_head(200, b"text/event-stream; charset=utf-8", None, close))
@@ -331,6 +340,18 @@ def without_usage(events: list[bytes]) -> list[bytes]:
 
 def stream_events(request: dict[str, Any], chat: bool) -> list[bytes]:
     """The SSE events vLLM would send for this streamed request (the [DONE] event included)."""
+    events = _stream_events(request, chat)
+    return [respell(e) for e in events] if request.get("fake_json") == "spaced" else events
+
+
+def respell(event: bytes) -> bytes:
+    """A `data: {...}` event as json.dumps writes it by default (", " and ": " separators)."""
+    if not event.startswith(b"data: {"):
+        return event
+    return b"data: " + json.dumps(json.loads(event[len(b"data: ") :])).encode() + b"\n\n"
+
+
+def _stream_events(request: dict[str, Any], chat: bool) -> list[bytes]:
     fixture = request.get("fake_fixture")
     include_usage = bool((request.get("stream_options") or {}).get("include_usage"))
     if isinstance(fixture, str):

@@ -45,6 +45,7 @@ def test_stream_without_usage_reports_metrics(loop: str, path: str) -> None:
         n=1,
         workload="batch-eval",
         usage_injected=True,
+        prompt_chars=1 if path == COMPLETIONS else None,  # "a"; no chat messages
     )
     assert result.status == 200 and result.reason is None
     assert result.metrics is not None

@@ -16,7 +16,7 @@ from specdecode_exporter.tap.http1 import (
 )
 from specdecode_exporter.tap.openai import plan_request, read_response_body
 from specdecode_exporter.tap.sse import SseWatcher, UsageStripper
-from tests.tap.fake_vllm import COMPLETION_ID, fixture_events, normalise_ids, stream_events
+from tests.tap.fake_vllm import COMPLETION_ID, fixture_events, normalise_ids, respell, stream_events
 
 # ---- heads ---------------------------------------------------------------------------------------------------
 
@@ -217,6 +217,36 @@ def test_moved_members_keep_their_raw_spelling() -> None:
     ]
     out, _ = _strip(events)
     assert out == events[0][:-3] + b',"extra":{"x":{"timings":1}},"timings":{"draft_n":1.50,"s":"\\u00e9"}}\n\n'
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_usage_event_recognised_in_any_json_spelling(chat: bool) -> None:
+    """A server writing `"choices": []` (json.dumps' spacing): its usage event is found by parsing, removed, and
+    its moved members go back onto the terminal event, as for vLLM's compact spelling."""
+    request = {"max_tokens": 3, "stream": True}
+    with_usage = [respell(e) for e in stream_events({**request, "stream_options": {"include_usage": True}}, chat)]
+    assert any(b'"choices": []' in e for e in with_usage)
+    out, stripper = _strip(with_usage)
+    assert out == b"".join(respell(e) for e in stream_events(request, chat))
+    assert stripper.findings.metrics is not None and stripper.findings.saw_usage
+    for cut in range(1, len(b"".join(with_usage)), 11):
+        assert _strip(with_usage, [cut])[0] == out, cut
+
+
+def test_stream_readers_find_marks_in_any_spelling() -> None:
+    spaced_terminal = frame_chunk(b'data: {"choices": [{"index": 0, "text": "a", "finish_reason": "stop"}]}\n\n')
+    spaced_plain = frame_chunk(b'data: {"choices": [{"index": 0, "text": "a", "finish_reason": null}]}\n\n')
+    spaced_usage = frame_chunk(b'data: {"choices": [ ], "usage": {"total_tokens": 2}}\n\n')
+    forced_usage = frame_chunk(b'data: {"choices": [{"index": 0, "finish_reason": null}], "usage": {"a": 1}}\n\n')
+    stripper, watcher = UsageStripper(1 << 20), SseWatcher(1 << 20)
+    assert stripper.passes(spaced_plain) and watcher.passes(spaced_plain) and stripper.passes(forced_usage)
+    assert not stripper.passes(spaced_terminal) and not stripper.passes(spaced_usage)
+    assert not watcher.passes(spaced_usage)
+    # Text that looks like a mark is only a candidate: parsed, it is not the usage event, and it is kept.
+    lookalike = b'data: {"say \\"choices": [], "choices":[{"index":0,"text":"a","finish_reason":null}]}\n\n'
+    assert not stripper.passes(frame_chunk(lookalike))
+    out, found = _strip([lookalike, b"data: [DONE]\n\n"])
+    assert out == lookalike + b"data: [DONE]\n\n" and not found.findings.saw_usage
 
 
 # ---- requests --------------------------------------------------------------------------------------------------------

@@ -24,6 +24,9 @@ SHAPES: dict[str, dict[str, Any]] = {
     "stream_usage": {"stream": True, "stream_options": {"include_usage": True}},
     "stream_options_without_usage": {"stream": True, "stream_options": {"continuous_usage_stats": True}},
     "n2": {"stream": True, "n": 2, "temperature": 1.0},
+    # A server spelling its JSON as json.dumps does ("choices": []): the usage event is still found and removed.
+    "stream_spaced_json": {"stream": True, "fake_json": "spaced"},
+    "plain_spaced_json": {"fake_json": "spaced"},
 }
 
 

@@ -82,6 +82,20 @@ def test_a_full_config_loads(tmp_path: Path) -> None:
         ("proxy: {listen_address: ':8001', max_workloads: 0}\n",
          "proxy.max_workloads: expected an integer >= 1, got 0"),
         ("proxy: {listen_address: ':8001', drain_timeout: soon}\n", "proxy.drain_timeout: expected a duration"),
+        ("proxy: {listen_address: ':8001', route: {mode: enforce}}\n", "proxy.route.fallback_upstream: required"),
+        ("proxy: {listen_address: ':8001', route: {fallback_upstream: 'http://f:1', mdoe: enforce}}\n",
+         "proxy.route.mdoe: unknown key (did you mean 'mode'?)"),
+        ("proxy: {listen_address: ':8001', route: {fallback_upstream: 'http://f:1', mode: route}}\n",
+         "proxy.route.mode: expected one of observe, enforce, got 'route'"),
+        ("proxy: {listen_address: ':8001', route: {fallback_upstream: 'https://f:1'}}\n",
+         "proxy.route.fallback_upstream: expected http://host:port"),
+        ("proxy: {listen_address: ':8001', route: {fallback_upstream: 'http://f:1', min_requests: 1}}\n",
+         "proxy.route.min_requests: expected an integer >= 2, got 1"),
+        ("proxy: {listen_address: ':8001', route: {fallback_upstream: 'http://f:1', canary_share: 1.5}}\n",
+         "proxy.route.canary_share: expected a number above 0 and at most 1, got 1.5"),
+        ("proxy: {listen_address: ':8001', route: {fallback_upstream: 'http://f:1', prompt_length_bands: [9, 3]}}\n",
+         "proxy.route.prompt_length_bands: expected increasing prompt lengths in tokens"),
+        ("proxy: {route: {fallback_upstream: 'http://f:1'}}\n", "proxy.route: routing needs the request tap"),
         ("targets:\n  - {name: a, url: 'http://x/m', baseline: {target: a}}\n",
          "targets[0].baseline.target: 'a' is not a target with spec_decode: false"),
         ("targets:\n  - {name: a, url: 'http://x/m', baseline: {}}\n",
@@ -118,6 +132,34 @@ def test_proxy_defaults_and_a_drain_of_zero() -> None:
     assert config.proxy.drain_timeout == 0.0 and config.proxy.connect_timeout == 3.0
     assert config.proxy.temperature_bands == (0.3, 0.7) and config.proxy.workload_header == "x-workload"
     assert config_from_mapping({}, "f").proxy is None
+
+
+def test_route_keys_defaults_flags_and_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    data = {"targets": [{"name": "vllm", "url": "http://10.0.0.1:8000/metrics"}],
+            "proxy": {"listen_address": ":8001", "route": {"fallback_upstream": "http://10.0.0.2:8000/"}}}
+    config = config_from_mapping(data, "f")
+    assert config.proxy is not None and config.proxy.route is not None
+    route = config.proxy.route
+    assert (route.fallback_upstream, route.mode, route.min_requests, route.canary_share, route.prompt_length_bands) \
+        == ("http://10.0.0.2:8000", "observe", 50, 0.05, ())
+    without = config_from_mapping({"proxy": {"listen_address": ":8001"}}, "f").proxy
+    assert without is not None and without.route is None  # routing off without a fallback
+    path = tmp_path / "c.yaml"
+    path.write_text("proxy:\n  listen_address: ':8001'\n  route: {fallback_upstream: 'http://f:1', mode: observe}\n")
+    monkeypatch.setenv(env_name("--proxy.route.canary-share"), "0.2")
+    args = build_parser().parse_args([
+        "run", "--config.file", str(path), "--proxy.route.mode", "enforce", "--proxy.route.min-requests", "20",
+        "--proxy.route.prompt-length-bands", "1024,4096"])
+    flagged = config_from_args(args).proxy
+    assert flagged is not None and flagged.route is not None
+    assert (flagged.route.fallback_upstream, flagged.route.mode, flagged.route.min_requests,
+            flagged.route.canary_share, flagged.route.prompt_length_bands) == ("http://f:1", "enforce", 20, 0.2,
+                                                                               (1024, 4096))
+    assert env_name("--proxy.route.fallback-upstream") == "SPECDECODE_PROXY_ROUTE_FALLBACK_UPSTREAM"
+    monkeypatch.setenv(env_name("--proxy.route.fallback-upstream"), "http://g:2")
+    monkeypatch.setenv(env_name("--proxy.listen-address"), ":8002")
+    from_env = config_from_args(build_parser().parse_args(["run"])).proxy
+    assert from_env is not None and from_env.route is not None and from_env.route.fallback_upstream == "http://g:2"
 
 
 def test_defaults() -> None:

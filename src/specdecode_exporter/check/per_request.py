@@ -23,6 +23,7 @@ import httpx
 
 from specdecode_exporter.sidecar.config import api_base
 from specdecode_exporter.sidecar.discover import served_model
+from specdecode_exporter.tap.model import ROUTE_HEADER
 from specdecode_exporter.tap.openai import error_message
 
 SPEC_FLAG = "--per-request-spec-decode-metrics summary"
@@ -84,15 +85,25 @@ def classify(document: Any, model: str) -> PerRequestFinding:
 
 
 async def _post(client: httpx.AsyncClient, url: str, payload: Mapping[str, Any], timeout: float
-                ) -> tuple[int, bytes]:
-    """(status, body) of one POST, the body capped at MAX_RESPONSE_BYTES (ValueError beyond)."""
+                ) -> tuple[int, bytes, str | None]:
+    """(status, body, the routing header) of one POST, the body capped at MAX_RESPONSE_BYTES (ValueError beyond)."""
     async with client.stream("POST", url, json=payload, timeout=timeout) as response:
         body = bytearray()
         async for chunk in response.aiter_bytes():
             body += chunk
             if len(body) > MAX_RESPONSE_BYTES:
                 raise ValueError(f"answer larger than {MAX_RESPONSE_BYTES} bytes")
-        return response.status_code, bytes(body)
+        return response.status_code, bytes(body), response.headers.get(ROUTE_HEADER.decode())
+
+
+def routing_line(header: str | None) -> str | None:
+    """Where a routing request tap (proxy.route) sent the test completion, from its x-specdecode-route header."""
+    if header is None:
+        return None
+    sent, _, reason = header.partition(";")
+    reason = reason.strip().removeprefix("reason=")
+    return (f"Routing: this URL is a routing request tap; the test completion went to the {sent.strip()} pool "
+            f"(reason {reason or 'unknown'}). Per-class state: the sidecar's /api/v1/status, routing.")
 
 
 async def send_test_completion(metrics_url: str, timeout: float) -> PerRequestFinding:
@@ -108,7 +119,7 @@ async def send_test_completion(metrics_url: str, timeout: float) -> PerRequestFi
             return PerRequestFinding(f"{PREFIX} cannot tell: no model to ask: {why_not}", decided=False)
         payload = {"model": model, "prompt": TEST_PROMPT, "max_tokens": TEST_MAX_TOKENS, "temperature": 0}
         try:
-            status, body = await _post(client, url, payload, timeout)
+            status, body, route = await _post(client, url, payload, timeout)
         except httpx.TimeoutException:
             return failed(f"no answer within {timeout:g}s")
         except httpx.HTTPError as exc:
@@ -121,4 +132,6 @@ async def send_test_completion(metrics_url: str, timeout: float) -> PerRequestFi
         document = json.loads(body)
     except ValueError:
         return failed(f"the answer is not JSON ({len(body)} bytes)")
-    return classify(document, model)
+    finding = classify(document, model)
+    routed = routing_line(route)
+    return finding if routed is None else PerRequestFinding(f"{finding.line}\n{routed}", finding.decided)

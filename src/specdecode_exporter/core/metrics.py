@@ -247,6 +247,33 @@ TAP_BUFFERED_BYTES = MetricSpec(
     "specdecode_tap_buffered_bytes", "gauge",
     "Bytes the request tap holds for slow clients (bounded per stream by backpressure).", ("target",),
 )
+ROUTE_LABELS = ("target", "model_name", "workload", "temperature")  # and prompt_length, where its bands are set
+ROUTE_REQUESTS = MetricSpec(
+    "specdecode_route_requests", "counter",
+    "Completion requests through a routing tap (proxy.route) by where they went (upstream: speculative, fallback) "
+    "and why (reason: benefit, the class is routed; canary, the random share of a routed class kept on speculative "
+    "decoding; unrouted; fallback_down, meant for the fallback, which refused, did not answer the connect or closed "
+    "before answering). In observe mode upstream is where enforce mode would have sent the request; every request "
+    "goes to the speculative pool (the x-specdecode-route response header says where each went). With "
+    "proxy.route.prompt_length_bands a prompt_length label is added to the route families.",
+    (*ROUTE_LABELS, "upstream", "reason"),
+)
+ROUTE_CLASS_STATE = MetricSpec(
+    "specdecode_route_class_state", "gauge",
+    "1 while the class is routed to the pool without speculative decoding (a block of its requests showed α below "
+    "the break-even in force, one-sided test over requests), 0 once a block of its canary showed α above it.",
+    ROUTE_LABELS,
+)
+ROUTE_MEASURED_SPEEDUP = MetricSpec(
+    "specdecode_route_measured_speedup", "gauge",
+    "A routed class's measured speedup from speculative decoding: mean latency of its requests on the fallback / "
+    "mean latency of its canary, a randomized split of the same traffic, since the class was routed "
+    "(latency=time_per_output_token: decode time / (tokens − 1), from the responses' timings where both pools "
+    "report them, else the tap's clock on streams; latency=end_to_end: request to last byte, the tap's clock). "
+    "Below 1 the fallback is faster, as routing assumed. Absent in observe mode and before each side has two "
+    "completed requests.",
+    (*ROUTE_LABELS, "latency"),
+)
 LIFETIME_ACCEPTANCE = MetricSpec(
     "specdecode_lifetime_acceptance_ratio", "gauge",
     "vLLM V0 only: the engine's own lifetime acceptance rate gauge, passed through (since vLLM start, not windowed).",
@@ -303,9 +330,12 @@ COLLECTED: tuple[MetricSpec, ...] = (
     LIFETIME_ACCEPTANCE, REPORTED_ACCEPTANCE_LENGTH, REPORTED_ACCEPTANCE_RATIO, SOURCE_RESTARTS, DROPPED_SERIES,
     BUILD_INFO,
 )
+# Routing's families: rendered live like the tap's, and only by a routing tap (absent, not empty, without one).
+ROUTE: tuple[MetricSpec, ...] = (ROUTE_REQUESTS, ROUTE_CLASS_STATE, ROUTE_MEASURED_SPEEDUP)
+
 # Named after Prometheus' own prometheus_config_last_reload_*, so the same alert pattern works.
 RELOAD: tuple[MetricSpec, ...] = (CONFIG_RELOAD_SUCCESSFUL, CONFIG_RELOAD_TIME)
-CONTRACT: tuple[MetricSpec, ...] = (*COLLECTED, *TAP, *RELOAD)
+CONTRACT: tuple[MetricSpec, ...] = (*COLLECTED, *TAP, *ROUTE, *RELOAD)
 
 
 def reference_table() -> str:

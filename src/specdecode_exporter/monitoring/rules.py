@@ -410,6 +410,29 @@ def band_acceptance_low(cfg: MonitoringConfig) -> Alert:
         "replicas without spec decode, or lower k.")
 
 
+ROUTE_CLASS_LABELS = ("workload", "temperature", "prompt_length")  # prompt_length only where its bands are set
+
+
+def class_routed(cfg: MonitoringConfig) -> Alert:
+    name = "SpecDecodeClassRouted"
+    w = cfg.window(cfg.alert(name).window or "long")
+    labels = by((*cfg.level_labels(), *ROUTE_CLASS_LABELS))
+    state = selector(m.ROUTE_CLASS_STATE.name, cfg.metric_selector)
+    requests = selector(m.ROUTE_REQUESTS.exposed_name, cfg.metric_selector)
+    routed_for = cfg.alert(name).for_
+    return Alert(
+        name,
+        f"max by ({labels}) ({state}) == 1\nand on ({labels})\nsum by ({labels}) (rate({requests}[{w}])) > 0",
+        "Requests of {{ $labels.model_name }} in workload {{ $labels.workload }}, temperature "
+        "{{ $labels.temperature }} are routed away from speculative decoding",
+        f"For {routed_for} the request tap has sent the requests of {WHERE} with workload "
+        "{{ $labels.workload }} and temperature band {{ $labels.temperature }}{{ with $labels.prompt_length }} "
+        "(prompts of {{ . }} tokens){{ end }} to the pool without speculative decoding: a block of them showed α "
+        "below the break-even, and the canary has not shown it above since. Users are not slowed down, but the "
+        "draft model does not fit this traffic: it needs attention (another draft or method, a lower k, a draft "
+        "trained on this workload).")
+
+
 # The alert table: one entry per alert, in the order of the rules file. A new alert is a function above,
 # an entry here, its severity and for: in monitoring.yaml, a runbook section and a promtool test.
 ALERTS: tuple[Callable[[MonitoringConfig], Alert], ...] = (
@@ -427,6 +450,7 @@ ALERTS: tuple[Callable[[MonitoringConfig], Alert], ...] = (
     latency_missing,
     request_acceptance_low,
     band_acceptance_low,
+    class_routed,
 )
 
 

@@ -13,6 +13,7 @@ import math
 import operator
 from array import array
 from collections.abc import Sequence
+from statistics import NormalDist
 from typing import NamedTuple
 
 TPOT_QUANTILES = (0.5, 0.9, 0.99)
@@ -186,3 +187,47 @@ def calibrated_cost(observed: float | None, mean_length: float | None, draft_len
         return None
     return max(0.0, (mean_length / observed - 1.0) / draft_length)
 
+
+
+class MeanSums(NamedTuple):
+    """Running count, sum and sum of squares of one measure (a latency) over requests."""
+
+    n: int = 0
+    total: float = 0.0
+    squares: float = 0.0
+
+    def added(self, value: float) -> MeanSums:
+        return MeanSums(self.n + 1, self.total + value, self.squares + value * value)
+
+    @property
+    def mean(self) -> float | None:
+        return self.total / self.n if self.n else None
+
+    @property
+    def variance(self) -> float | None:
+        """The sample variance (n − 1); None below two values."""
+        if self.n < 2:
+            return None
+        return max(0.0, (self.squares - self.total * self.total / self.n) / (self.n - 1))
+
+
+class MeasuredSpeedup(NamedTuple):
+    """mean latency without speculative decoding / mean latency with it, and a two-sided confidence interval."""
+
+    speedup: float
+    lower: float
+    upper: float
+
+
+def measured_speedup(without: MeanSums, with_spec: MeanSums, level: float = 0.05) -> MeasuredSpeedup | None:
+    """The ratio of two independent means (two arms of a randomized split), with its interval at ``level`` from
+    the delta method on the log ratio: Var(log mean) ≈ s² / (n · mean²) per arm. None unless both arms have two
+    values and positive means."""
+    variances = without.variance, with_spec.variance
+    slow, fast = without.mean, with_spec.mean
+    if variances[0] is None or variances[1] is None or not slow or not fast or slow <= 0 or fast <= 0:
+        return None
+    spread = math.sqrt(variances[0] / (without.n * slow * slow) + variances[1] / (with_spec.n * fast * fast))
+    z = NormalDist().inv_cdf(1.0 - level / 2)
+    speedup = slow / fast
+    return MeasuredSpeedup(speedup, speedup * math.exp(-z * spread), speedup * math.exp(z * spread))

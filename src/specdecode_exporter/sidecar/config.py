@@ -40,6 +40,7 @@ from specdecode_exporter.core.validation import (
 )
 from specdecode_exporter.core.verdict import VerdictBands
 from specdecode_exporter.pipeline.derive import CostModel
+from specdecode_exporter.tap.route import RouteSettings
 
 RESERVED_LABELS = frozenset(
     {"target", "model_name", "engine", "window", "position", "reason", "api", "method", "num_speculative_tokens",
@@ -279,6 +280,7 @@ class ProxyConfig(Section):
         0.3, 0.7)
     connect_timeout: Duration = 3.0
     drain_timeout: DurationOrZero = 20.0  # on shutdown: how long requests in flight may take to finish
+    route: RouteSettings | None = None  # routing to a pool without spec decode: off unless a fallback is set
 
 
 def _target_list(value: object) -> object:
@@ -302,9 +304,17 @@ def api_base(url: str) -> str:
 
 def proxy_config(section: Mapping[str, Any] | None, targets: tuple[TargetConfig, ...],
                  flags: Mapping[str, str | None]) -> ProxyConfig | None:
-    """The proxy section with --proxy.* flags winning; None (the tap off) when no listen address is set."""
-    raw = {**(section or {}), **{k: v for k, v in flags.items() if v is not None}}
+    """The proxy section with --proxy.* flags winning (--proxy.route.* as route.<key>); None (the tap off) when no
+    listen address is set."""
+    raw = {**(section or {}), **{k: v for k, v in flags.items() if v is not None and not k.startswith("route.")}}
+    route_flags = {k.removeprefix("route."): v for k, v in flags.items() if v is not None and k.startswith("route.")}
+    if route_flags:
+        route = raw.get("route")
+        raw["route"] = {**(route if isinstance(route, Mapping) else {}), **route_flags}
     if raw.get("listen_address") is None:
+        if raw.get("route") is not None:
+            raise ConfigError("proxy.route: routing needs the request tap: set proxy.listen_address "
+                              "(--proxy.listen-address)")
         return None
     names = [t.name for t in targets]
     target = raw.get("target", names[0] if names else None)

@@ -18,6 +18,7 @@ from specdecode_exporter.sidecar.collection import TargetView
 from specdecode_exporter.sidecar.series import SeriesView, WindowView
 from specdecode_exporter.tap import TapStats
 from specdecode_exporter.tap.request_stats import RequestsView
+from specdecode_exporter.tap.route import RoutesView
 
 Labels = dict[str, str]
 
@@ -208,15 +209,35 @@ def build_request_families(view: RequestsView, target: Labels, stats: TapStats |
     return families
 
 
+def build_route_families(view: RoutesView, target: Labels) -> Families:
+    families = Families(m.ROUTE)
+    for route in view.classes:
+        labels = {**target, **route.key.labels()}
+        for (upstream, reason), count in route.counts:
+            families.add(m.ROUTE_REQUESTS, {**labels, "upstream": upstream, "reason": reason}, count)
+        families.add(m.ROUTE_CLASS_STATE, labels, 1.0 if route.routed else 0.0)
+        experiment = route.experiment
+        if experiment is not None:
+            for latency_label, measured in (("time_per_output_token", experiment.time_per_output_token),
+                                            ("end_to_end", experiment.end_to_end)):
+                families.add(m.ROUTE_MEASURED_SPEEDUP, {**labels, "latency": latency_label},
+                             measured.speedup if measured is not None else None)
+    return families
+
+
 class RequestsCollector(Collector):
-    """The request tap's families, fresh on every scrape (they change with every request)."""
+    """The request tap's families, fresh on every scrape (they change with every request); routing's too, when
+    the tap routes."""
 
     def __init__(self, view: Callable[[], RequestsView], target: Callable[[], Labels],
-                 stats: Callable[[], TapStats | None]) -> None:
-        self._view, self._target, self._stats = view, target, stats
+                 stats: Callable[[], TapStats | None], routes: Callable[[], RoutesView | None] = lambda: None) -> None:
+        self._view, self._target, self._stats, self._routes = view, target, stats, routes
 
     def collect(self) -> Iterator[Metric]:
         yield from build_request_families(self._view(), self._target(), self._stats())
+        routes = self._routes()
+        if routes is not None:
+            yield from build_route_families(routes, self._target())
 
     def describe(self) -> Iterator[Metric]:
         yield from Families(m.TAP)

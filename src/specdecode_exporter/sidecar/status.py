@@ -5,13 +5,14 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from specdecode_exporter.pipeline import latency
+from specdecode_exporter.pipeline import latency, ratio_test
 from specdecode_exporter.pipeline.derive import WindowStats
-from specdecode_exporter.pipeline.latency import LatencyStats, ObservedSpeedup
+from specdecode_exporter.pipeline.latency import LatencyStats, MeasuredSpeedup, ObservedSpeedup
 from specdecode_exporter.sidecar.collection import HistoryPoint, TargetView
 from specdecode_exporter.sidecar.config import Config
 from specdecode_exporter.sidecar.series import SeriesView, WindowView
 from specdecode_exporter.tap.request_stats import RequestsView
+from specdecode_exporter.tap.route import ClassView, Experiment, RoutesView
 
 
 def verdict_stats(series: SeriesView) -> WindowStats | None:
@@ -112,7 +113,8 @@ def baseline_json(view: TargetView) -> dict[str, Any] | None:
 
 
 def status_json(views: list[TargetView], ready: tuple[bool, str], version: str, uptime: float,
-                config: Config, now: float, requests: RequestsView | None = None) -> dict[str, Any]:
+                config: Config, now: float, requests: RequestsView | None = None,
+                routes: RoutesView | None = None, fallback_available: bool | None = None) -> dict[str, Any]:
     bands = config.verdict
     tapped = config.proxy.target if config.proxy is not None else None
     return {
@@ -145,6 +147,8 @@ def status_json(views: list[TargetView], ready: tuple[bool, str], version: str, 
                 "series": [series_json(view, s, now) for s in view.series],
                 "requests": requests_json(requests, bands.page_acceptance_ratio, uptime)
                 if requests is not None and view.config.name == tapped else None,
+                "routing": routes_json(routes, fallback_available)
+                if routes is not None and view.config.name == tapped else None,
             }
             for view in views
         ],
@@ -188,4 +192,66 @@ def requests_json(view: RequestsView, page_threshold: float, uptime: float) -> d
                    for model in models},
         "without_spec_metrics": reasons,
         "hint": NOT_ENABLED_HINT if reasons.get("not_enabled") else None,
+    }
+
+
+ROUTING_METHOD = ("per class, blocks of min_requests requests served with speculative decoding; α = Σ accepted / Σ "
+                  "drafted with a request-level (overdispersion-robust) standard error; routed when the one-sided "
+                  "upper bound is below the break-even, back when the canary's lower bound is above it")
+
+
+def _speedup_json(measured: MeasuredSpeedup | None) -> dict[str, Any] | None:
+    if measured is None:
+        return None
+    return {"speedup": _round(measured.speedup), "lower": _round(measured.lower), "upper": _round(measured.upper)}
+
+
+def experiment_json(experiment: Experiment | None) -> dict[str, Any] | None:
+    """A routed class's randomized split: fallback latency / canary latency, with 95 % intervals."""
+    if experiment is None:
+        return None
+    return {"speculative_requests": experiment.speculative_requests,
+            "fallback_requests": experiment.fallback_requests,
+            "time_per_output_token": _speedup_json(experiment.time_per_output_token),
+            "time_per_output_token_basis": experiment.tpot_basis,
+            "end_to_end": _speedup_json(experiment.end_to_end)}
+
+
+def class_json(route: ClassView) -> dict[str, Any]:
+    block, last = route.block, route.last
+    return {
+        **route.key.labels(),
+        "routed": route.routed,
+        "seconds_in_state": round(route.seconds_in_state, 1),
+        "times_routed": route.episodes,
+        "requests": [{"upstream": upstream, "reason": reason, "requests": count}
+                     for (upstream, reason), count in route.counts],
+        "evidence": {"requests": route.block_requests,
+                     "acceptance_ratio": _round(block.ratio) if block else None,
+                     "standard_error": _round(block.standard_error) if block else None},
+        "last_decision": None if last is None else {
+            "acceptance_ratio": _round(last.estimate.ratio),
+            "bound": _round(last.estimate.upper(ratio_test.ROUTE_LEVEL) if last.routed
+                            else last.estimate.lower(ratio_test.RETURN_LEVEL)),
+            "break_even_acceptance_ratio": _round(last.break_even), "requests": last.estimate.n,
+            "routed": last.routed},
+        "measured_speedup": experiment_json(route.experiment),
+        "last_episode_measured_speedup": experiment_json(route.last_experiment),
+    }
+
+
+def routes_json(view: RoutesView, fallback_available: bool | None) -> dict[str, Any]:
+    """Routing: its settings, its statistics, and each class's state, evidence and measured speedup."""
+    settings = view.settings
+    return {
+        "mode": settings.mode,
+        "fallback_upstream": settings.fallback_upstream,
+        "fallback_available": fallback_available,
+        "min_requests": settings.min_requests,
+        "canary_share": settings.canary_share,
+        "prompt_length_bands": list(settings.prompt_length_bands),
+        "statistics": {"method": ROUTING_METHOD, "route_level": ratio_test.ROUTE_LEVEL,
+                       "return_level": ratio_test.RETURN_LEVEL},
+        "routed_classes": sum(route.routed for route in view.classes),
+        "classes": [class_json(route) for route in view.classes],
     }

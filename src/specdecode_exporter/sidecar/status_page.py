@@ -114,6 +114,7 @@ def target_rows(status: dict[str, Any]) -> list[str]:
         for series in target["series"]:
             rows += series_rows(target, series, status["page_threshold"])
         rows.append(requests_rows(target, status["page_threshold"], status["uptime_seconds"]))
+        rows.append(routing_rows(target))
     return rows
 
 
@@ -186,3 +187,59 @@ def requests_rows(target: dict[str, Any], page_threshold: float, uptime_seconds:
             f"<small class='window'>{e(since)}</small>"
             f"<div>{''.join(charts)}</div>{table}"
             f"<p><small>without spec-decode metrics: {missing or 'none'}</small></p>{hint}</td></tr>")
+
+
+def _speedup(measured: dict[str, Any] | None) -> str:
+    if measured is None:
+        return "–"
+    return (f"{_cell(measured['speedup'], '{:.2f}×')} <small>({_cell(measured['lower'], '{:.2f}')}–"
+            f"{_cell(measured['upper'], '{:.2f}')})</small>")
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.0f} min"
+
+
+def _routing_row(route: dict[str, Any]) -> str:
+    e = html.escape
+    sent = {"speculative": 0, "fallback": 0}
+    for item in route["requests"]:
+        sent[item["upstream"]] += item["requests"]
+    last = route["last_decision"]
+    decision = "–" if last is None else (
+        f"α {_cell(last['acceptance_ratio'], '{:.2f}')} (bound {_cell(last['bound'], '{:.2f}')}) vs break-even "
+        f"{_cell(last['break_even_acceptance_ratio'], '{:.2f}')}, {last['requests']} requests")
+    state = (f"<b style='color:#cf222e'>routed</b> for {_duration(route['seconds_in_state'])}" if route["routed"]
+             else "speculative")
+    experiment = route["measured_speedup"] or route["last_episode_measured_speedup"]
+    measured = "–" if experiment is None else (
+        f"TPOT {_speedup(experiment['time_per_output_token'])}, end to end {_speedup(experiment['end_to_end'])}"
+        f"<br><small>{experiment['speculative_requests']} canary / {experiment['fallback_requests']} fallback "
+        f"requests{'' if route['measured_speedup'] else ', last time routed'}</small>")
+    band = f" · {e(route['prompt_length'])} tokens" if "prompt_length" in route else ""
+    return (f"<tr><td>{e(route['model_name'])}</td><td>{e(route['workload'])}</td>"
+            f"<td>{e(route['temperature'])}{band}</td><td>{state}</td>"
+            f"<td>{sent['speculative']} / {sent['fallback']}</td><td>{decision}</td><td>{measured}</td></tr>")
+
+
+def routing_rows(target: dict[str, Any]) -> str:
+    """Routing (the tap sends the classes spec decode slows down to a pool without it): each class's state, the
+    evidence it was last judged on, and, while routed, its measured speedup (fallback / canary latency)."""
+    routing = target.get("routing")
+    if routing is None:
+        return ""
+    e = html.escape
+    available = {True: "reachable", False: "unavailable (its requests go to the speculative pool)", None: "?"}
+    rows = "".join(_routing_row(route) for route in routing["classes"])
+    table = ("<table><tr><th>model</th><th>workload</th><th>temperature</th><th>state</th>"
+             "<th>requests speculative / fallback</th><th>last decision</th>"
+             "<th>measured speedup (95 % interval)</th></tr>" + rows + "</table>") if rows else (
+        "<p>no routed request yet</p>")
+    observe = (" In observe mode nothing is sent to the fallback: the counts say where enforce would have sent "
+               "requests." if routing["mode"] == "observe" else "")
+    return (f"<tr class='charts'><td colspan={len(HEADER)}><b>Routing</b> ({e(routing['mode'])}; fallback "
+            f"{e(routing['fallback_upstream'])}, {available[routing['fallback_available']]})"
+            f"<p><small>A class is routed when a block of {routing['min_requests']} of its requests shows α below "
+            f"the break-even; {routing['canary_share']:.0%} of it stays on speculative decoding (the canary) and "
+            f"brings it back when it shows α above.{observe} The measured speedup is fallback latency / canary "
+            f"latency, a randomized split of the class's traffic.</small></p>{table}</td></tr>")

@@ -65,7 +65,7 @@ class MetricsRenderer:
             self._live.register(ReloadCollector(reloader))
         # The per-request families change with every tapped request: rendered on every scrape (empty, with
         # their HELP and TYPE, when the tap is off).
-        self._live.register(RequestsCollector(tap.view, lambda: tap.labels, tap.stats) if tap is not None
+        self._live.register(RequestsCollector(tap.view, lambda: tap.labels, tap.stats, tap.routes) if tap is not None
                             else RequestsCollector(lambda: NO_REQUESTS, dict, lambda: None))
         ProcessCollector(registry=self._live)
         PlatformCollector(registry=self._live)
@@ -162,8 +162,11 @@ def build_app(exporter: Exporter, run_collection: bool = True, reloader: Reloade
 
     def current_status() -> dict[str, object]:
         now = exporter.clock()
+        stats = tap.stats() if tap is not None else None
         return status_json(exporter.views(), exporter.ready(), exporter_version(), now - exporter.started_at,
-                           exporter.config, now, tap.view() if tap is not None else None)
+                           exporter.config, now, tap.view() if tap is not None else None,
+                           tap.routes() if tap is not None else None,
+                           stats.fallback_available if stats is not None else None)
 
     @app.get(config.telemetry_path)
     def metrics(request: Request) -> Response:
@@ -219,7 +222,7 @@ def serve(config: Config, load: Callable[[], Config] | None = None, security: We
     reloader = Reloader(exporter, load or (lambda: config), security)
     host, port = split_listen_address(config.listen_address)
     try:
-        tap = tap_runtime(config)
+        tap = tap_runtime(config, exporter.views)
     except OSError as exc:
         event(logging.ERROR, "cannot listen", listen_address=config.proxy.listen_address if config.proxy else "",
               detail=exc.strerror or str(exc), what="request tap")
@@ -237,7 +240,9 @@ def serve(config: Config, load: Callable[[], Config] | None = None, security: We
           interval=f"{config.collect_interval:g}s", windows=",".join(w.name for w in config.windows),
           tls=security is not None and security.ssl_context is not None,
           basic_auth=security is not None and bool(security.users),
-          request_tap=f"{config.proxy.listen_address} -> {config.proxy.upstream}" if config.proxy else "off")
+          request_tap=f"{config.proxy.listen_address} -> {config.proxy.upstream}" if config.proxy else "off",
+          routing=f"{route.mode} -> {route.fallback_upstream}" if (route := config.proxy and config.proxy.route)
+          else "off")
     try:
         sock = bind_socket(host, port)
     except OSError as exc:

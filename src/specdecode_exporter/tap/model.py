@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 # Why a TapResult carries no metrics (TapResult.reason). None when metrics are present.
 NOT_ENABLED = "not_enabled"  # a good response without a `metrics` object (vLLM flags off, or another engine)
@@ -29,6 +29,8 @@ class TapRequest:
     n: int
     workload: str | None  # the raw value of the configured workload header; the observer caps it
     usage_injected: bool  # the tap added stream_options.include_usage and strips the usage event again
+    prompt_chars: int | None = None  # characters of a text prompt (chat: of the messages' text)
+    prompt_tokens: int | None = None  # tokens of a prompt given as token ids
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +45,46 @@ class TapResult:
     started: float  # the request head was read
     first_byte: float | None  # the first response byte was handed to the client
     finished: float
+    first_body: float | None = None  # the first byte of the response body (a stream's first event) was read
+    route: Route | None = None  # where the request went, when the tap routes
+
+
+# Routing (src/specdecode_exporter/tap/route.py): where a request went, and why.
+SPECULATIVE, FALLBACK = "speculative", "fallback"  # the upstream label
+BENEFIT = "benefit"  # the class is routed: it goes to the fallback
+CANARY = "canary"  # the class is routed, and this request was drawn to stay on the speculative pool
+UNROUTED = "unrouted"  # the class is not routed
+FALLBACK_DOWN = "fallback_down"  # meant for the fallback, which refused or did not answer the connect
+ROUTE_HEADER = b"x-specdecode-route"
+
+
+class Route(NamedTuple):
+    """A routing decision. ``upstream`` and ``reason`` are what is counted; ``enforced`` is False in observe
+    mode when the decision was the fallback (the request went to the speculative upstream all the same)."""
+
+    upstream: str
+    reason: str
+    enforced: bool
+    key: tuple[str | None, ...]  # the request's class, as the router labels it
+
+    @property
+    def to_fallback(self) -> bool:
+        return self.upstream == FALLBACK and self.enforced
+
+    def failed_over(self) -> Route:
+        """The same request sent to the speculative upstream because the fallback could not be reached."""
+        return Route(SPECULATIVE, FALLBACK_DOWN, True, self.key)
+
+    def header(self) -> bytes:
+        """The response header line that says where the request went."""
+        sent = FALLBACK if self.to_fallback else SPECULATIVE
+        reason = self.reason if self.enforced or self.upstream == SPECULATIVE else "observe"
+        return b"%b: %b; reason=%b\r\n" % (ROUTE_HEADER, sent.encode(), reason.encode())
+
+
+class Router(Protocol):
+    def route(self, request: TapRequest) -> Route:
+        """Called on the event loop once per inspected request, when it has been read; must not block."""
 
 
 class Observer(Protocol):

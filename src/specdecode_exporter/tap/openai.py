@@ -22,6 +22,8 @@ class RequestPlan:
     single_prompt: bool  # vLLM reports metrics only for one prompt and n == 1
     usage_injected: bool
     body: bytes  # what to send upstream: the client's body, or the rewritten one when usage_injected
+    prompt_chars: int | None = None  # see prompt_size
+    prompt_tokens: int | None = None
 
 
 def endpoint_of(target: bytes) -> str | None:
@@ -44,6 +46,7 @@ def plan_request(endpoint: str, body: bytes) -> RequestPlan | None:
     new_body = None
     if stream and n == 1 and single_prompt and _usage_unrequested(request):
         new_body = _with_usage(request, body)
+    chars, tokens = prompt_size(request.get("prompt") if endpoint == "completions" else request.get("messages"))
     return RequestPlan(
         endpoint=endpoint,
         model=model if isinstance(model, str) else None,
@@ -53,7 +56,35 @@ def plan_request(endpoint: str, body: bytes) -> RequestPlan | None:
         single_prompt=single_prompt,
         usage_injected=new_body is not None,
         body=new_body if new_body is not None else body,
+        prompt_chars=chars,
+        prompt_tokens=tokens,
     )
+
+
+def prompt_size(prompt: object) -> tuple[int | None, int | None]:
+    """(characters, tokens) of a prompt, one of them known: tokens when it is given as token ids; characters of
+    its text otherwise (a completion's string, or the text of chat messages). Several prompts: the longest."""
+    if isinstance(prompt, str):
+        return len(prompt), None
+    if not isinstance(prompt, list) or not prompt:
+        return None, None
+    if all(isinstance(t, int) for t in prompt):
+        return None, len(prompt)
+    if all(isinstance(m, dict) for m in prompt):  # chat messages
+        return sum(_message_chars(m.get("content")) for m in prompt), None
+    sizes = [prompt_size(p) for p in prompt if isinstance(p, str | list)]
+    chars = [c for c, _ in sizes if c is not None]
+    tokens = [t for _, t in sizes if t is not None]
+    return (max(chars), None) if chars else (None, max(tokens)) if tokens else (None, None)
+
+
+def _message_chars(content: object) -> int:
+    if isinstance(content, str):
+        return len(content)
+    if isinstance(content, list):  # content parts: {"type": "text", "text": ...}
+        texts = [part.get("text") for part in content if isinstance(part, dict)]
+        return sum(len(text) for text in texts if isinstance(text, str))
+    return 0
 
 
 def _temperature(value: object) -> float | None:

@@ -32,7 +32,7 @@ from specdecode_exporter.tap.http1 import (
     parse_head,
     replace_content_length,
 )
-from specdecode_exporter.tap.model import Observer, TapRequest, TapResult
+from specdecode_exporter.tap.model import Observer, Route, Router, TapRequest, TapResult
 from specdecode_exporter.tap.openai import endpoint_of, plan_request, read_response_body
 from specdecode_exporter.tap.sse import SseWatcher, StreamFindings, UsageStripper
 
@@ -50,12 +50,15 @@ _RESP_HEAD, _RESP_LENGTH, _RESP_CHUNKED, _RESP_UNTIL_CLOSE, _RESP_TUNNEL = range
 # What is done with an inspected response body
 _PASS, _CAPTURE, _WATCH, _STRIP, _REFRAME = range(5)
 _PLAIN_CHUNKS = PlainChunks()
+SPECULATIVE_POOL, FALLBACK_POOL = 0, 1  # the upstreams of a routing tap (one pool, the first, without routing)
+FALLBACK_RETRY_MIN, FALLBACK_RETRY_MAX = 0.5, 30.0  # seconds a failed fallback is not tried again (doubling)
 
 
 @dataclass(frozen=True, slots=True)
 class TapStats:
     connections: int
     buffered_bytes: int  # bytes held by the relay: transport write buffers plus events held back
+    fallback_available: bool | None = None  # routing: whether the fallback is tried (None: no routing)
 
 
 DRAIN_POLL_SECONDS = 0.05
@@ -65,15 +68,17 @@ class Tap:
     """A running tap. ``url`` is its base URL; ``close()`` stops listening, lets the requests in flight finish
     for up to ``grace`` seconds, and then drops every connection."""
 
-    def __init__(self, server: asyncio.Server, host: str, port: int, links: set[_Link]) -> None:
+    def __init__(self, server: asyncio.Server, host: str, port: int, links: set[_Link], shared: _Shared) -> None:
         self._server = server
         self._links = links
+        self._shared = shared
         self.host = host
         self.port = port
         self.url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
 
     def stats(self) -> TapStats:
-        return TapStats(len(self._links), sum(link.buffered_bytes() for link in self._links))
+        return TapStats(len(self._links), sum(link.buffered_bytes() for link in self._links),
+                        self._shared.fallback_available() if self._shared.router is not None else None)
 
     async def close(self, grace: float = 0.0) -> None:
         self._server.close()
@@ -108,14 +113,23 @@ async def start_tap(
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
     max_inspect_body: int = DEFAULT_MAX_INSPECT_BODY,
     sock: socket.socket | None = None,
+    router: Router | None = None,
+    fallback_upstream: str | None = None,
 ) -> Tap:
     """Listen on host:port (0: any free port) and relay to ``upstream_base_url`` (http://host:port) on the
-    running event loop; ``observer.observe`` is called on that loop for every inspected request."""
-    upstream_host, upstream_port = parse_upstream(upstream_base_url)
+    running event loop; ``observer.observe`` is called on that loop for every inspected request.
+
+    With a ``router``, each inspected request goes where ``router.route`` says: the upstream, or the
+    ``fallback_upstream`` (a pool without speculative decoding); everything else goes to the upstream."""
+    pools = [parse_upstream(upstream_base_url)]
+    if router is not None:
+        if fallback_upstream is None:
+            raise ValueError("a routing tap needs a fallback upstream")
+        pools.append(parse_upstream(fallback_upstream))
     links: set[_Link] = set()
     shared = _Shared(
-        upstream_host=upstream_host,
-        upstream_port=upstream_port,
+        pools=tuple(pools),
+        router=router,
         observer=observer,
         workload_header=workload_header.lower().encode("latin-1"),
         connect_timeout=connect_timeout,
@@ -131,9 +145,10 @@ async def start_tap(
         logging.INFO,
         "request tap listening",
         address=f"{host}:{bound_port}",
-        upstream=f"{upstream_host}:{upstream_port}",
+        upstream=":".join(map(str, pools[0])),
+        **({"fallback": ":".join(map(str, pools[1]))} if router is not None else {}),
     )
-    return Tap(server, host, bound_port, links)
+    return Tap(server, host, bound_port, links, shared)
 
 
 def parse_upstream(base_url: str) -> tuple[str, int]:
@@ -154,16 +169,16 @@ class _Shared:
     def __init__(
         self,
         *,
-        upstream_host: str,
-        upstream_port: int,
+        pools: tuple[tuple[str, int], ...],
+        router: Router | None,
         observer: Observer,
         workload_header: bytes,
         connect_timeout: float,
         max_inspect_body: int,
         links: set[_Link],
     ) -> None:
-        self.upstream_host = upstream_host
-        self.upstream_port = upstream_port
+        self.pools = pools  # (host, port) of the upstream, and of the fallback when routing
+        self.router = router
         self.observer = observer
         self.workload_header = workload_header
         self.connect_timeout = connect_timeout
@@ -171,14 +186,55 @@ class _Shared:
         self.links = links
         self.upstream_down: str | None = None  # the last connect failure, until a connect succeeds
         self.observer_errors = 0
+        self.router_errors = 0
+        self.fallback_down: str | None = None
+        self.fallback_retry_at = 0.0  # monotonic: before this, requests for the fallback go to the upstream
+        self.fallback_backoff = 0.0
 
-    def connect_result(self, failure: str | None) -> None:
+    def connect_result(self, failure: str | None, pool: int = SPECULATIVE_POOL) -> None:
         """Log transitions only: a down upstream must not write a line per request."""
+        if pool == FALLBACK_POOL:
+            self.fallback_result(failure)
+            return
         if failure and self.upstream_down is None:
             event(logging.WARNING, "request tap upstream unavailable", reason=failure)
         elif failure is None and self.upstream_down is not None:
             event(logging.INFO, "request tap upstream reachable again")
         self.upstream_down = failure
+
+    def fallback_result(self, failure: str | None) -> None:
+        """A failed fallback is not tried again for a while (0.5 s, doubling up to 30 s): meanwhile its requests go
+        to the upstream at once (fallback_down) instead of each waiting for a connect that fails."""
+        if failure is None:
+            if self.fallback_down is not None:
+                event(logging.INFO, "request tap fallback reachable again")
+            self.fallback_down, self.fallback_backoff = None, 0.0
+            return
+        now = time.monotonic()
+        if self.fallback_down is None:
+            event(logging.WARNING, "request tap fallback unavailable: its requests go to the upstream",
+                  reason=failure)
+        elif now < self.fallback_retry_at:
+            return  # an attempt begun before this pause: one failed try doubles the pause, not each connection
+        self.fallback_down = failure
+        self.fallback_backoff = min(FALLBACK_RETRY_MAX, max(FALLBACK_RETRY_MIN, 2 * self.fallback_backoff))
+        self.fallback_retry_at = now + self.fallback_backoff
+
+    def fallback_available(self) -> bool:
+        return self.fallback_down is None or time.monotonic() >= self.fallback_retry_at
+
+    def route(self, request: TapRequest) -> Route | None:
+        """Where the router sends ``request``; None (the upstream) if it fails: a router bug must not break the
+        data path."""
+        assert self.router is not None
+        try:
+            route = self.router.route(request)
+        except Exception as exc:
+            self.router_errors += 1
+            if self.router_errors & (self.router_errors - 1) == 0:
+                event(logging.ERROR, "request tap router failed", error=type(exc).__name__, count=self.router_errors)
+            return None
+        return route.failed_over() if route.to_fallback and not self.fallback_available() else route
 
     def observe(self, request: TapRequest, result: TapResult) -> None:
         try:
@@ -197,11 +253,14 @@ class _Exchange:
     __slots__ = (
         "body",
         "body_too_large",
+        "first_body",
         "first_byte",
         "method",
         "mode",
         "request",
         "request_read",
+        "resend",
+        "route",
         "single_prompt",
         "started",
         "status",
@@ -218,6 +277,9 @@ class _Exchange:
         self.request_read = False  # the whole request has been read from the client
         self.tunnel = False  # an upgrade (or CONNECT): raw bytes both ways once its response starts
         self.first_byte: float | None = None
+        self.first_body: float | None = None
+        self.route: Route | None = None  # routing: where it was sent
+        self.resend: bytes | None = None  # sent to the fallback: the request, until its response starts
         self.status = 0
         self.mode = _PASS
         self.stream: SseWatcher | UsageStripper | None = None
@@ -237,7 +299,8 @@ class _Exchange:
             else:
                 usage, metrics, timings = found.usage, found.metrics, found.timings
         reason = failure or self._reason(metrics, findings, unparsable)
-        return TapResult(self.status, metrics, timings, usage, reason, self.started, self.first_byte, now)
+        return TapResult(self.status, metrics, timings, usage, reason, self.started, self.first_byte, now,
+                         self.first_body, self.route)
 
     def _reason(self, metrics: object, findings: StreamFindings | None, unparsable: bool) -> str | None:
         if self.status >= 400:
@@ -285,13 +348,14 @@ def _connect_failure(exc: BaseException | None) -> str:
 
 
 class _UpstreamProtocol(asyncio.Protocol):
-    __slots__ = ("link",)
+    __slots__ = ("link", "pool")
 
-    def __init__(self, link: _Link) -> None:
+    def __init__(self, link: _Link, pool: int = SPECULATIVE_POOL) -> None:
         self.link = link
+        self.pool = pool
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.link.upstream_made(cast(asyncio.Transport, transport))
+        self.link.upstream_made(self, cast(asyncio.Transport, transport))
 
     def data_received(self, data: bytes) -> None:
         # The hot path: the read is one whole chunk (one SSE event, as uvicorn writes them) that needs no change.
@@ -303,13 +367,31 @@ class _UpstreamProtocol(asyncio.Protocol):
             link.upstream_data(data)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.link.upstream_lost()
+        self.link.upstream_lost(self)
 
     def pause_writing(self) -> None:
         self.link.pause_client_reading("upstream")
 
     def resume_writing(self) -> None:
         self.link.resume_client_reading("upstream")
+
+
+class _Parked(asyncio.Protocol):
+    """An idle upstream connection of a routing link to the pool it is not using now, kept for its next request
+    (the transport's protocol is swapped, so the hot path needs no check of which connection is in use)."""
+
+    __slots__ = ("link", "pool", "transport")
+
+    def __init__(self, link: _Link, pool: int, transport: asyncio.Transport) -> None:
+        self.link = link
+        self.pool = pool
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        """An idle connection has nothing to say; a server closing it may (a 408), which no client awaits."""
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.link.parked_lost(self)
 
 
 class _Link(asyncio.Protocol):
@@ -321,6 +403,14 @@ class _Link(asyncio.Protocol):
         self.upstream: asyncio.Transport | None = None
         self.connecting: asyncio.Task[tuple[asyncio.Transport, _UpstreamProtocol]] | None = None
         self.upstream_failure: str | None = None
+        # Routing: the pool of self.upstream / self.connecting, the protocol of that connection (events of any
+        # other are stale), idle connections to the other pool, and a request waiting until the requests in
+        # flight on the current pool are answered (responses go back in order).
+        self.pool = SPECULATIVE_POOL
+        self.current: _UpstreamProtocol | None = None
+        self.parked: dict[int, asyncio.Transport] = {}
+        self.blocked = False
+        self.blocked_send: tuple[_Exchange, bytes, int] | None = None
         self.closed = False
         self.exchanges: collections.deque[_Exchange] = collections.deque()
         self.read_pauses: set[str] = set()
@@ -359,16 +449,16 @@ class _Link(asyncio.Protocol):
         loop = asyncio.get_running_loop()
         shared = self.shared
         self.upstream_failure = None
-        connecting = loop.create_task(
-            loop.create_connection(lambda: _UpstreamProtocol(self), shared.upstream_host, shared.upstream_port)
-        )
+        protocol = self.current = _UpstreamProtocol(self, self.pool)
+        host, port = shared.pools[self.pool]
+        connecting = loop.create_task(loop.create_connection(lambda: protocol, host, port))
         timer = loop.call_later(shared.connect_timeout, connecting.cancel)
-        connecting.add_done_callback(lambda task: self.connect_done(task, timer))
+        connecting.add_done_callback(lambda task: self.connect_done(task, timer, protocol))
         self.connecting = connecting
 
-    def upstream_made(self, transport: asyncio.Transport) -> None:
-        if self.closed:
-            transport.close()
+    def upstream_made(self, protocol: _UpstreamProtocol, transport: asyncio.Transport) -> None:
+        if self.closed or protocol is not self.current:  # closed, or a connect the link no longer waits for
+            self.stray_connection(protocol.pool, transport)
             return
         _no_delay(transport)
         transport.set_write_buffer_limits(high=WRITE_HIGH_WATER, low=WRITE_LOW_WATER)
@@ -377,19 +467,24 @@ class _Link(asyncio.Protocol):
             self.flush_upstream()
         self.resume_client_reading("connect")
 
-    def connect_done(
-        self, task: asyncio.Task[tuple[asyncio.Transport, _UpstreamProtocol]], timer: asyncio.TimerHandle
-    ) -> None:
+    def connect_done(self, task: asyncio.Task[tuple[asyncio.Transport, _UpstreamProtocol]],
+                     timer: asyncio.TimerHandle, protocol: _UpstreamProtocol) -> None:
         timer.cancel()
+        if protocol is not self.current:
+            return
         self.connecting = None
         if self.closed:
             return
         error = None if task.cancelled() else task.exception()
         if not task.cancelled() and error is None:
-            self.shared.connect_result(None)
+            self.shared.connect_result(None, self.pool)
             return
-        self.upstream_failure = "connect timeout" if task.cancelled() else _connect_failure(error)
-        self.shared.connect_result(self.upstream_failure)
+        failure = "connect timeout" if task.cancelled() else _connect_failure(error)
+        self.shared.connect_result(failure, self.pool)
+        if self.pool == FALLBACK_POOL:
+            self.fail_over()
+            return
+        self.upstream_failure = failure
         self.fail_if_waiting()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -403,12 +498,18 @@ class _Link(asyncio.Protocol):
                 self.upstream.abort()
             else:
                 self.upstream.close()
+        for parked in self.parked.values():
+            parked.close()
         self.observe_all(model.CLIENT_DISCONNECTED, time.monotonic())
 
-    def upstream_lost(self) -> None:
+    def upstream_lost(self, protocol: _UpstreamProtocol) -> None:
+        if protocol is not self.current:
+            return
         self.upstream = None
         if self.closed:
             return
+        if self.pool == FALLBACK_POOL and (self.resend_elsewhere() or not self.exchanges):
+            return  # requests the fallback did not answer went to the upstream; an idle one just closed
         if not self.exchanges and (self.req_state != _REQ_HEAD or self.req_stash):
             # Closed as idle (uvicorn's keep-alive timeout) while the tap was still reading a request it holds back
             # (an inspected body): nothing of it reached the upstream, so a new connection carries it.
@@ -443,7 +544,7 @@ class _Link(asyncio.Protocol):
 
     def idle(self) -> bool:
         """No request in flight and none half read: closing now loses nothing."""
-        return not self.exchanges and self.req_state == _REQ_HEAD and not self.req_stash
+        return not self.exchanges and self.req_state == _REQ_HEAD and not self.req_stash and not self.blocked
 
     def close_client(self) -> None:
         if self.client is not None and not self.client.is_closing():
@@ -454,6 +555,93 @@ class _Link(asyncio.Protocol):
             self.client.abort()
         if self.upstream is not None:
             self.upstream.abort()
+        for parked in list(self.parked.values()):
+            parked.abort()
+
+    # ---- routing: which pool carries the next request ---------------------------------------------------------
+
+    def switch_to(self, pool: int) -> None:
+        """Carry the next requests on ``pool``'s connection: the current one is parked (kept for later, idle),
+        the other pool's parked one reused, or a new one opened. Only between responses."""
+        if pool == self.pool:
+            return
+        if self.upstream is not None and not self.upstream.is_closing():
+            self.upstream.set_protocol(_Parked(self, self.pool, self.upstream))
+            self.upstream.resume_reading()  # paused for a slow client, it would not notice its server closing it
+            self.parked[self.pool] = self.upstream
+        # A connect still under way is left to finish; upstream_made closes it, as it is no longer current.
+        self.upstream, self.connecting, self.current, self.upstream_failure = None, None, None, None
+        self.pool = pool
+        self.resume_client_reading("upstream")  # a pause the parked connection asked for is its own
+        transport = self.parked.pop(pool, None)
+        if transport is None or transport.is_closing():
+            self.start_connect()
+            return
+        protocol = self.current = _UpstreamProtocol(self, pool)
+        transport.set_protocol(protocol)
+        transport.resume_reading()
+        self.upstream = transport
+        if self.to_upstream:
+            self.flush_upstream()
+        self.resume_client_reading("connect")
+
+    def stray_connection(self, pool: int, transport: asyncio.Transport) -> None:
+        """A connection made after the link switched away from its pool: kept for that pool, if it has none."""
+        if self.closed or pool == self.pool or pool in self.parked:
+            transport.close()
+            return
+        _no_delay(transport)
+        transport.set_write_buffer_limits(high=WRITE_HIGH_WATER, low=WRITE_LOW_WATER)
+        transport.set_protocol(_Parked(self, pool, transport))
+        self.parked[pool] = transport
+
+    def parked_lost(self, parked: _Parked) -> None:
+        if self.parked.get(parked.pool) is parked.transport:
+            del self.parked[parked.pool]
+
+    def fail_over(self) -> None:
+        """The fallback refused or did not answer the connect: the requests waiting for it go to the upstream."""
+        for exchange in self.exchanges:
+            exchange.resend = None
+            if exchange.route is not None:
+                exchange.route = exchange.route.failed_over()
+        self.switch_to(SPECULATIVE_POOL)
+
+    def resend_elsewhere(self) -> bool:
+        """The fallback closed before answering: its requests (none of whose response has started) go to the
+        upstream, which is then used for what follows. False when a response had started (it is cut short)."""
+        if not self.exchanges or any(e.first_byte is not None or e.resend is None for e in self.exchanges):
+            return False
+        self.to_upstream[:0] = [exchange.resend for exchange in self.exchanges if exchange.resend is not None]
+        self.resp_stash = b""  # part of a response head, if any: the upstream answers afresh
+        self.shared.connect_result("connection closed", FALLBACK_POOL)
+        self.fail_over()
+        return True
+
+    def needs_pool(self, pool: int) -> bool:
+        """Whether the next request must wait for another pool (routing: the current pool still has requests in
+        flight, whose responses must come first); else switch to ``pool`` now."""
+        if self.shared.router is None or pool == self.pool:
+            return False
+        if self.exchanges:
+            self.blocked = True
+            self.pause_client_reading("route")
+            return True
+        self.switch_to(pool)
+        return False
+
+    def unblock(self) -> None:
+        """The requests in flight are answered: send the one that waited, and read on."""
+        if self.closed or self.exchanges or not self.blocked:
+            return
+        self.blocked = False
+        if self.blocked_send is not None:
+            exchange, data, pool = self.blocked_send
+            self.blocked_send = None
+            self.switch_to(pool)
+            self.send_exchange(exchange, data, pool)
+        self.resume_client_reading("route")
+        self.data_received(b"")  # what the client sent meanwhile, from the stash
 
     def observe_all(self, failure: str, now: float) -> None:
         finished = list(self.exchanges)
@@ -506,6 +694,9 @@ class _Link(asyncio.Protocol):
             assert self.client is not None
             while pos < end and not self.client.is_closing():  # closing: a 502 went out, the rest is moot
                 pos = self.request_step(data, pos)
+                if self.blocked:  # routing: the rest waits until the requests in flight are answered
+                    self.req_stash = data[pos:]
+                    break
         if self.to_upstream:
             self.flush_upstream()
 
@@ -537,30 +728,36 @@ class _Link(asyncio.Protocol):
         end = data.find(HEAD_END, pos)
         if end < 0:
             if len(data) - pos > MAX_HEAD:
-                return self.tunnel_requests(data, pos)
+                return pos if self.needs_pool(SPECULATIVE_POOL) else self.tunnel_requests(data, pos)
             self.req_stash = data[pos:]
             return len(data)
         head = parse_head(data[pos : end + 4])
         if head is None or len(head.start) != 3 or not head.start[2].startswith(b"HTTP/1."):
-            return self.tunnel_requests(data, pos)
-        if self.upstream is None and self.connecting is None and not self.exchanges:
-            self.start_connect()  # the connect made when the client arrived failed: try again for this request
+            return pos if self.needs_pool(SPECULATIVE_POOL) else self.tunnel_requests(data, pos)
         method = head.start[0]
-        exchange = _Exchange(method, time.monotonic())
-        self.req_exchange = exchange
-        if method == b"CONNECT" or head.value(b"upgrade") is not None:
-            exchange.tunnel = True
-            self.exchanges.append(exchange)
-            self.to_upstream.append(head.raw)
-            return self.tunnel_requests(data, end + 4)
-        endpoint = endpoint_of(head.start[1]) if method == b"POST" else None
+        tunnel = method == b"CONNECT" or head.value(b"upgrade") is not None
+        endpoint = endpoint_of(head.start[1]) if method == b"POST" and not tunnel else None
         length = head.content_length
-        if (
+        inspect = (
             endpoint is not None
             and length is not None
             and length <= self.shared.max_inspect_body
             and not head.has_token(b"expect", b"100-continue")
-        ):
+        )
+        # Routing: only inspected requests can go to the fallback; everything else goes to the upstream.
+        if not inspect and self.needs_pool(SPECULATIVE_POOL):
+            return pos
+        if self.upstream is None and self.connecting is None and not self.exchanges:
+            self.start_connect()  # the connect made when the client arrived failed: try again for this request
+        exchange = _Exchange(method, time.monotonic())
+        self.req_exchange = exchange
+        if tunnel:
+            exchange.tunnel = True
+            self.exchanges.append(exchange)
+            self.to_upstream.append(head.raw)
+            return self.tunnel_requests(data, end + 4)
+        if inspect:
+            assert length is not None
             self.req_state, self.req_head, self.req_remaining = _REQ_INSPECT, head, length
             return end + 4 if length else self.read_inspected_body(data, end + 4)
         self.exchanges.append(exchange)
@@ -612,9 +809,24 @@ class _Link(asyncio.Protocol):
                 n=plan.n,
                 workload=workload.decode("latin-1") if workload is not None else None,
                 usage_injected=plan.usage_injected,
+                prompt_chars=plan.prompt_chars,
+                prompt_tokens=plan.prompt_tokens,
             )
+        pool = SPECULATIVE_POOL
+        if self.shared.router is not None and exchange.request is not None:
+            exchange.route = self.shared.route(exchange.request)
+            if exchange.route is not None and exchange.route.to_fallback:
+                pool = FALLBACK_POOL
+        if self.needs_pool(pool):
+            self.blocked_send = (exchange, raw_head + body, pool)
+            return
+        self.send_exchange(exchange, raw_head + body, pool)
+
+    def send_exchange(self, exchange: _Exchange, data: bytes, pool: int) -> None:
+        if pool == FALLBACK_POOL:
+            exchange.resend = data  # until its response starts: if the fallback dies first, the upstream gets it
         self.exchanges.append(exchange)
-        self.to_upstream.append(raw_head + body)
+        self.to_upstream.append(data)
         self.request_read()
 
     def request_read(self) -> None:
@@ -627,6 +839,9 @@ class _Link(asyncio.Protocol):
 
     def flush_upstream(self) -> None:
         data = self.to_upstream[0] if len(self.to_upstream) == 1 else b"".join(self.to_upstream)
+        if self.upstream is None and self.connecting is None and self.shared.router is not None and (
+                self.upstream_failure is None and not self.closed):
+            self.start_connect()  # routing: the pool's connection closed while idle (the fallback's keep-alive)
         if self.upstream is not None:
             self.to_upstream.clear()
             self.pending_upstream = 0
@@ -654,7 +869,8 @@ class _Link(asyncio.Protocol):
         exchange = self.exchanges[0]
         if exchange.mode == _PASS:
             return _PLAIN_CHUNKS
-        return exchange.stream if exchange.mode in (_WATCH, _STRIP) else None
+        # The first body chunk takes the slow path, which notes when it came (a stream's time per output token).
+        return exchange.stream if exchange.mode in (_WATCH, _STRIP) and exchange.first_body is not None else None
 
     def upstream_data(self, data: bytes) -> None:
         if self.resp_stash:
@@ -698,11 +914,14 @@ class _Link(asyncio.Protocol):
         if head is None or status is None or not self.exchanges:
             return self.tunnel_responses(data, pos, out)
         exchange = self.exchanges[0]
-        out.append(head.raw)
         if exchange.first_byte is None:
             exchange.first_byte = time.monotonic()
+            exchange.resend = None
         if 100 <= status < 200 and status != 101:
+            out.append(head.raw)
             return end + 4  # an interim response (100 Continue, 103 Early Hints): the final one follows
+        # Routing: the one change to a response, a header that says where the request went.
+        out.append(head.raw if exchange.route is None else head.raw[:-2] + exchange.route.header() + b"\r\n")
         if status == 101 or exchange.tunnel:
             self.exchanges.popleft()
             return self.tunnel_responses(data, end + 4, out)
@@ -745,6 +964,8 @@ class _Link(asyncio.Protocol):
 
     def read_chunked(self, data: bytes, pos: int, out: list[bytes], finished: list[_Exchange]) -> int:
         exchange = self.exchanges[0]
+        if exchange.first_body is None:
+            exchange.first_body = time.monotonic()
         decoder = self.resp_decoder
         if exchange.mode not in (_STRIP, _REFRAME):
             pieces: list[bytes] | None = [] if exchange.mode != _PASS else None
@@ -793,6 +1014,8 @@ class _Link(asyncio.Protocol):
     def body_piece(self, piece: bytes, out: list[bytes]) -> None:
         """A piece of a body framed by Content-Length or by the connection's end."""
         exchange = self.exchanges[0]
+        if exchange.first_body is None:
+            exchange.first_body = time.monotonic()
         if exchange.mode == _STRIP:
             assert isinstance(exchange.stream, UsageStripper)
             out.append(exchange.stream.feed(piece))
@@ -832,6 +1055,9 @@ class _Link(asyncio.Protocol):
             out.append(_LAST_CHUNK)
         self.resp_state = _RESP_HEAD
         finished.append(exchange)
+        if self.blocked and not self.exchanges:
+            # After this response is written (unblock may write the next request's, and read on).
+            asyncio.get_running_loop().call_soon(self.unblock)
 
 
 def _drop(data: bytes) -> None:

@@ -131,15 +131,15 @@ class RequestRecorder:
     models: set[str] = field(default_factory=set)
 
     def observe(self, request: TapRequest, result: TapResult) -> None:
+        if result.route is not None and result.route.to_fallback:
+            return  # served by the routing fallback: not a request of the tapped target
         model = capped(request.model, self.models, self.settings.max_models)
         figures = spec_figures(result.metrics, result.timings)
         if figures is None:
             reason = result.reason or "no_spec_metrics"
             self.without_metrics[(model, reason)] = self.without_metrics.get((model, reason), 0) + 1
             return
-        key = BandKey(model, capped(request.workload, self.workloads, self.settings.max_workloads),
-                      temperature_band(request.temperature, self.settings.temperature_edges))
-        totals = self.bands.setdefault(key, BandTotals())
+        totals = self.bands.setdefault(self.band_key(request), BandTotals())
         totals.requests += 1
         totals.draft_tokens += figures.draft_tokens
         totals.accepted_tokens += figures.accepted_tokens
@@ -153,6 +153,12 @@ class RequestRecorder:
         if speed is not None:
             band = (model, acceptance_band(alpha, self.settings.acceptance_edges))
             self.speed[band] = self.speed.get(band, Histogram.empty(SPEED_BUCKETS)).observed(speed)
+
+    def band_key(self, request: TapRequest) -> BandKey:
+        """The request's labels: model and workload capped, temperature banded (the router labels classes so)."""
+        return BandKey(capped(request.model, self.models, self.settings.max_models),
+                       capped(request.workload, self.workloads, self.settings.max_workloads),
+                       temperature_band(request.temperature, self.settings.temperature_edges))
 
     def view(self) -> RequestsView:
         return RequestsView({k: v.frozen() for k, v in self.bands.items()}, dict(self.without_metrics),

@@ -13,10 +13,13 @@ from typing import Any
 
 from specdecode_exporter.tap.http1 import is_whole_chunk
 
-# Byte patterns that can only be JSON structure, never text: inside a JSON string every quote is escaped.
-FINISH_MARK = b'"finish_reason":"'  # a terminal chunk (finish_reason set); null elsewhere
-EMPTY_CHOICES_MARK = b'"choices":[]'  # the usage event
-TIMINGS_MARK = b'"timings":'  # llama.cpp's per-request timings, on the last event
+# What marks the events the tap reads, in any JSON spelling ("choices":[] as vLLM writes it, "choices": [] as
+# Python's json.dumps does). A match only makes an event a candidate: it is parsed before anything is decided, so a
+# text that happens to look like one costs a parse, never a wrong answer. Inside a JSON string every quote is
+# escaped, so these hardly ever match text. A compiled search costs what a substring test does (~0.15 µs a chunk).
+FINISH_MARK = re.compile(rb'"finish_reason"\s*:\s*"').search  # a terminal chunk (finish_reason set); null elsewhere
+EMPTY_CHOICES_MARK = re.compile(rb'"choices"\s*:\s*\[\s*\]').search  # the usage event
+TIMINGS_MARK = re.compile(rb'"timings"\s*:\s*\{').search  # llama.cpp's per-request timings, on the last event
 _EVENT_END = re.compile(rb"\r?\n\r?\n")
 _DATA_PREFIX = b"data:"
 _DECODER = json.JSONDecoder()
@@ -84,14 +87,14 @@ class SseWatcher:
         return (
             not self._carry
             and chunk.endswith(b"\n\n\r\n")
-            and EMPTY_CHOICES_MARK not in chunk
-            and TIMINGS_MARK not in chunk
+            and not EMPTY_CHOICES_MARK(chunk)
+            and not TIMINGS_MARK(chunk)
             and is_whole_chunk(chunk)
         )
 
     def feed(self, payload: bytes) -> None:
         if not self._carry and payload.endswith(b"\n\n"):
-            if EMPTY_CHOICES_MARK not in payload and TIMINGS_MARK not in payload:
+            if not EMPTY_CHOICES_MARK(payload) and not TIMINGS_MARK(payload):
                 return
             events, self._carry = split_events(payload)
         elif self.findings.gave_up:
@@ -102,7 +105,7 @@ class SseWatcher:
                 self._carry = b""
                 self.findings.gave_up = True
         for event in events:
-            if EMPTY_CHOICES_MARK in event or TIMINGS_MARK in event:
+            if EMPTY_CHOICES_MARK(event) or TIMINGS_MARK(event):
                 parsed = event_json(event)
                 if parsed is not None:
                     self.findings.record(parsed)
@@ -134,8 +137,8 @@ class UsageStripper:
             not self._carry
             and self._held is None
             and chunk.endswith(b"\n\n\r\n")
-            and FINISH_MARK not in chunk
-            and EMPTY_CHOICES_MARK not in chunk
+            and not FINISH_MARK(chunk)
+            and not EMPTY_CHOICES_MARK(chunk)
             and is_whole_chunk(chunk)
         )
 
@@ -145,8 +148,8 @@ class UsageStripper:
             not self._carry
             and self._held is None
             and payload.endswith(b"\n\n")
-            and FINISH_MARK not in payload
-            and EMPTY_CHOICES_MARK not in payload
+            and not FINISH_MARK(payload)
+            and not EMPTY_CHOICES_MARK(payload)
         ):
             return payload
         if self.findings.gave_up:
@@ -175,7 +178,7 @@ class UsageStripper:
 
     def _event(self, event: bytes) -> list[bytes]:
         out: list[bytes] = []
-        if EMPTY_CHOICES_MARK in event:
+        if EMPTY_CHOICES_MARK(event):
             parsed = event_json(event)
             if parsed is not None and parsed.get("choices") == [] and "usage" in parsed:
                 self.findings.record(parsed)
@@ -186,9 +189,9 @@ class UsageStripper:
         if self._held is not None:
             out.append(self._held)
             self._held = None
-        if FINISH_MARK in event:
+        if FINISH_MARK(event):
             self._held = event
-            if TIMINGS_MARK in event:
+            if TIMINGS_MARK(event):
                 parsed = event_json(event)
                 if parsed is not None:
                     self.findings.record(parsed)
@@ -208,20 +211,21 @@ def _merge_terminal(held: bytes, usage_event: bytes, usage: dict[str, Any]) -> b
     if any(member is None for member in members):
         return held + usage_event  # cannot be moved byte for byte: better the usage event than a wrong one
     close = held.rindex(b"}")
-    return held[:close] + b"".join(b"," + member for member in members if member) + held[close:]
+    # The separator the server writes between members (json.dumps' ", " or the compact ","), so the terminal event
+    # reads as the server would have written it without usage.
+    comma = b", " if b', "' in held else b","
+    return held[:close] + b"".join(comma + member for member in members if member) + held[close:]
 
 
 def _raw_member(event: bytes, key: str, value: object) -> bytes | None:
-    """``"key":value`` exactly as ``event`` spells it: the occurrence whose value is the top-level ``value``."""
+    """``"key":value`` exactly as ``event`` spells it (``"key": value`` too): the occurrence whose value is the
+    top-level ``value``."""
     text = event.decode("utf-8", "replace")
-    needle = json.dumps(key) + ":"
-    start = text.find(needle)
-    while start >= 0:
+    for match in re.finditer(re.escape(json.dumps(key)) + r"\s*:\s*", text):
         try:
-            found, end = _DECODER.raw_decode(text, start + len(needle))
+            found, end = _DECODER.raw_decode(text, match.end())
         except ValueError:
-            found, end = None, -1
-        if end >= 0 and found == value:
-            return text[start:end].encode("utf-8")
-        start = text.find(needle, start + 1)
+            continue
+        if found == value:
+            return text[match.start() : end].encode("utf-8")
     return None

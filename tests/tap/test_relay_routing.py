@@ -1,0 +1,308 @@
+"""Routing in the relay, over real loopback HTTP with two upstreams (the speculative pool and the fallback): each
+inspected request goes where the router says, everything else to the speculative pool; responses are the pool's
+own bytes plus one header; a fallback that refuses, hangs or dies before answering costs no request."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from specdecode_exporter.tap import Tap, TapRequest, start_tap
+from specdecode_exporter.tap.model import (
+    BENEFIT,
+    CANARY,
+    FALLBACK,
+    FALLBACK_DOWN,
+    SPECULATIVE,
+    UNROUTED,
+    Route,
+)
+from tests.tap.fake_vllm import FakeVllm
+from tests.tap.harness import LOOPS, Client, Recorder, dechunk, fetch, request_bytes, run
+
+COMPLETION = {"model": "tiny", "prompt": "a", "max_tokens": 3}
+HEADER = b"x-specdecode-route"
+
+
+@dataclass
+class ByWorkload:
+    """A router for the relay tests: the workload header names the decision."""
+
+    enforce: bool = True
+    asked: list[str | None] = field(default_factory=list)
+
+    def route(self, request: TapRequest) -> Route:
+        self.asked.append(request.workload)
+        key = ("tiny", request.workload or "unset", "unset", None)
+        if request.workload == "slow":
+            return Route(FALLBACK, BENEFIT, self.enforce, key)
+        if request.workload == "canary":
+            return Route(SPECULATIVE, CANARY, True, key)
+        return Route(SPECULATIVE, UNROUTED, True, key)
+
+
+@contextlib.asynccontextmanager
+async def two_pools(fallback_url: str | None = None, **options: Any
+                    ) -> AsyncIterator[tuple[FakeVllm, FakeVllm, Tap, Recorder, ByWorkload]]:
+    speculative, fallback = await FakeVllm().start(), await FakeVllm().start()
+    recorder, router = Recorder(), ByWorkload(**options.pop("router", {}))
+    tap = await start_tap("127.0.0.1", 0, speculative.url, recorder, router=router,
+                          fallback_upstream=fallback_url or fallback.url, **options)
+    try:
+        yield speculative, fallback, tap, recorder, router
+    finally:
+        await tap.close()
+        await speculative.close()
+        await fallback.close()
+
+
+def _completion(workload: str, **extra: Any) -> bytes:
+    return request_bytes("/v1/completions", {**COMPLETION, **extra}, headers={"x-workload": workload})
+
+
+def _route_header(response: bytes) -> bytes | None:
+    head = response.partition(b"\r\n\r\n")[0]
+    values = [line.partition(b":")[2].strip() for line in head.split(b"\r\n") if line.lower().startswith(HEADER)]
+    assert len(values) <= 1
+    return values[0] if values else None
+
+
+def _without_route_header(response: bytes) -> bytes:
+    head, _, body = response.partition(b"\r\n\r\n")
+    lines = [line for line in head.split(b"\r\n") if not line.lower().startswith(HEADER)]
+    return b"\r\n".join(lines) + b"\r\n\r\n" + body
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+@pytest.mark.parametrize("stream", [False, True])
+def test_each_request_goes_where_the_router_says_and_reads_as_that_pool_sent_it(loop: str, stream: bool) -> None:
+    async def main() -> None:
+        async with two_pools() as (speculative, fallback, tap, recorder, _):
+            for workload, pool, header in (("slow", fallback, b"fallback; reason=benefit"),
+                                           ("chat", speculative, b"speculative; reason=unrouted"),
+                                           ("canary", speculative, b"speculative; reason=canary")):
+                raw = _completion(workload, stream=stream)
+                direct = await fetch(pool.port, raw)
+                before = len(pool.exchanges)
+                through = await fetch(tap.port, raw)
+                assert len(pool.exchanges) == before + 1, workload
+                assert _route_header(through) == header
+                assert _without_route_header(through) == direct  # nothing else differs
+            seen = await recorder.wait(3)
+            assert [(r.route.upstream, r.route.reason) for _, r in seen if r.route] == [
+                (FALLBACK, BENEFIT), (SPECULATIVE, UNROUTED), (SPECULATIVE, CANARY)]
+            assert all(result.metrics is not None for _, result in seen)
+
+    run(loop, main)
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_one_client_connection_keeps_one_connection_to_each_pool(loop: str) -> None:
+    """Keep-alive across pools: the connection to the pool not in use is parked and used again, and requests that
+    are not completions (here /v1/models) always go to the speculative pool."""
+    async def main() -> None:
+        async with two_pools() as (speculative, fallback, tap, _recorder, _):
+            client = await Client.open(tap.port)
+            plan = ["slow", "chat", "slow", "models", "slow", "slow", "chat", "models"]
+            for step in plan:
+                raw = (request_bytes("/v1/models", method="GET") if step == "models" else _completion(step))
+                response = await client.exchange(raw)
+                assert response.startswith(b"HTTP/1.1 200 ")
+                assert (_route_header(response) is None) == (step == "models")
+            await client.close()
+            assert (speculative.connections, fallback.connections) == (1, 1)
+            paths = [(e.path, (e.body or {}).get("prompt")) for e in speculative.exchanges]
+            assert paths.count(("/v1/models", None)) == 2 and len(fallback.exchanges) == plan.count("slow")
+
+    run(loop, main)
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_pipelined_requests_for_both_pools_are_answered_in_order(loop: str) -> None:
+    async def main() -> None:
+        async with two_pools() as (speculative, fallback, tap, recorder, _):
+            workloads = ["chat", "slow", "slow", "chat", "slow"]
+            raws = [_completion(w, max_tokens=2 + i, stream=i % 2 == 0) for i, w in enumerate(workloads)]
+            client = await Client.open(tap.port)
+            await client.send(b"".join(raws))  # every request in one write
+            responses = [await client.response() for _ in raws]
+            await client.close()
+            for workload, response in zip(workloads, responses, strict=True):
+                assert _route_header(response) == (b"fallback; reason=benefit" if workload == "slow"
+                                                   else b"speculative; reason=unrouted")
+            # Each response belongs to its request (max_tokens differs): its own usage, in order.
+            seen = await recorder.wait(len(raws))
+            assert [r.usage["completion_tokens"] if r.usage else None for _, r in seen] == [40] * len(raws)
+            assert [(e.body or {})["max_tokens"] for e in fallback.exchanges] == [3, 4, 6]
+            assert [(e.body or {})["max_tokens"] for e in speculative.exchanges] == [2, 5]
+
+    run(loop, main)
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_fallback_refusing_sends_the_request_to_the_speculative_pool(loop: str) -> None:
+    async def main() -> None:
+        async with two_pools(f"http://127.0.0.1:{_closed_port()}") as (speculative, _, tap, recorder, _router):
+            started = time.monotonic()
+            response = await fetch(tap.port, _completion("slow", stream=True))
+            assert time.monotonic() - started < 1.0  # refused: no connect timeout to wait for
+            assert response.startswith(b"HTTP/1.1 200 ")
+            assert _route_header(response) == b"speculative; reason=fallback_down"
+            assert dechunk(response) == dechunk(await fetch(speculative.port, _completion("slow", stream=True)))
+            assert tap.stats().fallback_available is False  # not tried again at once
+            second = await fetch(tap.port, _completion("slow"))
+            assert _route_header(second) == b"speculative; reason=fallback_down"
+            seen = await recorder.wait(2)
+            routes = [(r.route.upstream, r.route.reason) for _, r in seen if r.route]
+            assert routes == [(SPECULATIVE, FALLBACK_DOWN)] * 2
+            assert all(r.status == 200 and r.metrics is not None for _, r in seen)
+
+    run(loop, main)
+
+
+def test_fallback_not_answering_connects_costs_the_connect_timeout_once() -> None:
+    listener = socket.socket()  # a full accept queue: the kernel drops further SYNs, so connects hang
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    fillers = []
+    for _ in range(4):
+        filler = socket.socket()
+        filler.setblocking(False)
+        with contextlib.suppress(BlockingIOError):
+            filler.connect(listener.getsockname())
+        fillers.append(filler)
+
+    async def main() -> None:
+        await asyncio.sleep(0.2)
+        async with two_pools(f"http://127.0.0.1:{listener.getsockname()[1]}", connect_timeout=0.5) as (
+                _, _fallback, tap, recorder, _router):
+            first = await fetch(tap.port, _completion("slow"))
+            assert _route_header(first) == b"speculative; reason=fallback_down"
+            started = time.monotonic()
+            second = await fetch(tap.port, _completion("slow"))
+            assert time.monotonic() - started < 0.5  # the fallback is known down: no second wait
+            assert _route_header(second) == b"speculative; reason=fallback_down"
+            assert [r.status for _, r in await recorder.wait(2)] == [200, 200]
+
+    try:
+        run("uvloop", main)
+    finally:
+        for sock in (*fillers, listener):
+            sock.close()
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_fallback_dying_before_it_answers_loses_no_request(loop: str) -> None:
+    """The fallback drops the connection on receiving the request: the request was never answered, so it goes to
+    the speculative pool, and the client reads a whole response."""
+    async def main() -> None:
+        async with two_pools() as (speculative, fallback, tap, recorder, _):
+            fallback.dying = True
+            client = await Client.open(tap.port)
+            response = await client.exchange(_completion("slow", stream=True))
+            assert _route_header(response) == b"speculative; reason=fallback_down"
+            assert dechunk(response).endswith(b"data: [DONE]\n\n")
+            assert len(fallback.exchanges) == 1 and len(speculative.exchanges) == 1
+            # The same client connection goes on.
+            assert (await client.exchange(_completion("chat"))).startswith(b"HTTP/1.1 200 ")
+            await client.close()
+            seen = await recorder.wait(2)
+            assert [(r.status, r.route.reason if r.route else None) for _, r in seen] == [
+                (200, FALLBACK_DOWN), (200, UNROUTED)]
+
+    run(loop, main)
+
+
+def test_fallback_dying_mid_response_cuts_that_response_as_the_pool_would() -> None:
+    async def main() -> None:
+        async with two_pools() as (_, _fallback, tap, recorder, _router):
+            client = await Client.open(tap.port)
+            await client.send(_completion("slow", stream=True, fake_abort_after=2))
+            head = await client.reader.readuntil(b"\r\n\r\n")
+            assert b"x-specdecode-route: fallback; reason=benefit" in head
+            assert b"[DONE]" not in await client.reader.read()  # cut short, as without the tap
+            ((_, result),) = await recorder.wait(1)
+            assert result.reason == "upstream_failed" and result.route is not None
+            assert result.route.upstream == FALLBACK
+
+    run("uvloop", main)
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_observe_mode_sends_everything_to_the_speculative_pool(loop: str) -> None:
+    async def main() -> None:
+        async with two_pools(router={"enforce": False}) as (speculative, fallback, tap, recorder, _):
+            response = await fetch(tap.port, _completion("slow"))
+            assert _route_header(response) == b"speculative; reason=observe"
+            assert (len(speculative.exchanges), len(fallback.exchanges)) == (1, 0)
+            ((_, result),) = await recorder.wait(1)
+            assert result.route is not None and (result.route.upstream, result.route.reason) == (FALLBACK, BENEFIT)
+
+    run(loop, main)
+
+
+def test_a_failing_router_sends_to_the_speculative_pool() -> None:
+    class Broken:
+        def route(self, request: TapRequest) -> Route:
+            raise RuntimeError("bug")
+
+    async def main() -> None:
+        speculative, fallback = await FakeVllm().start(), await FakeVllm().start()
+        recorder = Recorder()
+        tap = await start_tap("127.0.0.1", 0, speculative.url, recorder, router=Broken(),
+                              fallback_upstream=fallback.url)
+        response = await fetch(tap.port, _completion("slow"))
+        assert response.startswith(b"HTTP/1.1 200 ") and _route_header(response) is None
+        ((_, result),) = await recorder.wait(1)
+        assert result.route is None and result.metrics is not None
+        await tap.close()
+        await speculative.close()
+        await fallback.close()
+
+    run("uvloop", main)
+
+
+def test_streams_record_when_their_body_started() -> None:
+    async def main() -> None:
+        async with two_pools() as (_, _fallback, tap, recorder, _router):
+            await fetch(tap.port, _completion("slow", stream=True, fake_interval=0.02, max_tokens=5))
+            ((_, result),) = await recorder.wait(1)
+            assert result.first_byte is not None and result.first_body is not None
+            assert result.started <= result.first_byte <= result.first_body < result.finished
+            assert result.finished - result.first_body >= 0.02 * 5  # the events came 20 ms apart
+
+    run("uvloop", main)
+
+
+def test_a_routing_tap_needs_a_fallback() -> None:
+    async def main() -> None:
+        with pytest.raises(ValueError, match="fallback"):
+            await start_tap("127.0.0.1", 0, "http://127.0.0.1:1", Recorder(), router=ByWorkload())
+
+    run("uvloop", main)
+
+
+def test_request_bodies_reach_the_fallback_unchanged() -> None:
+    async def main() -> None:
+        async with two_pools() as (_, fallback, tap, _recorder, _router):
+            raw = _completion("slow", temperature=0.25, stream=True, stream_options={"include_usage": True})
+            await fetch(tap.port, raw)
+            assert fallback.exchanges[0].raw == raw
+            body = json.loads(raw.partition(b"\r\n\r\n")[2])
+            assert fallback.exchanges[0].body == body
+
+    run("uvloop", main)
