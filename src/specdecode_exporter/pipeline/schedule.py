@@ -154,3 +154,20 @@ def trtllm_draft_len_schedule(schedule: BatchSchedule) -> str | None:
         return None
     lengths = ", ".join(f"{high}: {k}" for high, k in entries)
     return f"speculative_config: {{max_draft_len: {entries[0][1]}, draft_len_schedule: {{{lengths}}}}}"
+
+
+def schedule_summary(schedule: BatchSchedule) -> str:
+    """The advice and its evidence in one sentence (status page, `check`, /api/v1/status)."""
+    k = schedule.num_speculative_tokens
+    ranges = ", ".join(f"{low}-{high}: k={chosen}" for low, high, chosen in schedule.entries())
+    if not schedule.changes_anything:
+        advice = f"today's fixed k = {k} is best at every batch size"
+    else:
+        advice = f"by batch size {ranges} (today k = {k} everywhere)"
+    gain = schedule.expected_gain
+    seen = ", ".join(f"{r.label} {r.observed_seconds / schedule.observed_seconds:.0%}" for r in schedule.ranges
+                     if r.observed_seconds > 0)
+    evidence = (f"modelled {gain - 1:+.1%} tokens per unit of time over fixed k = {k}, weighted by the time spent "
+                f"at each batch size ({seen})" if gain is not None else
+                "no time at any batch size yet: the gain is not weighed")
+    return f"{advice}; {evidence}; cost {schedule.cost_basis}"
