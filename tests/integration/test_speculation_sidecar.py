@@ -191,3 +191,27 @@ def test_what_spec_decode_costs_against_its_control_pod(starved: Pods) -> None:
     assert metrics.get("specdecode_kv_cache_usage_ratio", target="control", spec_decode="false") < 0.9
     page = httpx.get(starved.url + "/", timeout=5).text
     assert "Against control target control:" in page and "preemptions per request" in page
+
+
+def test_tensorrt_llms_gate_is_seen_from_its_generation_and_drafted_tokens() -> None:
+    """TensorRT-LLM's own dialect counts no drafts (so no emitted tokens and no share): a stop is generation without
+    a drafted token."""
+    spec = ModelSpec(acceptance_rate=0.3, method="mtp", acceptance_window=100, acceptance_length_threshold=2.0)
+    harness = start_harness(steady_scenario(spec, fmt="trtllm"), url_path="/prometheus/metrics", windows="30s,1m")
+    try:
+        harness.collect()
+        harness.step(5)
+        # its draft counters appear with the first drafting iteration: no window counts them at both ends yet
+        assert series_status(harness.status())["speculation"] is None
+        for _ in range(7):
+            harness.step(5)
+        assert series_status(harness.status())["speculation"]["state"] == "speculating"
+        for _ in range(24):  # the gate closes after about 67 s
+            harness.step(5)
+        metrics = harness.metrics()
+        assert metrics.get("specdecode_generated_tokens_total", spec_decode="true") > 0
+        assert metrics.get("specdecode_speculative_token_share", window="30s") is None  # no emitted tokens to count
+        stopped = series_status(harness.status())["speculation"]
+        assert stopped["state"] == "stopped" and stopped["share"] == 0.0, stopped
+    finally:
+        harness.stop()

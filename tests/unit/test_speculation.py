@@ -144,3 +144,9 @@ def test_a_speedup_that_preempts_or_cuts_throughput_is_not_paying_off(increase: 
 def test_hurting_stays_hurting_whatever_the_capacity() -> None:
     evidence = Evidence(0.75, 1.4, 0.8, 0.8, 0.7, "c", preemptions_per_request_increase=0.5)
     assert judge(evidence, VerdictBands()).verdict is Verdict.HURTING
+
+
+def test_tensorrt_llm_gives_its_generated_tokens() -> None:
+    series = decoded("trtllm_spec.prom")
+    assert series.generated_tokens == 314503  # trtllm_generation_tokens_total: a stop is generation without drafts
+    assert series.draft_tokens == 327216 and series.drafts is None

@@ -28,6 +28,7 @@ class CapacityStats(NamedTuple):
     requests_waiting: float | None  # mean over the window (pooled: per engine)
     engines: int = 1
     scheduled_steps: tuple[float, ...] = ()  # scheduler steps by the k a batch-size schedule chose (index = k)
+    draft_tokens: float | None = None  # drafted over the window (None: not counted at both ends)
 
     @property
     def speculative_token_share(self) -> float | None:
@@ -63,7 +64,8 @@ def capacity_stats(span: WindowSpan) -> CapacityStats | None:
     return CapacityStats(seconds, optional_minus(end.emitted_tokens, start.emitted_tokens), generated, preemptions,
                          finished, _per_second(kv_seconds, seconds),
                          _per_second(optional_minus(end.waiting_seconds, start.waiting_seconds), seconds), 1,
-                         positions_minus(end.scheduled_steps, start.scheduled_steps))
+                         positions_minus(end.scheduled_steps, start.scheduled_steps),
+                         optional_minus(end.draft_tokens, start.draft_tokens))
 
 
 def _sum(values: Sequence[float | None]) -> float | None:

@@ -177,20 +177,24 @@ def speculation(windows: tuple[WindowView, ...], drafted_ever: bool, settings: S
     view = next((w for w in windows if w.capacity is not None and w.capacity.generated_tokens is not None), None)
     if view is None or view.capacity is None or not drafted_ever:
         return None
-    rate = view.capacity.generated_tokens_per_second or 0.0
-    share = view.capacity.speculative_token_share
-    if share is None and view.acceptance is None:
+    capacity = view.capacity
+    rate = capacity.generated_tokens_per_second or 0.0
+    share = capacity.speculative_token_share
+    if share is None and capacity.draft_tokens == 0:
         share = 0.0  # a source without an emitted-token count that drafted nothing while it generated
     name = view.window.name
-    if rate < settings.min_generated_tokens_per_second or share is None:
+    if rate < settings.min_generated_tokens_per_second:
         return Speculation("too little traffic", name, share, f"{rate:.1f} generated tokens/s over {name}: too "
                            "little to tell whether it speculates")
+    if share is None:  # no emitted tokens to weigh the drafts with
+        return None if capacity.draft_tokens is None else Speculation(
+            "speculating", name, None, f"drafting over {name} ({rate:.0f} generated tokens/s)")
     if share >= settings.share_below:
         return Speculation("speculating", name, share, f"speculative steps produced {share:.0%} of {rate:.0f} "
                            f"generated tokens/s over {name}")
     return Speculation("stopped", name, share, f"stopped speculating: {rate:.0f} generated tokens/s over {name}, "
                        f"{share:.0%} of them from speculative steps, though it drafted before"
-                       f"{_stop_cause(view.capacity)}")
+                       f"{_stop_cause(capacity)}")
 
 
 def _stop_cause(capacity: CapacityStats) -> str:
