@@ -14,6 +14,7 @@ from specdecode_exporter.pipeline.batches import NO_BINS, BatchBin
 from specdecode_exporter.pipeline.derive import CostModel
 from specdecode_exporter.pipeline.schedule import (
     Calibration,
+    LazySchedule,
     batch_size_schedule,
     trtllm_draft_len_schedule,
     vllm_speculative_config,
@@ -159,3 +160,12 @@ def test_ranges_are_contiguous_from_one() -> None:
     assert BATCH_SIZE_RANGES[0][0] == 1
     for (_, high), (low, _) in itertools.pairwise(BATCH_SIZE_RANGES):
         assert low == high + 1
+
+
+def test_a_lazy_schedule_is_the_schedule_of_its_window_and_equal_by_its_inputs() -> None:
+    start = NO_BINS
+    end = bins(r0=(600.0, 3.0), r2=(600.0, 40.0))
+    lazy = LazySchedule(start, end, CURVE, COST, None)
+    assert lazy.get() == batch_size_schedule(end, CURVE, COST) and lazy.get() is lazy.get()
+    assert lazy == LazySchedule(start, end, CURVE, COST, None) != LazySchedule(start, end, CURVE, COST,
+                                                                              Calibration(0.6, 8.0))

@@ -11,17 +11,17 @@ was measured at. Speedups are modelled: S(k') = (1 + Σ_{i<k'} r_i) / (1 + k'·c
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from typing import NamedTuple
 
 from specdecode_exporter.core.metrics import BATCH_SIZE_RANGES, batch_size_label
-from specdecode_exporter.pipeline.batches import BatchBin
+from specdecode_exporter.pipeline.batches import BatchBin, bins_minus
 from specdecode_exporter.pipeline.derive import (
     CostModel,
     position_acceptance_ratios,
     recommended_num_speculative_tokens,
-    speedup_by_length,
 )
 
 MIN_RANGE_DRAFTS = 200.0  # drafts a range needs before its own per-position acceptance is used
@@ -101,13 +101,20 @@ def _cost_at(cost: CostModel, batch: float, calibration: Calibration | None) -> 
     return max(0.0, modelled + offset)
 
 
+def _speedups(ratios: tuple[float, ...], per_draft_token: float) -> tuple[float, ...]:
+    """derive.speedup_by_length at a cost of its own: not through its cache, which holds the few costs the targets
+    are configured with and would be churned by a cost per batch size."""
+    return tuple([tokens / (1.0 + k * per_draft_token)
+                  for k, tokens in enumerate(itertools.accumulate(ratios, initial=1.0)) if k > 0])
+
+
 def _advice(low: int, high: int, counts: BatchBin, pooled: tuple[float, ...], cost: CostModel,
             calibration: Calibration | None, at_most: int) -> RangeAdvice:
     own = (counts.drafts >= MIN_RANGE_DRAFTS and len(counts.accepted_by_position) == len(pooled))
     ratios = position_acceptance_ratios(counts.accepted_by_position, counts.drafts) if own else pooled
     batch = counts.mean_batch if counts.mean_batch is not None else _middle(low, high)
     per_token = _cost_at(cost, batch, calibration)
-    speedups = speedup_by_length(ratios, CostModel(c_draft=per_token, c_verify=0.0))
+    speedups = _speedups(ratios, per_token)
     recommended = min(recommended_num_speculative_tokens(speedups) or 0, at_most)
     chosen = speedups[recommended - 1] if recommended else 1.0
     return RangeAdvice(low, high, batch, max(0.0, counts.seconds), own, per_token, recommended, chosen,
@@ -129,6 +136,37 @@ def batch_size_schedule(bins: tuple[BatchBin, ...], pooled: tuple[float, ...], c
         at_most = advice.recommended
         ranges.append(advice)
     return BatchSchedule(k, tuple(ranges), "calibrated" if calibration is not None else "configured")
+
+
+class LazySchedule:
+    """batch_size_schedule of one window, worked out on first use and kept: a collection makes one per series, and
+    only a scrape of /metrics, the status page or `check` reads it. Logically immutable (the result depends on the
+    inputs alone), so a view may hold it."""
+
+    __slots__ = ("_calibration", "_cost", "_done", "_end", "_pooled", "_result", "_start")
+
+    def __init__(self, start: tuple[BatchBin, ...], end: tuple[BatchBin, ...], pooled: tuple[float, ...],
+                 cost: CostModel, calibration: Calibration | None) -> None:
+        self._start, self._end, self._pooled = start, end, pooled
+        self._cost, self._calibration = cost, calibration
+        self._result: BatchSchedule | None = None
+        self._done = False
+
+    def _inputs(self) -> tuple[object, ...]:
+        return self._start, self._end, self._pooled, self._cost, self._calibration
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, LazySchedule) and self._inputs() == other._inputs()
+
+    def __hash__(self) -> int:
+        return hash(self._inputs())
+
+    def get(self) -> BatchSchedule | None:
+        if not self._done:  # two threads may both compute it: the same value, so either may win
+            self._result = batch_size_schedule(bins_minus(self._end, self._start), self._pooled, self._cost,
+                                               self._calibration)
+            self._done = True
+        return self._result
 
 
 def vllm_speculative_config(schedule: BatchSchedule, method: str | None = None) -> str | None:

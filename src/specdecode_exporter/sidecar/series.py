@@ -15,7 +15,6 @@ from specdecode_exporter.core.monitoring_config import SpeculationStopped
 from specdecode_exporter.core.validation import parse_duration
 from specdecode_exporter.core.verdict import Evidence, Judgement, judge
 from specdecode_exporter.pipeline import latency
-from specdecode_exporter.pipeline.batches import bins_minus
 from specdecode_exporter.pipeline.capacity import AgainstControl, CapacityStats, against_control, capacity_stats
 from specdecode_exporter.pipeline.derive import (
     CostModel,
@@ -26,7 +25,7 @@ from specdecode_exporter.pipeline.derive import (
     speedup_by_length,
 )
 from specdecode_exporter.pipeline.latency import BaselineLatency, Histogram, LatencyStats, ObservedSpeedup
-from specdecode_exporter.pipeline.schedule import BatchSchedule, Calibration, batch_size_schedule
+from specdecode_exporter.pipeline.schedule import BatchSchedule, Calibration, LazySchedule
 from specdecode_exporter.pipeline.store import SeriesKey, SeriesState, Totals, WindowSpan, optional_minus
 from specdecode_exporter.sidecar.config import Config, TargetConfig, Window
 
@@ -72,12 +71,16 @@ class SeriesView(NamedTuple):
     calibrated_break_even: float | None = None  # from the cost that matches the observed speedup, where there is one
     spec_decode: bool = True  # False for a control target's series
     speculation: Speculation | None = None  # None where the source counts no generated tokens
-    schedule: BatchSchedule | None = None  # batch-size advice over schedule_window
+    lazy_schedule: LazySchedule | None = None  # batch-size advice over schedule_window, worked out when read
     schedule_window: str | None = None
     kv_cache_usage: float | None = None  # at the last reading
 
     def window(self, name: str | None) -> WindowView | None:
         return next((w for w in self.windows if w.window.name == name), None)
+
+    @property
+    def schedule(self) -> BatchSchedule | None:
+        return self.lazy_schedule.get() if self.lazy_schedule is not None else None
 
     @property
     def break_even(self) -> float | None:
@@ -207,7 +210,7 @@ def _stop_cause(capacity: CapacityStats) -> str:
 
 
 def schedule_of(views: tuple[tuple[WindowView, WindowSpan], ...], ctx: SeriesContext
-                ) -> tuple[BatchSchedule | None, str | None]:
+                ) -> tuple[LazySchedule | None, str | None]:
     """The batch-size schedule over the longest window with a per-position curve and running-batch data."""
     for view, span in reversed(views):
         stats, lat = view.acceptance, view.latency
@@ -215,10 +218,8 @@ def schedule_of(views: tuple[tuple[WindowView, WindowSpan], ...], ctx: SeriesCon
             continue
         calibration = (Calibration(view.calibrated_cost, lat.running) if view.calibrated_cost is not None
                        else None)
-        bins = bins_minus(span.end.batch_bins, span.start.batch_bins)
-        schedule = batch_size_schedule(bins, stats.position_acceptance_ratios, ctx.config.cost, calibration)
-        if schedule is not None:
-            return schedule, view.window.name
+        return LazySchedule(span.start.batch_bins, span.end.batch_bins, stats.position_acceptance_ratios,
+                            ctx.config.cost, calibration), view.window.name
     return None, None
 
 
