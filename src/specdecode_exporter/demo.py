@@ -109,7 +109,7 @@ specdecode-exporter demo is running (Ctrl-C to stop).
   simulated vLLM   {spec}/metrics   (spec decode on; scenario: healthy → degraded → restart → recovered)
   control pod      {control}/metrics   (the same model, spec decode off: the baseline)
   request tap      {tap}/v1/completions   (the demo sends traffic through it)
-Watch α drop below 0.5 in the 'degraded' phase, and the observed speedup with it; a minute later an acceptance
-gate stops speculation silently (the status page says so, the speculative token share falls to 0):
+Watch α drop below 0.5 in the 'degraded' phase, and the observed speedup with it; then an acceptance gate
+stops speculation silently (the status page says so, the speculative token share falls to 0):
   curl -s {sidecar}/metrics | grep -E 'specdecode_(acceptance_ratio|observed_speedup|speculative_token_share)\\{{'
 """, flush=True)
