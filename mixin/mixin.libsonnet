@@ -23,6 +23,11 @@
     "requestAcceptanceRatio": 0.5,
     "hurtingBelow": 1,
     "payingOffFrom": 1.1,
+    "maxPreemptionsPerRequestIncrease": 0.05,
+    "minThroughputRatio": 0.9,
+    "minWaitingRequests": 1,
+    "speculationShareBelow": 0.01,
+    "minGeneratedTokensPerSecond": 1,
     "dashboardUID": "specdecode-overview",
     "dashboardTitle": "Speculative decoding — is it paying off?",
     "dashboardRefresh": "30s",
@@ -87,6 +92,18 @@
       "SpecDecodeClassRouted": {
         "severity": "warning",
         "for": "6h"
+      },
+      "SpecDecodeSpeculationStopped": {
+        "severity": "warning",
+        "for": "10m"
+      },
+      "SpecDecodePreemptionsRaised": {
+        "severity": "warning",
+        "for": "30m"
+      },
+      "SpecDecodeThroughputCut": {
+        "severity": "warning",
+        "for": "30m"
       }
     },
     "extraAlertLabels": {}
@@ -290,6 +307,45 @@
               "description": "For %s the request tap has sent the requests of {{ $labels.model_name }}{{ with $labels.namespace }} (namespace {{ . }}){{ end }} with workload {{ $labels.workload }} and temperature band {{ $labels.temperature }}{{ with $labels.prompt_length }} (prompts of {{ . }} tokens){{ end }} to the pool without speculative decoding: a block of them showed α below the break-even, and the canary has not shown it above since. Users are not slowed down, but the draft model does not fit this traffic: it needs attention (another draft or method, a lower k, a draft trained on this workload)." % [$._config.alerts.SpecDecodeClassRouted["for"]],
               "runbook_url": "%s/alerts/runbook.md#specdecodeclassrouted" % [std.rstripChars($._config.runbookBaseURL, "/")]
             }
+          },
+          {
+            "alert": "SpecDecodeSpeculationStopped",
+            "expr": "(\n(sum by (namespace, model_name, job, instance, target, engine) (rate(specdecode_emitted_tokens_total%s[%s]))\n/\n(sum by (namespace, model_name, job, instance, target, engine) (rate(specdecode_generated_tokens_total%s[%s])) > 0)) < %s\nor\nsum by (namespace, model_name, job, instance, target, engine) (rate(specdecode_draft_tokens_total%s[%s])) == 0\n)\nand on (namespace, model_name, job, instance, target, engine)\nsum by (namespace, model_name, job, instance, target, engine) (rate(specdecode_generated_tokens_total%s[%s])) >= %s\nand on (namespace, model_name, job, instance, target, engine)\nmax by (namespace, model_name, job, instance, target, engine) (specdecode_draft_tokens_total%s) > 0" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.shortWindow, (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.shortWindow, std.format("%g", $._config.speculationShareBelow), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.shortWindow, (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.shortWindow, std.format("%g", $._config.minGeneratedTokensPerSecond), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')],
+            "for": $._config.alerts.SpecDecodeSpeculationStopped["for"],
+            "labels": {
+              "severity": $._config.alerts.SpecDecodeSpeculationStopped.severity
+            } + $._config.extraAlertLabels,
+            "annotations": {
+              "summary": "{{ $labels.target }} stopped speculating while it still generates ({{ $labels.model_name }})",
+              "description": "Over the last %s, target {{ $labels.target }} (engine {{ $labels.engine }}) of {{ $labels.model_name }}{{ with $labels.namespace }} (namespace {{ . }}){{ end }} generated {{ with printf \"sum(rate(specdecode_generated_tokens_total{namespace=%%q, model_name=%%q, job=%%q, instance=%%q, target=%%q, engine=%%q}[%s]))\" $labels.namespace $labels.model_name $labels.job $labels.instance $labels.target $labels.engine | query }}{{ . | first | value | printf \"%%.0f\" }}{{ else }}unknown{{ end }} tokens/s, of which speculative steps produced {{ $value | humanizePercentage }} (threshold %s), though it drafted before. Speculation stopped without an error: an acceptance gate (TensorRT-LLM's acceptance_length_threshold switches it off for good), a batch-size schedule at k = 0 (vLLM's num_speculative_tokens_per_batch_size), a drafter that finds nothing (ngram), or a config change. The acceptance alerts are blind meanwhile: no drafts, no α." % [$._config.shortWindow, $._config.shortWindow, std.format("%.0f%%", $._config.speculationShareBelow * 100)],
+              "runbook_url": "%s/alerts/runbook.md#specdecodespeculationstopped" % [std.rstripChars($._config.runbookBaseURL, "/")]
+            }
+          },
+          {
+            "alert": "SpecDecodePreemptionsRaised",
+            "expr": "model:specdecode_preemptions_per_request:ratio_rate%s{spec_decode=\"true\"}\n- ignoring (spec_decode)\nmodel:specdecode_preemptions_per_request:ratio_rate%s{spec_decode=\"false\"}\n> %s\nand on (namespace, model_name)\nsum by (namespace, model_name) (rate(specdecode_request_time_per_output_token_seconds_count{%sspec_decode=\"true\"}[%s])) * 3600 >= %s" % [$._config.longWindow, $._config.longWindow, std.format("%g", $._config.maxPreemptionsPerRequestIncrease), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), $._config.longWindow, std.format("%g", $._config.minRequestsPerHour)],
+            "for": $._config.alerts.SpecDecodePreemptionsRaised["for"],
+            "labels": {
+              "severity": $._config.alerts.SpecDecodePreemptionsRaised.severity
+            } + $._config.extraAlertLabels,
+            "annotations": {
+              "summary": "Speculative decoding makes {{ $labels.model_name }} preempt more requests than its control pods",
+              "description": "Over the last %s, the spec-decode pods of {{ $labels.model_name }}{{ with $labels.namespace }} (namespace {{ . }}){{ end }} preempted {{ $value | printf \"%%.3f\" }} more requests per finished request than its control pods (the same model with spec decode off; they preempted {{ with printf \"model:specdecode_preemptions_per_request:ratio_rate%s{spec_decode='false', namespace=%%q, model_name=%%q}\" $labels.namespace $labels.model_name | query }}{{ . | first | value | printf \"%%.3f\" }}{{ else }}unknown{{ end }}; bound %s): the draft model and its KV cache take memory the batch needs. A latency win at this cost is not paying off." % [$._config.longWindow, $._config.longWindow, std.format("%g", $._config.maxPreemptionsPerRequestIncrease)],
+              "runbook_url": "%s/alerts/runbook.md#specdecodepreemptionsraised" % [std.rstripChars($._config.runbookBaseURL, "/")]
+            }
+          },
+          {
+            "alert": "SpecDecodeThroughputCut",
+            "expr": "model:specdecode_generated_tokens_per_second:avg_rate%s{spec_decode=\"true\"}\n/ ignoring (spec_decode)\n(model:specdecode_generated_tokens_per_second:avg_rate%s{spec_decode=\"false\"} > 0)\n< %s\nand on (namespace, model_name)\navg by (namespace, model_name) (specdecode_requests_waiting{%swindow=\"%s\"}\nand ignoring (window, api, method, num_speculative_tokens)\nspecdecode_info{%smethod!=\"off\"}) >= %s\nand on (namespace, model_name)\nsum by (namespace, model_name) (rate(specdecode_request_time_per_output_token_seconds_count{%sspec_decode=\"true\"}[%s])) * 3600 >= %s" % [$._config.longWindow, $._config.longWindow, std.format("%g", $._config.minThroughputRatio), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), $._config.sidecarAlertWindow, (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), std.format("%g", $._config.minWaitingRequests), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), $._config.longWindow, std.format("%g", $._config.minRequestsPerHour)],
+            "for": $._config.alerts.SpecDecodeThroughputCut["for"],
+            "labels": {
+              "severity": $._config.alerts.SpecDecodeThroughputCut.severity
+            } + $._config.extraAlertLabels,
+            "annotations": {
+              "summary": "Speculative decoding cuts the throughput of {{ $labels.model_name }}'s pods",
+              "description": "Over the last %s, each spec-decode engine of {{ $labels.model_name }}{{ with $labels.namespace }} (namespace {{ . }}){{ end }} generated {{ $value | humanizePercentage }} of the tokens per second of a control engine (the same model with spec decode off; bound %s) while requests waited on it (at least %s on average): it runs at its capacity, and that capacity is lower. Faster tokens per request do not make up for fewer requests served." % [$._config.longWindow, std.format("%.0f%%", $._config.minThroughputRatio * 100), std.format("%g", $._config.minWaitingRequests)],
+              "runbook_url": "%s/alerts/runbook.md#specdecodethroughputcut" % [std.rstripChars($._config.runbookBaseURL, "/")]
+            }
           }
         ]
       }
@@ -483,6 +539,23 @@
           {
             "record": "model_band:specdecode_request_acceptance_ratio:rate%s" % [$._config.longWindow],
             "expr": "sum by (namespace, model_name, workload, temperature) (rate(specdecode_request_accepted_tokens_total%s[%s]))\n/\n(sum by (namespace, model_name, workload, temperature) (rate(specdecode_request_draft_tokens_total%s[%s])) > 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.longWindow, (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.longWindow]
+          }
+        ]
+      },
+      {
+        "name": "specdecode.rules.capacity",
+        "rules": [
+          {
+            "record": "model:specdecode_preemptions_per_request:ratio_rate%s" % [$._config.longWindow],
+            "expr": "sum by (namespace, model_name, spec_decode) (rate(specdecode_preemptions_total%s[%s]))\n/\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_count%s[%s])) > 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.longWindow, (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.longWindow]
+          },
+          {
+            "record": "model:specdecode_generated_tokens_per_second:avg_rate%s" % [$._config.longWindow],
+            "expr": "avg by (namespace, model_name, spec_decode) (rate(specdecode_generated_tokens_total%s[%s]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.longWindow]
+          },
+          {
+            "record": "model:specdecode_kv_cache_usage_ratio:avg_over_time%s" % [$._config.longWindow],
+            "expr": "avg by (namespace, model_name, spec_decode) (avg_over_time(specdecode_kv_cache_usage_ratio%s[%s]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.longWindow]
           }
         ]
       }
@@ -885,7 +958,7 @@
             "type": "prometheus",
             "uid": "${datasource}"
           },
-          "description": "The sidecar's verdict, computed the same way (specdecode_exporter/core/verdict.py, bands from the monitoring config), from the observed speedup where there is a baseline (control pods, or the pods' own baselines), else the modelled one: 'Hurting' below %s×; 'Marginal' below %s×, with α below the page threshold (%s), or with an observed P99 speedup below %s× (a tail regression); else 'Paying off'. 'No traffic' when the model drafted nothing over $window." % [std.format("%g", $._config.hurtingBelow), std.format("%g", $._config.payingOffFrom), std.format("%.0f%%", $._config.pageAcceptanceRatio * 100), std.format("%g", $._config.hurtingBelow)],
+          "description": "The sidecar's verdict, computed the same way (specdecode_exporter/core/verdict.py, bands from the monitoring config), from the observed speedup where there is a baseline (control pods, or the pods' own baselines), else the modelled one: 'Hurting' below %s×; 'Marginal' below %s×, with α below the page threshold (%s), with an observed P99 speedup below %s× (a tail regression), or, against the control pods, with %s more preemptions per request or below %s of their tokens/s while requests wait (it costs memory or capacity); else 'Paying off'. 'No traffic' when the model drafted nothing over $window." % [std.format("%g", $._config.hurtingBelow), std.format("%g", $._config.payingOffFrom), std.format("%.0f%%", $._config.pageAcceptanceRatio * 100), std.format("%g", $._config.hurtingBelow), std.format("%g", $._config.maxPreemptionsPerRequestIncrease), std.format("%.0f%%", $._config.minThroughputRatio * 100)],
           "fieldConfig": {
             "defaults": {
               "mappings": [
@@ -974,7 +1047,7 @@
                 "type": "prometheus",
                 "uid": "${datasource}"
               },
-              "expr": "(((((sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_sum{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"false\"}[$window]))\n/\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_count{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"false\"}[$window])) > 0))\n/ ignoring (spec_decode)\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_sum{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"true\"}[$window]))\n/\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_count{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"true\"}[$window])) > 0) > 0))\nor\nmax by (namespace, model_name) (specdecode_observed_speedup{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", window=\"$window\", statistic=\"mean\"}))\nor\n((1 + sum by (namespace, model_name) (rate(specdecode_accepted_tokens_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) / (sum by (namespace, model_name) (rate(specdecode_drafts_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) > 0))\n/\n(1 + sum by (namespace, model_name) (rate(specdecode_draft_tokens_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) / (sum by (namespace, model_name) (rate(specdecode_drafts_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) > 0)\n   * max by (namespace, model_name) (specdecode_break_even_acceptance_ratio{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", cost_basis=\"configured\"})))) >= bool %s)\n+\n(((((((sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_sum{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"false\"}[$window]))\n/\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_count{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"false\"}[$window])) > 0))\n/ ignoring (spec_decode)\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_sum{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"true\"}[$window]))\n/\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_count{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"true\"}[$window])) > 0) > 0))\nor\nmax by (namespace, model_name) (specdecode_observed_speedup{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", window=\"$window\", statistic=\"mean\"}))\nor\n((1 + sum by (namespace, model_name) (rate(specdecode_accepted_tokens_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) / (sum by (namespace, model_name) (rate(specdecode_drafts_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) > 0))\n/\n(1 + sum by (namespace, model_name) (rate(specdecode_draft_tokens_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) / (sum by (namespace, model_name) (rate(specdecode_drafts_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) > 0)\n   * max by (namespace, model_name) (specdecode_break_even_acceptance_ratio{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", cost_basis=\"configured\"})))) >= bool %s)\n*\n((sum by (namespace, model_name) (rate(specdecode_accepted_tokens_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window]))\n/\n(sum by (namespace, model_name) (rate(specdecode_draft_tokens_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) > 0)) >= bool %s))\n*\n(((((histogram_quantile(0.99, sum by (namespace, model_name, spec_decode, le) (rate(specdecode_request_time_per_output_token_seconds_bucket{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"false\"}[$window])))\nand on (namespace, model_name, spec_decode)\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_count{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"false\"}[$window])) > 0))\n/ ignoring (spec_decode)\n(histogram_quantile(0.99, sum by (namespace, model_name, spec_decode, le) (rate(specdecode_request_time_per_output_token_seconds_bucket{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"true\"}[$window])))\nand on (namespace, model_name, spec_decode)\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_count{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"true\"}[$window])) > 0) > 0))\nor\nmax by (namespace, model_name) (specdecode_observed_speedup{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", window=\"$window\", statistic=\"p99\"})) >= bool %s) or (((((sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_sum{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"false\"}[$window]))\n/\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_count{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"false\"}[$window])) > 0))\n/ ignoring (spec_decode)\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_sum{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"true\"}[$window]))\n/\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_count{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"true\"}[$window])) > 0) > 0))\nor\nmax by (namespace, model_name) (specdecode_observed_speedup{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", window=\"$window\", statistic=\"mean\"}))\nor\n((1 + sum by (namespace, model_name) (rate(specdecode_accepted_tokens_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) / (sum by (namespace, model_name) (rate(specdecode_drafts_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) > 0))\n/\n(1 + sum by (namespace, model_name) (rate(specdecode_draft_tokens_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) / (sum by (namespace, model_name) (rate(specdecode_drafts_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) > 0)\n   * max by (namespace, model_name) (specdecode_break_even_acceptance_ratio{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", cost_basis=\"configured\"})))) * 0 + 1)))" % [std.format("%g", $._config.hurtingBelow), std.format("%g", $._config.payingOffFrom), std.format("%g", $._config.pageAcceptanceRatio), std.format("%g", $._config.hurtingBelow)],
+              "expr": "(((((sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_sum{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"false\"}[$window]))\n/\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_count{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"false\"}[$window])) > 0))\n/ ignoring (spec_decode)\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_sum{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"true\"}[$window]))\n/\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_count{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"true\"}[$window])) > 0) > 0))\nor\nmax by (namespace, model_name) (specdecode_observed_speedup{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", window=\"$window\", statistic=\"mean\"}))\nor\n((1 + sum by (namespace, model_name) (rate(specdecode_accepted_tokens_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) / (sum by (namespace, model_name) (rate(specdecode_drafts_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) > 0))\n/\n(1 + sum by (namespace, model_name) (rate(specdecode_draft_tokens_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) / (sum by (namespace, model_name) (rate(specdecode_drafts_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) > 0)\n   * max by (namespace, model_name) (specdecode_break_even_acceptance_ratio{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", cost_basis=\"configured\"})))) >= bool %s)\n+\n(((((((((sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_sum{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"false\"}[$window]))\n/\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_count{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"false\"}[$window])) > 0))\n/ ignoring (spec_decode)\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_sum{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"true\"}[$window]))\n/\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_count{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"true\"}[$window])) > 0) > 0))\nor\nmax by (namespace, model_name) (specdecode_observed_speedup{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", window=\"$window\", statistic=\"mean\"}))\nor\n((1 + sum by (namespace, model_name) (rate(specdecode_accepted_tokens_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) / (sum by (namespace, model_name) (rate(specdecode_drafts_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) > 0))\n/\n(1 + sum by (namespace, model_name) (rate(specdecode_draft_tokens_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) / (sum by (namespace, model_name) (rate(specdecode_drafts_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) > 0)\n   * max by (namespace, model_name) (specdecode_break_even_acceptance_ratio{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", cost_basis=\"configured\"})))) >= bool %s)\n*\n((sum by (namespace, model_name) (rate(specdecode_accepted_tokens_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window]))\n/\n(sum by (namespace, model_name) (rate(specdecode_draft_tokens_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) > 0)) >= bool %s))\n*\n(((((histogram_quantile(0.99, sum by (namespace, model_name, spec_decode, le) (rate(specdecode_request_time_per_output_token_seconds_bucket{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"false\"}[$window])))\nand on (namespace, model_name, spec_decode)\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_count{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"false\"}[$window])) > 0))\n/ ignoring (spec_decode)\n(histogram_quantile(0.99, sum by (namespace, model_name, spec_decode, le) (rate(specdecode_request_time_per_output_token_seconds_bucket{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"true\"}[$window])))\nand on (namespace, model_name, spec_decode)\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_count{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"true\"}[$window])) > 0) > 0))\nor\nmax by (namespace, model_name) (specdecode_observed_speedup{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", window=\"$window\", statistic=\"p99\"})) >= bool %s) or (((((sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_sum{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"false\"}[$window]))\n/\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_count{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"false\"}[$window])) > 0))\n/ ignoring (spec_decode)\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_sum{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"true\"}[$window]))\n/\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_count{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"true\"}[$window])) > 0) > 0))\nor\nmax by (namespace, model_name) (specdecode_observed_speedup{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", window=\"$window\", statistic=\"mean\"}))\nor\n((1 + sum by (namespace, model_name) (rate(specdecode_accepted_tokens_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) / (sum by (namespace, model_name) (rate(specdecode_drafts_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) > 0))\n/\n(1 + sum by (namespace, model_name) (rate(specdecode_draft_tokens_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) / (sum by (namespace, model_name) (rate(specdecode_drafts_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) > 0)\n   * max by (namespace, model_name) (specdecode_break_even_acceptance_ratio{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", cost_basis=\"configured\"})))) * 0 + 1)))\n*\n((((sum by (namespace, model_name) (rate(specdecode_preemptions_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"true\"}[$window]))\n/\n(sum by (namespace, model_name) (rate(specdecode_request_time_per_output_token_seconds_count{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"true\"}[$window])) > 0))\n-\n(sum by (namespace, model_name) (rate(specdecode_preemptions_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"false\"}[$window]))\n/\n(sum by (namespace, model_name) (rate(specdecode_request_time_per_output_token_seconds_count{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"false\"}[$window])) > 0))) <= bool %s) or (((((sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_sum{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"false\"}[$window]))\n/\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_count{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"false\"}[$window])) > 0))\n/ ignoring (spec_decode)\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_sum{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"true\"}[$window]))\n/\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_count{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"true\"}[$window])) > 0) > 0))\nor\nmax by (namespace, model_name) (specdecode_observed_speedup{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", window=\"$window\", statistic=\"mean\"}))\nor\n((1 + sum by (namespace, model_name) (rate(specdecode_accepted_tokens_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) / (sum by (namespace, model_name) (rate(specdecode_drafts_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) > 0))\n/\n(1 + sum by (namespace, model_name) (rate(specdecode_draft_tokens_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) / (sum by (namespace, model_name) (rate(specdecode_drafts_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) > 0)\n   * max by (namespace, model_name) (specdecode_break_even_acceptance_ratio{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", cost_basis=\"configured\"})))) * 0 + 1)))\n*\n((((avg by (namespace, model_name) (rate(specdecode_generated_tokens_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"true\"}[$window]))\n/\n(avg by (namespace, model_name) (rate(specdecode_generated_tokens_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"false\"}[$window])) > 0))\nand on (namespace, model_name)\n(avg by (namespace, model_name) (specdecode_requests_waiting{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", window=\"$window\"}\nand ignoring (window, api, method, num_speculative_tokens)\nspecdecode_info{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", method!=\"off\"}) >= %s)) >= bool %s) or (((((sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_sum{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"false\"}[$window]))\n/\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_count{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"false\"}[$window])) > 0))\n/ ignoring (spec_decode)\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_sum{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"true\"}[$window]))\n/\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_count{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"true\"}[$window])) > 0) > 0))\nor\nmax by (namespace, model_name) (specdecode_observed_speedup{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", window=\"$window\", statistic=\"mean\"}))\nor\n((1 + sum by (namespace, model_name) (rate(specdecode_accepted_tokens_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) / (sum by (namespace, model_name) (rate(specdecode_drafts_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) > 0))\n/\n(1 + sum by (namespace, model_name) (rate(specdecode_draft_tokens_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) / (sum by (namespace, model_name) (rate(specdecode_drafts_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$window])) > 0)\n   * max by (namespace, model_name) (specdecode_break_even_acceptance_ratio{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", cost_basis=\"configured\"})))) * 0 + 1)))" % [std.format("%g", $._config.hurtingBelow), std.format("%g", $._config.payingOffFrom), std.format("%g", $._config.pageAcceptanceRatio), std.format("%g", $._config.hurtingBelow), std.format("%g", $._config.maxPreemptionsPerRequestIncrease), std.format("%g", $._config.minWaitingRequests), std.format("%g", $._config.minThroughputRatio)],
               "instant": true,
               "legendFormat": "{{model_name}} {{namespace}}",
               "range": false,
@@ -3573,6 +3646,662 @@
           },
           "id": 42,
           "panels": [],
+          "title": "Is it still speculating? Which k at which batch size?",
+          "type": "row"
+        },
+        {
+          "datasource": {
+            "type": "prometheus",
+            "uid": "${datasource}"
+          },
+          "description": "Share of each engine's generated tokens that speculative steps produced: (drafts + accepted) / generated tokens. 1 while every step speculates (a little below: each request's first token comes from prefill), 0 once speculation stopped while the engine still generates: an acceptance gate (TensorRT-LLM switches it off for good), a batch-size schedule at k = 0, an ngram drafter that finds nothing. Below %s: SpecDecodeSpeculationStopped." % [std.format("%.0f%%", $._config.speculationShareBelow * 100)],
+          "fieldConfig": {
+            "defaults": {
+              "custom": {
+                "fillOpacity": 10,
+                "lineWidth": 2,
+                "showPoints": "never",
+                "spanNulls": false,
+                "thresholdsStyle": {
+                  "mode": "line+area"
+                }
+              },
+              "max": 1,
+              "min": 0,
+              "noValue": "No traffic",
+              "thresholds": {
+                "mode": "absolute",
+                "steps": [
+                  {
+                    "color": "red",
+                    "value": null
+                  },
+                  {
+                    "color": "transparent",
+                    "value": $._config.speculationShareBelow
+                  }
+                ]
+              },
+              "unit": "percentunit"
+            },
+            "overrides": []
+          },
+          "gridPos": {
+            "h": 8,
+            "w": 6,
+            "x": 0,
+            "y": 98
+          },
+          "id": 43,
+          "options": {
+            "legend": {
+              "calcs": [
+                "lastNotNull",
+                "min",
+                "mean"
+              ],
+              "displayMode": "table",
+              "placement": "bottom",
+              "showLegend": true
+            },
+            "tooltip": {
+              "mode": "multi",
+              "sort": "desc"
+            }
+          },
+          "repeatDirection": "h",
+          "targets": [
+            {
+              "datasource": {
+                "type": "prometheus",
+                "uid": "${datasource}"
+              },
+              "expr": "sum by (namespace, model_name, pod, target, engine) (rate(specdecode_emitted_tokens_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$__rate_interval]))\n/\n(sum by (namespace, model_name, pod, target, engine) (rate(specdecode_generated_tokens_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$__rate_interval])) > 0)",
+              "instant": false,
+              "legendFormat": "{{pod}} {{target}} engine {{engine}}",
+              "range": true,
+              "refId": "A"
+            }
+          ],
+          "title": "Speculative token share",
+          "transparent": false,
+          "type": "timeseries"
+        },
+        {
+          "datasource": {
+            "type": "prometheus",
+            "uid": "${datasource}"
+          },
+          "description": "Where vLLM exports it (vllm:spec_decode_scheduled_steps, proposed upstream in vllm#54748): scheduler steps per second by the number of speculative tokens a batch-size schedule (num_speculative_tokens_per_batch_size) chose, 0 included. Steps at k = 0 are speculation stopped on purpose. Empty for every released vLLM.",
+          "fieldConfig": {
+            "defaults": {
+              "custom": {
+                "fillOpacity": 10,
+                "lineWidth": 2,
+                "showPoints": "never",
+                "spanNulls": false,
+                "stacking": {
+                  "mode": "normal"
+                }
+              },
+              "min": 0,
+              "noValue": "No traffic",
+              "unit": "short"
+            },
+            "overrides": []
+          },
+          "gridPos": {
+            "h": 8,
+            "w": 6,
+            "x": 6,
+            "y": 98
+          },
+          "id": 44,
+          "options": {
+            "legend": {
+              "calcs": [
+                "lastNotNull",
+                "min",
+                "mean"
+              ],
+              "displayMode": "table",
+              "placement": "bottom",
+              "showLegend": true
+            },
+            "tooltip": {
+              "mode": "multi",
+              "sort": "desc"
+            }
+          },
+          "repeatDirection": "h",
+          "targets": [
+            {
+              "datasource": {
+                "type": "prometheus",
+                "uid": "${datasource}"
+              },
+              "expr": "sum by (namespace, model_name, num_speculative_tokens) (rate(specdecode_scheduled_steps_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$__rate_interval]))",
+              "instant": false,
+              "legendFormat": "k={{num_speculative_tokens}} {{model_name}}",
+              "range": true,
+              "refId": "A"
+            }
+          ],
+          "title": "Scheduler steps by the k the schedule chose",
+          "transparent": false,
+          "type": "timeseries"
+        },
+        {
+          "datasource": {
+            "type": "prometheus",
+            "uid": "${datasource}"
+          },
+          "description": "The sidecar's batch-size schedule over its longest window: for each range of running requests, the k with the highest modelled speedup (the acceptance seen at that batch size, the cost model's c_verify at that batch, calibrated to the observed speedup where a baseline gives one). Paste it as vLLM's num_speculative_tokens_per_batch_size or TensorRT-LLM's draft_len_schedule: the status page and `check` print both. Highest over the selected pods.",
+          "fieldConfig": {
+            "defaults": {
+              "custom": {
+                "align": "auto",
+                "inspect": false
+              },
+              "noValue": "No schedule yet",
+              "unit": "none"
+            },
+            "overrides": []
+          },
+          "gridPos": {
+            "h": 8,
+            "w": 4,
+            "x": 12,
+            "y": 98
+          },
+          "id": 45,
+          "options": {
+            "cellHeight": "sm",
+            "footer": {
+              "countRows": false,
+              "reducer": [],
+              "show": false
+            },
+            "frameIndex": 0,
+            "showHeader": true,
+            "showTypeIcons": false
+          },
+          "repeatDirection": "h",
+          "targets": [
+            {
+              "datasource": {
+                "type": "prometheus",
+                "uid": "${datasource}"
+              },
+              "expr": "max by (namespace, model_name, batch_size) (specdecode_recommended_num_speculative_tokens_by_batch_size{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"})",
+              "format": "table",
+              "instant": true,
+              "legendFormat": "__auto",
+              "range": false,
+              "refId": "A"
+            }
+          ],
+          "title": "Recommended k by batch size",
+          "transformations": [
+            {
+              "id": "organize",
+              "options": {
+                "excludeByName": {
+                  "Time": true
+                },
+                "indexByName": {
+                  "Value": 2,
+                  "batch_size": 1,
+                  "model_name": 0
+                },
+                "renameByName": {}
+              }
+            }
+          ],
+          "transparent": false,
+          "type": "table"
+        },
+        {
+          "datasource": {
+            "type": "prometheus",
+            "uid": "${datasource}"
+          },
+          "description": "The evidence for the schedule: the modelled speedup over plain decoding in each batch-size range with today's fixed k (dashed) and with the recommended k, and the schedule's expected gain over fixed k with each range weighted by the time the engines spent there (right axis). Modelled, not measured: measure a change with `specdecode-exporter probe`.",
+          "fieldConfig": {
+            "defaults": {
+              "custom": {
+                "fillOpacity": 10,
+                "lineWidth": 2,
+                "showPoints": "never",
+                "spanNulls": false
+              },
+              "noValue": "No traffic",
+              "unit": "suffix:×"
+            },
+            "overrides": [
+              {
+                "matcher": {
+                  "id": "byFrameRefID",
+                  "options": "A"
+                },
+                "properties": [
+                  {
+                    "id": "custom.lineStyle",
+                    "value": {
+                      "dash": [
+                        10,
+                        10
+                      ],
+                      "fill": "dash"
+                    }
+                  },
+                  {
+                    "id": "custom.fillOpacity",
+                    "value": 0
+                  }
+                ]
+              }
+            ]
+          },
+          "gridPos": {
+            "h": 8,
+            "w": 8,
+            "x": 16,
+            "y": 98
+          },
+          "id": 46,
+          "options": {
+            "legend": {
+              "calcs": [
+                "lastNotNull",
+                "min",
+                "mean"
+              ],
+              "displayMode": "table",
+              "placement": "bottom",
+              "showLegend": true
+            },
+            "tooltip": {
+              "mode": "multi",
+              "sort": "desc"
+            }
+          },
+          "repeatDirection": "h",
+          "targets": [
+            {
+              "datasource": {
+                "type": "prometheus",
+                "uid": "${datasource}"
+              },
+              "expr": "max by (namespace, model_name, batch_size) (specdecode_expected_speedup_by_batch_size{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", schedule=\"fixed\"})",
+              "instant": false,
+              "legendFormat": "fixed k {{batch_size}}",
+              "range": true,
+              "refId": "A"
+            },
+            {
+              "datasource": {
+                "type": "prometheus",
+                "uid": "${datasource}"
+              },
+              "expr": "max by (namespace, model_name, batch_size) (specdecode_expected_speedup_by_batch_size{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", schedule=\"recommended\"})",
+              "instant": false,
+              "legendFormat": "schedule {{batch_size}}",
+              "range": true,
+              "refId": "B"
+            },
+            {
+              "datasource": {
+                "type": "prometheus",
+                "uid": "${datasource}"
+              },
+              "expr": "max by (namespace, model_name) (specdecode_batch_size_schedule_expected_gain{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"})",
+              "instant": false,
+              "legendFormat": "expected gain {{model_name}}",
+              "range": true,
+              "refId": "C"
+            }
+          ],
+          "title": "Modelled speedup by batch size: fixed k against the schedule",
+          "transparent": false,
+          "type": "timeseries"
+        },
+        {
+          "collapsed": false,
+          "gridPos": {
+            "h": 1,
+            "w": 24,
+            "x": 0,
+            "y": 106
+          },
+          "id": 47,
+          "panels": [],
+          "title": "What it costs against the control pods: memory and throughput (window $window)",
+          "type": "row"
+        },
+        {
+          "datasource": {
+            "type": "prometheus",
+            "uid": "${datasource}"
+          },
+          "description": "Mean KV-cache usage per engine (vLLM's kv_cache_usage_perc) over $window, spec-decode pods against control pods (the same model with spec decode off, spec_decode=\"false\"). A draft model takes GPU memory, and each running request holds k lookahead slots: the spec-decode pods fill their cache at a smaller batch.",
+          "fieldConfig": {
+            "defaults": {
+              "custom": {
+                "fillOpacity": 10,
+                "lineWidth": 2,
+                "showPoints": "never",
+                "spanNulls": false
+              },
+              "max": 1,
+              "min": 0,
+              "noValue": "No traffic",
+              "unit": "percentunit"
+            },
+            "overrides": [
+              {
+                "matcher": {
+                  "id": "byFrameRefID",
+                  "options": "B"
+                },
+                "properties": [
+                  {
+                    "id": "custom.lineStyle",
+                    "value": {
+                      "dash": [
+                        10,
+                        10
+                      ],
+                      "fill": "dash"
+                    }
+                  },
+                  {
+                    "id": "custom.fillOpacity",
+                    "value": 0
+                  }
+                ]
+              }
+            ]
+          },
+          "gridPos": {
+            "h": 8,
+            "w": 8,
+            "x": 0,
+            "y": 107
+          },
+          "id": 48,
+          "options": {
+            "legend": {
+              "calcs": [
+                "lastNotNull",
+                "min",
+                "mean"
+              ],
+              "displayMode": "table",
+              "placement": "bottom",
+              "showLegend": true
+            },
+            "tooltip": {
+              "mode": "multi",
+              "sort": "desc"
+            }
+          },
+          "repeatDirection": "h",
+          "targets": [
+            {
+              "datasource": {
+                "type": "prometheus",
+                "uid": "${datasource}"
+              },
+              "expr": "avg by (namespace, model_name) (avg_over_time(specdecode_kv_cache_usage_ratio{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"true\"}[$window]))",
+              "instant": false,
+              "legendFormat": "KV usage with spec decode {{model_name}}",
+              "range": true,
+              "refId": "A"
+            },
+            {
+              "datasource": {
+                "type": "prometheus",
+                "uid": "${datasource}"
+              },
+              "expr": "avg by (namespace, model_name) (avg_over_time(specdecode_kv_cache_usage_ratio{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"false\"}[$window]))",
+              "instant": false,
+              "legendFormat": "KV usage without (control) {{model_name}}",
+              "range": true,
+              "refId": "B"
+            }
+          ],
+          "title": "KV-cache usage: spec-decode pods and control pods",
+          "transparent": false,
+          "type": "timeseries"
+        },
+        {
+          "datasource": {
+            "type": "prometheus",
+            "uid": "${datasource}"
+          },
+          "description": "vLLM's preemptions (requests evicted for want of KV-cache blocks, recomputed later) per finished request over $window. More than %s above the control pods': SpecDecodePreemptionsRaised, and the verdict is at best 'Marginal' (a latency win that preempts is not paying off)." % [std.format("%g", $._config.maxPreemptionsPerRequestIncrease)],
+          "fieldConfig": {
+            "defaults": {
+              "custom": {
+                "fillOpacity": 10,
+                "lineWidth": 2,
+                "showPoints": "never",
+                "spanNulls": false
+              },
+              "min": 0,
+              "noValue": "No traffic",
+              "unit": "short"
+            },
+            "overrides": [
+              {
+                "matcher": {
+                  "id": "byFrameRefID",
+                  "options": "B"
+                },
+                "properties": [
+                  {
+                    "id": "custom.lineStyle",
+                    "value": {
+                      "dash": [
+                        10,
+                        10
+                      ],
+                      "fill": "dash"
+                    }
+                  },
+                  {
+                    "id": "custom.fillOpacity",
+                    "value": 0
+                  }
+                ]
+              }
+            ]
+          },
+          "gridPos": {
+            "h": 8,
+            "w": 8,
+            "x": 8,
+            "y": 107
+          },
+          "id": 49,
+          "options": {
+            "legend": {
+              "calcs": [
+                "lastNotNull",
+                "min",
+                "mean"
+              ],
+              "displayMode": "table",
+              "placement": "bottom",
+              "showLegend": true
+            },
+            "tooltip": {
+              "mode": "multi",
+              "sort": "desc"
+            }
+          },
+          "repeatDirection": "h",
+          "targets": [
+            {
+              "datasource": {
+                "type": "prometheus",
+                "uid": "${datasource}"
+              },
+              "expr": "sum by (namespace, model_name) (rate(specdecode_preemptions_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"true\"}[$window]))\n/\n(sum by (namespace, model_name) (rate(specdecode_request_time_per_output_token_seconds_count{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"true\"}[$window])) > 0)",
+              "instant": false,
+              "legendFormat": "preemptions with spec decode {{model_name}}",
+              "range": true,
+              "refId": "A"
+            },
+            {
+              "datasource": {
+                "type": "prometheus",
+                "uid": "${datasource}"
+              },
+              "expr": "sum by (namespace, model_name) (rate(specdecode_preemptions_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"false\"}[$window]))\n/\n(sum by (namespace, model_name) (rate(specdecode_request_time_per_output_token_seconds_count{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"false\"}[$window])) > 0)",
+              "instant": false,
+              "legendFormat": "preemptions without (control) {{model_name}}",
+              "range": true,
+              "refId": "B"
+            }
+          ],
+          "title": "Preemptions per request: spec-decode pods and control pods",
+          "transparent": false,
+          "type": "timeseries"
+        },
+        {
+          "datasource": {
+            "type": "prometheus",
+            "uid": "${datasource}"
+          },
+          "description": "Throughput per engine over $window, with the requests waiting on the spec-decode pods (right axis). At comparable load — the spec-decode pods queue at least %s request(s), so they run at their capacity — below %s of the control pods' tokens/s is SpecDecodeThroughputCut: faster tokens per request do not make up for fewer requests served." % [std.format("%g", $._config.minWaitingRequests), std.format("%.0f%%", $._config.minThroughputRatio * 100)],
+          "fieldConfig": {
+            "defaults": {
+              "custom": {
+                "fillOpacity": 10,
+                "lineWidth": 2,
+                "showPoints": "never",
+                "spanNulls": false
+              },
+              "min": 0,
+              "noValue": "No traffic",
+              "unit": "si:tok/s"
+            },
+            "overrides": [
+              {
+                "matcher": {
+                  "id": "byFrameRefID",
+                  "options": "B"
+                },
+                "properties": [
+                  {
+                    "id": "custom.lineStyle",
+                    "value": {
+                      "dash": [
+                        10,
+                        10
+                      ],
+                      "fill": "dash"
+                    }
+                  },
+                  {
+                    "id": "custom.fillOpacity",
+                    "value": 0
+                  }
+                ]
+              },
+              {
+                "matcher": {
+                  "id": "byFrameRefID",
+                  "options": "C"
+                },
+                "properties": [
+                  {
+                    "id": "unit",
+                    "value": "short"
+                  },
+                  {
+                    "id": "custom.axisPlacement",
+                    "value": "right"
+                  }
+                ]
+              }
+            ]
+          },
+          "gridPos": {
+            "h": 8,
+            "w": 8,
+            "x": 16,
+            "y": 107
+          },
+          "id": 50,
+          "options": {
+            "legend": {
+              "calcs": [
+                "lastNotNull",
+                "min",
+                "mean"
+              ],
+              "displayMode": "table",
+              "placement": "bottom",
+              "showLegend": true
+            },
+            "tooltip": {
+              "mode": "multi",
+              "sort": "desc"
+            }
+          },
+          "repeatDirection": "h",
+          "targets": [
+            {
+              "datasource": {
+                "type": "prometheus",
+                "uid": "${datasource}"
+              },
+              "expr": "avg by (namespace, model_name) (rate(specdecode_generated_tokens_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"true\"}[$window]))",
+              "instant": false,
+              "legendFormat": "tokens/s with spec decode {{model_name}}",
+              "range": true,
+              "refId": "A"
+            },
+            {
+              "datasource": {
+                "type": "prometheus",
+                "uid": "${datasource}"
+              },
+              "expr": "avg by (namespace, model_name) (rate(specdecode_generated_tokens_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", spec_decode=\"false\"}[$window]))",
+              "instant": false,
+              "legendFormat": "tokens/s without (control) {{model_name}}",
+              "range": true,
+              "refId": "B"
+            },
+            {
+              "datasource": {
+                "type": "prometheus",
+                "uid": "${datasource}"
+              },
+              "expr": "avg by (namespace, model_name) (specdecode_requests_waiting{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", window=\"$window\"}\nand ignoring (window, api, method, num_speculative_tokens)\nspecdecode_info{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", method!=\"off\"})",
+              "instant": false,
+              "legendFormat": "waiting on spec decode {{model_name}}",
+              "range": true,
+              "refId": "C"
+            }
+          ],
+          "title": "Generated tokens/s per engine: spec-decode pods and control pods",
+          "transparent": false,
+          "type": "timeseries"
+        },
+        {
+          "collapsed": false,
+          "gridPos": {
+            "h": 1,
+            "w": 24,
+            "x": 0,
+            "y": 115
+          },
+          "id": 51,
+          "panels": [],
           "title": "What the alerts see",
           "type": "row"
         },
@@ -3662,9 +4391,9 @@
             "h": 8,
             "w": 12,
             "x": 0,
-            "y": 98
+            "y": 116
           },
-          "id": 43,
+          "id": 52,
           "options": {
             "legend": {
               "calcs": [
@@ -3757,9 +4486,9 @@
             "h": 8,
             "w": 12,
             "x": 12,
-            "y": 98
+            "y": 116
           },
-          "id": 44,
+          "id": 53,
           "options": {
             "legend": {
               "calcs": [
@@ -3811,9 +4540,9 @@
             "h": 1,
             "w": 24,
             "x": 0,
-            "y": 106
+            "y": 124
           },
-          "id": 45,
+          "id": 54,
           "panels": [],
           "title": "Health",
           "type": "row"
@@ -3865,9 +4594,9 @@
             "h": 6,
             "w": 4,
             "x": 0,
-            "y": 107
+            "y": 125
           },
-          "id": 46,
+          "id": 55,
           "options": {
             "colorMode": "background",
             "graphMode": "none",
@@ -3950,9 +4679,9 @@
             "h": 6,
             "w": 4,
             "x": 4,
-            "y": 107
+            "y": 125
           },
-          "id": 47,
+          "id": 56,
           "options": {
             "colorMode": "background",
             "graphMode": "none",
@@ -4012,9 +4741,9 @@
             "h": 6,
             "w": 6,
             "x": 8,
-            "y": 107
+            "y": 125
           },
-          "id": 48,
+          "id": 57,
           "options": {
             "legend": {
               "calcs": [
@@ -4073,9 +4802,9 @@
             "h": 6,
             "w": 4,
             "x": 14,
-            "y": 107
+            "y": 125
           },
-          "id": 49,
+          "id": 58,
           "options": {
             "legend": {
               "calcs": [
@@ -4131,9 +4860,9 @@
             "h": 6,
             "w": 6,
             "x": 18,
-            "y": 107
+            "y": 125
           },
-          "id": 50,
+          "id": 59,
           "options": {
             "cellHeight": "sm",
             "footer": {
@@ -4204,9 +4933,9 @@
             "h": 5,
             "w": 24,
             "x": 0,
-            "y": 113
+            "y": 131
           },
-          "id": 51,
+          "id": 60,
           "options": {
             "cellHeight": "sm",
             "footer": {

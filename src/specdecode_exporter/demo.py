@@ -140,6 +140,7 @@ specdecode-exporter demo is running (Ctrl-C to stop).
   control pod      {control}/metrics   (the same model, spec decode off: the baseline)
   request tap      {tap}/v1/completions   (the demo sends traffic through it; it routes classes whose α is
                    below break-even to the control pod: Routing on the status page, specdecode_route_* metrics)
-Watch α drop below 0.5 in the 'degraded' phase, and the observed speedup with it:
-  curl -s {sidecar}/metrics | grep -E 'specdecode_(acceptance_ratio|observed_speedup)\\{{'
+Watch α drop below 0.5 in the 'degraded' phase, and the observed speedup with it; then an acceptance gate
+stops speculation silently (the status page says so, the speculative token share falls to 0):
+  curl -s {sidecar}/metrics | grep -E 'specdecode_(acceptance_ratio|observed_speedup|speculative_token_share)\\{{'
 """, flush=True)

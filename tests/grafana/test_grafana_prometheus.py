@@ -94,7 +94,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     with contextlib.ExitStack() as started:
         simulator = started.enter_context(running("simulator", lambda port: [
             *cli, "simulate", "--web.listen-address", f"127.0.0.1:{port}", "--acceptance-rate", str(ACCEPTANCE),
-            "--pace", "false"], tmp, "/health"))
+            "--pace", "false", "--spec-decode-scheduled-steps", "true"], tmp, "/health"))
         control = started.enter_context(running("control", lambda port: [
             *cli, "simulate", "--web.listen-address", f"127.0.0.1:{port}", "--acceptance-rate", str(ACCEPTANCE),
             "--spec-decode", "false"], tmp, "/health"))

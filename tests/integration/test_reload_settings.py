@@ -127,6 +127,17 @@ def test_verdict_window(harness: Harness, tmp_path: Path) -> None:
     assert harness.metrics().get("specdecode_verdict", engine="0", window="1m") == 1.0
 
 
+def test_speculation_stopped(harness: Harness, tmp_path: Path) -> None:
+    warm(harness)
+    assert first_series(harness)["speculation"]["state"] == "speculating"
+    monitoring = tmp_path / "monitoring.yaml"
+    monitoring.write_text("speculation_stopped: {min_generated_tokens_per_second: 1e6}\n")
+    message = reload_with(harness, **{"monitoring.config_file": str(monitoring)})
+    assert "speculation_stopped" in message and "applied" in message
+    assert first_series(harness)["speculation"]["state"] == "too little traffic"  # at once, before a collection
+    assert harness.status()["speculation_stopped"] == {"share_below": 0.01, "min_generated_tokens_per_second": 1e6}
+
+
 def test_log_settings_are_reported_as_applied(harness: Harness) -> None:
     # That they take effect is tested on a real process (tests/faults/test_sidecar_process.py).
     message = reload_with(harness, log={"level": "debug", "format": "json"})
@@ -153,7 +164,7 @@ TESTED: dict[str, Callable[..., None]] = {
     "stale_after": test_stale_after, "max_series_per_target": test_max_series_per_target,
     "verdict": test_page_threshold, "verdict_window": test_verdict_window,
     "monitoring_config_file": test_monitoring_config_file, "log_level": test_log_settings_are_reported_as_applied,
-    "log_format": test_log_settings_are_reported_as_applied,
+    "log_format": test_log_settings_are_reported_as_applied, "speculation_stopped": test_speculation_stopped,
 }
 
 

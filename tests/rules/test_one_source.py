@@ -17,6 +17,7 @@ import yaml
 from specdecode_exporter.core import monitoring_config
 from specdecode_exporter.core.verdict import Evidence, Verdict, judge
 from specdecode_exporter.monitoring import build
+from specdecode_exporter.pipeline.capacity import CapacityStats, against_control
 from specdecode_exporter.pipeline.derive import CostModel, counts_stats
 from specdecode_exporter.sidecar.config import load_config_file
 from tests.grafana.grafana_dashboard_helpers import all_selection, content_panels, substitute
@@ -105,21 +106,69 @@ DRAFTS_PER_MINUTE = 600
 OBSERVED = ((0.9, 0.8), (1.05, 1.0), (1.3, 0.9), (1.3, 1.2), (1.6, 1.1))
 
 
-def sidecar_verdict(alpha: float, k: int, cost: CostModel, observed: tuple[float, float] | None = None) -> Verdict:
+# Against control pods, per minute: (preemptions, finished requests, generated tokens, mean waiting) of the
+# spec-decode pod and of the control pod; with an observed speedup that pays off, these decide the verdict.
+Pod = tuple[float, float, float, float]
+CAPACITY: tuple[tuple[Pod, Pod], ...] = (
+    ((12.0, 60.0, 6000.0, 0.0), (0.6, 60.0, 6000.0, 0.0)),  # +0.19 preemptions per request: marginal
+    ((1.2, 60.0, 6000.0, 0.0), (0.6, 60.0, 6000.0, 0.0)),  # +0.01: within the bound
+    ((0.0, 60.0, 4200.0, 3.0), (0.0, 60.0, 6000.0, 0.0)),  # 0.7× the control's tokens/s, queued: marginal
+    ((0.0, 60.0, 4200.0, 0.0), (0.0, 60.0, 6000.0, 0.0)),  # the same without a queue: not compared
+    ((0.0, 60.0, 5700.0, 3.0), (0.0, 60.0, 6000.0, 0.0)),  # 0.95×: within the bound
+)
+
+
+def capacity_costs(spec: Pod, control: Pod) -> tuple[float | None, float | None]:
+    """The sidecar's code path: window counts → CapacityStats → against_control."""
+    def stats(pod: Pod) -> CapacityStats:
+        preemptions, requests, generated, waiting = pod
+        return CapacityStats(600.0, None, generated * 10, preemptions * 10, requests * 10, 0.5, waiting)
+
+    bounds = monitoring_config.load().verdict.capacity
+    versus = against_control(stats(spec), stats(control), "control", bounds.min_waiting_requests)
+    return versus.preemptions_per_request_increase, versus.throughput_ratio
+
+
+def sidecar_verdict(alpha: float, k: int, cost: CostModel, observed: tuple[float, float] | None = None,
+                    capacity: tuple[Pod, Pod] | None = None) -> Verdict:
     """What the sidecar says for a window of these counts (its code path: counts → stats → judge)."""
     drafted = DRAFTS_PER_MINUTE * k * 10.0
     stats = counts_stats(600.0, drafted, drafted * alpha, DRAFTS_PER_MINUTE * 10.0, (), cost, k)
     assert stats is not None
     mean, p99 = observed if observed is not None else (None, None)
-    evidence = Evidence(stats.acceptance_ratio, stats.expected_speedup, mean, None, p99)
+    costs = capacity_costs(*capacity) if capacity is not None else (None, None)
+    evidence = Evidence(stats.acceptance_ratio, stats.expected_speedup, mean, None, p99, None, *costs)
     return judge(evidence, monitoring_config.load().verdict).verdict
 
 
-def grid() -> list[tuple[float, int, CostModel, tuple[float, float] | None]]:
-    points: list[tuple[float, int, CostModel, tuple[float, float] | None]] = [
-        (alpha, k, cost, None) for alpha, k, cost in itertools.product(ALPHAS, KS, COSTS)
+def capacity_series(model: str, capacity: tuple[Pod, Pod]) -> list[dict[str, str]]:
+    """Both pods' counters (marked spec_decode) and their waiting gauges with their info."""
+    series = []
+    for marked, (preemptions, requests, generated, waiting) in zip(("true", "false"), capacity, strict=True):
+        pod = (f'namespace="grid", job="specdecode", pod="{marked}", instance="{marked}", engine="0", '
+               f'model_name="{model}"')
+        counted = f'{pod}, spec_decode="{marked}"'
+        series += [
+            {"series": f"specdecode_preemptions_total{{{counted}}}", "values": f"0+{preemptions!r}x10"},
+            {"series": f"specdecode_request_time_per_output_token_seconds_count{{{counted}}}",
+             "values": f"0+{requests!r}x10"},
+            {"series": f"specdecode_generated_tokens_total{{{counted}}}", "values": f"0+{generated!r}x10"},
+            {"series": f'specdecode_requests_waiting{{{pod}, window="5m"}}', "values": f"{waiting!r}x10"},
+            {"series": f'specdecode_info{{{pod}, api="vllm-v1", num_speculative_tokens="3", '
+                       f'method="{"eagle3" if marked == "true" else "off"}"}}', "values": "1x10"},
+        ]
+    return series
+
+
+Point = tuple[float, int, CostModel, tuple[float, float] | None, tuple[Pod, Pod] | None]
+
+
+def grid() -> list[Point]:
+    points: list[Point] = [
+        (alpha, k, cost, None, None) for alpha, k, cost in itertools.product(ALPHAS, KS, COSTS)
         if not _on_a_boundary(alpha, k, cost)]
-    points += [(alpha, 3, CostModel(), observed) for alpha in (0.45, 0.6, 0.75) for observed in OBSERVED]
+    points += [(alpha, 3, CostModel(), observed, None) for alpha in (0.45, 0.6, 0.75) for observed in OBSERVED]
+    points += [(0.75, 3, CostModel(), (1.3, 1.2), capacity) for capacity in CAPACITY]
     return points
 
 
@@ -139,8 +188,9 @@ def test_sidecar_and_dashboard_verdicts_agree_on_a_grid(tmp_path: Path) -> None:
     series: list[dict[str, str]] = []
     expected: list[dict[str, Any]] = []
     seen = set()
-    for i, (alpha, k, cost, observed) in enumerate(grid()):
+    for i, (alpha, k, cost, observed, capacity) in enumerate(grid()):
         labels = f'namespace="grid", job="specdecode", pod="p", instance="i", engine="0", model_name="g{i}"'
+        series += capacity_series(f"g{i}", capacity) if capacity is not None else []
         per_minute = DRAFTS_PER_MINUTE * k
         series += [
             {"series": f"specdecode_drafts_total{{{labels}}}", "values": f"0+{DRAFTS_PER_MINUTE}x10"},
@@ -153,15 +203,17 @@ def test_sidecar_and_dashboard_verdicts_agree_on_a_grid(tmp_path: Path) -> None:
             for statistic, value in zip(("mean", "p99"), observed, strict=True):
                 gauge = f'specdecode_observed_speedup{{{labels}, window="5m", statistic="{statistic}"}}'
                 series.append({"series": gauge, "values": f"{value!r}x10"})
-        verdict = sidecar_verdict(alpha, k, cost, observed)
+        verdict = sidecar_verdict(alpha, k, cost, observed, capacity)
         seen.add(verdict)
         expected.append({"labels": f'{{model_name="g{i}", namespace="grid"}}', "value": verdict.code})
     idle = 'namespace="grid", job="specdecode", pod="p", instance="i", engine="0", model_name="idle"'
     series += [{"series": f"specdecode_{name}_total{{{idle}}}", "values": "0x10"}
                for name in ("drafts", "draft_tokens", "accepted_tokens")]  # no traffic: no verdict at all
     assert seen == {Verdict.HURTING, Verdict.MARGINAL, Verdict.PAYING_OFF}, "the grid must cover every verdict"
-    overruled = [p for p in grid() if p[3] is not None and sidecar_verdict(*p) != sidecar_verdict(*p[:3])]
+    overruled = [p for p in grid() if p[3] is not None and sidecar_verdict(*p[:4]) != sidecar_verdict(*p[:3])]
     assert len(overruled) >= 5, "observed speedups must decide some verdicts against the model"
+    costly = [p for p in grid() if p[4] is not None and sidecar_verdict(*p) != sidecar_verdict(*p[:4])]
+    assert len(costly) == 2, "preemptions and a throughput cut must each make a paying-off speedup marginal"
     test_file = tmp_path / "verdict.test.yaml"
     test_file.write_text(yaml.safe_dump({"rule_files": [], "evaluation_interval": "1m", "tests": [{
         "interval": "1m", "input_series": series,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -81,8 +82,7 @@ def test_check_prints_a_verdict_against_the_simulator() -> None:
     finally:
         server.stop()
     assert result.returncode == 0, result.stderr
-    header, row, reason = [line for line in result.stdout.splitlines()
-                           if "Llama" in line or line.startswith("model")]
+    header, row, reason = [line for line in result.stdout.splitlines() if line.startswith(("meta-llama", "model"))]
     assert header.split()[:3] == ["model", "engine", "α"]
     cells = row.split()
     assert cells[0] == "meta-llama/Llama-3.1-8B-Instruct"
@@ -90,6 +90,13 @@ def test_check_prints_a_verdict_against_the_simulator() -> None:
     assert "paying off" in row
     # S = (1 + 3·0.75) / (1 + 3·0.5) = 1.30
     assert reason == "meta-llama/Llama-3.1-8B-Instruct 0: paying off (modelled 1.30×)"
+    lines = result.stdout.splitlines()
+    assert "Speculation, meta-llama/Llama-3.1-8B-Instruct 0: speculative steps produced 100% of" in result.stdout
+    assert any(line.startswith("Batch-size schedule, meta-llama/Llama-3.1-8B-Instruct 0 (over 3s): ") for line in lines)
+    (vllm,) = [line for line in lines if line.startswith("  vLLM:")]
+    pasted = json.loads(vllm.split("--speculative-config ", 1)[1].strip("'"))
+    assert pasted["num_speculative_tokens_per_batch_size"][0][0] == 1
+    assert any(line.startswith("  TensorRT-LLM: speculative_config: {max_draft_len: ") for line in lines)
 
 
 def test_check_unreachable_is_one_line_exit_1() -> None:

@@ -10,6 +10,7 @@ import httpx
 
 from specdecode_exporter.check import per_request as check_per_request
 from specdecode_exporter.pipeline.derive import acceptance_ratio
+from specdecode_exporter.pipeline.schedule import schedule_summary, trtllm_draft_len_schedule, vllm_speculative_config
 from specdecode_exporter.sidecar.collection import Exporter, TargetView
 from specdecode_exporter.sidecar.config import Config, TargetConfig, Window
 from specdecode_exporter.sidecar.status import verdict_stats
@@ -57,9 +58,28 @@ def render(view: TargetView, duration: float) -> str:
         lines += ["", f"No drafted tokens in the last {duration:g}s: send traffic, or check for longer (--duration)."]
     lines += [""] + [f"{series.key.model_name or ''} {series.key.engine or ''}".strip()
                      + f": {series.judgement.verdict.value} ({series.judgement.reason})" for series in view.series]
+    lines += speculation_lines(view)
     lines += ["", f"Cost model: c_draft={cost.c_draft:g} c_verify={cost.c_verify:g} (break-even α = their sum); "
                   "speedup is modelled, not measured."]
     return "\n".join(lines) + "\n"
+
+
+def speculation_lines(view: TargetView) -> list[str]:
+    """Whether each series still speculates, and the batch-size schedule with the two forms to paste."""
+    lines: list[str] = []
+    for series in view.series:
+        name = f"{series.key.model_name or ''} {series.key.engine or ''}".strip()
+        if series.speculation is not None:
+            lines += ["", f"Speculation, {name}: {series.speculation.reason}"]
+        schedule = series.schedule
+        if schedule is None:
+            continue
+        lines += ["", f"Batch-size schedule, {name} (over {series.schedule_window}): {schedule_summary(schedule)}"]
+        pastes = (("vLLM", vllm_speculative_config(schedule, series.method or view.method)),
+                  ("TensorRT-LLM", trtllm_draft_len_schedule(schedule)))
+        lines += [f"  {tool + ':':<14}{text}" for tool, text in pastes if text is not None] or [
+            "  no batch size pays: turn speculation off"]
+    return lines
 
 
 def per_request_line(view: TargetView, send_completion: bool, timeout: float) -> tuple[str | None, bool]:

@@ -14,6 +14,13 @@ SERIES_LABELS = ("target", "model_name", "engine")
 # The le bounds of both α histograms (per collection interval and per request): every 0.05, so the page's 0.5 is a
 # bound and a rule can count what falls below it exactly.
 ACCEPTANCE_RATIO_BUCKETS: tuple[float, ...] = tuple(round(0.05 * i, 2) for i in range(1, 21))
+# The batch-size ranges of the schedule advice (label batch_size="1-4", …): fixed, so a dashboard and a rule can
+# name them; the last one also takes every larger batch (vLLM uses its last entry's k above it as well).
+BATCH_SIZE_RANGES: tuple[tuple[int, int], ...] = ((1, 4), (5, 16), (17, 64), (65, 256), (257, 1024))
+
+
+def batch_size_label(low: int, high: int) -> str:
+    return f"{low}-{high}"
 
 
 def go_float(value: float) -> str:
@@ -135,6 +142,33 @@ BREAK_EVEN_AT_LOAD = _windowed(
     "Break-even α at the window's mean running batch: the configured cost model with c_verify grown toward "
     "c_verify_max as the batch nears saturating_batch (a model of load, not a measurement); capped at 1.",
 )
+SPECULATIVE_TOKEN_SHARE = _windowed(
+    "specdecode_speculative_token_share",
+    "Share of the generated tokens that speculative steps produced over the window: (drafts + accepted tokens) / "
+    "generated tokens. 1 while every step speculates, 0 when speculation stopped while generation goes on (an "
+    "acceptance gate, a batch-size schedule at k = 0, a drafter that finds nothing); absent without generation.",
+)
+RECOMMENDED_K_BY_BATCH_SIZE = _windowed(
+    "specdecode_recommended_num_speculative_tokens_by_batch_size",
+    "The number of speculative tokens with the highest modelled speedup in each batch-size range (running requests "
+    "of the engine): the per-position acceptance seen at that batch size (all batch sizes where it was rarely seen) "
+    "under the cost model at that batch (c_verify grown toward c_verify_max, shifted by the calibration to the "
+    "observed speedup where there is one). Never above the current k, never longer for a larger batch; 0: plain "
+    "decoding. vLLM's num_speculative_tokens_per_batch_size, TensorRT-LLM's draft_len_schedule.",
+    ("batch_size",),
+)
+EXPECTED_SPEEDUP_BY_BATCH_SIZE = _windowed(
+    "specdecode_expected_speedup_by_batch_size",
+    "Modelled speedup over plain decoding in each batch-size range: schedule=fixed with today's k, "
+    "schedule=recommended with the recommended k of that range.",
+    ("batch_size", "schedule"),
+)
+SCHEDULE_EXPECTED_GAIN = _windowed(
+    "specdecode_batch_size_schedule_expected_gain",
+    "Modelled tokens per unit of time of the recommended batch-size schedule over today's fixed k, each range "
+    "weighted by the time the engine spent at that batch size over the window (1.05: 5 % more). Absent without "
+    "running-batch data.",
+)
 TIME_PER_OUTPUT_TOKEN = _windowed(
     "specdecode_time_per_output_token_seconds",
     "Time per output token over the window, from vLLM's per-request histogram (each finished request's decode "
@@ -176,6 +210,31 @@ REQUEST_TPOT = MetricSpec(
     "vLLM's per-request time-per-output-token histogram, reset-safe across vLLM restarts, marked with "
     "spec_decode=true|false (a control target) so recording rules can compare the two across pods.",
     (*SERIES_LABELS, "spec_decode"),
+)
+GENERATED_TOKENS = MetricSpec(
+    "specdecode_generated_tokens", "counter",
+    "Tokens the engine generated (vLLM's generation_tokens_total), reset-safe, marked spec_decode=true|false (a "
+    "control target): with the emitted tokens, the speculative token share; per pod, the throughput against the "
+    "control pods.",
+    (*SERIES_LABELS, "spec_decode"),
+)
+PREEMPTIONS = MetricSpec(
+    "specdecode_preemptions", "counter",
+    "Requests the engine preempted for want of KV-cache blocks (vLLM's num_preemptions_total), reset-safe, marked "
+    "spec_decode=true|false: spec decode's memory cost, against the control pods.",
+    (*SERIES_LABELS, "spec_decode"),
+)
+KV_CACHE_USAGE = MetricSpec(
+    "specdecode_kv_cache_usage_ratio", "gauge",
+    "The engine's KV-cache usage at the last collection (vLLM's kv_cache_usage_perc, 1 = full), marked "
+    "spec_decode=true|false.",
+    (*SERIES_LABELS, "spec_decode"),
+)
+SCHEDULED_STEPS = MetricSpec(
+    "specdecode_scheduled_steps", "counter",
+    "Scheduler steps by the number of speculative tokens a batch-size schedule chose for them, 0 included (vLLM's "
+    "proposed vllm:spec_decode_scheduled_steps, vllm#54748), reset-safe; where the engine exports it.",
+    (*SERIES_LABELS, "num_speculative_tokens"),
 )
 ENGINE_REQUEST_ACCEPTANCE = MetricSpec(
     "specdecode_engine_request_acceptance_ratio", "histogram",
@@ -327,6 +386,8 @@ COLLECTED: tuple[MetricSpec, ...] = (
     BREAK_EVEN, EXPECTED_SPEEDUP, EXPECTED_SPEEDUP_BY_LENGTH, RECOMMENDED_K, VERDICT,
     TIME_PER_OUTPUT_TOKEN, TIME_PER_OUTPUT_TOKEN_TAIL, TIME_TO_FIRST_TOKEN, REQUESTS_RUNNING, REQUESTS_WAITING,
     REQUEST_TPOT, ENGINE_REQUEST_ACCEPTANCE, OBSERVED_SPEEDUP, CALIBRATED_COST, BREAK_EVEN_AT_LOAD, BASELINE_INFO,
+    SPECULATIVE_TOKEN_SHARE, GENERATED_TOKENS, SCHEDULED_STEPS, PREEMPTIONS, KV_CACHE_USAGE,
+    RECOMMENDED_K_BY_BATCH_SIZE, EXPECTED_SPEEDUP_BY_BATCH_SIZE, SCHEDULE_EXPECTED_GAIN,
     LIFETIME_ACCEPTANCE, REPORTED_ACCEPTANCE_LENGTH, REPORTED_ACCEPTANCE_RATIO, SOURCE_RESTARTS, DROPPED_SERIES,
     BUILD_INFO,
 )

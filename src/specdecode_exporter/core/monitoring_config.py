@@ -31,7 +31,7 @@ from specdecode_exporter.core.validation import (
     fail,
     show,
 )
-from specdecode_exporter.core.verdict import VerdictBands
+from specdecode_exporter.core.verdict import CapacityBounds, VerdictBands
 
 DEFAULT_FILE = Path(__file__).resolve().parent / "monitoring.yaml"
 SEVERITIES = ("critical", "warning", "info")
@@ -132,6 +132,31 @@ class VerdictSpeedups(Section):
 
 
 @dataclass(frozen=True, slots=True)
+class CostVsControl(Section):
+    """What spec decode may cost against its control pods at comparable load (alerts and the verdict)."""
+
+    NULL_IS_EMPTY = True
+    max_preemptions_per_request_increase: NonNegative
+    min_throughput_ratio: NonNegative
+    min_waiting_requests: NonNegative
+
+    @property
+    def bounds(self) -> CapacityBounds:
+        return CapacityBounds(self.max_preemptions_per_request_increase, self.min_throughput_ratio,
+                              self.min_waiting_requests)
+
+
+@dataclass(frozen=True, slots=True)
+class SpeculationStopped(Section):
+    """When a target that speculated counts as stopped: its speculative token share below share_below while it
+    generates at least min_generated_tokens_per_second."""
+
+    NULL_IS_EMPTY = True
+    share_below: Ratio
+    min_generated_tokens_per_second: NonNegative
+
+
+@dataclass(frozen=True, slots=True)
 class ProbeSettings(Section):
     """The bands of `specdecode-exporter probe` (docs/probe.md); below the page threshold it says "disable"."""
 
@@ -181,6 +206,8 @@ class MonitoringConfig(Section):
     alerts: Annotated[tuple[tuple[str, AlertSettings], ...], Pairs(dict[str, AlertSettings])]
     dashboard: DashboardSettings
     probe: ProbeSettings
+    cost_vs_control: CostVsControl
+    speculation_stopped: SpeculationStopped
     extra_alert_labels: Annotated[tuple[tuple[str, str], ...], Pairs(dict[str, str]),
                                   BeforeValidator(_extra_labels)] = ()
     force_for: PromDurationOrZero | None = None  # every alert's `for:` (the end-to-end profile's short waits)
@@ -240,7 +267,8 @@ class MonitoringConfig(Section):
     @property
     def verdict(self) -> VerdictBands:
         return VerdictBands(page_acceptance_ratio=self.thresholds.page_acceptance_ratio,
-                            hurting_below=self.speedups.hurting_below, paying_off_from=self.speedups.paying_off_from)
+                            hurting_below=self.speedups.hurting_below, paying_off_from=self.speedups.paying_off_from,
+                            capacity=self.cost_vs_control.bounds)
 
     def level_labels(self, level: str | None = None) -> tuple[str, ...]:
         return dict(self.levels)[level or self.alert_level]

@@ -8,7 +8,10 @@ modelled one (docs/architecture.md, "Break-even model"):
 * no traffic: no α over the window;
 * hurting: speedup below ``hurting_below``;
 * marginal: speedup below ``paying_off_from``, or α below the page threshold (the page fires), or the
-  observed P99 speedup below ``hurting_below`` while the mean is above it (a tail regression);
+  observed P99 speedup below ``hurting_below`` while the mean is above it (a tail regression), or, against a
+  control target, more preemptions per request than ``capacity.max_preemptions_per_request_increase`` above the
+  control's or a throughput below ``capacity.min_throughput_ratio`` of the control's at comparable load (the
+  speedup costs memory or capacity: a P50 win that preempts is not paying off);
 * paying off: otherwise.
 """
 
@@ -35,10 +38,20 @@ VERDICT_BY_CODE = {code: verdict for verdict, code in _CODES.items() if code is 
 
 
 @dataclass(frozen=True, slots=True)
+class CapacityBounds:
+    """What spec decode may cost against a control target (the monitoring config's cost_vs_control)."""
+
+    max_preemptions_per_request_increase: float = 0.05  # preemptions per finished request above the control's
+    min_throughput_ratio: float = 0.9  # generated tokens/s per engine over the control's, at comparable load
+    min_waiting_requests: float = 1.0  # comparable load: the spec-decode engine queues at least this many on average
+
+
+@dataclass(frozen=True, slots=True)
 class VerdictBands:
     page_acceptance_ratio: float = 0.5  # α below this pages; the verdict is then at best "marginal"
     hurting_below: float = 1.0  # speedup below this: hurting
     paying_off_from: float = 1.1  # speedup from this (α not below the page threshold): paying off
+    capacity: CapacityBounds = CapacityBounds()
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +64,8 @@ class Evidence:
     observed_speedup_p50: float | None = None
     observed_speedup_p99: float | None = None
     baseline: str | None = None  # what the observed speedup is against, in words ('the control target "x"')
+    preemptions_per_request_increase: float | None = None  # against the control target
+    throughput_ratio: float | None = None  # against the control target, at comparable load
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,12 +88,28 @@ def judge(evidence: Evidence, bands: VerdictBands) -> Judgement:
     p99 = evidence.observed_speedup_p99
     if p99 is not None and p99 < bands.hurting_below:
         return Judgement(Verdict.MARGINAL, basis, f"{said}, P99 {p99:.2f}×: tail regression")
+    cost = _capacity_cost(evidence, bands.capacity)
+    if cost is not None:
+        return Judgement(Verdict.MARGINAL, basis, f"{said}, but {cost}")
     if alpha < bands.page_acceptance_ratio:
         return Judgement(Verdict.MARGINAL, basis,
                          f"{said}, but α {alpha:.2f} is below the page threshold {bands.page_acceptance_ratio:g}")
     if speedup < bands.paying_off_from:
         return Judgement(Verdict.MARGINAL, basis, f"{said}: below {bands.paying_off_from:g}×")
     return Judgement(Verdict.PAYING_OFF, basis, said)
+
+
+def _capacity_cost(evidence: Evidence, bounds: CapacityBounds) -> str | None:
+    """What the speedup costs beyond the bounds, in words; None within them (or without a control)."""
+    increase = evidence.preemptions_per_request_increase
+    if increase is not None and increase > bounds.max_preemptions_per_request_increase:
+        return (f"{increase:.2f} more preemptions per request than the control "
+                f"(bound {bounds.max_preemptions_per_request_increase:g}): it costs KV-cache memory")
+    throughput = evidence.throughput_ratio
+    if throughput is not None and throughput < bounds.min_throughput_ratio:
+        return (f"{throughput:.2f}× the control's generated tokens/s while requests wait "
+                f"(bound {bounds.min_throughput_ratio:g}×): it costs capacity")
+    return None
 
 
 def _speedup_words(evidence: Evidence, speedup: float) -> str:

@@ -126,6 +126,15 @@ class Context:
     def rate(self, metric: str, window: str = RATE_INTERVAL) -> str:
         return q.rate_sum(metric, self.scope, window)
 
+    def capacity_costs(self) -> tuple[str, str]:
+        """The verdict's capacity conditions against the control pods, over $window."""
+        return q.capacity_within_bounds(self.scope, "$window", "$window", self.cfg.verdict.capacity)
+
+    def per_pod(self) -> q.Scope:
+        """The sidecar's series one by one (each target and engine), under every variable."""
+        labels = (*self.cfg.level_labels(), "pod", "target", "engine")
+        return q.Scope(self.scope.matchers, tuple(dict.fromkeys(labels)))
+
     def windowed(self, metric: str, *matchers: str) -> str:
         """One of the sidecar's windowed gauges, at the dashboard's window."""
         return q.selector(metric, self.scope.also('window="$window"', *matchers))
@@ -275,11 +284,13 @@ def verdict_stat(ctx: Context) -> Any:
         "config), "
         "from the observed speedup where there is a baseline (control pods, or the pods' own baselines), else the "
         f"modelled one: 'Hurting' below {bands.hurting_below:g}×; 'Marginal' below {bands.paying_off_from:g}×, "
-        f"with α below the page threshold ({ctx.page:.0%}), or with an observed P99 speedup below "
-        f"{bands.hurting_below:g}× (a tail regression); else 'Paying off'. 'No traffic' when the model drafted "
-        "nothing over $window.",
+        f"with α below the page threshold ({ctx.page:.0%}), with an observed P99 speedup below "
+        f"{bands.hurting_below:g}× (a tail regression), or, against the control pods, with "
+        f"{bands.capacity.max_preemptions_per_request_increase:g} more preemptions per request or below "
+        f"{bands.capacity.min_throughput_ratio:.0%} of their tokens/s while requests wait (it costs memory or "
+        "capacity); else 'Paying off'. 'No traffic' when the model drafted nothing over $window.",
         q.verdict_code(ctx.alpha(), f"({ctx.observed('mean')})\nor\n({ctx.speedup()})", bands,
-                       tail=ctx.observed("p99")), "none")
+                       tail=ctx.observed("p99"), costs=ctx.capacity_costs()), "none")
         .mappings([*no_traffic_mappings(), *value_mappings(texts)])
         .thresholds(steps((None, RED), (1, YELLOW), (2, GREEN))))
 
@@ -680,6 +691,118 @@ def load_panel(ctx: Context) -> Any:
         .min(0).override_by_query("B", override_props(unit=UNIT_TOKENS_PER_S, custom__axisPlacement="right")))
 
 
+# ------------------------------------------------------------- row: is it still speculating? which k, when?
+
+
+def speculative_share(ctx: Context) -> Any:
+    pods = ctx.per_pod()
+    share = q.guarded_ratio(q.rate_sum(m.EMITTED_TOKENS.exposed_name, pods, RATE_INTERVAL),
+                            q.rate_sum(m.GENERATED_TOKENS.exposed_name, pods, RATE_INTERVAL))
+    stopped = ctx.cfg.speculation_stopped.share_below
+    return (ts_panel(
+        "Speculative token share",
+        "Share of each engine's generated tokens that speculative steps produced: (drafts + accepted) / generated "
+        "tokens. 1 while every step speculates (a little below: each request's first token comes from prefill), 0 "
+        "once speculation stopped while the engine still generates: an acceptance gate (TensorRT-LLM switches it off "
+        "for good), a batch-size schedule at k = 0, an ngram drafter that finds nothing. Below "
+        f"{stopped:.0%}: SpecDecodeSpeculationStopped.",
+        queries((share, "{{pod}} {{target}} engine {{engine}}")), "percentunit", w=6)
+        .min(0).max(1).thresholds(steps((None, RED), (stopped, "transparent"))).thresholds_style(line_and_area()))
+
+
+def scheduled_steps(ctx: Context) -> Any:
+    by = ctx.scope.by_clause
+    selected = q.selector(m.SCHEDULED_STEPS.exposed_name, ctx.scope.matchers)
+    steps_by_k = f"sum by ({by}, num_speculative_tokens) (rate({selected}[{RATE_INTERVAL}]))"
+    return (ts_panel(
+        "Scheduler steps by the k the schedule chose",
+        "Where vLLM exports it (vllm:spec_decode_scheduled_steps, proposed upstream in vllm#54748): scheduler steps "
+        "per second by the number of speculative tokens a batch-size schedule (num_speculative_tokens_per_batch_size) "
+        "chose, 0 included. Steps at k = 0 are speculation stopped on purpose. Empty for every released vLLM.",
+        queries((steps_by_k, "k={{num_speculative_tokens}} {{model_name}}")), "short", w=6)
+        .min(0).stacking(cb.StackingConfig().mode(cm.StackingMode.NORMAL)))
+
+
+def schedule_table(ctx: Context) -> Any:
+    by = ctx.scope.by_clause
+    recommended = f"max by ({by}, batch_size) ({q.selector(m.RECOMMENDED_K_BY_BATCH_SIZE.name, ctx.scope.matchers)})"
+    return table_panel(
+        "Recommended k by batch size",
+        "The sidecar's batch-size schedule over its longest window: for each range of running requests, the k with "
+        "the highest modelled speedup (the acceptance seen at that batch size, the cost model's c_verify at that "
+        "batch, calibrated to the observed speedup where a baseline gives one). Paste it as vLLM's "
+        "num_speculative_tokens_per_batch_size or TensorRT-LLM's draft_len_schedule: the status page and `check` "
+        "print both. Highest over the selected pods.",
+        query(recommended, instant=True, fmt=pm.PromQueryFormat.TABLE), w=4, h=8, no_value="No schedule yet",
+        exclude={"Time": True}, order={"model_name": 0, "batch_size": 1, "Value": 2})
+
+
+def schedule_gain(ctx: Context) -> Any:
+    by = ctx.scope.by_clause
+    def speedup(schedule: str) -> str:
+        selected = q.selector(m.EXPECTED_SPEEDUP_BY_BATCH_SIZE.name, ctx.scope.also(f'schedule="{schedule}"'))
+        return f"max by ({by}, batch_size) ({selected})"
+
+    fixed, chosen = speedup("fixed"), speedup("recommended")
+    gain = f"max by ({by}) ({q.selector(m.SCHEDULE_EXPECTED_GAIN.name, ctx.scope.matchers)})"
+    return (ts_panel(
+        "Modelled speedup by batch size: fixed k against the schedule",
+        "The evidence for the schedule: the modelled speedup over plain decoding in each batch-size range with "
+        "today's fixed k (dashed) and with the recommended k, and the schedule's expected gain over fixed k with "
+        "each range weighted by the time the engines spent there (right axis). Modelled, not measured: measure a "
+        "change with `specdecode-exporter probe`.",
+        queries((fixed, "fixed k {{batch_size}}"), (chosen, "schedule {{batch_size}}"),
+                (gain, "expected gain {{model_name}}")), UNIT_SPEEDUP, w=8)
+        .override_by_query("A", dashed()))
+
+
+# ----------------------------------------------- row: what spec decode costs against the control pods
+
+
+def _spec_and_control(expr: Callable[[str], str], what: str) -> list[pb.Dataquery]:
+    return queries((expr("true"), f"{what} with spec decode {{{{model_name}}}}"),
+                   (expr("false"), f"{what} without (control) {{{{model_name}}}}"))
+
+
+def kv_usage_vs_control(ctx: Context) -> Any:
+    return (ts_panel(
+        "KV-cache usage: spec-decode pods and control pods",
+        "Mean KV-cache usage per engine (vLLM's kv_cache_usage_perc) over $window, spec-decode pods against control "
+        "pods (the same model with spec decode off, spec_decode=\"false\"). A draft model takes GPU memory, and "
+        "each running request holds k lookahead slots: the spec-decode pods fill their cache at a smaller batch.",
+        _spec_and_control(lambda marked: q.kv_cache_usage(ctx.scope, "$window", marked), "KV usage"),
+        "percentunit", w=8)
+        .min(0).max(1).override_by_query("B", dashed()))
+
+
+def preemptions_vs_control(ctx: Context) -> Any:
+    bound = ctx.cfg.cost_vs_control.max_preemptions_per_request_increase
+    return (ts_panel(
+        "Preemptions per request: spec-decode pods and control pods",
+        "vLLM's preemptions (requests evicted for want of KV-cache blocks, recomputed later) per finished request "
+        f"over $window. More than {bound:g} above the control pods': SpecDecodePreemptionsRaised, and the verdict is "
+        "at best 'Marginal' (a latency win that preempts is not paying off).",
+        _spec_and_control(lambda marked: q.preemptions_per_request(ctx.scope, "$window", marked), "preemptions"),
+        "short", w=8)
+        .min(0).override_by_query("B", dashed()))
+
+
+def throughput_vs_control(ctx: Context) -> Any:
+    costs = ctx.cfg.cost_vs_control
+    waiting = q.spec_pods_waiting(ctx.scope, "$window")
+    return (ts_panel(
+        "Generated tokens/s per engine: spec-decode pods and control pods",
+        "Throughput per engine over $window, with the requests waiting on the spec-decode pods (right axis). At "
+        f"comparable load — the spec-decode pods queue at least {costs.min_waiting_requests:g} request(s), so they "
+        f"run at their capacity — below {costs.min_throughput_ratio:.0%} of the control pods' tokens/s is "
+        "SpecDecodeThroughputCut: faster tokens per request do not make up for fewer requests served.",
+        [*_spec_and_control(lambda marked: q.generated_per_engine(ctx.scope, "$window", marked), "tokens/s"),
+         query(waiting, "waiting on spec decode {{model_name}}", ref="C")],
+        UNIT_TOKENS_PER_S, w=8)
+        .min(0).override_by_query("B", dashed())
+        .override_by_query("C", override_props(unit="short", custom__axisPlacement="right")))
+
+
 # -------------------------------------------------------------------------------- row: what the alerts see
 
 
@@ -797,6 +920,10 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
      (position_curve, position_curve_over_time, speedup_by_length)),
     ("Token flow", (token_flow, drafts_rate)),
     ("Latency beside it (vLLM)", (tpot_quantiles, itl_quantiles, load_panel)),
+    ("Is it still speculating? Which k at which batch size?",
+     (speculative_share, scheduled_steps, schedule_table, schedule_gain)),
+    ("What it costs against the control pods: memory and throughput (window $window)",
+     (kv_usage_vs_control, preemptions_vs_control, throughput_vs_control)),
     ("What the alerts see", (alerts_alpha, alerts_interval_quantiles)),
     ("Health", (collection_up, scrape_up, collection_errors, collection_duration, firing_alerts, sidecar_targets)),
 )

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from specdecode_exporter.core import metrics as m
-from specdecode_exporter.core.verdict import VerdictBands
+from specdecode_exporter.core.verdict import CapacityBounds, VerdictBands
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,17 +123,70 @@ def per_request(query: Callable[[str], str]) -> str:
     return f"{query(m.REQUEST_ACCEPTANCE.name)}\nor\n{query(m.ENGINE_REQUEST_ACCEPTANCE.name)}"
 
 
-def verdict_code(alpha: str, speedup: str, bands: VerdictBands, tail: str | None = None) -> str:
+def verdict_code(alpha: str, speedup: str, bands: VerdictBands, tail: str | None = None,
+                 costs: Sequence[str] = ()) -> str:
     """core.verdict.judge() in PromQL: 0 hurting, 1 marginal, 2 paying off, no sample without traffic.
     ``speedup`` is the observed speedup where there is one, else the modelled; ``tail`` the observed P99
-    speedup, where there is one. All must carry the same labels."""
+    speedup, where there is one; ``costs`` conditions that are 1 while spec decode costs no more than the bounds
+    allow against the control pods, 0 beyond (capacity_within_bounds). All must carry the same labels."""
     hurting, paying = fmt_num(bands.hurting_below), fmt_num(bands.paying_off_from)
     page = fmt_num(bands.page_acceptance_ratio)
     # Comparisons bind looser than + and * in PromQL: every one is parenthesised.
     paying_off = f"((({speedup}) >= bool {paying})\n*\n(({alpha}) >= bool {page}))"
     if tail is not None:  # a tail regression keeps it at marginal; without a P99 figure nothing changes
         paying_off = f"({paying_off}\n*\n((({tail}) >= bool {hurting}) or (({speedup}) * 0 + 1)))"
+    for cost in costs:  # beyond a bound: marginal; without the figure (no control pods) nothing changes
+        paying_off = f"({paying_off}\n*\n(({cost}) or (({speedup}) * 0 + 1)))"
     return f"(({speedup}) >= bool {hurting})\n+\n{paying_off}"
+
+
+def _marked(scope: Scope, spec_decode: str | None) -> Scope:
+    """The spec-decode ("true") or control ("false") pods' series; both with None (``by`` then says which)."""
+    return scope if spec_decode is None else Scope(scope.also(f'spec_decode="{spec_decode}"'), scope.by)
+
+
+def preemptions_per_request(scope: Scope, window: str, spec_decode: str | None = None) -> str:
+    """Preemptions per finished request of the spec-decode or control pods, pooled."""
+    marked = _marked(scope, spec_decode)
+    return guarded_ratio(rate_sum(m.PREEMPTIONS.exposed_name, marked, window),
+                         rate_sum(f"{m.REQUEST_TPOT.name}_count", marked, window))
+
+
+def generated_per_engine(scope: Scope, window: str, spec_decode: str | None = None) -> str:
+    """Generated tokens per second per engine (each series is one engine) of the spec-decode or control pods."""
+    selected = selector(m.GENERATED_TOKENS.exposed_name, _marked(scope, spec_decode).matchers)
+    return f"avg by ({scope.by_clause}) (rate({selected}[{window}]))"
+
+
+def kv_cache_usage(scope: Scope, window: str, spec_decode: str | None = None) -> str:
+    """Mean KV-cache usage per engine of the spec-decode or control pods."""
+    selected = selector(m.KV_CACHE_USAGE.name, _marked(scope, spec_decode).matchers)
+    return f"avg by ({scope.by_clause}) (avg_over_time({selected}[{window}]))"
+
+
+def spec_pods_waiting(scope: Scope, window_label: str) -> str:
+    """Mean requests waiting per spec-decode engine, from the sidecars' windowed gauge (control targets, whose
+    specdecode_info says method="off", left out)."""
+    waiting = selector(m.REQUESTS_WAITING.name, scope.also(f'window="{window_label}"'))
+    info = selector(m.INFO.name, scope.also('method!="off"'))
+    return (f"avg by ({scope.by_clause}) ({waiting}\nand ignoring (window, api, method, num_speculative_tokens)\n"
+            f"{info})")
+
+
+def throughput_ratio(scope: Scope, window: str, window_label: str, min_waiting: float) -> str:
+    """Spec-decode pods' generated tokens/s per engine over the control pods', at comparable load: only while the
+    spec-decode pods queue at least ``min_waiting`` requests on average (running at their capacity)."""
+    return (f"({generated_per_engine(scope, window, 'true')}\n/\n({generated_per_engine(scope, window, 'false')} > 0))"
+            f"\nand on ({scope.by_clause})\n({spec_pods_waiting(scope, window_label)} >= {fmt_num(min_waiting)})")
+
+
+def capacity_within_bounds(scope: Scope, window: str, window_label: str, bounds: CapacityBounds) -> tuple[str, str]:
+    """The verdict's two capacity conditions (core.verdict.CapacityBounds), each 1 within its bound, 0 beyond."""
+    increase = (f"({preemptions_per_request(scope, window, 'true')})\n-\n"
+                f"({preemptions_per_request(scope, window, 'false')})")
+    return (f"({increase}) <= bool {fmt_num(bounds.max_preemptions_per_request_increase)}",
+            f"({throughput_ratio(scope, window, window_label, bounds.min_waiting_requests)}) >= bool "
+            f"{fmt_num(bounds.min_throughput_ratio)}")
 
 
 def tpot_mean(scope: Scope, window: str) -> str:

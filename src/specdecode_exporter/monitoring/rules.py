@@ -21,13 +21,17 @@ from specdecode_exporter.monitoring.promql import (
     bucket_at_or_below,
     by,
     fmt_num,
+    generated_per_engine,
     guarded_ratio,
     histogram_quantile,
+    kv_cache_usage,
     per_request,
+    preemptions_per_request,
     rate_sum,
     record_name,
     selector,
     share_below,
+    spec_pods_waiting,
     tpot_mean,
 )
 from specdecode_exporter.pipeline.scrape import FailureReason
@@ -145,6 +149,25 @@ def _request_rules(cfg: MonitoringConfig) -> Iterator[Rule]:
                                  rate_sum(m.REQUEST_DRAFT_TOKENS.exposed_name, band, w))}
 
 
+CAPACITY = "specdecode_capacity"
+
+
+def capacity_record(cfg: MonitoringConfig, metric: str, op: str) -> str:
+    return record_name(cfg.alert_level, metric, f"{op}{cfg.long_window}")
+
+
+def _capacity_rules(cfg: MonitoringConfig) -> Iterator[Rule]:
+    """What spec decode costs against the control pods, per model and spec_decode: preemptions per finished
+    request, generated tokens per second per engine, mean KV-cache usage."""
+    w = cfg.long_window
+    scope = Scope(cfg.metric_selector, (*cfg.level_labels(), "spec_decode"))
+    yield {"record": capacity_record(cfg, "specdecode_preemptions_per_request", "ratio_rate"),
+           "expr": preemptions_per_request(scope, w)}
+    yield {"record": capacity_record(cfg, "specdecode_generated_tokens_per_second", "avg_rate"),
+           "expr": generated_per_engine(scope, w)}
+    yield {"record": capacity_record(cfg, m.KV_CACHE_USAGE.name, "avg_over_time"), "expr": kv_cache_usage(scope, w)}
+
+
 def recording_groups(cfg: MonitoringConfig) -> list[dict[str, Any]]:
     windows = list(dict.fromkeys([cfg.short_window, cfg.long_window]))
     groups = [{"name": f"specdecode.rules.{level}",
@@ -153,6 +176,7 @@ def recording_groups(cfg: MonitoringConfig) -> list[dict[str, Any]]:
     groups.append({"name": "specdecode.rules.baseline", "rules": [_baseline_rule(cfg)]})
     groups.append({"name": "specdecode.rules.latency", "rules": list(_latency_rules(cfg))})
     groups.append({"name": "specdecode.rules.requests", "rules": list(_request_rules(cfg))})
+    groups.append({"name": "specdecode.rules.capacity", "rules": list(_capacity_rules(cfg))})
     return groups
 
 
@@ -433,6 +457,72 @@ def class_routed(cfg: MonitoringConfig) -> Alert:
         "trained on this workload).")
 
 
+def _series_labels(cfg: MonitoringConfig) -> tuple[str, ...]:
+    """One engine of one target: the alert level's labels, the target's and the engine."""
+    return tuple(dict.fromkeys((*cfg.level_labels(), *cfg.target_labels, "model_name", "engine")))
+
+
+def speculation_stopped(cfg: MonitoringConfig) -> Alert:
+    name, settings = "SpecDecodeSpeculationStopped", cfg.speculation_stopped
+    w = cfg.window(cfg.alert(name).window or "short")
+    scope = Scope(cfg.metric_selector, _series_labels(cfg))
+    on = f"on ({scope.by_clause})"
+    generated = rate_sum(m.GENERATED_TOKENS.exposed_name, scope, w)
+    share = guarded_ratio(rate_sum(m.EMITTED_TOKENS.exposed_name, scope, w), generated)
+    drafted = rate_sum(m.DRAFT_TOKENS.exposed_name, scope, w)
+    speculated = f"max by ({scope.by_clause}) ({selector(m.DRAFT_TOKENS.exposed_name, cfg.metric_selector)}) > 0"
+    args = [f"$labels.{label}" for label in scope.by]
+    series_match = ", ".join(f"{label}=%q" for label in scope.by)
+    rate_now = query_value(f"sum(rate({m.GENERATED_TOKENS.exposed_name}{{{series_match}}}[{w}]))",
+                           'printf "%.0f"', *args)
+    # A source without an emitted-token count (TensorRT-LLM) stops when it drafts nothing while it generates.
+    return Alert(
+        name,
+        f"(\n({share}) < {fmt_num(settings.share_below)}\nor\n{drafted} == 0\n)\n"
+        f"and {on}\n{generated} >= {fmt_num(settings.min_generated_tokens_per_second)}\nand {on}\n{speculated}",
+        "{{ $labels.target }} stopped speculating while it still generates ({{ $labels.model_name }})",
+        f"Over the last {w}, target {{{{ $labels.target }}}} (engine {{{{ $labels.engine }}}}) of {WHERE} generated "
+        f"{rate_now} tokens/s, of which speculative steps produced {PCT} (threshold "
+        f"{settings.share_below:.0%}), though it drafted before. Speculation stopped without an error: an acceptance "
+        "gate (TensorRT-LLM's acceptance_length_threshold switches it off for good), a batch-size schedule at "
+        "k = 0 (vLLM's num_speculative_tokens_per_batch_size), a drafter that finds nothing (ngram), or a config "
+        "change. The acceptance alerts are blind meanwhile: no drafts, no α.")
+
+
+def preemptions_raised(cfg: MonitoringConfig) -> Alert:
+    name, bound = "SpecDecodePreemptionsRaised", cfg.cost_vs_control.max_preemptions_per_request_increase
+    w = cfg.window(cfg.alert(name).window or "long")
+    record = capacity_record(cfg, "specdecode_preemptions_per_request", "ratio_rate")
+    model_match, model_args = _model_query(cfg)
+    control = query_value(f"{record}{{spec_decode='false', {model_match}}}", 'printf "%.3f"', *model_args)
+    return Alert(
+        name, f'{record}{{spec_decode="true"}}\n- ignoring (spec_decode)\n{record}{{spec_decode="false"}}\n'
+              f"> {fmt_num(bound)}",
+        "Speculative decoding makes {{ $labels.model_name }} preempt more requests than its control pods",
+        f"Over the last {w}, the spec-decode pods of {WHERE} preempted {{{{ $value | printf \"%.3f\" }}}} more "
+        f"requests per finished request than its control pods (the same model with spec decode off; they preempted "
+        f"{control}; bound {bound:g}): the draft model and its KV cache take memory the batch needs. A latency "
+        "win at this cost is not paying off.", guard_window=w, guard="requests")
+
+
+def throughput_cut(cfg: MonitoringConfig) -> Alert:
+    name, costs = "SpecDecodeThroughputCut", cfg.cost_vs_control
+    w = cfg.window(cfg.alert(name).window or "long")
+    record = capacity_record(cfg, "specdecode_generated_tokens_per_second", "avg_rate")
+    scope = Scope(cfg.metric_selector, cfg.level_labels())
+    return Alert(
+        name,
+        f'{record}{{spec_decode="true"}}\n/ ignoring (spec_decode)\n({record}{{spec_decode="false"}} > 0)\n'
+        f"< {fmt_num(costs.min_throughput_ratio)}\nand on ({by(cfg.level_labels())})\n"
+        f"{spec_pods_waiting(scope, cfg.sidecar_alert_window)} >= {fmt_num(costs.min_waiting_requests)}",
+        "Speculative decoding cuts the throughput of {{ $labels.model_name }}'s pods",
+        f"Over the last {w}, each spec-decode engine of {WHERE} generated {{{{ $value | humanizePercentage }}}} of "
+        f"the tokens per second of a control engine (the same model with spec decode off; bound "
+        f"{costs.min_throughput_ratio:.0%}) while requests waited on it (at least {costs.min_waiting_requests:g} on "
+        "average): it runs at its capacity, and that capacity is lower. Faster tokens per request do not make up "
+        "for fewer requests served.", guard_window=w, guard="requests")
+
+
 # The alert table: one entry per alert, in the order of the rules file. A new alert is a function above,
 # an entry here, its severity and for: in monitoring.yaml, a runbook section and a promtool test.
 ALERTS: tuple[Callable[[MonitoringConfig], Alert], ...] = (
@@ -451,6 +541,9 @@ ALERTS: tuple[Callable[[MonitoringConfig], Alert], ...] = (
     request_acceptance_low,
     band_acceptance_low,
     class_routed,
+    speculation_stopped,
+    preemptions_raised,
+    throughput_cut,
 )
 
 

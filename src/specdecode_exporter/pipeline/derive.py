@@ -69,6 +69,15 @@ def per_draft(tokens: float, drafts: float | None) -> float | None:
     return quotient if math.isfinite(quotient) else None
 
 
+def speculative_token_share(emitted_tokens: float | None, generated_tokens: float | None) -> float | None:
+    """Tokens that speculative steps produced (drafts + accepted: each step emits its accepted prefix and one token
+    of the target) over every generated token: 1 while every step speculates, 0 once speculation stopped while
+    generation goes on; None without generation (or where the source does not count one of them)."""
+    if emitted_tokens is None or generated_tokens is None or generated_tokens <= 0:
+        return None
+    return _unit(emitted_tokens / generated_tokens)
+
+
 def mean_acceptance_length(accepted_tokens: float, drafts: float | None) -> float | None:
     """Tokens produced per verification step, bonus token included (vLLM's definition): 1 + accepted/drafts."""
     accepted_per_draft = per_draft(accepted_tokens, drafts)

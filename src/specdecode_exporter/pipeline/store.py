@@ -14,6 +14,7 @@ from typing import NamedTuple
 
 from specdecode_exporter.core.metrics import ACCEPTANCE_RATIO_BUCKETS
 from specdecode_exporter.pipeline import latency
+from specdecode_exporter.pipeline.batches import NO_BINS, BatchBin, Interval, binned
 from specdecode_exporter.pipeline.engines.base import LatencyReading, SeriesReading
 from specdecode_exporter.pipeline.latency import Histogram
 
@@ -37,6 +38,11 @@ class Totals(NamedTuple):
     running_seconds: float | None = None  # ∫ requests running dt: a window's mean batch is its change / seconds
     waiting_seconds: float | None = None
     request_acceptance: Histogram | None = None  # the engine's own per-request α histogram, reset-safe
+    generated_tokens: float | None = None
+    preemptions: float | None = None
+    scheduled_steps: tuple[float, ...] = ()  # by the k a batch-size schedule chose (index = k)
+    kv_cache_seconds: float | None = None  # ∫ KV-cache usage dt
+    batch_bins: tuple[BatchBin, ...] = NO_BINS  # drafts, acceptance and time by batch-size range
 
 
 def optional_minus(later: float | None, earlier: float | None) -> float | None:
@@ -74,7 +80,10 @@ def is_restart(previous: SeriesReading, current: SeriesReading) -> bool:
         or _decreased(previous.accepted_tokens, current.accepted_tokens)
         or _decreased(previous.drafts, current.drafts)
         or _decreased(previous.emitted_tokens, current.emitted_tokens)
+        or _decreased(previous.generated_tokens, current.generated_tokens)
+        or _decreased(previous.preemptions, current.preemptions)
         or any(map(operator.lt, current.accepted_by_position, previous.accepted_by_position))
+        or any(map(operator.lt, current.scheduled_steps, previous.scheduled_steps))
         or (previous.latency is not None and current.latency is not None
             and _decreased(previous.latency.observations, current.latency.observations))
     )
@@ -82,6 +91,8 @@ def is_restart(previous: SeriesReading, current: SeriesReading) -> bool:
 
 def _positions_increase(totals: tuple[float, ...], previous: tuple[float, ...], current: tuple[float, ...],
                         restarted: bool) -> tuple[float, ...]:
+    if not current:
+        return totals
     if not restarted and len(totals) == len(previous) == len(current):  # the usual case, in C
         return tuple(map(operator.add, totals, map(operator.sub, current, previous)))
     positions = list(totals)
@@ -108,22 +119,26 @@ def _latency_totals(totals: Totals, previous: LatencyReading | None, current: La
     def histogram(total: Histogram | None, before: Histogram | None, now: Histogram | None) -> Histogram | None:
         return total if now is None else latency.accumulate(total, before, now, restarted)
 
-    def integral(total: float | None, before: float | None, now: float | None) -> float | None:
-        if now is None:
-            return total
-        return (total or 0.0) + (before if before is not None else now) * seconds
-
     before = previous or LatencyReading()
     return (histogram(totals.time_per_output_token, before.time_per_output_token, current.time_per_output_token),
             histogram(totals.time_to_first_token, before.time_to_first_token, current.time_to_first_token),
-            integral(totals.running_seconds, before.running, current.running),
-            integral(totals.waiting_seconds, before.waiting, current.waiting),
+            time_integral(totals.running_seconds, before.running, current.running, seconds),
+            time_integral(totals.waiting_seconds, before.waiting, current.waiting, seconds),
             histogram(totals.request_acceptance, before.request_acceptance, current.request_acceptance))
+
+
+def time_integral(total: float | None, before: float | None, now: float | None, seconds: float) -> float | None:
+    """∫ gauge dt after ``seconds`` more, the gauge taken at its reading before them (now's without one)."""
+    if now is None:
+        return total
+    return (total or 0.0) + (before if before is not None else now) * seconds
 
 
 def add_reading(totals: Totals, previous: SeriesReading | None, current: SeriesReading, restarted: bool,
                 seconds: float = 0.0) -> Totals:
     """New reset-safe totals after one more raw reading, ``seconds`` after the previous one."""
+    before = previous.latency if previous is not None and previous.latency is not None else LatencyReading()
+    now = current.latency or LatencyReading()
     return Totals(
         _accumulate(totals.draft_tokens, previous.draft_tokens if previous else None, current.draft_tokens,
                     restarted),
@@ -135,7 +150,29 @@ def add_reading(totals: Totals, previous: SeriesReading | None, current: SeriesR
         _positions_increase(totals.accepted_by_position, previous.accepted_by_position if previous else (),
                             current.accepted_by_position, restarted),
         *_latency_totals(totals, previous.latency if previous else None, current.latency, restarted, seconds),
+        generated_tokens=_accumulate(totals.generated_tokens, previous.generated_tokens if previous else None,
+                                     current.generated_tokens, restarted),
+        preemptions=_accumulate(totals.preemptions, previous.preemptions if previous else None, current.preemptions,
+                                restarted),
+        scheduled_steps=_positions_increase(totals.scheduled_steps, previous.scheduled_steps if previous else (),
+                                            current.scheduled_steps, restarted),
+        kv_cache_seconds=time_integral(totals.kv_cache_seconds, before.kv_cache_usage, now.kv_cache_usage, seconds),
+        batch_bins=totals.batch_bins,
     )
+
+
+def with_interval(before: Totals, after: Totals, seconds: float, running: float | None) -> Totals:
+    """``after`` with the interval since ``before`` added to the bin of its mean running batch (none without
+    a running batch, or without drafts and generation in it)."""
+    if running is None or seconds <= 0:
+        return after
+    drafts = optional_minus(after.drafts, before.drafts) or 0.0
+    if drafts <= 0 and not optional_minus(after.generated_tokens, before.generated_tokens):
+        return after  # idle: no time at any batch size
+    positions = positions_minus(after.accepted_by_position, before.accepted_by_position)
+    interval = Interval(seconds, running, drafts, optional_minus(after.draft_tokens, before.draft_tokens) or 0.0,
+                        positions)
+    return after._replace(batch_bins=binned(after.batch_bins, interval))
 
 
 # The per-interval α histogram before any interval with drafts; it grows for the life of the sidecar. Immutable,
@@ -170,7 +207,9 @@ class SeriesState:
             self.restarts += 1
         before = self.totals
         seconds = now - self.times[-1] if self.times else 0.0
-        self.totals = add_reading(before, previous, reading, restarted, seconds)
+        added = add_reading(before, previous, reading, restarted, seconds)
+        running = previous.latency.running if previous is not None and previous.latency is not None else None
+        self.totals = with_interval(before, added, seconds, running)
         self.last_reading = reading
         self.last_seen = now
         drafted = optional_minus(self.totals.draft_tokens, before.draft_tokens)

@@ -21,7 +21,8 @@ import certifi
 import httpx
 
 from specdecode_exporter.core.log import event
-from specdecode_exporter.pipeline import latency
+from specdecode_exporter.pipeline import capacity, latency
+from specdecode_exporter.pipeline.capacity import CapacityStats
 from specdecode_exporter.pipeline.engines import (
     ALL_PREFIXES,
     Decoder,
@@ -39,7 +40,7 @@ from specdecode_exporter.pipeline.scrape import FailureReason, FetchResult, fetc
 from specdecode_exporter.pipeline.store import SeriesKey, Store
 from specdecode_exporter.sidecar.config import Config, TargetConfig, Window
 from specdecode_exporter.sidecar.discover import served_model
-from specdecode_exporter.sidecar.series import BaselineFor, SeriesContext, SeriesView, series_view
+from specdecode_exporter.sidecar.series import BaselineFor, ControlFor, SeriesContext, SeriesView, series_view
 
 LOG_REPEAT_SECONDS = 60.0
 HISTORY_SECONDS = 3600.0  # what the status page's charts show
@@ -158,6 +159,28 @@ class Reconfigured:
     changed: bool
     new_source: bool  # the URL changed: its state started afresh
     reconnect: bool  # the URL or TLS settings changed: its loop needs a new client
+
+
+def control_capacity(view: TargetView, model: str | None, window: Window) -> tuple[str, CapacityStats] | None:
+    """A control target's generation, preemptions and KV usage for ``model`` over ``window``, its engines pooled
+    (as control_baseline picks its series)."""
+    models = {s.key.model_name for s in view.series}
+    windows = [s.window(window.name) for s in view.series if s.key.model_name == model or len(models) == 1]
+    stats = capacity.pooled([w.capacity for w in windows if w is not None and w.capacity is not None])
+    return None if stats is None else (f'the control target "{view.config.name}"', stats)
+
+
+def control_provider(config: TargetConfig, peer_view: Callable[[str], TargetView | None]) -> ControlFor:
+    """The control target's capacity, where the target's baseline is one."""
+    control = config.baseline.target if config.baseline is not None else None
+    if control is None:
+        return lambda model, window: None
+
+    def from_control(model: str | None, window: Window) -> tuple[str, CapacityStats] | None:
+        view = peer_view(control)
+        return control_capacity(view, model, window) if view is not None else None
+
+    return from_control
 
 
 @dataclass
@@ -364,7 +387,8 @@ class TargetCollector:
         now = self.clock()
         interval = self.interval
         freshness = 2 * interval + self.config.timeout
-        context = SeriesContext(self.config, self.app, interval / 2, baseline_provider(self.config, self.peer_view))
+        context = SeriesContext(self.config, self.app, interval / 2, baseline_provider(self.config, self.peer_view),
+                                control_provider(self.config, self.peer_view))
         series = tuple(
             series_view(state, now, bool(state.times) and now - state.times[-1] <= freshness, context)
             for state in self.store.for_target(self.config.name)

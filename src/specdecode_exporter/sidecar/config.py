@@ -400,6 +400,8 @@ class Config:
     # From the monitoring config (the shipped one unless monitoring.config_file names another).
     verdict: VerdictBands = field(default_factory=lambda: monitoring_config.shipped().verdict)
     verdict_window: str = field(default_factory=lambda: monitoring_config.shipped().verdict_window)
+    speculation_stopped: monitoring_config.SpeculationStopped = field(
+        default_factory=lambda: monitoring_config.shipped().speculation_stopped)
     monitoring_config_file: str | None = None  # None: the shipped monitoring config
     proxy: ProxyConfig | None = None  # the request tap, off unless a listen address is given
     listen_address: str = ":9877"
@@ -465,6 +467,7 @@ def config_from_mapping(data: Any, source: str, monitoring_file: str | None = No
         max_series_per_target=file.collect.max_series_per_target,
         verdict=verdict,
         verdict_window=monitoring.verdict_window,
+        speculation_stopped=monitoring.speculation_stopped,
         monitoring_config_file=monitoring_path,
         proxy=proxy_config(file.proxy, targets, proxy_flags or {}),
         listen_address=file.web.listen_address,

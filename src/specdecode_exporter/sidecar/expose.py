@@ -114,6 +114,33 @@ def add_window(families: Families, labels: Labels, view: WindowView) -> None:
             families.add(m.OBSERVED_SPEEDUP, {**w, "statistic": statistic}, getattr(view.observed, statistic))
     families.add(m.CALIBRATED_COST, w, view.calibrated_cost)
     families.add(m.BREAK_EVEN_AT_LOAD, w, view.break_even_at_load)
+    if view.capacity is not None:
+        families.add(m.SPECULATIVE_TOKEN_SHARE, w, view.capacity.speculative_token_share)
+
+
+def add_capacity(families: Families, labels: Labels, series: SeriesView) -> None:
+    """What generation produced and cost (against control pods: spec_decode=false), and the scheduled steps."""
+    marked = {**labels, "spec_decode": "true" if series.spec_decode else "false"}
+    totals = series.totals
+    families.add(m.GENERATED_TOKENS, marked, totals.generated_tokens)
+    families.add(m.PREEMPTIONS, marked, totals.preemptions)
+    families.add(m.KV_CACHE_USAGE, marked, series.kv_cache_usage)
+    for k, steps in enumerate(totals.scheduled_steps):
+        families.add(m.SCHEDULED_STEPS, {**labels, "num_speculative_tokens": str(k)}, steps)
+
+
+def add_schedule(families: Families, labels: Labels, series: SeriesView) -> None:
+    schedule = series.schedule
+    if schedule is None:
+        return
+    w = {**labels, "window": series.schedule_window or ""}
+    for advice in schedule.ranges:
+        ranged = {**w, "batch_size": advice.label}
+        families.add(m.RECOMMENDED_K_BY_BATCH_SIZE, ranged, advice.recommended)
+        families.add(m.EXPECTED_SPEEDUP_BY_BATCH_SIZE, {**ranged, "schedule": "fixed"}, advice.speedup_fixed)
+        families.add(m.EXPECTED_SPEEDUP_BY_BATCH_SIZE, {**ranged, "schedule": "recommended"},
+                     advice.speedup_recommended)
+    families.add(m.SCHEDULE_EXPECTED_GAIN, w, schedule.expected_gain)
 
 
 def add_series(families: Families, view: TargetView, series: SeriesView) -> None:
@@ -151,6 +178,8 @@ def add_series(families: Families, view: TargetView, series: SeriesView) -> None
     for spec, value in series.reported:
         families.add(spec, labels, value)
     families.add(m.SOURCE_RESTARTS, labels, series.restarts)
+    add_capacity(families, labels, series)
+    add_schedule(families, labels, series)
 
 
 def add_baseline_info(families: Families, view: TargetView, target: Labels) -> None:

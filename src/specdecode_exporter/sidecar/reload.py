@@ -30,6 +30,7 @@ APPLIED = {
     "windows": "windows", "collect_interval": "collect.interval", "max_body_bytes": "collect.max_body_size",
     "stale_after": "collect.stale_after", "max_series_per_target": "collect.max_series_per_target",
     "verdict": "verdict (page_threshold and bands)", "verdict_window": "verdict window",
+    "speculation_stopped": "speculation_stopped",
     "monitoring_config_file": "monitoring.config_file", "log_level": "log.level", "log_format": "log.format",
 }
 NOT_SETTINGS = ("targets", "source")

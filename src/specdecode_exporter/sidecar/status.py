@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
 from specdecode_exporter.pipeline import latency, ratio_test
+from specdecode_exporter.pipeline.capacity import AgainstControl, CapacityStats
 from specdecode_exporter.pipeline.derive import WindowStats
 from specdecode_exporter.pipeline.latency import LatencyStats, MeasuredSpeedup, ObservedSpeedup
+from specdecode_exporter.pipeline.schedule import (
+    BatchSchedule,
+    schedule_summary,
+    trtllm_draft_len_schedule,
+    vllm_speculative_config,
+)
 from specdecode_exporter.sidecar.collection import HistoryPoint, TargetView
 from specdecode_exporter.sidecar.config import Config
-from specdecode_exporter.sidecar.series import SeriesView, WindowView
+from specdecode_exporter.sidecar.series import SeriesView, Speculation, WindowView
 from specdecode_exporter.tap.request_stats import RequestsView
 from specdecode_exporter.tap.route import ClassView, Experiment, RoutesView
 
@@ -65,7 +73,52 @@ def window_json(view: WindowView) -> dict[str, Any]:
         out["observed_speedup"] = observed_json(view.observed)
     out["calibrated_cost_per_draft_token"] = _round(view.calibrated_cost)
     out["break_even_acceptance_ratio_at_load"] = _round(view.break_even_at_load)
+    if view.capacity is not None:
+        out["capacity"] = capacity_json(view.capacity)
+    if view.against_control is not None:
+        out["against_control"] = against_control_json(view.against_control)
     return out
+
+
+def capacity_json(stats: CapacityStats) -> dict[str, Any]:
+    return {"speculative_token_share": _round(stats.speculative_token_share),
+            "generated_tokens_per_second": _round(stats.generated_tokens_per_second, 3),
+            "preemptions_per_request": _round(stats.preemptions_per_request),
+            "kv_cache_usage": _round(stats.kv_cache_usage), "requests_waiting": _round(stats.requests_waiting, 2),
+            "scheduled_steps_by_k": [round(n, 1) for n in stats.scheduled_steps]}
+
+
+def against_control_json(versus: AgainstControl) -> dict[str, Any]:
+    return {"control": versus.control,
+            "preemptions_per_request_increase": _round(versus.preemptions_per_request_increase),
+            "throughput_ratio": _round(versus.throughput_ratio),
+            "kv_cache_usage": _round(versus.kv_cache_usage),
+            "control_kv_cache_usage": _round(versus.control_kv_cache_usage)}
+
+
+def speculation_json(speculation: Speculation | None) -> dict[str, Any] | None:
+    if speculation is None:
+        return None
+    return {"state": speculation.state, "window": speculation.window, "share": _round(speculation.share),
+            "reason": speculation.reason}
+
+
+def schedule_json(schedule: BatchSchedule | None, window: str | None, method: str | None) -> dict[str, Any] | None:
+    """The batch-size advice, its evidence per range, and the two ready-to-paste forms."""
+    if schedule is None:
+        return None
+    return {
+        "window": window, "num_speculative_tokens": schedule.num_speculative_tokens,
+        "cost_basis": schedule.cost_basis, "expected_gain": _round(schedule.expected_gain),
+        "summary": schedule_summary(schedule),
+        "ranges": [{"batch_size": r.label, "recommended_num_speculative_tokens": r.recommended,
+                    "expected_speedup_fixed": _round(r.speedup_fixed),
+                    "expected_speedup_recommended": _round(r.speedup_recommended),
+                    "batch": _round(r.batch, 1), "cost_per_draft_token": _round(r.cost_per_draft_token),
+                    "observed_seconds": round(r.observed_seconds, 1), "own_acceptance": r.own_acceptance}
+                   for r in schedule.ranges],
+        "vllm": vllm_speculative_config(schedule, method), "trtllm": trtllm_draft_len_schedule(schedule),
+    }
 
 
 def history_json(points: tuple[HistoryPoint, ...], now: float) -> list[dict[str, Any]]:
@@ -94,7 +147,13 @@ def series_json(view: TargetView, series: SeriesView, now: float) -> dict[str, A
             "accepted_tokens": totals.accepted_tokens,
             "emitted_tokens": totals.emitted_tokens,
             "accepted_tokens_by_position": list(totals.accepted_by_position),
+            "generated_tokens": totals.generated_tokens,
+            "preemptions": totals.preemptions,
+            "scheduled_steps_by_k": list(totals.scheduled_steps),
         },
+        "kv_cache_usage": _round(series.kv_cache_usage),
+        "speculation": speculation_json(series.speculation),
+        "schedule": schedule_json(series.schedule, series.schedule_window, series.method or view.method),
         "reported_by_engine": {spec.name: _round(value) for spec, value in series.reported},
         "restarts": series.restarts,
         "windows": {view.window.name: window_json(view) for view in series.windows},
@@ -124,7 +183,9 @@ def status_json(views: list[TargetView], ready: tuple[bool, str], version: str, 
         "ready_reason": ready[1],
         "page_threshold": bands.page_acceptance_ratio,
         "verdict_bands": {"hurting_below": bands.hurting_below, "paying_off_from": bands.paying_off_from,
-                          "page_acceptance_ratio": bands.page_acceptance_ratio, "window": config.verdict_window},
+                          "page_acceptance_ratio": bands.page_acceptance_ratio, "window": config.verdict_window,
+                          "cost_vs_control": dataclasses.asdict(bands.capacity)},
+        "speculation_stopped": dataclasses.asdict(config.speculation_stopped),
         "targets": [
             {
                 "name": view.config.name,

@@ -105,6 +105,56 @@ def series_rows(target: dict[str, Any], series: dict[str, Any], page_threshold: 
     ]
 
 
+def speculation_row(series: dict[str, Any]) -> str:
+    """Whether it still speculates, what it costs against the control target, and the batch-size advice."""
+    if not series["spec_decode"]:
+        return ""
+    e = html.escape
+    parts = []
+    speculation = series.get("speculation")
+    if speculation is not None:
+        colour = "#cf222e" if speculation["state"] == "stopped" else "#1f2328"
+        parts.append(f"<p class='speculation' style='color:{colour}'><b>Speculation:</b> {e(speculation['reason'])}"
+                     "</p>")
+    window = series["windows"].get(series["verdict_window"] or "", {})
+    versus = window.get("against_control")
+    if versus is not None:
+        parts.append(f"<p class='cost'><b>Against {e(versus['control'])}:</b> {e(_cost_words(versus))}</p>")
+    schedule = series.get("schedule")
+    if schedule is not None:
+        parts.append(schedule_block(schedule))
+    if not parts:
+        return ""
+    return f"<tr class='charts'><td colspan={len(HEADER)}>{''.join(parts)}</td></tr>"
+
+
+def _cost_words(versus: dict[str, Any]) -> str:
+    words = [f"KV cache {_cell(versus['kv_cache_usage'], '{:.0%}')} full "
+             f"(control {_cell(versus['control_kv_cache_usage'], '{:.0%}')})"]
+    if versus["preemptions_per_request_increase"] is not None:
+        words.append(f"{versus['preemptions_per_request_increase']:+.3f} preemptions per request")
+    words.append(f"{_cell(versus['throughput_ratio'], '{:.2f}×')} the control's generated tokens/s while requests "
+                 "wait" if versus["throughput_ratio"] is not None else "throughput compared only while requests wait")
+    return "; ".join(words)
+
+
+def schedule_block(schedule: dict[str, Any]) -> str:
+    e = html.escape
+    rows = "".join(
+        f"<tr><td>{e(r['batch_size'])}</td><td>{r['recommended_num_speculative_tokens']}</td>"
+        f"<td>{_cell(r['expected_speedup_fixed'], '{:.2f}×')}</td>"
+        f"<td>{_cell(r['expected_speedup_recommended'], '{:.2f}×')}</td>"
+        f"<td>{r['observed_seconds']:.0f}s{'' if r['own_acceptance'] else ' *'}</td></tr>" for r in schedule["ranges"])
+    pastes = "".join(f"<p><small>{name}</small><br><code>{e(text)}</code></p>"
+                     for name, text in (("vLLM", schedule["vllm"]), ("TensorRT-LLM", schedule["trtllm"])) if text)
+    k = schedule["num_speculative_tokens"]
+    return (f"<p><b>Batch-size schedule</b> ({e(schedule['window'] or '')}): {e(schedule['summary'])}</p>"
+            f"<table class='schedule'><tr><th>batch size</th><th>k</th><th>speedup at k = {k}</th>"
+            "<th>speedup at k</th><th>time seen</th></tr>"
+            f"{rows}</table><p><small>* acceptance of all batch sizes (too few drafts at this one); speedups are "
+            f"modelled</small></p>{pastes or '<p>no batch size pays: turn speculation off</p>'}")
+
+
 def target_rows(status: dict[str, Any]) -> list[str]:
     rows: list[str] = []
     for target in status["targets"]:
@@ -113,6 +163,7 @@ def target_rows(status: dict[str, Any]) -> list[str]:
             rows.append(f"<tr><td>{html.escape(target['name'])}</td><td colspan={len(HEADER) - 1}>{state}</td></tr>")
         for series in target["series"]:
             rows += series_rows(target, series, status["page_threshold"])
+            rows.append(speculation_row(series))
         rows.append(requests_rows(target, status["page_threshold"], status["uptime_seconds"]))
         rows.append(routing_rows(target))
     return rows

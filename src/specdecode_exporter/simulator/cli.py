@@ -42,6 +42,9 @@ _FLAGS: dict[str, str] = {
     "--request-acceptance-histogram": "true: also serve vllm:request_spec_decode_acceptance_rate, the per-request "
                                       "α histogram proposed upstream (vllm#44487), one observation per API request "
                                       "(default false, as in released vLLM)",
+    "--spec-decode-scheduled-steps": "true: also serve vllm:spec_decode_scheduled_steps, scheduler steps by the k a "
+                                     "batch-size schedule chose (proposed upstream, vllm#54748) (default false, as "
+                                     "in released vLLM)",
     "--per-request-spec-decode-metrics": "none or summary, as vLLM's flag: metrics.speculative_decoding in "
                                          "responses (default summary)",
     "--enable-per-request-metrics": "true or false, as vLLM's flag: timings in responses (default true)",
@@ -102,6 +105,8 @@ def build_scenario(args: argparse.Namespace) -> Scenario:
         changes["spec_decode"] = False
     if _boolean(args, "--request-acceptance-histogram", False):
         changes["request_acceptance_histogram"] = True
+    if _boolean(args, "--spec-decode-scheduled-steps", False):
+        changes["spec_decode_scheduled_steps"] = True
     for key, value in (
         ("engines", integer("--engines", 1)),
         ("num_speculative_tokens", integer("--num-speculative-tokens", 1)),

@@ -208,6 +208,12 @@ def v1_families(models: tuple[ModelSnapshot, ...]) -> list[Family]:
         return tuple(Series(_v1_labels(m, e, ("position", str(i))), float(n), stamp(m, e))
                      for m in speculating for e in m.engines for i, n in enumerate(e.per_pos))
 
+    def by_scheduled_k() -> tuple[Series, ...]:
+        """vllm:spec_decode_scheduled_steps (proposed, vllm#54748): one child per k = 0…k, all from the start."""
+        return tuple(Series(_v1_labels(m, e, ("num_spec_tokens", str(k))), float(n), stamp(m, e))
+                     for m in speculating if m.spec.spec_decode_scheduled_steps
+                     for e in m.engines for k, n in enumerate(e.scheduled_steps))
+
     def by_reason() -> tuple[Series, ...]:
         return tuple(Series(_v1_labels(m, e, ("finished_reason", r)), float(e.requests.get(r, 0)), stamp(m, e))
                      for m in models for e in m.engines for r in REQUEST_REASONS_V1)
@@ -219,9 +225,12 @@ def v1_families(models: tuple[ModelSnapshot, ...]) -> list[Family]:
         counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.", "accepted", speculating),
         Family("vllm:spec_decode_num_accepted_tokens_per_pos", "counter",
                "Accepted tokens per draft position.", per_position()),
+        Family("vllm:spec_decode_scheduled_steps", "counter",
+               "Number of scheduler steps by the number of speculative tokens scheduled.", by_scheduled_k()),
         gauge("vllm:num_requests_running", "Number of requests in model execution batches.", "running"),
         gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", "waiting"),
         gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", "kv_cache_usage"),
+        counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.", "preemptions"),
         counter("vllm:prompt_tokens", "Number of prefill tokens processed.", "prompt_tokens"),
         counter("vllm:generation_tokens", "Number of generation tokens processed.", "generation_tokens"),
         Family("vllm:request_success", "counter", "Count of successfully processed requests.", by_reason()),

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, NamedTuple
 
 from pydantic import BeforeValidator
 
@@ -57,6 +57,26 @@ class Workload(Section):
     acceptance_rate: Ratio | None = None  # None: the model's (phase, override) α
     temperature: Annotated[Number, Range(0, 2)] = 0.0  # what its requests carry; an API request takes the workload
     # nearest its temperature
+
+
+def _schedule_entries(value: object) -> object:
+    """vLLM's rules for a dynamic-SD schedule (vllm/v1/spec_decode/dynamic/utils.py), 3-item form."""
+    if value is None:
+        return ()
+    if not isinstance(value, list | tuple) or not value:
+        raise fail(f"expected a non-empty list of [low, high, k] entries, got {show(value)}")
+    previous_high = 0
+    for i, entry in enumerate(value):
+        if not isinstance(entry, list | tuple) or len(entry) != 3 or not all(
+                isinstance(x, int) and not isinstance(x, bool) for x in entry):
+            raise fail(f"expected [low, high, k] (integers), got {show(entry)}", i)
+        low, high, k = entry
+        if not 0 < low <= high or k < 0:
+            raise fail(f"expected 0 < low <= high and k >= 0, got {list(entry)}", i)
+        if low <= previous_high or (i == 0 and low != 1):
+            raise fail("ranges must start at 1 and be sorted and non-overlapping", i)
+        previous_high = high
+    return [tuple(entry) for entry in value]
 
 
 def _named_workloads(value: object) -> object:
@@ -103,10 +123,31 @@ class ModelSpec(Section):
     # token grows from cost_per_draft_token to 1 at saturating_batch running requests (0: no growth).
     batch_slowdown: Annotated[Number, Range(0, 10)] = 0.0
     saturating_batch: Annotated[Number, Range(0, 1e6)] = 0.0
+    # TensorRT-LLM's acceptance gate (DecodingBaseConfig acceptance_window, acceptance_length_threshold): once the
+    # mean acceptance length over the last acceptance_window finished requests falls below the threshold, the
+    # engine stops speculating for good (until it restarts). 0 / null: no gate.
+    acceptance_window: Annotated[Int, Range(0, 10**7)] = 0
+    acceptance_length_threshold: Annotated[Number, Range(0, 65)] | None = None
+    # vLLM's dynamic speculative decoding (num_speculative_tokens_per_batch_size, vllm#32374): [low, high, k] per
+    # batch-size range of running requests, from 1, non-overlapping; above the last range its k holds; k is capped
+    # at num_speculative_tokens; k = 0 steps do not speculate.
+    num_speculative_tokens_per_batch_size: Annotated[tuple[tuple[Int, Int, Int], ...],
+                                                     BeforeValidator(_schedule_entries)] = ()
+    # vllm:spec_decode_scheduled_steps, scheduler steps by the k the schedule chose (proposed upstream, vllm#54748):
+    # off, as in every vLLM released so far.
+    spec_decode_scheduled_steps: Bool = False
+    # Memory: the KV cache holds this many tokens, less draft_memory_share of it on a spec-decode pod (the draft
+    # model's weights and KV); a request holds its prompt, half its output on average, and k lookahead slots while
+    # speculating. Requests run while they fit; beyond, they wait, and the excess demand preempts.
+    kv_cache_capacity_tokens: Annotated[Int, Range(1, 10**10)] = KV_CACHE_CAPACITY_TOKENS
+    draft_memory_share: Annotated[Number, Range(0, 0.99)] = 0.0
 
     def cross_check(self, context: Context) -> ModelSpec:
         if len({w.name for w in self.workloads}) != len(self.workloads):
             raise fail("workload names must be distinct", "workloads")
+        if (self.acceptance_window > 0) != (self.acceptance_length_threshold is not None):
+            raise fail("acceptance_window and acceptance_length_threshold go together (both, or neither)",
+                       "acceptance_window")
         curve = self.position_acceptance
         if curve is not None and len(curve) != self.num_speculative_tokens:
             raise fail(f"expected {self.num_speculative_tokens} values (one per position, num_speculative_tokens), "
@@ -147,6 +188,10 @@ class Rates:
     # V0 counts every accepted token (even after a rejection) and emits prefix + 1 per draft.
     v0_accepted: float
     v0_emitted: float
+    steps: float = 0.0  # request-steps that ran (drafted or not): ``drafts`` counts only those with a draft
+    k: int = 0  # the k the steps ran with (0: not speculating)
+    kv_cache_usage: float = 0.0
+    preemptions: float = 0.0  # per second
 
 
 # The simulator draws per-position acceptance from the same i.i.d. model the sidecar fits.
@@ -199,6 +244,31 @@ def effective_acceptance_rate(spec: ModelSpec, fractions: tuple[float, ...]) -> 
     return sum(fractions) / drafted if drafted > 0 else 0.0
 
 
+def scheduled_k(spec: ModelSpec, running: float) -> int:
+    """The k a step runs with: the batch-size schedule's at this batch (vLLM's dense lookup), else the configured."""
+    k = spec.num_speculative_tokens
+    schedule = spec.num_speculative_tokens_per_batch_size
+    if not spec.spec_decode or not schedule:
+        return k if spec.spec_decode else 0
+    batch = max(1, round(running))
+    chosen = next((entry_k for low, high, entry_k in reversed(schedule) if batch >= low), schedule[0][2])
+    return min(k, chosen)
+
+
+def kv_tokens_per_request(spec: ModelSpec, k: int) -> float:
+    return spec.prompt_tokens + spec.output_tokens / 2.0 + k
+
+
+def kv_capacity(spec: ModelSpec) -> float:
+    """Tokens the KV cache holds: less on a spec-decode pod, whose draft model takes draft_memory_share of it."""
+    return spec.kv_cache_capacity_tokens * (1.0 - spec.draft_memory_share if spec.spec_decode else 1.0)
+
+
+def running_limit(spec: ModelSpec, k: int) -> float:
+    """Requests that can run at once: max_num_seqs, or as many as the KV cache holds."""
+    return min(float(spec.max_num_seqs), kv_capacity(spec) / kv_tokens_per_request(spec, k))
+
+
 def verify_cost(spec: ModelSpec, running: float) -> float:
     """Cost of one drafted token in target steps at a batch of ``running``: the verification pass turns
     compute-bound as the batch grows."""
@@ -208,57 +278,97 @@ def verify_cost(spec: ModelSpec, running: float) -> float:
     return spec.cost_per_draft_token + (max(1.0, spec.cost_per_draft_token) - spec.cost_per_draft_token) * share
 
 
-def step_seconds(spec: ModelSpec, running: float) -> float:
-    """One engine step at a batch of ``running``: longer under load, and longer with a draft to verify."""
+def step_seconds(spec: ModelSpec, running: float, k: int | None = None) -> float:
+    """One engine step at a batch of ``running``: longer under load, and longer with a draft to verify (of ``k``
+    tokens: the configured k unless a schedule chose another)."""
     base = spec.target_step_seconds * (1.0 + spec.batch_slowdown * running)
-    if not spec.spec_decode:
+    k = spec.num_speculative_tokens if k is None else k
+    if not spec.spec_decode or k == 0:
         return base
-    return base * (1.0 + spec.num_speculative_tokens * spec.draft_fill * verify_cost(spec, running))
+    return base * (1.0 + k * spec.draft_fill * verify_cost(spec, running))
 
 
-def loaded_step(spec: ModelSpec, steps_per_second: float) -> tuple[float, float]:
+def loaded_step(spec: ModelSpec, steps_per_second: float, k: int | None = None) -> tuple[float, float]:
     """(step seconds, running requests) where they agree: Little's law (one step per running request per step
-    time) and the load-dependent step time, by fixed-point iteration."""
+    time) and the load-dependent step time, by fixed-point iteration; running at most what fits (running_limit)."""
+    k = spec.num_speculative_tokens if k is None else k
+    limit = running_limit(spec, k)
     running = 0.0
-    step = step_seconds(spec, running)
+    step = step_seconds(spec, running, k)
     for _ in range(12):
-        running = min(steps_per_second * step, float(spec.max_num_seqs))
-        step = step_seconds(spec, running)
+        running = min(steps_per_second * step, limit)
+        step = step_seconds(spec, running, k)
     return step, running
 
 
-def workload_mix(spec: ModelSpec, fractions: tuple[float, ...]) -> tuple[tuple[float, tuple[float, ...]], ...]:
+def workload_mix(spec: ModelSpec, fractions: tuple[float, ...],
+                 k: int | None = None) -> tuple[tuple[float, tuple[float, ...]], ...]:
     """(share of steps, per-position fractions) per workload; the model's own when it has no workloads."""
     if not spec.workloads:
         return ((1.0, fractions),)
+    k = spec.num_speculative_tokens if k is None else k
     total = sum(w.share for w in spec.workloads) or 1.0
     return tuple((w.share / total, fractions if w.acceptance_rate is None
-                  else position_fractions(w.acceptance_rate, spec.num_speculative_tokens, spec.draft_fill))
+                  else position_fractions(w.acceptance_rate, k, spec.draft_fill))
                  for w in spec.workloads)
 
 
-def compute_rates(spec: ModelSpec, live: LiveParams, fractions: tuple[float, ...]) -> Rates:
+def step_k(spec: ModelSpec, steps_per_second: float, speculating: bool = True) -> int:
+    """The k the engine's steps run with at this load: 0 when it does not speculate (spec decode off, the gate
+    closed), else the schedule's at the batch the load makes (taken twice: the step time moves with k)."""
+    if not spec.spec_decode or not speculating:
+        return 0
     k = spec.num_speculative_tokens
-    drafts = max(0.0, live.drafts_per_second)  # verification steps per second (engine steps: control pods)
-    mix = workload_mix(spec, fractions) if spec.spec_decode else ((1.0, (0.0,) * k),)
-    mixed = tuple(sum(share * f[i] for share, f in mix) for i in range(k))
-    fractions = mixed if spec.workloads else fractions
-    per_pos = tuple(drafts * f for f in fractions) if spec.spec_decode else (0.0,) * k
-    accepted = sum(per_pos)
-    mean_length = 1.0 + sum(fractions) if spec.spec_decode else 1.0
-    step, running = loaded_step(spec, drafts)
-    groups = tuple((drafts * share * (1.0 + sum(f)) / spec.output_tokens, step / (1.0 + sum(f))) for share, f in mix)
-    generation = drafts * mean_length
+    for _ in range(2):
+        k = scheduled_k(spec, loaded_step(spec, steps_per_second, k)[1])
+    return k
+
+
+class Memory(NamedTuple):
+    kv_cache_usage: float  # 1 = full
+    preemptions_per_request: float
+    served_share: float  # of the offered steps that run; the rest wait
+
+
+def memory(spec: ModelSpec, offered_running: float, k: int) -> Memory:
+    """What the offered concurrency (requests that want to run) does to the KV cache: usage, the excess demand's
+    preemptions (each 1 % of demand above capacity preempts 0.01 of the requests: a model), and the share that
+    runs."""
+    per_request = kv_tokens_per_request(spec, k)
+    capacity = kv_capacity(spec)
+    limit = running_limit(spec, k)
+    running = min(offered_running, limit)
+    demand = offered_running * per_request / capacity
+    return Memory(min(1.0, running * per_request / capacity), min(1.0, max(0.0, demand - 1.0)),
+                  running / offered_running if offered_running > 0 else 1.0)
+
+
+def compute_rates(spec: ModelSpec, live: LiveParams, fractions: tuple[float, ...], k: int | None = None) -> Rates:
+    """One engine's production per second; ``k``: the k its steps run with (0: not speculating), else the
+    configured. Steps beyond what fits in the batch (running_limit) wait instead of running."""
+    k_max = spec.num_speculative_tokens
+    k = (k_max if spec.spec_decode else 0) if k is None else k
+    offered = max(0.0, live.drafts_per_second)  # request-steps per second (verification steps while speculating)
+    step, running = loaded_step(spec, offered, k)
+    mem = memory(spec, offered * step, k)
+    steps = offered * mem.served_share
+    speculating = spec.spec_decode and k > 0
+    mix = workload_mix(spec, fractions[:k], k) if speculating else ((1.0, (0.0,) * k_max),)
+    mixed = tuple(sum(share * f[i] for share, f in mix) for i in range(min(k, k_max)))
+    fractions = (mixed if spec.workloads else fractions[:k]) if speculating else ()
+    per_pos = tuple(steps * f for f in fractions)
+    mean_length = 1.0 + sum(fractions)
+    groups = tuple((steps * share * (1.0 + sum(f)) / spec.output_tokens, step / (1.0 + sum(f))) for share, f in mix)
+    generation = steps * mean_length
     requests = generation / spec.output_tokens
     tpot = sum(n * t for n, t in groups) / requests if requests > 0 else step / mean_length
     ttft = spec.prompt_tokens * PREFILL_SECONDS_PER_TOKEN + step
-    in_flight = drafts * step
-    alpha_v0 = effective_acceptance_rate(spec, fractions)
+    alpha_v0 = effective_acceptance_rate(spec, fractions) if speculating else 0.0
     return Rates(
-        drafts=drafts,
-        draft_tokens=drafts * k * spec.draft_fill if spec.spec_decode else 0.0,
+        drafts=steps if speculating or not spec.spec_decode else 0.0,
+        draft_tokens=steps * k * spec.draft_fill if speculating else 0.0,
         per_pos=per_pos,
-        accepted=accepted,
+        accepted=sum(per_pos),
         generation_tokens=generation,
         requests=requests,
         prompt_tokens=requests * spec.prompt_tokens,
@@ -268,15 +378,14 @@ def compute_rates(spec: ModelSpec, live: LiveParams, fractions: tuple[float, ...
         ttft_seconds=ttft,
         e2e_seconds=ttft + (spec.output_tokens - 1) * tpot,
         running=running,
-        waiting=max(0.0, in_flight - running),
-        v0_accepted=drafts * k * alpha_v0,
-        v0_emitted=drafts * (1.0 + iid_acceptance_sum(alpha_v0, k)),
+        waiting=max(0.0, offered * step - running),
+        v0_accepted=steps * k_max * alpha_v0,
+        v0_emitted=steps * (1.0 + iid_acceptance_sum(alpha_v0, k_max)),
+        steps=steps,
+        k=k,
+        kv_cache_usage=mem.kv_cache_usage,
+        preemptions=requests * mem.preemptions_per_request,
     )
-
-
-def kv_cache_usage(spec: ModelSpec, running: float) -> float:
-    tokens = running * (spec.prompt_tokens + spec.output_tokens / 2.0)
-    return min(1.0, tokens / KV_CACHE_CAPACITY_TOKENS)
 
 
 def noise_factor(noise: float, gauss: float) -> float:

@@ -46,6 +46,7 @@ class Generation:
     step_seconds: float
     ttft_seconds: float
     workload: str
+    speculative: bool = True  # served with a speculative config (its response carries spec metrics)
 
     @property
     def spec_steps(self) -> int:
@@ -102,9 +103,10 @@ def request_alpha(spec: ModelSpec, base_alpha: float, temperature: float | None,
 
 
 def generate(spec: ModelSpec, alpha: float, max_tokens: int, step_seconds: float, ttft_seconds: float,
-             rng: random.Random, workload: str = "default") -> Generation:
-    """Steps until ``max_tokens`` are emitted; each spec step accepts a truncated-geometric prefix."""
-    k = spec.num_speculative_tokens
+             rng: random.Random, workload: str = "default", k: int | None = None) -> Generation:
+    """Steps until ``max_tokens`` are emitted; each spec step drafts ``k`` tokens (the configured k unless a
+    schedule or a gate chose another; 0: no drafts) and accepts a truncated-geometric prefix of them."""
+    k = spec.num_speculative_tokens if k is None else k
     drafted = k if spec.spec_decode else 0
     alpha = min(1.0, max(0.0, rng.gauss(alpha, spec.per_request_spread) if spec.per_request_spread else alpha))
     p = solve_geometric_probability(alpha * k, k) if drafted else 0.0
@@ -120,11 +122,12 @@ def generate(spec: ModelSpec, alpha: float, max_tokens: int, step_seconds: float
             prefix += 1
         accepted.append(prefix)
         emitted += prefix + 1
-    return Generation(max_tokens, tuple(accepted), plain, k, drafted, step_seconds, ttft_seconds, workload)
+    return Generation(max_tokens, tuple(accepted), plain, spec.num_speculative_tokens, drafted, step_seconds,
+                      ttft_seconds, workload, spec.spec_decode)
 
 
 def spec_metrics(g: Generation) -> dict[str, Any] | None:
-    if g.spec_steps == 0 and g.drafted_per_step == 0:
+    if not g.speculative:
         return None
     histogram = [0] * (g.num_spec_tokens + 1)
     for prefix in g.accepted_per_step:

@@ -8,6 +8,7 @@ depend on when or how often it is observed: scrapes 1 s apart or one scrape afte
 from __future__ import annotations
 
 import bisect
+import collections
 import dataclasses
 import functools
 import itertools
@@ -29,10 +30,10 @@ from specdecode_exporter.simulator.model import (
     compute_rates,
     cumulative_fractions,
     effective_acceptance_rate,
-    kv_cache_usage,
     noise_factor,
     position_fractions,
     scale_fractions,
+    step_k,
 )
 from specdecode_exporter.simulator.requests import Call, Generation, generate, request_alpha, workload_for
 from specdecode_exporter.simulator.scenario import FAULTS, Phase, Scenario, default_scenario
@@ -146,6 +147,9 @@ class EngineSnapshot:
     kv_cache_usage: float
     histograms: dict[str, HistogramSnapshot]
     v0: V0Snapshot | None  # None until V0's first report
+    preemptions: int = 0
+    scheduled_steps: tuple[int, ...] = ()  # scheduler steps by the k they ran with (index = k)
+    speculating: bool = True  # False once an acceptance gate switched speculation off
 
 
 @dataclass(frozen=True)
@@ -180,9 +184,17 @@ class _Engine:
     v0_logged: int = 0  # reports that carried metrics; V0 series exist only after the first
     v0_counters: tuple[int, int, int] = (0, 0, 0)  # accepted, draft, emitted (sum of lifetime totals)
     v0_lifetime: tuple[int, int, int, int] = (0, 0, 0, 0)  # accepted, draft, emitted, drafts at last report
+    gate_window: int = 0  # finished requests the acceptance gate averages over (0: no gate)
+    preemptions: float = 0.0
+    kv_cache_usage: float = 0.0
+    scheduled: list[float] = field(default_factory=list)  # scheduler steps by k (0…k)
+    speculating: bool = True  # an acceptance gate closes it for good (until a restart)
+    gate: RollingMean = field(default_factory=lambda: RollingMean(0.0))
 
     def __post_init__(self) -> None:
         self.per_pos = [0.0] * self.k
+        self.scheduled = [0.0] * (self.k + 1)
+        self.gate = RollingMean(float(self.gate_window))
         self.requests = {reason: 0.0 for reason, _ in FINISH_REASON_SHARES}
         self.histograms = {name: HistogramAccumulator(b) for name, b in HISTOGRAM_BUCKETS.items()}
 
@@ -199,9 +211,12 @@ def _integrate(e: _Engine, r: Rates, dt: float) -> None:
     e.prompt += r.prompt_tokens * dt
     for reason, share in FINISH_REASON_SHARES:
         e.requests[reason] += r.requests * share * dt
-    e.running, e.waiting = r.running, r.waiting
-    e.histograms["itl"].observe(r.drafts * dt, r.step_seconds)
-    e.histograms["v0_tpot"].observe(r.drafts * dt, r.step_seconds)
+    e.running, e.waiting, e.kv_cache_usage = r.running, r.waiting, r.kv_cache_usage
+    e.preemptions += r.preemptions * dt
+    if r.steps > 0 and r.step_seconds > 0:
+        e.scheduled[r.k] += min(1.0, r.running) * dt / r.step_seconds  # one scheduler step for the whole batch
+    e.histograms["itl"].observe(r.steps * dt, r.step_seconds)
+    e.histograms["v0_tpot"].observe(r.steps * dt, r.step_seconds)
     n_req = r.requests * dt
     for requests, tpot in r.tpot_groups:  # a mixed workload: each part at its own TPOT
         e.histograms["tpot"].observe(requests * dt, tpot)
@@ -209,6 +224,50 @@ def _integrate(e: _Engine, r: Rates, dt: float) -> None:
     e.histograms["e2e"].observe(n_req, r.e2e_seconds)
     e.v0_accepted += r.v0_accepted * dt
     e.v0_emitted += r.v0_emitted * dt
+
+
+class RollingMean:
+    """The mean of the last ``size`` (fractional) observations, fed in weighted chunks: TensorRT-LLM's
+    SpeculationGate averages the acceptance length of the last acceptance_window finished requests."""
+
+    def __init__(self, size: float) -> None:
+        self.size = size
+        self.chunks: collections.deque[tuple[float, float]] = collections.deque()  # (weight, value)
+        self.weight = 0.0
+        self.total = 0.0
+
+    def add(self, weight: float, value: float) -> None:
+        self.chunks.append((weight, value))
+        self.weight += weight
+        self.total += weight * value
+        while self.weight - self.size > 1e-9:
+            oldest, old_value = self.chunks[0]
+            drop = min(oldest, self.weight - self.size)
+            self.weight -= drop
+            self.total -= drop * old_value
+            if drop >= oldest:
+                self.chunks.popleft()
+            else:
+                self.chunks[0] = (oldest - drop, old_value)
+
+    @property
+    def full(self) -> bool:
+        return self.size > 0 and self.weight >= self.size - 1e-9
+
+    @property
+    def mean(self) -> float:
+        return self.total / self.weight if self.weight > 0 else 0.0
+
+
+def _gate(e: _Engine, spec: ModelSpec, requests: float, mean_length: float) -> None:
+    """TensorRT-LLM's acceptance gate: ``requests`` more finished at ``mean_length`` tokens per step; once the mean
+    over the last acceptance_window is below acceptance_length_threshold, speculation stops for good."""
+    threshold = spec.acceptance_length_threshold
+    if threshold is None or not e.speculating or requests <= 0:
+        return
+    e.gate.add(requests, mean_length)
+    if e.gate.full and e.gate.mean < threshold:
+        e.speculating = False
 
 
 def _account(e: _Engine, g: Generation, prompt_tokens: int) -> None:
@@ -223,6 +282,7 @@ def _account(e: _Engine, g: Generation, prompt_tokens: int) -> None:
     e.generation += g.tokens
     e.prompt += prompt_tokens
     e.requests["length"] += 1.0
+    e.scheduled[min(g.drafted_per_step, e.k)] += g.steps
     e.histograms["itl"].observe_exactly(g.steps, g.step_seconds)
     e.histograms["v0_tpot"].observe_exactly(g.steps, g.step_seconds)
     e.histograms["tpot"].observe_exactly(1.0, g.tpot_seconds)
@@ -390,12 +450,14 @@ class Simulator:
             live = self.live_params(spec)
             fractions = self._fractions(spec, live)
             for e in self._engines[spec.name]:
+                params, curve = live, fractions
                 if spec.noise > 0:
-                    noisy = LiveParams(live.acceptance_rate, live.drafts_per_second * e.noise_drafts)
-                    rates = compute_rates(spec, noisy, scale_fractions(fractions, e.noise_accept))
-                else:
-                    rates = compute_rates(spec, live, fractions)
+                    params = LiveParams(live.acceptance_rate, live.drafts_per_second * e.noise_drafts)
+                    curve = scale_fractions(fractions, e.noise_accept)
+                rates = compute_rates(spec, params, curve, step_k(spec, params.drafts_per_second, e.speculating))
                 _integrate(e, rates, dt)
+                if rates.k > 0 and rates.steps > 0:
+                    _gate(e, spec, rates.requests * dt, rates.generation_tokens / rates.steps)
 
     def _resample_noise(self) -> None:
         for spec in self.scenario.models:
@@ -409,7 +471,8 @@ class Simulator:
         self._engines = {
             spec.name: [
                 _Engine(index=i, started_at=self._now, k=spec.num_speculative_tokens,
-                        rng=random.Random(f"{self.seed}:{spec.name}:{i}:{self._now!r}"))
+                        rng=random.Random(f"{self.seed}:{spec.name}:{i}:{self._now!r}"),
+                        gate_window=spec.acceptance_window)
                 for i in range(spec.engines)
             ]
             for spec in self.scenario.models
@@ -487,16 +550,19 @@ class Simulator:
             self._sync()
             spec = self._specs[call.model]
             live = self.live_params(spec)
-            rates = compute_rates(spec, LiveParams(live.acceptance_rate, 1.0), self._fractions(spec, live))
-            workload = workload_for(spec, call.temperature, workload_header)
-            alpha = request_alpha(spec, live.acceptance_rate, call.temperature, workload)
-            generations = [generate(spec, alpha, call.max_tokens, rates.step_seconds, rates.ttft_seconds,
-                                    self._request_rng, workload.name) for _ in range(call.n)]
             engines = self._engines[call.model]
             self._round_robin += 1
             engine = engines[self._round_robin % len(engines)]
+            k = step_k(spec, live.drafts_per_second, engine.speculating)
+            rates = compute_rates(spec, LiveParams(live.acceptance_rate, 1.0), self._fractions(spec, live), k)
+            workload = workload_for(spec, call.temperature, workload_header)
+            alpha = request_alpha(spec, live.acceptance_rate, call.temperature, workload)
+            generations = [generate(spec, alpha, call.max_tokens, rates.step_seconds, rates.ttft_seconds,
+                                    self._request_rng, workload.name, k) for _ in range(call.n)]
             for generation in generations:
                 _account(engine, generation, prompt_tokens)
+                if generation.spec_steps:
+                    _gate(engine, spec, 1.0, generation.tokens / generation.steps)
             return generations
 
     def model_names(self) -> tuple[str, ...]:
@@ -516,7 +582,8 @@ class Simulator:
 
     def _engine_snapshot(self, spec: ModelSpec, e: _Engine) -> EngineSnapshot:
         drafts = exposed(e.drafts)
-        draft_tokens = drafts * e.k if spec.draft_fill == 1.0 else exposed(e.draft_tokens)
+        fixed_k = spec.draft_fill == 1.0 and not spec.num_speculative_tokens_per_batch_size
+        draft_tokens = drafts * e.k if fixed_k else exposed(e.draft_tokens)
         per_pos = tuple(exposed(x) for x in e.per_pos)
         v0 = None
         if e.v0_logged:
@@ -539,9 +606,12 @@ class Simulator:
             requests={reason: exposed(v) for reason, v in e.requests.items()},
             running=round(e.running),
             waiting=round(e.waiting),
-            kv_cache_usage=round(kv_cache_usage(spec, e.running), 4),
+            kv_cache_usage=round(e.kv_cache_usage, 4),
             histograms={name: h.snapshot() for name, h in e.histograms.items()},
             v0=v0,
+            preemptions=exposed(e.preemptions),
+            scheduled_steps=tuple(exposed(x) for x in e.scheduled),
+            speculating=e.speculating,
         )
 
     def state(self) -> dict[str, Any]:
@@ -602,6 +672,10 @@ def _engine_state(e: EngineSnapshot) -> dict[str, Any]:
         "requests": dict(e.requests),
         "running": e.running,
         "waiting": e.waiting,
+        "kv_cache_usage": e.kv_cache_usage,
+        "preemptions": e.preemptions,
+        "speculating": e.speculating,
+        "scheduled_steps": list(e.scheduled_steps),
     }
     v0 = {} if e.v0 is None else dataclasses.asdict(e.v0)
     out["v0"] = {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in v0.items()} or None

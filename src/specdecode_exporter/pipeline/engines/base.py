@@ -28,6 +28,7 @@ class LatencyReading(NamedTuple):
     running: float | None = None  # requests in the batch now
     waiting: float | None = None
     request_acceptance: Histogram | None = None  # per finished request: its α, where the engine exports it
+    kv_cache_usage: float | None = None  # share of the KV cache in use now (1 = full)
 
     @property
     def observations(self) -> float | None:
@@ -56,6 +57,9 @@ class SeriesReading(NamedTuple):  # a NamedTuple, not a frozen dataclass: built 
     # through under the contract metric that says what they are; never treated as the sidecar's own windows.
     reported: tuple[tuple[MetricSpec, float], ...] = ()
     latency: LatencyReading | None = None
+    generated_tokens: float | None = None  # every token the engine generated, speculative steps or not
+    preemptions: float | None = None  # requests preempted for want of KV-cache blocks
+    scheduled_steps: tuple[float, ...] = ()  # scheduler steps by the k a batch-size schedule chose (index = k)
 
 
 @dataclass(slots=True)
@@ -114,19 +118,21 @@ class Engine(Protocol):
 
 class PositionLines:
     """Which line holds each draft position's counter (the per-position family, label ``position`` = 0…k−1, of
-    one series), gathered line by line; the first line of a position counts, like a scrape would."""
+    one series), gathered line by line; the first line of a position counts, like a scrape would. The same for any
+    family indexed 0…n by a label (``label``: the scheduled steps by k)."""
 
-    def __init__(self) -> None:
+    def __init__(self, label: str = "position") -> None:
         self._line_of: dict[int, int] = {}
+        self._label = label
 
     def __bool__(self) -> bool:
         return bool(self._line_of)
 
     def add(self, index: int, sample: Sample) -> str | None:
         """Takes line ``index``, or says why its position label is not a position."""
-        position = sample.label("position")
+        position = sample.label(self._label)
         if position is None or not position.isdigit():
-            return f"{sample.name} has position label {position!r}"
+            return f"{sample.name} has {self._label} label {position!r}"
         self._line_of.setdefault(int(position), index)
         return None
 

@@ -8,6 +8,9 @@ Used:
   only with ``enable_iter_perf_stats``; absent, they are unknown (not 0).
 * ``trtllm_speculative_config_info{spec_enabled="true",spec_method,spec_num_tokens}``: the method (lower-cased:
   ``MTP`` → ``mtp``) and k (``max_draft_len``), so neither needs configuring.
+* ``trtllm_generation_tokens_total``: every generated token, speculative steps or not: with the drafted tokens it
+  tells speculation that stopped while generation goes on (the acceptance gate, ``acceptance_length_threshold``,
+  switches it off for good).
 * ``trtllm_spec_decode_acceptance_length``: the engine's mean acceptance length of the last iteration it polled,
   passed through as ``specdecode_reported_acceptance_length``. Its samples carry ``pid`` (multiprocess gauges in
   mode "all" keep dead processes' values too): it is passed on only when the pids agree on one value.
@@ -40,6 +43,7 @@ from specdecode_exporter.pipeline.parse import Sample, Selection, is_finite_coun
 
 DRAFT_TOKENS = "trtllm_spec_decode_num_draft_tokens_total"
 ACCEPTED = "trtllm_spec_decode_num_accepted_tokens_total"
+GENERATION = "trtllm_generation_tokens_total"
 ACCEPTANCE_LENGTH = "trtllm_spec_decode_acceptance_length"
 CONFIG_INFO = "trtllm_speculative_config_info"
 
@@ -85,14 +89,15 @@ class TrtllmDecoder:
             configs = [_speculation(samples[i]) for i in indices if samples[i].name == CONFIG_INFO]
             speculation = next((c for c in configs if c is not None), None)
             drafted, accepted = _counter(samples, indices, DRAFT_TOKENS), _counter(samples, indices, ACCEPTED)
+            generated = _counter(samples, indices, GENERATION)
             if speculation is None and drafted is None:
                 continue  # speculation off: nothing of this model to report
-            problem = next((p for p in (drafted, accepted) if isinstance(p, str)), None)
+            problem = next((p for p in (drafted, accepted, generated) if isinstance(p, str)), None)
             if problem is not None:
                 result.pending.append((model_name, None))
                 result.warnings.append(f"model_name={model_name}: {problem}")
                 continue
-            assert not isinstance(drafted, str) and not isinstance(accepted, str)
+            assert not isinstance(drafted, str) and not isinstance(accepted, str) and not isinstance(generated, str)
             if drafted is None:
                 result.warnings.append(f"model_name={model_name}: no token counters yet (they appear with the "
                                        "first iteration that drafts, and only with enable_iter_perf_stats: true)")
@@ -105,6 +110,7 @@ class TrtllmDecoder:
                 num_speculative_tokens=k,
                 method=method,
                 reported=_reported_length(samples, indices),
+                generated_tokens=generated,
             ))
         return result
 
@@ -112,7 +118,7 @@ class TrtllmDecoder:
 @dataclass(frozen=True)
 class Trtllm:
     api: str = "trtllm"
-    prefixes: tuple[str, ...] = (DRAFT_TOKENS, ACCEPTED, ACCEPTANCE_LENGTH, CONFIG_INFO)
+    prefixes: tuple[str, ...] = (DRAFT_TOKENS, ACCEPTED, ACCEPTANCE_LENGTH, CONFIG_INFO, GENERATION)
     max_collect_interval: float | None = None
     labels_model: bool = True
 

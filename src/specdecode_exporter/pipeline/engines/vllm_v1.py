@@ -35,8 +35,18 @@ WAITING = "vllm:num_requests_waiting"
 # Per-request α as a histogram of finished requests: proposed upstream (vllm-project/vllm#44487), not merged yet.
 # Read where a vLLM exports it, with whatever buckets it has: the distribution without the request tap.
 REQUEST_ACCEPTANCE = "vllm:request_spec_decode_acceptance_rate"
+# What speculation produces and costs: all generated tokens (the speculative token share), preemptions and the
+# KV-cache usage (memory, against a control pod).
+GENERATION = "vllm:generation_tokens_total"
+PREEMPTIONS = "vllm:num_preemptions_total"
+KV_CACHE_USAGE = "vllm:kv_cache_usage_perc"
+# Scheduler steps by the k a batch-size schedule chose, 0 included: proposed upstream (vllm-project/vllm#54748),
+# labelled num_spec_tokens = 0…k; read where a vLLM exports it.
+SCHEDULED_STEPS = "vllm:spec_decode_scheduled_steps_total"
+SCHEDULED_K_LABEL = "num_spec_tokens"
 LATENCY_PREFIXES = (*(f"{family}{suffix}" for family in (TPOT, TTFT, REQUEST_ACCEPTANCE)
-                       for suffix in ("_bucket", "_sum", "_count")), RUNNING, WAITING)
+                       for suffix in ("_bucket", "_sum", "_count")), RUNNING, WAITING, KV_CACHE_USAGE)
+COST_PREFIXES = (GENERATION, PREEMPTIONS, SCHEDULED_STEPS)
 SPEC_NAMES = frozenset({DRAFTS, DRAFT_TOKENS, ACCEPTED, PER_POSITION})
 
 
@@ -54,6 +64,7 @@ class _LatencySlots:
     running: int | None
     waiting: int | None
     request_acceptance: _HistogramSlots | None = None
+    kv_cache_usage: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +79,9 @@ class _Slots:
     created: int | None
     positions: tuple[int, ...]
     latency: _LatencySlots | None
+    generated: int | None = None
+    preemptions: int | None = None
+    scheduled_steps: tuple[int, ...] = ()
 
 
 def _bound(sample: Sample) -> float | None:
@@ -93,7 +107,8 @@ def _histogram_slots(name: str, first: dict[str, int], buckets: dict[str, dict[f
 
 def _latency_slots(first: dict[str, int], buckets: dict[str, dict[float, int]]) -> _LatencySlots | None:
     slots = _LatencySlots(_histogram_slots(TPOT, first, buckets), _histogram_slots(TTFT, first, buckets),
-                          first.get(RUNNING), first.get(WAITING), _histogram_slots(REQUEST_ACCEPTANCE, first, buckets))
+                          first.get(RUNNING), first.get(WAITING), _histogram_slots(REQUEST_ACCEPTANCE, first, buckets),
+                          first.get(KV_CACHE_USAGE))
     return None if slots == _LatencySlots(None, None, None, None) else slots
 
 
@@ -102,14 +117,15 @@ def _slots(model_name: str | None, engine: str | None, group: list[tuple[int, Sa
     labels alone, so it holds for every scrape with the same layout)."""
     first: dict[str, int] = {}
     positions = PositionLines()
+    scheduled = PositionLines(SCHEDULED_K_LABEL)
     buckets: dict[str, dict[float, int]] = {}
     created: int | None = None
     for index, sample in group:
         name = sample.name
         if name.endswith(CREATED_SUFFIX):
             created = index  # any change of _created means the engine restarted
-        elif name == PER_POSITION:
-            if (bad := positions.add(index, sample)) is not None:
+        elif name in (PER_POSITION, SCHEDULED_STEPS):
+            if (bad := (positions if name == PER_POSITION else scheduled).add(index, sample)) is not None:
                 return bad
         elif name.endswith("_bucket"):
             bound = _bound(sample)
@@ -119,13 +135,15 @@ def _slots(model_name: str | None, engine: str | None, group: list[tuple[int, Sa
             first.setdefault(name, index)  # a duplicate series: keep the first, like a scrape would
     latency = _latency_slots(first, buckets)
     has_tokens = DRAFT_TOKENS in first and ACCEPTED in first
-    if not has_tokens and (latency is None or SPEC_NAMES & first.keys() or positions):
+    if not has_tokens and (latency is None or SPEC_NAMES & first.keys() or positions or scheduled):
         return "draft or accepted token counter missing"
-    position_slots = positions.slots()
+    position_slots, scheduled_slots = positions.slots(), scheduled.slots()
     if isinstance(position_slots, str):
         return position_slots
+    if isinstance(scheduled_slots, str):
+        return f"{SCHEDULED_STEPS}: {scheduled_slots}"
     return _Slots(model_name, engine, first.get(DRAFT_TOKENS), first.get(ACCEPTED), first.get(DRAFTS), created,
-                  position_slots, latency)
+                  position_slots, latency, first.get(GENERATION), first.get(PREEMPTIONS), scheduled_slots)
 
 
 def _unusable_value(group: list[tuple[int, Sample]]) -> str | None:
@@ -152,7 +170,7 @@ def _latency(slots: _LatencySlots | None, values: Sequence[float]) -> LatencyRea
         return None
     return LatencyReading(_histogram(slots.tpot, values), _histogram(slots.ttft, values),
                           _value(values, slots.running), _value(values, slots.waiting),
-                          _histogram(slots.request_acceptance, values))
+                          _histogram(slots.request_acceptance, values), _value(values, slots.kv_cache_usage))
 
 
 def _reading(slots: _Slots, values: Sequence[float]) -> SeriesReading:
@@ -172,6 +190,9 @@ def _reading(slots: _Slots, values: Sequence[float]) -> SeriesReading:
         created=created if created is not None and math.isfinite(created) else None,
         num_speculative_tokens=len(by_position) or None,
         latency=_latency(slots.latency, values),
+        generated_tokens=_value(values, slots.generated),
+        preemptions=_value(values, slots.preemptions),
+        scheduled_steps=tuple([values[i] for i in slots.scheduled_steps]),
     )
 
 
@@ -235,7 +256,8 @@ class V1Decoder:
 class VllmV1:
     api: str = "vllm-v1"
     # Exact names, so the parser skips the other counters' _created lines (one _created tells a restart).
-    prefixes: tuple[str, ...] = (DRAFTS, DRAFTS_CREATED, DRAFT_TOKENS, ACCEPTED, PER_POSITION, *LATENCY_PREFIXES)
+    prefixes: tuple[str, ...] = (DRAFTS, DRAFTS_CREATED, DRAFT_TOKENS, ACCEPTED, PER_POSITION, *LATENCY_PREFIXES,
+                                 *COST_PREFIXES)
     max_collect_interval: float | None = None
     labels_model: bool = True
 

@@ -1,0 +1,217 @@
+"""The sidecar against simulated vLLM pods over real loopback HTTP: it sees an acceptance gate stop speculation
+(share 0 while generation goes on, said in words), a batch-size schedule at k = 0 (on purpose, from the scheduled
+steps), advises a schedule by batch size with its evidence, and measures what spec decode costs against a control
+pod (KV cache, preemptions, throughput) — and the verdict takes those costs into account."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from specdecode_exporter.core.httpserver import ThreadedServer, bind_socket
+from specdecode_exporter.sidecar.collection import Exporter, TargetView
+from specdecode_exporter.sidecar.config import BaselineConfig, Config, TargetConfig, parse_windows
+from specdecode_exporter.sidecar.web import build_app
+from specdecode_exporter.simulator import ModelSpec, Simulator, steady_scenario
+from specdecode_exporter.simulator.clock import ManualClock
+from specdecode_exporter.simulator.server import serve_in_thread
+from tests.helpers import Exposition, start_harness
+
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+
+
+def series_status(status: dict[str, Any], target: str = "vllm") -> dict[str, Any]:
+    (found,) = [t for t in status["targets"] if t["name"] == target]
+    return found["series"][0]  # type: ignore[no-any-return]
+
+
+def test_a_gate_that_stops_speculation_is_seen_said_and_exported() -> None:
+    # α 0.3 at k = 3: mean acceptance length 1.9, below the gate's 2.0: it closes after 100 finished requests (~67 s)
+    harness = start_harness(steady_scenario(ModelSpec(acceptance_rate=0.3, acceptance_window=100,
+                                                      acceptance_length_threshold=2.0)))
+    try:
+        harness.collect()
+        harness.step(5)
+        speculating = series_status(harness.status())
+        assert speculating["speculation"]["state"] == "speculating"
+        assert harness.metrics().get("specdecode_speculative_token_share", window="1m") == pytest.approx(1.0, abs=0.01)
+        for _ in range(30):  # 150 s: the gate closed; the 1m window is past it
+            harness.step(5)
+        metrics = harness.metrics()
+        assert metrics.get("specdecode_speculative_token_share", window="1m") == 0.0
+        drafts = metrics.get("specdecode_drafts_total")
+        generated = metrics.get("specdecode_generated_tokens_total", spec_decode="true")
+        harness.step(5)
+        later = harness.metrics()
+        assert later.get("specdecode_drafts_total") == drafts  # no drafts ...
+        assert later.get("specdecode_generated_tokens_total", spec_decode="true") == pytest.approx(generated + 1000)
+        stopped = series_status(harness.status())["speculation"]
+        assert stopped["state"] == "stopped" and stopped["window"] == "1m" and stopped["share"] == 0.0
+        assert "stopped speculating: 200 generated tokens/s over 1m" in stopped["reason"]
+        assert "acceptance gate" in stopped["reason"]
+        assert "stopped speculating" in httpx.get(harness.sidecar_url + "/", timeout=5).text
+    finally:
+        harness.stop()
+
+
+SCHEDULE = ((1, 4, 3), (5, 16, 1), (17, 256, 0))
+
+
+def test_a_schedule_at_k_0_is_said_to_be_on_purpose() -> None:
+    spec = ModelSpec(drafts_per_second=200.0, num_speculative_tokens_per_batch_size=SCHEDULE,
+                     spec_decode_scheduled_steps=True)
+    harness = start_harness(steady_scenario(spec))
+    try:
+        harness.collect()
+        for _ in range(3):
+            harness.step(5)
+        metrics = harness.metrics()
+        steps = metrics.all("specdecode_scheduled_steps_total")
+        assert {dict(labels)["num_speculative_tokens"] for labels in steps} == {"0", "1", "2", "3"}
+        assert metrics.get("specdecode_scheduled_steps_total", num_speculative_tokens="1") > 0
+        assert metrics.get("specdecode_scheduled_steps_total", num_speculative_tokens="3") == 0
+        harness.simulator.set_override(drafts_per_second=3000.0)  # busy: the schedule drafts nothing
+        for _ in range(14):
+            harness.step(5)
+        stopped = series_status(harness.status())["speculation"]
+        assert stopped["state"] == "stopped"
+        assert "the batch-size schedule chose k = 0 for 100% of the scheduler steps" in stopped["reason"]
+    finally:
+        harness.stop()
+
+
+def test_the_schedule_advice_is_exported_with_its_evidence_and_pastes() -> None:
+    # 200 steps/s: about 10 requests running, all the time in the 5-16 range
+    harness = start_harness(steady_scenario(ModelSpec(acceptance_rate=0.8, drafts_per_second=200.0)),
+                            windows="1m,5m")
+    try:
+        harness.clock.advance(5)  # a simulator starts idle: the first interval would count at batch size 1
+        harness.collect()
+        for _ in range(12):
+            harness.step(5)
+        schedule = series_status(harness.status())["schedule"]
+        assert schedule["window"] == "5m" and schedule["num_speculative_tokens"] == 3
+        seen = {r["batch_size"]: r["observed_seconds"] for r in schedule["ranges"]}
+        assert seen["5-16"] == pytest.approx(60.0) and sum(seen.values()) == pytest.approx(60.0)
+        metrics = harness.metrics()
+        by_range = {dict(labels)["batch_size"]: value for labels, value in
+                    metrics.all("specdecode_recommended_num_speculative_tokens_by_batch_size", window="5m").items()}
+        assert list(by_range) == ["1-4", "5-16", "17-64", "65-256", "257-1024"]
+        assert list(by_range.values()) == sorted(by_range.values(), reverse=True)
+        assert by_range == {r["batch_size"]: r["recommended_num_speculative_tokens"] for r in schedule["ranges"]}
+        gain = metrics.get("specdecode_batch_size_schedule_expected_gain", window="5m")
+        middle = next(r for r in schedule["ranges"] if r["batch_size"] == "5-16")
+        # all the time was spent in 5-16: the gain is that range's alone
+        assert gain == pytest.approx(middle["expected_speedup_recommended"] / middle["expected_speedup_fixed"],
+                                     rel=1e-3)
+        pasted = json.loads(schedule["vllm"].removeprefix("--speculative-config '").removesuffix("'"))
+        assert pasted["num_speculative_tokens_per_batch_size"][0][0] == 1 and pasted["num_speculative_tokens"] == 3
+        assert schedule["trtllm"].startswith("speculative_config: {max_draft_len: ")
+        assert "Batch-size schedule" in httpx.get(harness.sidecar_url + "/", timeout=5).text
+    finally:
+        harness.stop()
+
+
+class Pods:
+    """A spec-decode pod and its control pod (spec decode off), one sidecar collecting both on one fake clock."""
+
+    def __init__(self, spec: ModelSpec, control: ModelSpec) -> None:
+        self.clock = ManualClock()
+        self._servers: list[Any] = []
+        urls = []
+        for model in (spec, control):
+            server, url = serve_in_thread(Simulator(steady_scenario(model), clock=self.clock))
+            self._servers.append(server)
+            urls.append(url)
+        config = Config(targets=(
+            TargetConfig(name="vllm", url=urls[0] + "/metrics", baseline=BaselineConfig(target="control")),
+            TargetConfig(name="control", url=urls[1] + "/metrics", spec_decode=False),
+        ), windows=parse_windows("1m,5m", "windows"), collect_interval=5.0)
+        self.exporter = Exporter(config, clock=self.clock)
+        sidecar = ThreadedServer(build_app(self.exporter, run_collection=False), bind_socket(), name="sidecar")
+        self._servers.append(sidecar.start())
+        self.url = sidecar.base_url
+
+    def step(self, seconds: float) -> list[TargetView]:
+        self.clock.advance(seconds)
+
+        async def once() -> list[TargetView]:
+            async with httpx.AsyncClient(trust_env=False) as client:
+                return await self.exporter.collect_all_once(client)
+
+        return asyncio.run(once())
+
+    def stop(self) -> None:
+        for server in self._servers:
+            server.stop()
+
+
+@pytest.fixture
+def starved() -> Iterator[Pods]:
+    # The same demand of tokens on both pods; the draft model takes half the spec pod's KV cache, so it runs
+    # about 23 requests where 30 want to, queues and preempts; the control pod fits its 39.
+    spec = ModelSpec(draft_memory_share=0.5, kv_cache_capacity_tokens=30_000, drafts_per_second=600.0)
+    control = ModelSpec(spec_decode=False, kv_cache_capacity_tokens=30_000, drafts_per_second=600.0 * 3.25)
+    pods = Pods(spec, control)
+    try:
+        yield pods
+    finally:
+        pods.stop()
+
+
+def metrics_verdict(pods: Pods) -> tuple[str, str]:
+    metrics = Exposition.parse(httpx.get(pods.url + "/metrics", timeout=5).text)
+    (labels,) = metrics.all("specdecode_verdict", target="vllm")
+    return dict(labels)["verdict"], dict(labels)["basis"]
+
+
+def test_what_spec_decode_costs_against_its_control_pod(starved: Pods) -> None:
+    for _ in range(14):
+        starved.step(5)
+    status = httpx.get(starved.url + "/api/v1/status", timeout=5).json()
+    window = series_status(status)["windows"]["1m"]
+    versus = window["against_control"]
+    assert versus["control"] == "control target control"
+    assert versus["kv_cache_usage"] == pytest.approx(1.0) and versus["control_kv_cache_usage"] < 0.9
+    assert versus["preemptions_per_request_increase"] > 0.05
+    assert versus["throughput_ratio"] < 0.9  # queued, and serving fewer tokens than the control
+    assert window["capacity"]["requests_waiting"] >= 1.0
+    verdict = series_status(status)  # faster tokens (observed 1.30×), but it preempts: not paying off
+    assert verdict["verdict"] == "marginal" and verdict["verdict_reason"].startswith("observed 1.30× against control")
+    assert "more preemptions per request than the control (bound 0.05)" in verdict["verdict_reason"]
+    assert metrics_verdict(starved) == ("marginal", "observed")
+    metrics = Exposition.parse(httpx.get(starved.url + "/metrics", timeout=5).text)
+    assert metrics.get("specdecode_preemptions_total", target="vllm", spec_decode="true") > 0
+    assert metrics.get("specdecode_preemptions_total", target="control", spec_decode="false") == 0
+    assert metrics.get("specdecode_kv_cache_usage_ratio", target="control", spec_decode="false") < 0.9
+    page = httpx.get(starved.url + "/", timeout=5).text
+    assert "Against control target control:" in page and "preemptions per request" in page
+
+
+def test_tensorrt_llms_gate_is_seen_from_its_generation_and_drafted_tokens() -> None:
+    """TensorRT-LLM's own dialect counts no drafts (so no emitted tokens and no share): a stop is generation without
+    a drafted token."""
+    spec = ModelSpec(acceptance_rate=0.3, method="mtp", acceptance_window=100, acceptance_length_threshold=2.0)
+    harness = start_harness(steady_scenario(spec, fmt="trtllm"), url_path="/prometheus/metrics", windows="30s,1m")
+    try:
+        harness.collect()
+        harness.step(5)
+        # its draft counters appear with the first drafting iteration: no window counts them at both ends yet
+        assert series_status(harness.status())["speculation"] is None
+        for _ in range(7):
+            harness.step(5)
+        assert series_status(harness.status())["speculation"]["state"] == "speculating"
+        for _ in range(24):  # the gate closes after about 67 s
+            harness.step(5)
+        metrics = harness.metrics()
+        assert metrics.get("specdecode_generated_tokens_total", spec_decode="true") > 0
+        assert metrics.get("specdecode_speculative_token_share", window="30s") is None  # no emitted tokens to count
+        stopped = series_status(harness.status())["speculation"]
+        assert stopped["state"] == "stopped" and stopped["share"] == 0.0, stopped
+    finally:
+        harness.stop()

@@ -1,0 +1,174 @@
+"""The simulator's speculation behaviours: TensorRT-LLM's acceptance gate (speculation off for good once the rolling
+mean acceptance length falls below a threshold), vLLM's dynamic-SD schedule (k by batch size, 0 included, with the
+proposed scheduled-steps counter), and memory pressure (KV cache, preemptions, a draft model's share of memory)."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from specdecode_exporter.core.validation import ConfigError
+from specdecode_exporter.simulator import ModelSpec, Scenario, Simulator, steady_scenario
+from specdecode_exporter.simulator.model import LiveParams, compute_rates, position_fractions, step_k
+from specdecode_exporter.simulator.requests import Call
+from specdecode_exporter.simulator.scenario import parse_scenario_text
+from specdecode_exporter.simulator.server import serve_in_thread
+from specdecode_exporter.simulator.simulator import EngineSnapshot, RollingMean
+from tests.helpers import Exposition
+
+GATE = {"acceptance_window": 100, "acceptance_length_threshold": 2.0}
+
+
+def simulator(**spec: object) -> Simulator:
+    return Simulator(steady_scenario(ModelSpec(**spec)), clock=lambda: 0.0, wall_epoch=1.7e9)  # type: ignore[arg-type]
+
+
+def engine(sim: Simulator) -> EngineSnapshot:
+    return sim.snapshot()[0].engines[0]
+
+
+def test_the_rolling_mean_is_over_the_last_observations_only() -> None:
+    mean = RollingMean(10)
+    mean.add(6, 3.0)
+    assert not mean.full and mean.mean == 3.0
+    mean.add(8, 1.0)  # 2 of the first chunk remain
+    assert mean.full and mean.mean == pytest.approx((2 * 3.0 + 8 * 1.0) / 10)
+    mean.add(100, 2.0)
+    assert mean.mean == pytest.approx(2.0) and len(mean.chunks) == 1
+
+
+def test_the_gate_stops_speculation_for_good_while_generation_goes_on() -> None:
+    sim = simulator(acceptance_rate=0.3, **GATE)  # mean acceptance length 1.9 < 2.0
+    sim.advance(30)
+    early = engine(sim)
+    assert early.speculating and early.drafts > 0
+    # 200 steps/s × 1.9 tokens / 256 tokens per request: the 100th request finishes after about 67 s
+    sim.advance(60)
+    stopped = engine(sim)
+    assert not stopped.speculating
+    sim.advance(60)
+    later = engine(sim)
+    assert (later.drafts, later.draft_tokens, later.accepted) == (stopped.drafts, stopped.draft_tokens,
+                                                                  stopped.accepted)
+    assert later.generation_tokens - stopped.generation_tokens == pytest.approx(200 * 60, abs=2)  # 1 token a step
+    sim.restart()  # only a restart opens the gate again
+    sim.advance(10)
+    assert engine(sim).speculating and engine(sim).drafts > 0
+
+
+def test_the_gate_stays_open_while_acceptance_is_above_its_threshold() -> None:
+    sim = simulator(acceptance_rate=0.75, **GATE)
+    sim.advance(600)
+    assert engine(sim).speculating
+
+
+def test_served_requests_feed_the_gate_and_stop_drafting_once_it_closed() -> None:
+    sim = simulator(acceptance_rate=0.3, drafts_per_second=0.0, acceptance_window=5, acceptance_length_threshold=2.0)
+    call = Call(False, "meta-llama/Llama-3.1-8B-Instruct", 64, False, False, 1, 0.0)
+    for _ in range(5):
+        assert sim.serve(call, 10)[0].spec_steps > 0
+    assert not engine(sim).speculating
+    (after,) = sim.serve(call, 10)
+    assert after.spec_steps == 0 and after.steps == 64 and after.speculative  # the response still says spec metrics
+
+
+SCHEDULE = ((1, 4, 3), (5, 16, 1), (17, 256, 0))
+
+
+@pytest.mark.parametrize(("steps_per_second", "k"), [(40.0, 3), (200.0, 1), (2000.0, 0)])
+def test_the_schedule_picks_k_by_the_batch_the_load_makes(steps_per_second: float, k: int) -> None:
+    spec = ModelSpec(num_speculative_tokens_per_batch_size=SCHEDULE)
+    assert step_k(spec, steps_per_second) == k
+    rates = compute_rates(spec, LiveParams(0.75, steps_per_second), position_fractions(0.75, 3), k)
+    assert rates.k == k and len(rates.per_pos) == k
+    assert rates.draft_tokens == pytest.approx(rates.drafts * k)
+    assert rates.generation_tokens == pytest.approx(rates.steps * (1 + sum(position_fractions(0.75, 3)[:k])))
+
+
+def test_a_step_at_k_0_generates_without_drafts_and_is_counted() -> None:
+    sim = simulator(drafts_per_second=2000.0, num_speculative_tokens_per_batch_size=SCHEDULE,
+                    spec_decode_scheduled_steps=True)
+    sim.advance(60)
+    e = engine(sim)
+    assert (e.drafts, e.draft_tokens) == (0, 0) and e.generation_tokens > 100_000
+    assert e.scheduled_steps[0] > 0 and sum(e.scheduled_steps[1:]) == 0
+
+
+def served_metrics(sim: Simulator) -> Exposition:
+    server, url = serve_in_thread(sim)
+    try:
+        return Exposition.parse(httpx.get(url + "/metrics", timeout=5).text)
+    finally:
+        server.stop()
+
+
+def test_the_scheduled_steps_family_is_served_only_when_asked_like_the_proposed_counter() -> None:
+    sim = simulator(drafts_per_second=200.0, num_speculative_tokens_per_batch_size=SCHEDULE,
+                    spec_decode_scheduled_steps=True)
+    sim.advance(60)
+    served = served_metrics(sim)
+    by_k = served.all("vllm:spec_decode_scheduled_steps_total")
+    assert {dict(labels)["num_spec_tokens"] for labels in by_k} == {"0", "1", "2", "3"}  # every k, 0 included
+    assert served.get("vllm:spec_decode_scheduled_steps_total", num_spec_tokens="1") > 0
+    drafts = served.get("vllm:spec_decode_num_drafts_total")
+    assert served.get("vllm:spec_decode_num_draft_tokens_total") == drafts  # k = 1 at this load
+    plain = simulator(drafts_per_second=200.0)
+    plain.advance(10)
+    assert not served_metrics(plain).all("vllm:spec_decode_scheduled_steps_total")
+
+
+def test_a_draft_models_memory_makes_the_spec_pod_preempt_and_queue_where_the_control_pod_does_not() -> None:
+    # the spec pod runs at most 30000 × 0.6 / (512 + 128 + 3) ≈ 28 requests, the control pod 30000 / 640 ≈ 47
+    spec = ModelSpec(draft_memory_share=0.4, kv_cache_capacity_tokens=30_000)
+    control = ModelSpec(spec_decode=False, kv_cache_capacity_tokens=30_000)
+    fractions = position_fractions(0.75, 3)
+    spec_rates = compute_rates(spec, LiveParams(0.75, 600.0), fractions)
+    control_rates = compute_rates(control, LiveParams(0.75, 600.0 * 3.25), (0.0,) * 3)  # the same tokens wanted
+    assert 600.0 * 0.05 > 28 and 600.0 * 3.25 * 0.02 < 47  # in flight: spec 30, control 39
+    assert spec_rates.kv_cache_usage == pytest.approx(1.0) and spec_rates.preemptions > 0
+    assert spec_rates.waiting > 0 and spec_rates.steps < 600.0  # it serves only what fits
+    assert control_rates.preemptions == 0 and control_rates.waiting == 0 and control_rates.kv_cache_usage < 1.0
+    assert spec_rates.generation_tokens < control_rates.generation_tokens  # the throughput cut
+
+
+def test_light_load_fits_and_nothing_changes() -> None:
+    rates = compute_rates(ModelSpec(), LiveParams(0.75, 200.0), position_fractions(0.75, 3))
+    assert rates.steps == rates.drafts == 200.0 and rates.preemptions == 0 and rates.waiting == 0
+
+
+def test_preemptions_and_kv_usage_are_served_as_vllm_names_them() -> None:
+    sim = simulator(kv_cache_capacity_tokens=20_000, draft_memory_share=0.4, drafts_per_second=600.0)
+    sim.advance(60)
+    served = served_metrics(sim)
+    assert served.get("vllm:num_preemptions_total", engine="0") > 0
+    assert served.get("vllm:kv_cache_usage_perc", engine="0") == 1.0
+
+
+@pytest.mark.parametrize(("text", "error"), [
+    ("models: [{name: m, acceptance_window: 10}]\n",
+     "s.yaml: models[0].acceptance_window: acceptance_window and acceptance_length_threshold go together"),
+    ("models: [{name: m, num_speculative_tokens_per_batch_size: [[2, 4, 3]]}]\n",
+     "s.yaml: models[0].num_speculative_tokens_per_batch_size[0]: ranges must start at 1"),
+    ("models: [{name: m, num_speculative_tokens_per_batch_size: [[1, 8, 3], [4, 16, 1]]}]\n",
+     "s.yaml: models[0].num_speculative_tokens_per_batch_size[1]: ranges must start at 1 and be sorted"),
+    ("models: [{name: m, num_speculative_tokens_per_batch_size: [[1, 8]]}]\n",
+     "s.yaml: models[0].num_speculative_tokens_per_batch_size[0]: expected [low, high, k]"),
+    ("models: [{name: m, num_speculative_tokens_per_batch_size: [[1, 8, -1]]}]\n",
+     "s.yaml: models[0].num_speculative_tokens_per_batch_size[0]: expected 0 < low <= high and k >= 0"),
+    ("models: [{name: m, draft_memory_share: 1.5}]\n", "s.yaml: models[0].draft_memory_share: expected a number"),
+])
+def test_bad_speculation_keys_are_one_line_errors(text: str, error: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_scenario_text(text, "s.yaml")
+    assert str(caught.value).startswith(error), str(caught.value)
+
+
+def test_the_keys_read_from_a_scenario() -> None:
+    scenario = parse_scenario_text(
+        "models: [{name: m, acceptance_window: 50, acceptance_length_threshold: 2.2, spec_decode_scheduled_steps: "
+        "true, num_speculative_tokens_per_batch_size: [[1, 8, 3], [9, 64, 1]], draft_memory_share: 0.3}]\n", "s.yaml")
+    (model,) = scenario.models
+    assert (model.acceptance_window, model.acceptance_length_threshold) == (50, 2.2)
+    assert model.num_speculative_tokens_per_batch_size == ((1, 8, 3), (9, 64, 1))
+    assert model.spec_decode_scheduled_steps and model.draft_memory_share == 0.3
+    assert isinstance(Simulator(Scenario(models=(model,)), clock=lambda: 0.0), Simulator)
