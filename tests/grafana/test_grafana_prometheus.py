@@ -50,6 +50,8 @@ ALLOWED_EMPTY: dict[str, str] = {
     "α as the alerts see it (recording rules) [C]": "the 1-day baseline ends 1h ago: no history that old here",
     "α as the alerts see it (recording rules) [D]": "the drift threshold is derived from the 1-day baseline",
     "Tapped requests without spec-decode metrics": "every tapped request of a healthy run carries its metrics",
+    "Measured speedup of routed classes (randomized canary)": "routing observes only (no randomized split) and "
+                                                              "no class is below break-even at α=0.7",
 }
 
 
@@ -101,7 +103,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         (tmp / "sidecar.yaml").write_text(yaml.safe_dump(sidecar_config(simulator.url, control.url)))
         sidecar = started.enter_context(running("sidecar", lambda port: [
             *cli, "run", "--config.file", str(tmp / "sidecar.yaml"), "--web.listen-address", f"127.0.0.1:{port}",
-            "--proxy.listen-address", f"127.0.0.1:{tap_port}"], tmp, "/healthz"))
+            "--proxy.listen-address", f"127.0.0.1:{tap_port}",
+            # routing in observe mode: every class is judged and counted, every request still goes to the simulator
+            "--proxy.route.fallback-upstream", control.url], tmp, "/healthz"))
         sidecar_address = sidecar.url.removeprefix("http://")
         config = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "900ms"},

@@ -176,13 +176,13 @@ def test_what_spec_decode_costs_against_its_control_pod(starved: Pods) -> None:
     status = httpx.get(starved.url + "/api/v1/status", timeout=5).json()
     window = series_status(status)["windows"]["1m"]
     versus = window["against_control"]
-    assert versus["control"] == "control target control"
+    assert versus["control"] == 'the control target "control"'
     assert versus["kv_cache_usage"] == pytest.approx(1.0) and versus["control_kv_cache_usage"] < 0.9
     assert versus["preemptions_per_request_increase"] > 0.05
     assert versus["throughput_ratio"] < 0.9  # queued, and serving fewer tokens than the control
     assert window["capacity"]["requests_waiting"] >= 1.0
     verdict = series_status(status)  # faster tokens (observed 1.30×), but it preempts: not paying off
-    assert verdict["verdict"] == "marginal" and verdict["verdict_reason"].startswith("observed 1.30× against control")
+    assert verdict["verdict"] == "marginal" and verdict["verdict_reason"].startswith('observed 1.30× against the control target "control"')
     assert "more preemptions per request than the control (bound 0.05)" in verdict["verdict_reason"]
     assert metrics_verdict(starved) == ("marginal", "observed")
     metrics = Exposition.parse(httpx.get(starved.url + "/metrics", timeout=5).text)
@@ -190,7 +190,7 @@ def test_what_spec_decode_costs_against_its_control_pod(starved: Pods) -> None:
     assert metrics.get("specdecode_preemptions_total", target="control", spec_decode="false") == 0
     assert metrics.get("specdecode_kv_cache_usage_ratio", target="control", spec_decode="false") < 0.9
     page = httpx.get(starved.url + "/", timeout=5).text
-    assert "Against control target control:" in page and "preemptions per request" in page
+    assert "Against the control target &quot;control&quot;:" in page and "preemptions per request" in page
 
 
 def test_tensorrt_llms_gate_is_seen_from_its_generation_and_drafted_tokens() -> None:

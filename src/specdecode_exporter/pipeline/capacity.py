@@ -95,7 +95,7 @@ class AgainstControl(NamedTuple):
     throughput_ratio: float | None  # generated tokens/s over the control's per engine, only while this one queues
     kv_cache_usage: float | None
     control_kv_cache_usage: float | None
-    control: str  # in words: "control target vllm-nospec"
+    control: str  # in words: the control target "vllm-nospec"
 
 
 def against_control(spec: CapacityStats, control: CapacityStats, control_name: str,

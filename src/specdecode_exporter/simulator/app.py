@@ -13,7 +13,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from specdecode_exporter.core.validation import ConfigError
-from specdecode_exporter.simulator.exposition import content_type, render
+from specdecode_exporter.simulator.exposition import render
 from specdecode_exporter.simulator.requests import (
     RequestError,
     parse_call,
@@ -23,6 +23,7 @@ from specdecode_exporter.simulator.requests import (
 )
 from specdecode_exporter.simulator.scenario import FAULTS
 from specdecode_exporter.simulator.simulator import Simulator
+from specdecode_exporter.simulator.text_format import content_type
 
 # Not an exposition: an HTML error page from a proxy followed by a broken sample line.
 GARBAGE = (

@@ -19,9 +19,9 @@ import math
 import os
 from collections.abc import Callable, Iterable
 
-from specdecode_exporter.simulator.exposition import Family, Series, write_text
 from specdecode_exporter.simulator.model import PREFILL_SECONDS_PER_TOKEN
 from specdecode_exporter.simulator.simulator import EngineSnapshot, ModelSnapshot
+from specdecode_exporter.simulator.text_format import Family, Series, write_text
 
 Block = tuple[str, str]  # (family name, its text: HELP, TYPE and samples)
 
