@@ -182,7 +182,8 @@ def test_what_spec_decode_costs_against_its_control_pod(starved: Pods) -> None:
     assert versus["throughput_ratio"] < 0.9  # queued, and serving fewer tokens than the control
     assert window["capacity"]["requests_waiting"] >= 1.0
     verdict = series_status(status)  # faster tokens (observed 1.30×), but it preempts: not paying off
-    assert verdict["verdict"] == "marginal" and verdict["verdict_reason"].startswith('observed 1.30× against the control target "control"')
+    assert verdict["verdict"] == "marginal"
+    assert verdict["verdict_reason"].startswith('observed 1.30× against the control target "control"')
     assert "more preemptions per request than the control (bound 0.05)" in verdict["verdict_reason"]
     assert metrics_verdict(starved) == ("marginal", "observed")
     metrics = Exposition.parse(httpx.get(starved.url + "/metrics", timeout=5).text)
