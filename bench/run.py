@@ -5,6 +5,8 @@
     .venv/bin/python bench/run.py --only collect,render
     .venv/bin/python bench/run.py --only tap           # the request tap alone (~2 minutes); --long: 64 and 256
                                                        # streams, every relay; --smoke: 4 streams, figures meaningless
+    .venv/bin/python bench/run.py --only paging        # the page over a simulated month (~4 minutes; --long: 3
+                                                       # months of α 0.55 and a month of drops per rate)
 
 With --only, the sections that were not run are kept as they are in the output file (results.md), so one
 section can be measured again without the others.
@@ -32,11 +34,11 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.append(str(ROOT))  # appended, so a PYTHONPATH with a patched src/specdecode_exporter/ still wins
 
-from bench import collect, corpus, footprint, render, soak  # noqa: E402
+from bench import collect, corpus, footprint, paging, render, soak  # noqa: E402
 from bench import tap as tap_bench  # noqa: E402
 from bench.common import fmt_ms, markdown_table  # noqa: E402
 
-SECTIONS = ("collect", "render", "footprint", "scale", "soak", "tap")
+SECTIONS = ("collect", "render", "footprint", "scale", "soak", "tap", "paging")
 SECTION_HEADING = "## "
 
 
@@ -217,6 +219,24 @@ def run_tap(rep: Report, size: tap_bench.BenchSize) -> list[dict[str, Any]]:
     return rows
 
 
+def run_paging(rep: Report, size: paging.Size) -> None:
+    rep.h("7. The page: detection delay and false pages over a simulated month")
+    rep.add(f"bench/paging.py, {size.describe()} (seed {size.seed}). Per model two pods, each request drafts 30 "
+            "tokens in drafts of 3, its acceptance probability has sd 0.2 around the true α (a Beta), each draft "
+            "accepts a prefix; scraped every 15 s. The generated SpecDecodeAcceptanceRateLow (its recordings "
+            "inlined) evaluated by a real Prometheus over the backfilled month with query_range at the groups' "
+            "interval, `for:` and the ALERTS hysteresis applied as the rule manager does; a page = a firing more than "
+            "the example routing's group_interval after the last. Delay = drop (α 0.75 → 0.35) to the first page. "
+            "False pages: a month of α 0.55 per rate with pod restarts, a rolling vLLM upgrade, a sidecar restart "
+            "after a vLLM restart and scrape gaps, plus the drops' healthy hours. Before = the page as it was (α over "
+            "5m < 0.5 with ≥ 5 drafted tokens/s, for: 10m), same data.\n")
+    result = paging.run(size, log=lambda line: None)
+    rep.table(paging.TABLE_HEADER, list(paging.table_rows(result)))
+    rep.add("")
+    for line in paging.summary(result):
+        rep.add(line)
+
+
 def _span(low_high: tuple[float, float] | None, spec: str, scale: float = 1.0) -> str:
     if low_high is None:
         return "—"
@@ -310,6 +330,8 @@ def main() -> int:
         run_soak(rep, 60_000 if args.long else 6_000, churn_every=1000 if args.long else 60)
     if "tap" in only:
         run_tap(rep, tap_bench.SMOKE if args.smoke else tap_bench.LONG if args.long else tap_bench.QUICK)
+    if "paging" in only:
+        run_paging(rep, paging.LONG if args.long else paging.QUICK)
     rep.add(f"\n_Total bench time {time.perf_counter() - started:.0f} s._")
     output = Path(args.output)
     lines = rep.lines

@@ -47,7 +47,8 @@ def _alert(groups: dict[str, Any], name: str) -> dict[str, Any]:
 def test_the_change_reaches_the_rules_and_the_prometheus_rule(built: Path) -> None:
     rules = yaml.safe_load((built / "alerts/specdecode.rules.yaml").read_text())
     page = _alert(rules, "SpecDecodeAcceptanceRateLow")
-    assert "model:specdecode_acceptance_ratio:rate5m < 0.6" in page["expr"]
+    assert "model:specdecode_acceptance_ratio:rate2m < 0.6" in page["expr"]
+    assert "(0.65 - model:specdecode_acceptance_ratio:rate2m)" in page["expr"]  # proof below threshold + margin
     assert "below 60%" in page["annotations"]["summary"]
     operator_rule = yaml.safe_load((built / "deploy/base/prometheusrule.yaml").read_text())
     assert operator_rule["spec"]["groups"] == rules["groups"]

@@ -19,8 +19,9 @@ import pytest
 import yaml
 
 from specdecode_exporter.core import monitoring_config
-from specdecode_exporter.core.validation import ConfigError
-from specdecode_exporter.monitoring import build
+from specdecode_exporter.core.evidence import expected_crossings
+from specdecode_exporter.core.validation import ConfigError, duration_seconds
+from specdecode_exporter.monitoring import build, rules
 from specdecode_exporter.monitoring.rules import rule_groups
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -191,10 +192,29 @@ def test_runbook_sections_match_alerts() -> None:
     assert sections == {a["alert"] for a in _alerts()}
 
 
-def test_page_does_not_fire_on_a_one_minute_blip() -> None:
-    page = next(a for a in _alerts() if a["alert"] == "SpecDecodeAcceptanceRateLow")
-    assert page["labels"]["severity"] == "critical"
-    assert page["for"] in {"5m", "10m", "15m"}
+def test_the_page_tests_each_window_at_its_budgeted_z(tmp_path: Path) -> None:
+    """Each page window's critical z comes from the false-page budget (core.evidence), split between the windows:
+    a larger budget lowers every bar, more windows raise it. The page is critical and waits for no `for:` beyond
+    what its tests demand (pages.test.yaml: a one-minute blip does not page)."""
+
+    def bars(text: str) -> list[float]:
+        path = tmp_path / "monitoring.yaml"
+        path.write_text(text)
+        cfg = monitoring_config.load(path)
+        page = next(r for g in rule_groups(cfg)["groups"] for r in g["rules"] if r.get("alert") == rules.PAGE)
+        assert page["labels"]["severity"] == "critical" and page["for"] == "0s"
+        return [float(z) for z in re.findall(r"\)\)\n> ([0-9.]+)", page["expr"])]
+
+    cfg = monitoring_config.load()
+    shipped = bars("{}\n")
+    assert shipped == [round(z, 2) for _, z in rules.page_tests(cfg)]
+    assert len(shipped) == len(cfg.statistics.page_windows)
+    every = duration_seconds(cfg.statistics.evaluation_interval)
+    share = cfg.statistics.false_pages_per_30d / len(shipped)
+    for z, window in zip(shipped, cfg.statistics.page_windows, strict=True):
+        assert expected_crossings(z, duration_seconds(window), every) == pytest.approx(share, rel=0.05)
+    assert all(a > b for a, b in zip(shipped, bars("statistics: {false_pages_per_30d: 10}\n"), strict=True))
+    assert bars("statistics: {page_windows: [2m]}\n")[0] < shipped[0]
 
 
 # ----------------------------------------------------------------------------------------- alertmanager

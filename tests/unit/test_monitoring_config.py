@@ -69,6 +69,12 @@ def test_the_profile_and_force_for() -> None:
     ("verdict: {paying_off_from: 0.9}\n", "verdict.paying_off_from: must not be below verdict.hurting_below"),
     ("probe: {measure_below: 0.4}\n",
      "probe.measure_below: 0.4 must not be below thresholds.page_acceptance_ratio (0.5)"),
+    # the statistics of the alerts on a ratio
+    ("statistics: {page_windows: [10m, 2m]}\n",
+     "statistics.page_windows: expected ascending, distinct windows, got 10m, 2m"),
+    ("statistics: {request_acceptance_sd: 0.6}\n",
+     "statistics.request_acceptance_sd: expected a number between 0 and 0.5, got 0.6"),
+    ("statistics: {false_pages_per_30d: 0}\n", "statistics.false_pages_per_30d: expected a number > 0, got 0"),
 ])
 def test_bad_values_are_one_line_naming_the_file_and_key(tmp_path: Path, text: str, message: str) -> None:
     with pytest.raises(ConfigError) as error:

@@ -18,6 +18,7 @@ from pydantic import BeforeValidator, Field, GetCoreSchemaHandler
 from pydantic_core import core_schema
 
 from specdecode_exporter.core import validation
+from specdecode_exporter.core.evidence import Dispersion
 from specdecode_exporter.core.validation import (
     Choice,
     ConfigError,
@@ -166,6 +167,36 @@ class ProbeSettings(Section):
 
 
 @dataclass(frozen=True, slots=True)
+class Statistics(Section):
+    """The tests behind every alert on a ratio (core.evidence): what a request proves and the false-alarm budgets."""
+
+    NULL_IS_EMPTY = True
+    draft_tokens_per_request: Annotated[Number, Range(1)]  # m: the drafted tokens of one request (one unit)
+    request_acceptance_sd: Annotated[Number, Range(0, 0.5)]  # s: how requests' acceptance scatters around α
+    min_requests: Annotated[Number, Range(1)]  # no alert on a ratio from fewer requests' worth of tokens
+    evaluation_interval: PromDuration  # set on the groups the budgets count evaluations of
+    page_windows: Annotated[tuple[PromDuration, ...], Field(min_length=1)]  # ascending; the page ORs them
+    page_margin: Ratio  # the page's budget holds at α = page threshold + this
+    false_pages_per_30d: Annotated[Number, Range(0, above=True)]  # per model, all page windows together
+    false_tickets_per_30d: Annotated[Number, Range(0, above=True)]  # per alert on a ratio and model
+
+    def cross_check(self, context: Context) -> Statistics:
+        seconds = [validation.duration_seconds(w) for w in self.page_windows]
+        if seconds != sorted(set(seconds)):
+            raise fail(f"expected ascending, distinct windows, got {', '.join(self.page_windows)}", "page_windows")
+        return self
+
+    @property
+    def dispersion(self) -> Dispersion:
+        return Dispersion(self.draft_tokens_per_request, self.request_acceptance_sd)
+
+    @property
+    def min_draft_tokens(self) -> float:
+        """The least evidence an alert on α needs: min_requests requests' worth of drafted tokens."""
+        return self.min_requests * self.draft_tokens_per_request
+
+
+@dataclass(frozen=True, slots=True)
 class AlertSettings(Section):
     severity: Annotated[str, Choice(*SEVERITIES)]
     for_: Annotated[PromDurationOrZero, Field(alias="for")]
@@ -202,6 +233,7 @@ class MonitoringConfig(Section):
     min_draft_tokens_per_second: NonNegative
     min_requests_per_hour: NonNegative
     thresholds: Thresholds
+    statistics: Statistics
     speedups: Annotated[VerdictSpeedups, Field(alias="verdict")]
     alerts: Annotated[tuple[tuple[str, AlertSettings], ...], Pairs(dict[str, AlertSettings])]
     dashboard: DashboardSettings

@@ -53,6 +53,20 @@ def guarded_ratio(numerator: str, denominator: str) -> str:
     return f"{numerator}\n/\n({denominator} > 0)"
 
 
+def sampled_increase(metric: str, scope: Scope, window: str) -> str:
+    """Σ of the counter's increase over the window, as far as the samples cover it: increase() stretches the (n − 1)
+    intervals between a series' n samples to the whole window; times (n − 1)/n it is about the count those samples
+    saw (a scrape gap, fewer samples, counts for less). The evidence of a test, never its estimate."""
+    inner = f"{selector(metric, scope.matchers)}[{window}]"
+    return f"sum by ({scope.by_clause}) (increase({inner}) * (1 - 1 / count_over_time({inner})))"
+
+
+def proven_below(estimate: str, null: str, evidence: str, variance: str, z: float) -> str:
+    """A one-sided z-test (core.evidence): the data rule out a ratio at ``null`` or above, with ``estimate`` measured
+    over ``evidence`` units of ``variance`` each. Every operand carries the same labels."""
+    return f"({null} - {estimate})\n* sqrt({evidence} / ({variance}))\n> {z:.2f}"
+
+
 def acceptance_ratio(scope: Scope, window: str) -> str:
     """α pooled over the scope: Σ accepted / Σ drafted."""
     return guarded_ratio(rate_sum(m.ACCEPTED_TOKENS.exposed_name, scope, window),

@@ -12,8 +12,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from specdecode_exporter.core import metrics as m
+from specdecode_exporter.core.evidence import critical_z
 from specdecode_exporter.core.metrics import quantile_name
 from specdecode_exporter.core.monitoring_config import MonitoringConfig
+from specdecode_exporter.core.validation import duration_seconds
 from specdecode_exporter.monitoring.promql import (
     Scope,
     baseline_over_current,
@@ -27,8 +29,10 @@ from specdecode_exporter.monitoring.promql import (
     kv_cache_usage,
     per_request,
     preemptions_per_request,
+    proven_below,
     rate_sum,
     record_name,
+    sampled_increase,
     selector,
     share_below,
     spec_pods_waiting,
@@ -168,11 +172,35 @@ def _capacity_rules(cfg: MonitoringConfig) -> Iterator[Rule]:
     yield {"record": capacity_record(cfg, m.KV_CACHE_USAGE.name, "avg_over_time"), "expr": kv_cache_usage(scope, w)}
 
 
+def evidence_record(cfg: MonitoringConfig, window: str) -> str:
+    """Drafted tokens the samples of a window cover, per model: what a test on α over it has seen."""
+    return record_name(cfg.alert_level, m.DRAFT_TOKENS.name, f"sampled_increase{window}")
+
+
+def tested_windows(cfg: MonitoringConfig) -> list[str]:
+    """Every window a test on α reads: the page's, and the long one of the tickets."""
+    return list(dict.fromkeys([*cfg.statistics.page_windows, cfg.long_window]))
+
+
+def _evidence_rules(cfg: MonitoringConfig) -> Iterator[Rule]:
+    """Per model, for each tested window: the rates and α (where the level group does not record them already) and
+    the drafted tokens the samples cover (the evidence)."""
+    level, scope = cfg.alert_level, Scope(cfg.metric_selector, cfg.level_labels())
+    for window in tested_windows(cfg):
+        if window not in (cfg.short_window, cfg.long_window):
+            yield from _records(cfg, level, window)
+        yield {"record": evidence_record(cfg, window),
+               "expr": sampled_increase(m.DRAFT_TOKENS.exposed_name, scope, window)}
+
+
 def recording_groups(cfg: MonitoringConfig) -> list[dict[str, Any]]:
     windows = list(dict.fromkeys([cfg.short_window, cfg.long_window]))
     groups = [{"name": f"specdecode.rules.{level}",
                "rules": [*(r for w in windows for r in _records(cfg, level, w)), *_quantile_records(cfg, level)]}
               for level, _ in cfg.levels]
+    # Its own group, evaluated as often as the budgets assume (the page's timing must not depend on the ruler's).
+    groups.append({"name": "specdecode.rules.evidence", "interval": cfg.statistics.evaluation_interval,
+                   "rules": list(_evidence_rules(cfg))})
     groups.append({"name": "specdecode.rules.baseline", "rules": [_baseline_rule(cfg)]})
     groups.append({"name": "specdecode.rules.latency", "rules": list(_latency_rules(cfg))})
     groups.append({"name": "specdecode.rules.requests", "rules": list(_request_rules(cfg))})
@@ -204,15 +232,73 @@ def _target_query(cfg: MonitoringConfig) -> tuple[str, str]:
             " ".join(f"$labels.{label}" for label in cfg.target_labels))
 
 
+def alpha_proven_below(cfg: MonitoringConfig, window: str, null: str, below: str, z: float) -> str:
+    """α over the window is below ``below``, and the window holds at least min_requests requests' worth of drafted
+    tokens which rule out α at ``null`` or above (a z-test, core.evidence; ``null`` may be a series per model)."""
+    level, on = cfg.alert_level, f"\nand on ({by(cfg.level_labels())})\n"
+    alpha, evidence, dispersion = alpha_record(cfg, window), evidence_record(cfg, window), cfg.statistics.dispersion
+    drafted = record_name(level, m.DRAFT_TOKENS.name, f"rate{window}")
+    drafts = record_name(level, m.DRAFTS.name, f"rate{window}")
+    variance = (f"{fmt_num(dispersion.per_draft_token)} * {drafted} / {drafts} "
+                f"+ {fmt_num(dispersion.per_request)}")  # v = k̄·(¼ − s²) + m·s², k̄ = tokens per draft
+    return (f"{alpha} < {below}{on}{evidence} >= {fmt_num(cfg.statistics.min_draft_tokens)}{on}"
+            + proven_below(alpha, null, evidence, variance, z))
+
+
+def page_tests(cfg: MonitoringConfig) -> list[tuple[str, float]]:
+    """(window, z*) of each of the page's tests: the false-page budget split evenly between its windows."""
+    stats = cfg.statistics
+    share, every = stats.false_pages_per_30d / len(stats.page_windows), duration_seconds(stats.evaluation_interval)
+    return [(w, critical_z(share, duration_seconds(w), every)) for w in stats.page_windows]
+
+
+def _vetoes(cfg: MonitoringConfig, windows: list[str], below: str) -> str:
+    """Each shorter window that holds enough evidence and shows α at or above ``below`` vetoes a longer one: the
+    longer window still holds minutes that the shorter ones have seen end (a recovery), or not yet begin."""
+    on, least = f"on ({by(cfg.level_labels())})", fmt_num(cfg.statistics.min_draft_tokens)
+    return "".join(f"\nunless {on}\n({alpha_record(cfg, w)} >= {below}\nand {on}\n{evidence_record(cfg, w)} >= {least})"
+                   for w in windows)
+
+
+PAGE = "SpecDecodeAcceptanceRateLow"
+
+
+def page_proof(cfg: MonitoringConfig) -> str:
+    """What starts the page: any of its windows proves α low (each one's test, vetoed by shorter windows)."""
+    thr, stats = cfg.thresholds.page_acceptance_ratio, cfg.statistics
+    null, below = fmt_num(thr + stats.page_margin), fmt_num(thr)
+    return "\nor\n".join(
+        f"(\n{alpha_proven_below(cfg, window, null, below, z)}{_vetoes(cfg, list(stats.page_windows[:i]), below)}\n)"
+        for i, (window, z) in enumerate(page_tests(cfg)))
+
+
+def page_holds(cfg: MonitoringConfig) -> str:
+    """What keeps a firing page firing (hysteresis): α over the shortest window that holds half of min_requests'
+    worth of drafted tokens is still below the threshold. Without it, a test near its bar (or a window whose evidence
+    hovers at min_requests) would resolve and fire again, a page each time; with it the page resolves once the
+    requests of a short window show α back, or traffic stops."""
+    on, least = f"on ({by(cfg.level_labels())})", fmt_num(cfg.statistics.min_draft_tokens / 2)
+    informative = "\nor\n".join(f"({alpha_record(cfg, w)}\nand {on}\n{evidence_record(cfg, w)} >= {least})"
+                                  for w in cfg.statistics.page_windows)
+    return f"(\n{informative}\n)\n< {fmt_num(cfg.thresholds.page_acceptance_ratio)}"
+
+
+def page_expr(proof: str, holds: str, level_labels: tuple[str, ...]) -> str:
+    """The page: proof, or (while it fires: ALERTS, as the ruler wrote it at the last evaluation) holds."""
+    return (f"{proof}\nor\n(\n{holds}\nand on ({by(level_labels)})\n"
+            f'ALERTS{{alertname="{PAGE}", alertstate="firing"}}\n)')
+
+
 def acceptance_low(cfg: MonitoringConfig) -> Alert:
-    name = "SpecDecodeAcceptanceRateLow"
-    w, thr = cfg.window(cfg.alert(name).window or "short"), cfg.thresholds.page_acceptance_ratio
+    thr, stats = cfg.thresholds.page_acceptance_ratio, cfg.statistics
+    windows = ", ".join(stats.page_windows)
     return Alert(
-        name, f"{alpha_record(cfg, w)} < {fmt_num(thr)}",
+        PAGE, page_expr(page_proof(cfg), page_holds(cfg), cfg.level_labels()),
         f"Speculative decoding acceptance rate for {{{{ $labels.model_name }}}} is below {thr:.0%}",
-        f"Over the last {w}, {WHERE} accepted only {PCT} of its drafted tokens (page threshold "
-        f"{thr:.0%}, all pods together). At this rate speculative decoding most likely makes generation "
-        "slower than plain decoding.", guard_window=w)
+        f"{WHERE} accepted only {PCT} of its drafted tokens (all pods together; page threshold {thr:.0%}) over "
+        f"the shortest of its windows ({windows}) that holds enough requests to prove α below "
+        f"{thr + stats.page_margin:.0%} (at most {fmt_num(stats.false_pages_per_30d)} false page per 30 days). At "
+        "this rate speculative decoding most likely makes generation slower than plain decoding.")
 
 
 def below_break_even(cfg: MonitoringConfig) -> Alert:
@@ -586,4 +672,5 @@ def finish(alert: Alert, cfg: MonitoringConfig) -> Rule:
 
 def rule_groups(cfg: MonitoringConfig) -> dict[str, Any]:
     alerts = [finish(make(cfg), cfg) for make in ALERTS]
-    return {"groups": [*recording_groups(cfg), {"name": "specdecode.alerts", "rules": alerts}]}
+    return {"groups": [*recording_groups(cfg), {"name": "specdecode.alerts",
+                                                 "interval": cfg.statistics.evaluation_interval, "rules": alerts}]}
