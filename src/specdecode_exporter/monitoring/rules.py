@@ -1,8 +1,9 @@
 """Recording and alerting rules from the monitoring config.
 
 Alerts are a table: each entry says what is wrong (its expression and words) and nothing else. One pass over
-every rule (``finish``) adds what all of them share: the low-traffic guard, ``for:``, the severity and extra
-labels, and the runbook link — the way kubernetes-mixin adds ``runbook_url`` to every group with one function.
+every rule (``finish``) adds what all of them share: ``for:``, the severity and extra labels, and the runbook
+link — the way kubernetes-mixin adds ``runbook_url`` to every group with one function. An alert on a ratio is a
+statistical test with its own minimum evidence (core.evidence; the statistics section of the monitoring config).
 """
 
 from __future__ import annotations
@@ -56,8 +57,9 @@ class Alert:
     expr: str
     summary: str
     description: str
-    guard_window: str | None = None  # the low-traffic guard, at this rate window
-    guard: str = "drafts"  # what the guard counts: drafted tokens, finished requests (latency), tapped requests
+    # A drafted-token rate guard at this window: only for the per-interval quantile, whose per-interval α is noise
+    # below some tokens per collection. Every other alert on a ratio is a test with its own minimum evidence.
+    guard_window: str | None = None
 
 
 # ------------------------------------------------------------------------------------------- recording
@@ -117,6 +119,19 @@ def _latency_rules(cfg: MonitoringConfig) -> Iterator[Rule]:
         for statistic, _ in LATENCY_STATISTICS:
             yield {"record": latency_record(cfg, OBSERVED, statistic, window),
                    "expr": baseline_over_current(latency_record(cfg, TPOT, statistic, window))}
+    # The evidence of the latency tests: requests per side, and per bucket (the tail's two-proportion tests).
+    long_w = cfg.long_window
+    yield {"record": tpot_requests_record(cfg), "expr": sampled_increase(f"{m.REQUEST_TPOT.name}_count", scope, long_w)}
+    yield {"record": tpot_buckets_record(cfg),
+           "expr": sampled_increase(f"{m.REQUEST_TPOT.name}_bucket", Scope(scope.matchers, (*scope.by, "le")), long_w)}
+
+
+def tpot_requests_record(cfg: MonitoringConfig) -> str:
+    return record_name(cfg.alert_level, m.REQUEST_TPOT.name + "_count", f"sampled_increase{cfg.long_window}")
+
+
+def tpot_buckets_record(cfg: MonitoringConfig) -> str:
+    return record_name(cfg.alert_level, m.REQUEST_TPOT.name + "_bucket", f"sampled_increase{cfg.long_window}")
 
 
 REQUEST_ACCEPTANCE = m.REQUEST_ACCEPTANCE.name
@@ -137,8 +152,25 @@ def band_record(cfg: MonitoringConfig, metric: str) -> str:
     return record_name(f"{cfg.alert_level}_band", metric, f"rate{cfg.long_window}")
 
 
+def request_bound(cfg: MonitoringConfig) -> float:
+    """The per-request histogram's bucket bound the per-request ticket's threshold falls on."""
+    return max(b for b in m.ACCEPTANCE_RATIO_BUCKETS if b <= cfg.thresholds.request_acceptance_ratio + 1e-9)
+
+
+def request_share_record(cfg: MonitoringConfig) -> str:
+    return record_name(cfg.alert_level, "specdecode_requests_below_request_threshold", f"ratio_rate{cfg.long_window}")
+
+
+def requests_record(cfg: MonitoringConfig, level: str | None = None) -> str:
+    """Requests the samples of the long window cover, per model (``level`` None) or per band: the evidence of the
+    tests on per-request data."""
+    level = level or cfg.alert_level
+    return record_name(level, m.REQUESTS.name, f"sampled_increase{cfg.long_window}")
+
+
 def _request_rules(cfg: MonitoringConfig) -> Iterator[Rule]:
-    """The request tap's distribution per model, and exact α per workload and temperature band."""
+    """The request tap's distribution per model, and exact α per workload and temperature band; the requests each
+    of them counts (their evidence)."""
     w = cfg.long_window
     scope = Scope(cfg.metric_selector, cfg.level_labels())
     band = Scope(cfg.metric_selector, (*cfg.level_labels(), *BAND_LABELS))
@@ -147,10 +179,19 @@ def _request_rules(cfg: MonitoringConfig) -> Iterator[Rule]:
            "expr": per_request(lambda histogram: histogram_quantile(q, histogram, scope, w))}
     yield {"record": record_name(cfg.alert_level, "specdecode_requests_below_page_threshold", f"ratio_rate{w}"),
            "expr": per_request(lambda histogram: share_below(histogram, bound, scope, w))}
+    if request_bound(cfg) != bound:
+        yield {"record": request_share_record(cfg),
+               "expr": per_request(lambda histogram: share_below(histogram, request_bound(cfg), scope, w))}
+    yield {"record": requests_record(cfg),
+           "expr": per_request(lambda histogram: sampled_increase(f"{histogram}_count", scope, w))}
     yield {"record": band_record(cfg, m.REQUESTS.name), "expr": rate_sum(m.REQUESTS.exposed_name, band, w)}
     yield {"record": band_record(cfg, REQUEST_ACCEPTANCE),
            "expr": guarded_ratio(rate_sum(m.REQUEST_ACCEPTED_TOKENS.exposed_name, band, w),
                                  rate_sum(m.REQUEST_DRAFT_TOKENS.exposed_name, band, w))}
+    yield {"record": requests_record(cfg, f"{cfg.alert_level}_band"),
+           "expr": sampled_increase(m.REQUESTS.exposed_name, band, w)}
+    yield {"record": record_name(f"{cfg.alert_level}_band", m.REQUEST_DRAFT_TOKENS.name, f"sampled_increase{w}"),
+           "expr": sampled_increase(m.REQUEST_DRAFT_TOKENS.exposed_name, band, w)}
 
 
 CAPACITY = "specdecode_capacity"
@@ -232,17 +273,29 @@ def _target_query(cfg: MonitoringConfig) -> tuple[str, str]:
             " ".join(f"$labels.{label}" for label in cfg.target_labels))
 
 
-def alpha_proven_below(cfg: MonitoringConfig, window: str, null: str, below: str, z: float) -> str:
+def alpha_proven_below(cfg: MonitoringConfig, window: str, null: str, below: str, z: float,
+                       inflation: float = 1.0) -> str:
     """α over the window is below ``below``, and the window holds at least min_requests requests' worth of drafted
-    tokens which rule out α at ``null`` or above (a z-test, core.evidence; ``null`` may be a series per model)."""
+    tokens which rule out α at ``null`` or above (a z-test, core.evidence; ``null`` may be a series per model, whose
+    own uncertainty ``inflation`` adds to the variance)."""
     level, on = cfg.alert_level, f"\nand on ({by(cfg.level_labels())})\n"
     alpha, evidence, dispersion = alpha_record(cfg, window), evidence_record(cfg, window), cfg.statistics.dispersion
     drafted = record_name(level, m.DRAFT_TOKENS.name, f"rate{window}")
     drafts = record_name(level, m.DRAFTS.name, f"rate{window}")
-    variance = (f"{fmt_num(dispersion.per_draft_token)} * {drafted} / {drafts} "
-                f"+ {fmt_num(dispersion.per_request)}")  # v = k̄·(¼ − s²) + m·s², k̄ = tokens per draft
+    # v = k̄·(¼ − s²) + m·s², k̄ = tokens per draft; an engine without a drafts counter gets k̄ = m (the bound for
+    # a request whose tokens all fall together): slower to prove, never noisier.
+    tokens_per_draft = f"({drafted} / {drafts} or {drafted} * 0 + {fmt_num(dispersion.tokens_per_request)})"
+    variance = (f"{fmt_num(dispersion.per_draft_token * inflation)} * {tokens_per_draft} "
+                f"+ {fmt_num(dispersion.per_request * inflation)}")
     return (f"{alpha} < {below}{on}{evidence} >= {fmt_num(cfg.statistics.min_draft_tokens)}{on}"
             + proven_below(alpha, null, evidence, variance, z))
+
+
+def ticket_z(cfg: MonitoringConfig, window: str) -> float:
+    """The bar of a ticket's test over one window: the whole false-ticket budget for it."""
+    stats = cfg.statistics
+    every = duration_seconds(stats.evaluation_interval)
+    return critical_z(stats.false_tickets_per_30d, duration_seconds(window), every)
 
 
 def page_tests(cfg: MonitoringConfig) -> list[tuple[str, float]]:
@@ -303,19 +356,19 @@ def acceptance_low(cfg: MonitoringConfig) -> Alert:
 
 def below_break_even(cfg: MonitoringConfig) -> Alert:
     name = "SpecDecodeBelowBreakEven"
-    w, on = cfg.window(cfg.alert(name).window or "long"), f"on ({by(cfg.level_labels())})"
+    w = cfg.window(cfg.alert(name).window or "long")
     model_match, model_args = _model_query(cfg)
-    in_force = break_even_in_force(Scope(cfg.metric_selector, cfg.level_labels()))
+    in_force = f"(\n{break_even_in_force(Scope(cfg.metric_selector, cfg.level_labels()))}\n)"
     bases = ("calibrated", "configured")  # the one in force first; single quotes: this goes inside printf "…"
     now = " or ".join(f"max({m.BREAK_EVEN.name}{{cost_basis='{basis}', {model_match}}})" for basis in bases)
     break_even_now = query_value(now, "humanizePercentage", *model_args * len(bases))
     return Alert(
-        name, f"{alpha_record(cfg, w)}\n< {on}\n(\n{in_force}\n)",
+        name, alpha_proven_below(cfg, w, in_force, in_force, ticket_z(cfg, w)),
         "Speculative decoding for {{ $labels.model_name }} is below break-even (modelled speedup < 1)",
         f"Over the last {w}, {WHERE} accepted {PCT} of its drafted tokens, below the break-even "
         f"acceptance rate of {break_even_now} from the sidecar's cost model (calibrated to the observed speedup "
-        "where a baseline gives one): speculative decoding is modelled "
-        "to cost more time than it saves.", guard_window=w)
+        "where a baseline gives one), and its requests prove it below: speculative decoding is modelled "
+        "to cost more time than it saves.")
 
 
 def acceptance_drift(cfg: MonitoringConfig) -> Alert:
@@ -323,14 +376,17 @@ def acceptance_drift(cfg: MonitoringConfig) -> Alert:
     w, drop, rng = cfg.window(cfg.alert(name).window or "long"), cfg.thresholds.drift_drop, cfg.baseline_range
     model_match, model_args = _model_query(cfg)
     base = baseline_record(cfg)
+    # The baseline is an estimate too, over range/w times the evidence (steady traffic): its variance adds w/range.
+    inflation = 1 + duration_seconds(w) / duration_seconds(rng)
     return Alert(
-        name, f"{alpha_record(cfg, w)}\n< on ({by(cfg.level_labels())})\n({base} - {fmt_num(drop)})",
+        name, alpha_proven_below(cfg, w, f"({base} - {fmt_num(drop)})", f"({base} - {fmt_num(drop)})",
+                                 ticket_z(cfg, w), inflation),
         f"Speculative decoding acceptance rate for {{{{ $labels.model_name }}}} dropped more than "
         f"{drop * 100:g} points below its {rng} baseline",
         f"Over the last {w}, {WHERE} accepted {PCT} of its drafted tokens; its baseline over the "
-        f"previous {rng} was {query_value(f'{base}{{{model_match}}}', 'humanizePercentage', *model_args)}. "
-        "A drop like this usually means drift in the traffic, a stale draft model, or a quantization or "
-        "version change.", guard_window=w)
+        f"previous {rng} was {query_value(f'{base}{{{model_match}}}', 'humanizePercentage', *model_args)}, and its "
+        "requests prove the drop. A drop like this usually means drift in the traffic, a stale draft model, or a "
+        "quantization or version change.")
 
 
 def interval_acceptance_low(cfg: MonitoringConfig) -> Alert:
@@ -428,11 +484,12 @@ def recommended_k_lower(cfg: MonitoringConfig) -> Alert:
         f"configured {configured_k} (window {sw}): later draft positions are rarely accepted.")
 
 
-def _per_pod_speedup(cfg: MonitoringConfig, statistic: str) -> str:
-    """The best pod's own observed speedup (against its control target or measured baseline), per model."""
+def _per_pod_speedup(cfg: MonitoringConfig, statistic: str, labels: tuple[str, ...] | None = None) -> str:
+    """The best pod's own observed speedup (against its control target or measured baseline), per model (or per
+    ``labels``)."""
     window = ", ".join(p for p in (cfg.metric_selector, f'statistic="{statistic}"',
                                    f'window="{cfg.sidecar_alert_window}"') if p)
-    return f"max by ({by(cfg.level_labels())}) ({selector(OBSERVED, window)})"
+    return f"max by ({by(labels or cfg.level_labels())}) ({selector(OBSERVED, window)})"
 
 
 def _fleet_else_pods(cfg: MonitoringConfig, fleet: str, fleet_record: str, pods: str) -> str:
@@ -441,17 +498,87 @@ def _fleet_else_pods(cfg: MonitoringConfig, fleet: str, fleet_record: str, pods:
     return f"(({fleet})\nor\n(({pods})\nunless on ({by(cfg.level_labels())})\n{fleet_record}))"
 
 
+# A TPOT distribution's spread from its quantiles: (P99 − P50) / 2.326, the sd of a normal with those quantiles;
+# for TPOT's right-skewed distributions it overstates the sd, so the tests below err toward "not proven".
+TPOT_SD = "(({p99} - {p50}) / 2.326)"
+# vLLM's TPOT histogram has 19 bounds and +Inf: the tail test runs at each, so its budget is split 20 ways.
+TPOT_BUCKETS = 20
+
+
+def _slower_proven_fleet(cfg: MonitoringConfig, w: str, h: str) -> str:
+    """Welch's two-sample test on mean TPOT: spec-decode pods' mean × h above the control pods' (speedup below h),
+    each side's variance of the mean its spread² / its requests."""
+    def side(label: str, stat: str) -> str:
+        return f'{latency_record(cfg, TPOT, stat, w)}{{spec_decode="{label}"}}'
+
+    def spread(label: str) -> str:
+        return TPOT_SD.format(p99=side(label, "p99"), p50=side(label, "p50"))
+
+    n = tpot_requests_record(cfg)
+    variance = (f"{fmt_num(float(h) ** 2)} * {spread('true')} ^ 2 / {n}{{spec_decode=\"true\"}}\n"
+                f"+ ignoring (spec_decode)\n{spread('false')} ^ 2 / {n}{{spec_decode=\"false\"}}")
+    least = fmt_num(cfg.statistics.min_requests)
+    return (f"({h} * {side('true', 'mean')} - ignoring (spec_decode) {side('false', 'mean')})\n"
+            f"/ ignoring (spec_decode)\nsqrt(\n{variance}\n)\n> {ticket_z(cfg, w):.2f}\n"
+            f"and on ({by(cfg.level_labels())})\nmin by ({by(cfg.level_labels())}) ({n}) >= {least}")
+
+
+def _slower_proven_pods(cfg: MonitoringConfig, h: str) -> str:
+    """Per pod against its measured baseline (a figure, not a sample): a one-sample test of the pod's mean TPOT
+    over the sidecar's window, z = (1 − S/h) · mean · √n / spread. The model is slower where even its best pod's
+    speedup is below h, and proven so where every pod with min_requests requests is."""
+    pod, w = cfg.level_labels("instance"), cfg.sidecar_alert_window
+    scope = Scope(", ".join(p for p in (cfg.metric_selector, 'spec_decode="true"') if p), pod)
+    speedup = _per_pod_speedup(cfg, "mean", pod)
+    spread = TPOT_SD.format(p99=histogram_quantile(0.99, m.REQUEST_TPOT.name, scope, w),
+                            p50=histogram_quantile(0.5, m.REQUEST_TPOT.name, scope, w))
+    n = sampled_increase(f"{m.REQUEST_TPOT.name}_count", scope, w)
+    z = f"(1 - {speedup} / {h})\n* {tpot_mean(scope, w)}\n/ ({spread} > 0)\n* sqrt({n})"
+    return (f"{_per_pod_speedup(cfg, 'mean')} < {h}\nand on ({by(cfg.level_labels())})\n"
+            f"min by ({by(cfg.level_labels())}) (\n{z}\nand on ({by(pod)})\n{n} >= "
+            f"{fmt_num(cfg.statistics.min_requests)}\n) > {ticket_z(cfg, w):.2f}")
+
+
 def observed_speedup_low(cfg: MonitoringConfig) -> Alert:
     name, hurting = "SpecDecodeObservedSpeedupLow", fmt_num(cfg.verdict.hurting_below)
     w = cfg.window(cfg.alert(name).window or "long")
     fleet = latency_record(cfg, OBSERVED, "mean", w)
+    on = f"\nand on ({by(cfg.level_labels())})\n"
     return Alert(
-        name, _fleet_else_pods(cfg, f"{fleet} < {hurting}", fleet, f"{_per_pod_speedup(cfg, 'mean')} < {hurting}"),
+        name, _fleet_else_pods(cfg, f"{fleet} < {hurting}{on}({_slower_proven_fleet(cfg, w, hurting)})", fleet,
+                               _slower_proven_pods(cfg, hurting)),
         "Speculative decoding makes {{ $labels.model_name }} slower, measured",
         f"Over the last {w}, tokens of {WHERE} came {{{{ $value | printf \"%.2f\" }}}}× as fast as without "
-        "speculative decoding (baseline TPOT / current TPOT, below 1 means slower): measured against a "
-        "baseline, not modelled. Turn it off or lower k; check load (verification turns compute-bound at large "
-        "batches) and acceptance.", guard_window=w, guard="requests")
+        "speculative decoding (baseline TPOT / current TPOT, below 1 means slower), and the requests prove it slower "
+        "than without (a test of mean time per output token against the control pods, or against each pod's "
+        "measured baseline): measured, not modelled. Turn it off or lower k; check load (verification turns "
+        "compute-bound at large batches) and acceptance.")
+
+
+def _tail_proven_fleet(cfg: MonitoringConfig, w: str, q: float = 0.99) -> str:
+    """At some bucket bound in the control pods' top 1 − q, more spec-decode requests are slower than it than
+    control requests, by a two-proportion test (each bound one test of the budget); each side needs min_requests
+    requests beyond its P99."""
+    buckets, label = tpot_buckets_record(cfg), "spec_decode"
+
+    def above(side: str) -> str:  # per bound: the share of the side's requests slower than it
+        return (f'(1 - {buckets}{{{label}="{side}"}}\n/ ignoring (le) group_left\n'
+                f'{buckets}{{{label}="{side}", le="+Inf"}})')
+
+    def n(side: str) -> str:
+        return f'{buckets}{{{label}="{side}", le="+Inf"}}'
+
+    spec, control = above("true"), above("false")
+    variance = (f"{spec} * (1 - {spec}) / ignoring (le) group_left {n('true')}\n+ ignoring ({label})\n"
+                f"{control} * (1 - {control}) / ignoring (le) group_left {n('false')}")
+    stats = cfg.statistics
+    z = critical_z(stats.false_tickets_per_30d / TPOT_BUCKETS, duration_seconds(w),
+                   duration_seconds(stats.evaluation_interval))
+    tests = (f"({spec}\n- ignoring ({label})\n{control})\n/ ignoring ({label})\nsqrt(\n{variance}\n)\n"
+             f"and ignoring ({label})\n{control} <= {fmt_num(1 - q)}")
+    least = fmt_num(stats.min_requests / (1 - q))
+    return (f"max by ({by(cfg.level_labels())}) (\n{tests}\n) > {z:.2f}\nand on ({by(cfg.level_labels())})\n"
+            f"min by ({by(cfg.level_labels())}) ({n('true')} or {n('false')}) >= {least}")
 
 
 def tail_regression(cfg: MonitoringConfig) -> Alert:
@@ -459,16 +586,23 @@ def tail_regression(cfg: MonitoringConfig) -> Alert:
     w = cfg.window(cfg.alert(name).window or "long")
     on = f"and on ({by(cfg.level_labels())})"
     fleet = (f"{latency_record(cfg, OBSERVED, 'p99', w)} < {hurting}\n{on}\n"
-             f"{latency_record(cfg, OBSERVED, 'p50', w)} > {hurting}")
-    pods = f"{_per_pod_speedup(cfg, 'p99')} < {hurting}\n{on}\n{_per_pod_speedup(cfg, 'p50')} > {hurting}"
+             f"{latency_record(cfg, OBSERVED, 'p50', w)} > {hurting}\n{on}\n({_tail_proven_fleet(cfg, w)})")
+    pod = cfg.level_labels("instance")
+    scope = Scope(", ".join(p for p in (cfg.metric_selector, 'spec_decode="true"') if p), pod)
+    tail_requests = (f"max by ({by(cfg.level_labels())}) ("
+                     f"{sampled_increase(f'{m.REQUEST_TPOT.name}_count', scope, cfg.sidecar_alert_window)})")
+    pods = (f"{_per_pod_speedup(cfg, 'p99')} < {hurting}\n{on}\n{_per_pod_speedup(cfg, 'p50')} > {hurting}\n{on}\n"
+            f"{tail_requests} >= {fmt_num(cfg.statistics.min_requests / 0.01)}")
     return Alert(
         name, _fleet_else_pods(cfg, fleet, latency_record(cfg, OBSERVED, "p99", w), pods),
         "Speculative decoding helps {{ $labels.model_name }}'s median but hurts its slowest requests",
         f"Over the last {w}, the P99 time per output token of {WHERE} is slower than without speculative "
-        f"decoding (P99 speedup {{{{ $value | printf \"%.2f\" }}}}×) while the median is faster: a tail "
-        "regression, typical of mixed workloads where some requests accept few drafts. Find them per "
-        "temperature and workload (the request tap) and disable spec decode for them.",
-        guard_window=w, guard="requests")
+        f"decoding (P99 speedup {{{{ $value | printf \"%.2f\" }}}}×) while the median is faster: more requests are "
+        "slower than the control pods' slowest than chance allows (where there are control pods; against a pod's "
+        f"measured baseline, from a P99 over at least {cfg.statistics.min_requests / 0.01:.0f} requests). A tail "
+        "regression, typical of "
+        "mixed workloads where some requests accept few drafts. Find them per temperature and workload (the "
+        "request tap) and disable spec decode for them.")
 
 
 def latency_missing(cfg: MonitoringConfig) -> Alert:
@@ -489,35 +623,54 @@ def latency_missing(cfg: MonitoringConfig) -> Alert:
 
 
 def request_acceptance_low(cfg: MonitoringConfig) -> Alert:
+    """The q-quantile of per-request α below the threshold ⟺ more than q of the requests at or below its bucket:
+    requests are independent units, so the proof is a binomial test of that share against q."""
     name = "SpecDecodeRequestAcceptanceLow"
     q, threshold = cfg.thresholds.request_quantile, cfg.thresholds.request_acceptance_ratio
     qname = quantile_name(q)
     w = cfg.window(cfg.alert(name).window or "long")
+    on, requests = f"\nand on ({by(cfg.level_labels())})\n", requests_record(cfg)
+    share = (request_share_record(cfg) if request_bound(cfg) != below_page_bound(cfg)
+             else record_name(cfg.alert_level, "specdecode_requests_below_page_threshold", f"ratio_rate{w}"))
+    proof = (f"({share} - {fmt_num(q)}) * sqrt({requests} / {fmt_num(q * (1 - q))})\n"
+             f"> {ticket_z(cfg, w):.2f}")
     return Alert(
-        name, f"{request_quantile_record(cfg)} < {fmt_num(threshold)}",
+        name, f"{request_quantile_record(cfg)} < {fmt_num(threshold)}{on}{requests} >= "
+              f"{fmt_num(cfg.statistics.min_requests)}{on}{proof}",
         f"{qname.upper()} of per-request acceptance rate for {{{{ $labels.model_name }}}} is below {threshold:.0%}",
         f"Over the last {w}, {q:.0%} of the requests of {WHERE} accepted at most {PCT} of their drafted tokens "
         f"(threshold {threshold:.0%}, measured per request by the request tap, or by vLLM's own per-request histogram "
-        "where it has one): for those requests speculative "
+        "where it has one), and there are requests enough to prove it: for those requests speculative "
         "decoding is net-negative even if the model's overall α looks healthy. See α per workload and temperature "
-        "band to find them.", guard_window=w, guard="tapped")
+        "band to find them.")
 
 
 def band_acceptance_low(cfg: MonitoringConfig) -> Alert:
+    """α of a (workload, temperature band) from the tap's exact counters, proven below the page threshold: the
+    tap counts the band's requests, so the variance is k̄(¼ − s²)/D + s²/N with D drafted tokens in N requests
+    (k̄, tokens per draft, the model's)."""
     name, threshold = "SpecDecodeBandAcceptanceLow", cfg.thresholds.page_acceptance_ratio
-    w = cfg.window(cfg.alert(name).window or "long")
-    on = f"on ({by((*cfg.level_labels(), *BAND_LABELS))})"
-    requests = band_record(cfg, m.REQUESTS.name)
+    w, level, dispersion = cfg.window(cfg.alert(name).window or "long"), cfg.alert_level, cfg.statistics.dispersion
+    band_on = f"on ({by((*cfg.level_labels(), *BAND_LABELS))})"
+    alpha, requests = band_record(cfg, REQUEST_ACCEPTANCE), requests_record(cfg, f"{level}_band")
+    drafted = record_name(f"{level}_band", m.REQUEST_DRAFT_TOKENS.name, f"sampled_increase{w}")
+    model_drafted = record_name(level, m.DRAFT_TOKENS.name, f"rate{w}")
+    model_drafts = record_name(level, m.DRAFTS.name, f"rate{w}")
+    # Without the model's drafts counter, k̄ ≤ D/N (a request's tokens all falling together): (¼ − s²)/N.
+    within = (f"({fmt_num(dispersion.per_draft_token)} * ({model_drafted} / {model_drafts})\n"
+              f"/ on ({by(cfg.level_labels())}) group_right\n{drafted}\n"
+              f"or\n{fmt_num(dispersion.per_draft_token)} / {requests})")
+    variance = f"{within}\n+ {fmt_num(cfg.statistics.request_acceptance_sd ** 2)} / {requests}"
     return Alert(
         name,
-        f"{band_record(cfg, REQUEST_ACCEPTANCE)} < {fmt_num(threshold)}\nand {on}\n"
-        f"{requests} * 3600 >= {fmt_num(cfg.min_requests_per_hour)}",
+        f"{alpha} < {fmt_num(threshold)}\nand {band_on}\n{requests} >= {fmt_num(cfg.statistics.min_requests)}\n"
+        f"and {band_on}\n({fmt_num(threshold)} - {alpha})\n/ sqrt(\n{variance}\n)\n> {ticket_z(cfg, w):.2f}",
         "Requests of {{ $labels.model_name }} in workload {{ $labels.workload }}, temperature "
         "{{ $labels.temperature }} accept below " f"{threshold:.0%}",
         f"Over the last {w}, the requests of {WHERE} with workload {{{{ $labels.workload }}}} and temperature band "
         f"{{{{ $labels.temperature }}}} accepted {PCT} of their drafted tokens (page threshold {threshold:.0%}, "
-        "exact from the request tap's counters): speculative decoding slows these requests down. Route them to "
-        "replicas without spec decode, or lower k.")
+        "exact from the request tap's counters), and they are enough to prove it: speculative decoding slows these "
+        "requests down. Route them to replicas without spec decode, or lower k.")
 
 
 ROUTE_CLASS_LABELS = ("workload", "temperature", "prompt_length")  # prompt_length only where its bands are set
@@ -637,29 +790,20 @@ def runbook_url(cfg: MonitoringConfig, alert: str) -> str:
     return f"{cfg.runbook_base_url.rstrip('/')}/alerts/runbook.md#{alert.lower()}"
 
 
-def _traffic_guard(cfg: MonitoringConfig, alert: Alert) -> str:
-    assert alert.guard_window is not None
-    if alert.guard == "tapped":  # requests through the tap, else those the engine's own histogram counted
-        scope = Scope(cfg.metric_selector, cfg.level_labels())
-        tapped = rate_sum(m.REQUESTS.exposed_name, scope, alert.guard_window)
-        counted = rate_sum(f"{m.ENGINE_REQUEST_ACCEPTANCE.name}_count", scope, alert.guard_window)
-        return f"({tapped}\nor\n{counted}) * 3600 >= {fmt_num(cfg.min_requests_per_hour)}"
-    if alert.guard == "requests":
-        requests = rate_sum(f"{m.REQUEST_TPOT.name}_count", Scope(cfg.metric_selector, cfg.level_labels()),
-                            alert.guard_window, 'spec_decode="true"')
-        return f"{requests} * 3600 >= {fmt_num(cfg.min_requests_per_hour)}"
-    traffic = record_name(cfg.alert_level, m.DRAFT_TOKENS.name, f"rate{alert.guard_window}")
+def _traffic_guard(cfg: MonitoringConfig, window: str) -> str:
+    traffic = record_name(cfg.alert_level, m.DRAFT_TOKENS.name, f"rate{window}")
     return f"{traffic} >= {fmt_num(cfg.min_draft_tokens_per_second)}"
 
 
 def finish(alert: Alert, cfg: MonitoringConfig) -> Rule:
-    """The pass over every alert: low-traffic guard, for:, severity and extra labels, runbook link."""
+    """The pass over every alert: the low-traffic guard where it has one, for:, severity and extra labels, runbook
+    link."""
     if not alert.name.startswith(ALERT_NAME_PREFIX):
         raise ValueError(f"alert {alert.name}: names start with {ALERT_NAME_PREFIX}")
     settings = cfg.alert(alert.name)
     expr = alert.expr
     if alert.guard_window is not None:
-        expr += f"\nand on ({by(cfg.level_labels())})\n{_traffic_guard(cfg, alert)}"
+        expr += f"\nand on ({by(cfg.level_labels())})\n{_traffic_guard(cfg, alert.guard_window)}"
     return {
         "alert": alert.name,
         "expr": expr,
