@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/paging.py            # quick: a month of α 0.55 per rate, 10 days of drops (~3-4 min)
     .venv/bin/python bench/paging.py --long     # three months of α 0.55 per rate, a month of drops per rate
+    .venv/bin/python bench/paging.py --update-docs   # and write the table into README.md and alerts/runbook.md
 
 Traffic (per model, two pods, fleet rate R drafted tokens/s split between them): requests arrive as a Poisson process,
 each drafts 30 tokens in 10 drafts of 3; a request's acceptance probability p is drawn from a Beta distribution with
@@ -31,6 +32,7 @@ it was before (α over 5m < 0.5 with ≥ 5 drafted tokens/s, ``for: 10m``).
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import functools
 import math
 import re
@@ -391,24 +393,23 @@ def firing_runs(proof: Floats, holds: Floats, step_s: float, hold_s: float) -> l
     active evaluation, firing once active for ``for:``; forgotten at the first evaluation where it is not active."""
     if proof.size == 0:
         return []
-    low = round(float(proof.min()) / step_s)
-    n = round(max(float(proof.max()), float(holds.max()) if holds.size else 0.0) / step_s) + 2 - low
+    start = float(proof.min())  # every time is on one evaluation grid: index them from the first proof
+    n = round((max(float(proof.max()), float(holds.max()) if holds.size else 0.0) - start) / step_s) + 2
     is_proof, is_holds = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
-    is_proof[np.round(proof / step_s).astype(np.int64) - low] = True
-    inside = holds[holds >= low * step_s]
-    is_holds[np.round(inside / step_s).astype(np.int64) - low] = True
+    is_proof[np.round((proof - start) / step_s).astype(np.int64)] = True
+    is_holds[np.round((holds[holds >= start] - start) / step_s).astype(np.int64)] = True
     need = math.ceil(hold_s / step_s - 1e-9)
     runs: list[tuple[float, float]] = []
-    since, start, firing = -1, -1, False
+    since, first, firing = -1, -1, False
     for i, (p, h) in enumerate(zip(is_proof.tolist(), is_holds.tolist(), strict=True)):
         if not (p or (firing and h)):
             if firing:
-                runs.append(((low + start) * step_s, (low + i - 1) * step_s))
+                runs.append((start + first * step_s, start + (i - 1) * step_s))
             since, firing = -1, False
             continue
         since = i if since < 0 else since
         if not firing and i - since >= need:
-            firing, start = True, i
+            firing, first = True, i
     return runs
 
 
@@ -446,7 +447,7 @@ class Outcome:
         return self.false_pages * 30.0 / self.scenario.days
 
     def delay(self, q: float) -> float:
-        return float(np.percentile(self.delays, q)) if self.delays.size else math.nan
+        return float(np.percentile(self.delays, q, method="inverted_cdf")) if self.delays.size else math.nan
 
 
 def outcome(scenario: Scenario, paged: Floats, longest_window_s: float) -> Outcome:
@@ -674,10 +675,29 @@ def summary(result: Result) -> list[str]:
     ]
 
 
+DOCS = (ROOT / "README.md", ROOT / "alerts" / "runbook.md")
+TABLE_BLOCK = re.compile(r"(<!-- paging-table:start -->\n).*?(<!-- paging-table:end -->)", re.DOTALL)
+
+
+def update_docs(lines: Sequence[str]) -> list[Path]:
+    """Put ``lines`` between the paging-table markers of the README and the runbook; the files changed."""
+    changed = []
+    for path in DOCS:
+        text = path.read_text(encoding="utf-8")
+        new = TABLE_BLOCK.sub(lambda match: match.group(1) + "".join(f"{line}\n" for line in lines) + match.group(2),
+                              text)
+        if new != text:
+            path.write_text(new, encoding="utf-8")
+            changed.append(path)
+    return changed
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--long", action="store_true", help=f"{LONG.describe()} (quick: {QUICK.describe()})")
     parser.add_argument("--seed", type=int, default=QUICK.seed)
+    parser.add_argument("--update-docs", action="store_true",
+                        help="write the table into README.md and alerts/runbook.md (between the paging-table markers)")
     args = parser.parse_args(argv)
     size = LONG if args.long else QUICK
     size = Size(size.month_days, size.drop_days, args.seed)
@@ -685,13 +705,17 @@ def main(argv: list[str] | None = None) -> int:
 
     started = time.perf_counter()
     result = run(size)
-    print(f"\n{size.describe()}, seed {size.seed}:\n")
-    for line in markdown_table(TABLE_HEADER, list(table_rows(result))):
-        print(line)
+    table = [f"_{dt.datetime.now(dt.UTC):%Y-%m-%d}, bench/paging.py{' --long' if args.long else ''}: "
+             f"{size.describe()}, seed {size.seed}._", "",
+             *markdown_table(TABLE_HEADER, list(table_rows(result))), "", *summary(result)[:3]]
     print()
-    for line in summary(result):
+    for line in table:
         print(line)
+    print(summary(result)[3])
     print(f"\nTotal {time.perf_counter() - started:.0f} s.")
+    if args.update_docs:
+        for path in update_docs(table):
+            print(f"wrote the table into {path.relative_to(ROOT)}")
     return 0
 
 
