@@ -10,9 +10,6 @@
     "metricSelector": "",
     "exporterJobSelector": "job=~\".*specdecode.*\"",
     "shortWindow": "5m",
-    "longWindow": "1h",
-    "sidecarAlertWindow": "1h",
-    "baselineRange": "1d",
     "baselineOffset": "1h",
     "minDraftTokensPerSecond": 5,
     "minRequestsPerHour": 30,
@@ -35,7 +32,7 @@
     "alerts": {
       "SpecDecodeAcceptanceRateLow": {
         "severity": "critical",
-        "for": "10m"
+        "for": "0s"
       },
       "SpecDecodeBelowBreakEven": {
         "severity": "warning",
@@ -112,56 +109,57 @@
     "groups": [
       {
         "name": "specdecode.alerts",
+        "interval": "15s",
         "rules": [
           {
             "alert": "SpecDecodeAcceptanceRateLow",
-            "expr": "model:specdecode_acceptance_ratio:rate%s < %s\nand on (namespace, model_name)\nmodel:specdecode_draft_tokens:rate%s >= %s" % [$._config.shortWindow, std.format("%g", $._config.pageAcceptanceRatio), $._config.shortWindow, std.format("%g", $._config.minDraftTokensPerSecond)],
+            "expr": "(\nmodel:specdecode_acceptance_ratio:rate2m < %s\nand on (namespace, model_name)\nmodel:specdecode_draft_tokens:sampled_increase2m >= 600\nand on (namespace, model_name)\n(%s - model:specdecode_acceptance_ratio:rate2m)\n* sqrt(model:specdecode_draft_tokens:sampled_increase2m / (0.21 * (model:specdecode_draft_tokens:rate2m / model:specdecode_drafts:rate2m or model:specdecode_draft_tokens:rate2m * 0 + 30) + 1.2))\n> 4.68\n)\nor\n(\nmodel:specdecode_acceptance_ratio:rate3m < %s\nand on (namespace, model_name)\nmodel:specdecode_draft_tokens:sampled_increase3m >= 600\nand on (namespace, model_name)\n(%s - model:specdecode_acceptance_ratio:rate3m)\n* sqrt(model:specdecode_draft_tokens:sampled_increase3m / (0.21 * (model:specdecode_draft_tokens:rate3m / model:specdecode_drafts:rate3m or model:specdecode_draft_tokens:rate3m * 0 + 30) + 1.2))\n> 4.65\nunless on (namespace, model_name)\n(model:specdecode_acceptance_ratio:rate2m >= %s\nand on (namespace, model_name)\nmodel:specdecode_draft_tokens:sampled_increase2m >= 600)\n)\nor\n(\nmodel:specdecode_acceptance_ratio:rate10m < %s\nand on (namespace, model_name)\nmodel:specdecode_draft_tokens:sampled_increase10m >= 600\nand on (namespace, model_name)\n(%s - model:specdecode_acceptance_ratio:rate10m)\n* sqrt(model:specdecode_draft_tokens:sampled_increase10m / (0.21 * (model:specdecode_draft_tokens:rate10m / model:specdecode_drafts:rate10m or model:specdecode_draft_tokens:rate10m * 0 + 30) + 1.2))\n> 4.54\nunless on (namespace, model_name)\n(model:specdecode_acceptance_ratio:rate2m >= %s\nand on (namespace, model_name)\nmodel:specdecode_draft_tokens:sampled_increase2m >= 600)\nunless on (namespace, model_name)\n(model:specdecode_acceptance_ratio:rate3m >= %s\nand on (namespace, model_name)\nmodel:specdecode_draft_tokens:sampled_increase3m >= 600)\n)\nor\n(\nmodel:specdecode_acceptance_ratio:rate30m < %s\nand on (namespace, model_name)\nmodel:specdecode_draft_tokens:sampled_increase30m >= 600\nand on (namespace, model_name)\n(%s - model:specdecode_acceptance_ratio:rate30m)\n* sqrt(model:specdecode_draft_tokens:sampled_increase30m / (0.21 * (model:specdecode_draft_tokens:rate30m / model:specdecode_drafts:rate30m or model:specdecode_draft_tokens:rate30m * 0 + 30) + 1.2))\n> 4.42\nunless on (namespace, model_name)\n(model:specdecode_acceptance_ratio:rate2m >= %s\nand on (namespace, model_name)\nmodel:specdecode_draft_tokens:sampled_increase2m >= 600)\nunless on (namespace, model_name)\n(model:specdecode_acceptance_ratio:rate3m >= %s\nand on (namespace, model_name)\nmodel:specdecode_draft_tokens:sampled_increase3m >= 600)\nunless on (namespace, model_name)\n(model:specdecode_acceptance_ratio:rate10m >= %s\nand on (namespace, model_name)\nmodel:specdecode_draft_tokens:sampled_increase10m >= 600)\n)\nor\n(\nmodel:specdecode_acceptance_ratio:rate2h < %s\nand on (namespace, model_name)\nmodel:specdecode_draft_tokens:sampled_increase2h >= 600\nand on (namespace, model_name)\n(%s - model:specdecode_acceptance_ratio:rate2h)\n* sqrt(model:specdecode_draft_tokens:sampled_increase2h / (0.21 * (model:specdecode_draft_tokens:rate2h / model:specdecode_drafts:rate2h or model:specdecode_draft_tokens:rate2h * 0 + 30) + 1.2))\n> 4.26\nunless on (namespace, model_name)\n(model:specdecode_acceptance_ratio:rate2m >= %s\nand on (namespace, model_name)\nmodel:specdecode_draft_tokens:sampled_increase2m >= 600)\nunless on (namespace, model_name)\n(model:specdecode_acceptance_ratio:rate3m >= %s\nand on (namespace, model_name)\nmodel:specdecode_draft_tokens:sampled_increase3m >= 600)\nunless on (namespace, model_name)\n(model:specdecode_acceptance_ratio:rate10m >= %s\nand on (namespace, model_name)\nmodel:specdecode_draft_tokens:sampled_increase10m >= 600)\nunless on (namespace, model_name)\n(model:specdecode_acceptance_ratio:rate30m >= %s\nand on (namespace, model_name)\nmodel:specdecode_draft_tokens:sampled_increase30m >= 600)\n)\nor\n(\n(\n(model:specdecode_acceptance_ratio:rate2m\nand on (namespace, model_name)\nmodel:specdecode_draft_tokens:sampled_increase2m >= 300)\nor\n(model:specdecode_acceptance_ratio:rate3m\nand on (namespace, model_name)\nmodel:specdecode_draft_tokens:sampled_increase3m >= 300)\nor\n(model:specdecode_acceptance_ratio:rate10m\nand on (namespace, model_name)\nmodel:specdecode_draft_tokens:sampled_increase10m >= 300)\nor\n(model:specdecode_acceptance_ratio:rate30m\nand on (namespace, model_name)\nmodel:specdecode_draft_tokens:sampled_increase30m >= 300)\nor\n(model:specdecode_acceptance_ratio:rate2h\nand on (namespace, model_name)\nmodel:specdecode_draft_tokens:sampled_increase2h >= 300)\n)\n< %s\nand on (namespace, model_name)\nALERTS{alertname=\"SpecDecodeAcceptanceRateLow\", alertstate=\"firing\"}\n)" % [std.format("%g", $._config.pageAcceptanceRatio), std.format("%g", ($._config.pageAcceptanceRatio + 0.05)), std.format("%g", $._config.pageAcceptanceRatio), std.format("%g", ($._config.pageAcceptanceRatio + 0.05)), std.format("%g", $._config.pageAcceptanceRatio), std.format("%g", $._config.pageAcceptanceRatio), std.format("%g", ($._config.pageAcceptanceRatio + 0.05)), std.format("%g", $._config.pageAcceptanceRatio), std.format("%g", $._config.pageAcceptanceRatio), std.format("%g", $._config.pageAcceptanceRatio), std.format("%g", ($._config.pageAcceptanceRatio + 0.05)), std.format("%g", $._config.pageAcceptanceRatio), std.format("%g", $._config.pageAcceptanceRatio), std.format("%g", $._config.pageAcceptanceRatio), std.format("%g", $._config.pageAcceptanceRatio), std.format("%g", ($._config.pageAcceptanceRatio + 0.05)), std.format("%g", $._config.pageAcceptanceRatio), std.format("%g", $._config.pageAcceptanceRatio), std.format("%g", $._config.pageAcceptanceRatio), std.format("%g", $._config.pageAcceptanceRatio), std.format("%g", $._config.pageAcceptanceRatio)],
             "for": $._config.alerts.SpecDecodeAcceptanceRateLow["for"],
             "labels": {
               "severity": $._config.alerts.SpecDecodeAcceptanceRateLow.severity
             } + $._config.extraAlertLabels,
             "annotations": {
               "summary": "Speculative decoding acceptance rate for {{ $labels.model_name }} is below %s" % [std.format("%.0f%%", $._config.pageAcceptanceRatio * 100)],
-              "description": "Over the last %s, {{ $labels.model_name }}{{ with $labels.namespace }} (namespace {{ . }}){{ end }} accepted only {{ $value | humanizePercentage }} of its drafted tokens (page threshold %s, all pods together). At this rate speculative decoding most likely makes generation slower than plain decoding." % [$._config.shortWindow, std.format("%.0f%%", $._config.pageAcceptanceRatio * 100)],
+              "description": "{{ $labels.model_name }}{{ with $labels.namespace }} (namespace {{ . }}){{ end }} accepted only {{ $value | humanizePercentage }} of its drafted tokens (all pods together; page threshold %s) over the shortest of its windows (2m, 3m, 10m, 30m, 2h) that holds enough requests to prove α below %s (at most 1 false page per 30 days). At this rate speculative decoding most likely makes generation slower than plain decoding." % [std.format("%.0f%%", $._config.pageAcceptanceRatio * 100), std.format("%.0f%%", ($._config.pageAcceptanceRatio + 0.05) * 100)],
               "runbook_url": "%s/alerts/runbook.md#specdecodeacceptanceratelow" % [std.rstripChars($._config.runbookBaseURL, "/")]
             }
           },
           {
             "alert": "SpecDecodeBelowBreakEven",
-            "expr": "model:specdecode_acceptance_ratio:rate%s\n< on (namespace, model_name)\n(\nmax by (namespace, model_name) (specdecode_break_even_acceptance_ratio{%scost_basis=\"calibrated\"})\nor\nmax by (namespace, model_name) (specdecode_break_even_acceptance_ratio{%scost_basis=\"configured\"})\n)\nand on (namespace, model_name)\nmodel:specdecode_draft_tokens:rate%s >= %s" % [$._config.longWindow, (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), $._config.longWindow, std.format("%g", $._config.minDraftTokensPerSecond)],
+            "expr": "model:specdecode_acceptance_ratio:rate1h < (\nmax by (namespace, model_name) (specdecode_break_even_acceptance_ratio{%scost_basis=\"calibrated\"})\nor\nmax by (namespace, model_name) (specdecode_break_even_acceptance_ratio{%scost_basis=\"configured\"})\n)\nand on (namespace, model_name)\nmodel:specdecode_draft_tokens:sampled_increase1h >= 600\nand on (namespace, model_name)\n((\nmax by (namespace, model_name) (specdecode_break_even_acceptance_ratio{%scost_basis=\"calibrated\"})\nor\nmax by (namespace, model_name) (specdecode_break_even_acceptance_ratio{%scost_basis=\"configured\"})\n) - model:specdecode_acceptance_ratio:rate1h)\n* sqrt(model:specdecode_draft_tokens:sampled_increase1h / (0.21 * (model:specdecode_draft_tokens:rate1h / model:specdecode_drafts:rate1h or model:specdecode_draft_tokens:rate1h * 0 + 30) + 1.2))\n> 3.96" % [(if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', ')],
             "for": $._config.alerts.SpecDecodeBelowBreakEven["for"],
             "labels": {
               "severity": $._config.alerts.SpecDecodeBelowBreakEven.severity
             } + $._config.extraAlertLabels,
             "annotations": {
               "summary": "Speculative decoding for {{ $labels.model_name }} is below break-even (modelled speedup < 1)",
-              "description": "Over the last %s, {{ $labels.model_name }}{{ with $labels.namespace }} (namespace {{ . }}){{ end }} accepted {{ $value | humanizePercentage }} of its drafted tokens, below the break-even acceptance rate of {{ with printf \"max(specdecode_break_even_acceptance_ratio{cost_basis='calibrated', namespace=%%q, model_name=%%q}) or max(specdecode_break_even_acceptance_ratio{cost_basis='configured', namespace=%%q, model_name=%%q})\" $labels.namespace $labels.model_name $labels.namespace $labels.model_name | query }}{{ . | first | value | humanizePercentage }}{{ else }}unknown{{ end }} from the sidecar's cost model (calibrated to the observed speedup where a baseline gives one): speculative decoding is modelled to cost more time than it saves." % [$._config.longWindow],
+              "description": "Over the last 1h, {{ $labels.model_name }}{{ with $labels.namespace }} (namespace {{ . }}){{ end }} accepted {{ $value | humanizePercentage }} of its drafted tokens, below the break-even acceptance rate of {{ with printf \"max(specdecode_break_even_acceptance_ratio{cost_basis='calibrated', namespace=%q, model_name=%q}) or max(specdecode_break_even_acceptance_ratio{cost_basis='configured', namespace=%q, model_name=%q})\" $labels.namespace $labels.model_name $labels.namespace $labels.model_name | query }}{{ . | first | value | humanizePercentage }}{{ else }}unknown{{ end }} from the sidecar's cost model (calibrated to the observed speedup where a baseline gives one), and its requests prove it below: speculative decoding is modelled to cost more time than it saves.",
               "runbook_url": "%s/alerts/runbook.md#specdecodebelowbreakeven" % [std.rstripChars($._config.runbookBaseURL, "/")]
             }
           },
           {
             "alert": "SpecDecodeAcceptanceRateDrift",
-            "expr": "model:specdecode_acceptance_ratio:rate%s\n< on (namespace, model_name)\n(model:specdecode_acceptance_ratio:baseline%s - %s)\nand on (namespace, model_name)\nmodel:specdecode_draft_tokens:rate%s >= %s" % [$._config.longWindow, $._config.baselineRange, std.format("%g", $._config.driftDrop), $._config.longWindow, std.format("%g", $._config.minDraftTokensPerSecond)],
+            "expr": "model:specdecode_acceptance_ratio:rate1h < (model:specdecode_acceptance_ratio:baseline1d - %s)\nand on (namespace, model_name)\nmodel:specdecode_draft_tokens:sampled_increase1h >= 600\nand on (namespace, model_name)\n((model:specdecode_acceptance_ratio:baseline1d - %s) - model:specdecode_acceptance_ratio:rate1h)\n* sqrt(model:specdecode_draft_tokens:sampled_increase1h / (0.21875 * (model:specdecode_draft_tokens:rate1h / model:specdecode_drafts:rate1h or model:specdecode_draft_tokens:rate1h * 0 + 30) + 1.25))\n> 3.96" % [std.format("%g", $._config.driftDrop), std.format("%g", $._config.driftDrop)],
             "for": $._config.alerts.SpecDecodeAcceptanceRateDrift["for"],
             "labels": {
               "severity": $._config.alerts.SpecDecodeAcceptanceRateDrift.severity
             } + $._config.extraAlertLabels,
             "annotations": {
-              "summary": "Speculative decoding acceptance rate for {{ $labels.model_name }} dropped more than %s points below its %s baseline" % [std.format("%g", ($._config.driftDrop * 100.0)), $._config.baselineRange],
-              "description": "Over the last %s, {{ $labels.model_name }}{{ with $labels.namespace }} (namespace {{ . }}){{ end }} accepted {{ $value | humanizePercentage }} of its drafted tokens; its baseline over the previous %s was {{ with printf \"model:specdecode_acceptance_ratio:baseline%s{namespace=%%q, model_name=%%q}\" $labels.namespace $labels.model_name | query }}{{ . | first | value | humanizePercentage }}{{ else }}unknown{{ end }}. A drop like this usually means drift in the traffic, a stale draft model, or a quantization or version change." % [$._config.longWindow, $._config.baselineRange, $._config.baselineRange],
+              "summary": "Speculative decoding acceptance rate for {{ $labels.model_name }} dropped more than %s points below its 1d baseline" % [std.format("%g", ($._config.driftDrop * 100.0))],
+              "description": "Over the last 1h, {{ $labels.model_name }}{{ with $labels.namespace }} (namespace {{ . }}){{ end }} accepted {{ $value | humanizePercentage }} of its drafted tokens; its baseline over the previous 1d was {{ with printf \"model:specdecode_acceptance_ratio:baseline1d{namespace=%q, model_name=%q}\" $labels.namespace $labels.model_name | query }}{{ . | first | value | humanizePercentage }}{{ else }}unknown{{ end }}, and its requests prove the drop. A drop like this usually means drift in the traffic, a stale draft model, or a quantization or version change.",
               "runbook_url": "%s/alerts/runbook.md#specdecodeacceptanceratedrift" % [std.rstripChars($._config.runbookBaseURL, "/")]
             }
           },
           {
             "alert": "SpecDecodeIntervalAcceptanceLow",
-            "expr": "model:specdecode_interval_acceptance_ratio:p10_rate%s < %s\nand on (namespace, model_name)\nmodel:specdecode_draft_tokens:rate%s >= %s" % [$._config.longWindow, std.format("%g", $._config.intervalAcceptanceRatio), $._config.longWindow, std.format("%g", $._config.minDraftTokensPerSecond)],
+            "expr": "model:specdecode_interval_acceptance_ratio:p10_rate1h < %s\nand on (namespace, model_name)\nmodel:specdecode_draft_tokens:rate1h >= %s" % [std.format("%g", $._config.intervalAcceptanceRatio), std.format("%g", $._config.minDraftTokensPerSecond)],
             "for": $._config.alerts.SpecDecodeIntervalAcceptanceLow["for"],
             "labels": {
               "severity": $._config.alerts.SpecDecodeIntervalAcceptanceLow.severity
             } + $._config.extraAlertLabels,
             "annotations": {
               "summary": "P10 of per-interval acceptance rate for {{ $labels.model_name }} is below %s" % [std.format("%.0f%%", $._config.intervalAcceptanceRatio * 100)],
-              "description": "Over the last %s, 10%% of the collection intervals of {{ $labels.model_name }}{{ with $labels.namespace }} (namespace {{ . }}){{ end }} had an acceptance rate below {{ $value | humanizePercentage }} (threshold %s): for a sizeable share of the time speculative decoding was net-negative, even if the average looks fine." % [$._config.longWindow, std.format("%.0f%%", $._config.intervalAcceptanceRatio * 100)],
+              "description": "Over the last 1h, 10%% of the collection intervals of {{ $labels.model_name }}{{ with $labels.namespace }} (namespace {{ . }}){{ end }} had an acceptance rate below {{ $value | humanizePercentage }} (threshold %s): for a sizeable share of the time speculative decoding was net-negative, even if the average looks fine." % [std.format("%.0f%%", $._config.intervalAcceptanceRatio * 100)],
               "runbook_url": "%s/alerts/runbook.md#specdecodeintervalacceptancelow" % [std.rstripChars($._config.runbookBaseURL, "/")]
             }
           },
@@ -219,40 +217,40 @@
           },
           {
             "alert": "SpecDecodeRecommendedKLower",
-            "expr": "specdecode_recommended_num_speculative_tokens{%swindow=\"%s\"}\nunless ignoring (window, num_speculative_tokens)\n(count_values without (window) (\"num_speculative_tokens\", specdecode_recommended_num_speculative_tokens{%swindow=\"%s\"})\n and ignoring (api, method) specdecode_info{%snum_speculative_tokens!=\"\"})\nand ignoring (window, api, method, num_speculative_tokens) specdecode_info{%snum_speculative_tokens!=\"\"}\nand specdecode_draft_tokens_per_second{%swindow=\"%s\"} >= %s" % [(if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), $._config.sidecarAlertWindow, (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), $._config.sidecarAlertWindow, (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), $._config.sidecarAlertWindow, std.format("%g", $._config.minDraftTokensPerSecond)],
+            "expr": "specdecode_recommended_num_speculative_tokens{%swindow=\"1h\"}\nunless ignoring (window, num_speculative_tokens)\n(count_values without (window) (\"num_speculative_tokens\", specdecode_recommended_num_speculative_tokens{%swindow=\"1h\"})\n and ignoring (api, method) specdecode_info{%snum_speculative_tokens!=\"\"})\nand ignoring (window, api, method, num_speculative_tokens) specdecode_info{%snum_speculative_tokens!=\"\"}\nand specdecode_draft_tokens_per_second{%swindow=\"1h\"} >= %s" % [(if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), std.format("%g", $._config.minDraftTokensPerSecond)],
             "for": $._config.alerts.SpecDecodeRecommendedKLower["for"],
             "labels": {
               "severity": $._config.alerts.SpecDecodeRecommendedKLower.severity
             } + $._config.extraAlertLabels,
             "annotations": {
               "summary": "Fewer speculative tokens would be faster for {{ $labels.model_name }} on {{ $labels.target }}",
-              "description": "For %s the sidecar's cost model has recommended num_speculative_tokens = {{ $value }} for {{ $labels.model_name }} on {{ $labels.target }}, lower than the configured {{ range printf \"max by (num_speculative_tokens) (specdecode_info{job=%%q, instance=%%q, target=%%q, model_name=%%q})\" $labels.job $labels.instance $labels.target $labels.model_name | query }}{{ .Labels.num_speculative_tokens }}{{ else }}unknown{{ end }} (window %s): later draft positions are rarely accepted." % [$._config.alerts.SpecDecodeRecommendedKLower["for"], $._config.sidecarAlertWindow],
+              "description": "For %s the sidecar's cost model has recommended num_speculative_tokens = {{ $value }} for {{ $labels.model_name }} on {{ $labels.target }}, lower than the configured {{ range printf \"max by (num_speculative_tokens) (specdecode_info{job=%%q, instance=%%q, target=%%q, model_name=%%q})\" $labels.job $labels.instance $labels.target $labels.model_name | query }}{{ .Labels.num_speculative_tokens }}{{ else }}unknown{{ end }} (window 1h): later draft positions are rarely accepted." % [$._config.alerts.SpecDecodeRecommendedKLower["for"]],
               "runbook_url": "%s/alerts/runbook.md#specdecoderecommendedklower" % [std.rstripChars($._config.runbookBaseURL, "/")]
             }
           },
           {
             "alert": "SpecDecodeObservedSpeedupLow",
-            "expr": "((model:specdecode_observed_speedup:mean_rate%s < %s)\nor\n((max by (namespace, model_name) (specdecode_observed_speedup{%sstatistic=\"mean\", window=\"%s\"}) < %s)\nunless on (namespace, model_name)\nmodel:specdecode_observed_speedup:mean_rate%s))\nand on (namespace, model_name)\nsum by (namespace, model_name) (rate(specdecode_request_time_per_output_token_seconds_count{%sspec_decode=\"true\"}[%s])) * 3600 >= %s" % [$._config.longWindow, std.format("%g", $._config.hurtingBelow), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), $._config.sidecarAlertWindow, std.format("%g", $._config.hurtingBelow), $._config.longWindow, (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), $._config.longWindow, std.format("%g", $._config.minRequestsPerHour)],
+            "expr": "((model:specdecode_observed_speedup:mean_rate1h < %s\nand on (namespace, model_name)\n((%s * model:specdecode_time_per_output_token_seconds:mean_rate1h{spec_decode=\"true\"} - ignoring (spec_decode) model:specdecode_time_per_output_token_seconds:mean_rate1h{spec_decode=\"false\"})\n/ ignoring (spec_decode)\nsqrt(\n%s * ((model:specdecode_time_per_output_token_seconds:p99_rate1h{spec_decode=\"true\"} - model:specdecode_time_per_output_token_seconds:p50_rate1h{spec_decode=\"true\"}) / 2.326) ^ 2 / model:specdecode_request_time_per_output_token_seconds_count:sampled_increase1h{spec_decode=\"true\"}\n+ ignoring (spec_decode)\n((model:specdecode_time_per_output_token_seconds:p99_rate1h{spec_decode=\"false\"} - model:specdecode_time_per_output_token_seconds:p50_rate1h{spec_decode=\"false\"}) / 2.326) ^ 2 / model:specdecode_request_time_per_output_token_seconds_count:sampled_increase1h{spec_decode=\"false\"}\n)\n> 3.96\nand on (namespace, model_name)\nmin by (namespace, model_name) (model:specdecode_request_time_per_output_token_seconds_count:sampled_increase1h) >= 20))\nor\n((max by (namespace, model_name) (specdecode_observed_speedup{%sstatistic=\"mean\", window=\"1h\"}) < %s\nand on (namespace, model_name)\nmin by (namespace, model_name) (\n(1 - max by (namespace, pod, instance, target, model_name) (specdecode_observed_speedup{%sstatistic=\"mean\", window=\"1h\"}) / %s)\n* sum by (namespace, pod, instance, target, model_name) (rate(specdecode_request_time_per_output_token_seconds_sum{%sspec_decode=\"true\"}[1h]))\n/\n(sum by (namespace, pod, instance, target, model_name) (rate(specdecode_request_time_per_output_token_seconds_count{%sspec_decode=\"true\"}[1h])) > 0)\n/ (((histogram_quantile(0.99, sum by (namespace, pod, instance, target, model_name, le) (rate(specdecode_request_time_per_output_token_seconds_bucket{%sspec_decode=\"true\"}[1h])))\nand on (namespace, pod, instance, target, model_name)\n(sum by (namespace, pod, instance, target, model_name) (rate(specdecode_request_time_per_output_token_seconds_count{%sspec_decode=\"true\"}[1h])) > 0) - histogram_quantile(0.5, sum by (namespace, pod, instance, target, model_name, le) (rate(specdecode_request_time_per_output_token_seconds_bucket{%sspec_decode=\"true\"}[1h])))\nand on (namespace, pod, instance, target, model_name)\n(sum by (namespace, pod, instance, target, model_name) (rate(specdecode_request_time_per_output_token_seconds_count{%sspec_decode=\"true\"}[1h])) > 0)) / 2.326) > 0)\n* sqrt(sum by (namespace, pod, instance, target, model_name) (increase(specdecode_request_time_per_output_token_seconds_count{%sspec_decode=\"true\"}[1h]) * (1 - 1 / count_over_time(specdecode_request_time_per_output_token_seconds_count{%sspec_decode=\"true\"}[1h]))))\nand on (namespace, pod, instance, target, model_name)\nsum by (namespace, pod, instance, target, model_name) (increase(specdecode_request_time_per_output_token_seconds_count{%sspec_decode=\"true\"}[1h]) * (1 - 1 / count_over_time(specdecode_request_time_per_output_token_seconds_count{%sspec_decode=\"true\"}[1h]))) >= 20\n) > 3.96)\nunless on (namespace, model_name)\nmodel:specdecode_observed_speedup:mean_rate1h))" % [std.format("%g", $._config.hurtingBelow), std.format("%g", $._config.hurtingBelow), std.format("%g", ($._config.hurtingBelow * $._config.hurtingBelow)), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), std.format("%g", $._config.hurtingBelow), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), std.format("%g", $._config.hurtingBelow), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', ')],
             "for": $._config.alerts.SpecDecodeObservedSpeedupLow["for"],
             "labels": {
               "severity": $._config.alerts.SpecDecodeObservedSpeedupLow.severity
             } + $._config.extraAlertLabels,
             "annotations": {
               "summary": "Speculative decoding makes {{ $labels.model_name }} slower, measured",
-              "description": "Over the last %s, tokens of {{ $labels.model_name }}{{ with $labels.namespace }} (namespace {{ . }}){{ end }} came {{ $value | printf \"%%.2f\" }}× as fast as without speculative decoding (baseline TPOT / current TPOT, below 1 means slower): measured against a baseline, not modelled. Turn it off or lower k; check load (verification turns compute-bound at large batches) and acceptance." % [$._config.longWindow],
+              "description": "Over the last 1h, tokens of {{ $labels.model_name }}{{ with $labels.namespace }} (namespace {{ . }}){{ end }} came {{ $value | printf \"%.2f\" }}× as fast as without speculative decoding (baseline TPOT / current TPOT, below 1 means slower), and the requests prove it slower than without (a test of mean time per output token against the control pods, or against each pod's measured baseline): measured, not modelled. Turn it off or lower k; check load (verification turns compute-bound at large batches) and acceptance.",
               "runbook_url": "%s/alerts/runbook.md#specdecodeobservedspeeduplow" % [std.rstripChars($._config.runbookBaseURL, "/")]
             }
           },
           {
             "alert": "SpecDecodeTailRegression",
-            "expr": "((model:specdecode_observed_speedup:p99_rate%s < %s\nand on (namespace, model_name)\nmodel:specdecode_observed_speedup:p50_rate%s > %s)\nor\n((max by (namespace, model_name) (specdecode_observed_speedup{%sstatistic=\"p99\", window=\"%s\"}) < %s\nand on (namespace, model_name)\nmax by (namespace, model_name) (specdecode_observed_speedup{%sstatistic=\"p50\", window=\"%s\"}) > %s)\nunless on (namespace, model_name)\nmodel:specdecode_observed_speedup:p99_rate%s))\nand on (namespace, model_name)\nsum by (namespace, model_name) (rate(specdecode_request_time_per_output_token_seconds_count{%sspec_decode=\"true\"}[%s])) * 3600 >= %s" % [$._config.longWindow, std.format("%g", $._config.hurtingBelow), $._config.longWindow, std.format("%g", $._config.hurtingBelow), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), $._config.sidecarAlertWindow, std.format("%g", $._config.hurtingBelow), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), $._config.sidecarAlertWindow, std.format("%g", $._config.hurtingBelow), $._config.longWindow, (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), $._config.longWindow, std.format("%g", $._config.minRequestsPerHour)],
+            "expr": "((model:specdecode_observed_speedup:p99_rate1h < %s\nand on (namespace, model_name)\nmodel:specdecode_observed_speedup:p50_rate1h > %s\nand on (namespace, model_name)\n(max by (namespace, model_name) (\n((1 - model:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"true\"}\n/ ignoring (le) group_left\nmodel:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"true\", le=\"+Inf\"})\n- ignoring (spec_decode)\n(1 - model:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"false\"}\n/ ignoring (le) group_left\nmodel:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"false\", le=\"+Inf\"}))\n/ ignoring (spec_decode)\nsqrt(\n(1 - model:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"true\"}\n/ ignoring (le) group_left\nmodel:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"true\", le=\"+Inf\"}) * (1 - (1 - model:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"true\"}\n/ ignoring (le) group_left\nmodel:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"true\", le=\"+Inf\"})) / ignoring (le) group_left model:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"true\", le=\"+Inf\"}\n+ ignoring (spec_decode)\n(1 - model:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"false\"}\n/ ignoring (le) group_left\nmodel:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"false\", le=\"+Inf\"}) * (1 - (1 - model:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"false\"}\n/ ignoring (le) group_left\nmodel:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"false\", le=\"+Inf\"})) / ignoring (le) group_left model:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"false\", le=\"+Inf\"}\n)\nand ignoring (spec_decode)\n(1 - model:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"false\"}\n/ ignoring (le) group_left\nmodel:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"false\", le=\"+Inf\"}) <= 0.01\n) > 4.65\nand on (namespace, model_name)\nmin by (namespace, model_name) (model:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"true\", le=\"+Inf\"} or model:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"false\", le=\"+Inf\"}) >= 2000))\nor\n((max by (namespace, model_name) (specdecode_observed_speedup{%sstatistic=\"p99\", window=\"1h\"}) < %s\nand on (namespace, model_name)\nmax by (namespace, model_name) (specdecode_observed_speedup{%sstatistic=\"p50\", window=\"1h\"}) > %s\nand on (namespace, model_name)\nmax by (namespace, model_name) (sum by (namespace, pod, instance, target, model_name) (increase(specdecode_request_time_per_output_token_seconds_count{%sspec_decode=\"true\"}[1h]) * (1 - 1 / count_over_time(specdecode_request_time_per_output_token_seconds_count{%sspec_decode=\"true\"}[1h])))) >= 2000)\nunless on (namespace, model_name)\nmodel:specdecode_observed_speedup:p99_rate1h))" % [std.format("%g", $._config.hurtingBelow), std.format("%g", $._config.hurtingBelow), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), std.format("%g", $._config.hurtingBelow), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), std.format("%g", $._config.hurtingBelow), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', ')],
             "for": $._config.alerts.SpecDecodeTailRegression["for"],
             "labels": {
               "severity": $._config.alerts.SpecDecodeTailRegression.severity
             } + $._config.extraAlertLabels,
             "annotations": {
               "summary": "Speculative decoding helps {{ $labels.model_name }}'s median but hurts its slowest requests",
-              "description": "Over the last %s, the P99 time per output token of {{ $labels.model_name }}{{ with $labels.namespace }} (namespace {{ . }}){{ end }} is slower than without speculative decoding (P99 speedup {{ $value | printf \"%%.2f\" }}×) while the median is faster: a tail regression, typical of mixed workloads where some requests accept few drafts. Find them per temperature and workload (the request tap) and disable spec decode for them." % [$._config.longWindow],
+              "description": "Over the last 1h, the P99 time per output token of {{ $labels.model_name }}{{ with $labels.namespace }} (namespace {{ . }}){{ end }} is slower than without speculative decoding (P99 speedup {{ $value | printf \"%.2f\" }}×) while the median is faster: more requests are slower than the control pods' slowest than chance allows (where there are control pods; against a pod's measured baseline, from a P99 over at least 2000 requests). A tail regression, typical of mixed workloads where some requests accept few drafts. Find them per temperature and workload (the request tap) and disable spec decode for them.",
               "runbook_url": "%s/alerts/runbook.md#specdecodetailregression" % [std.rstripChars($._config.runbookBaseURL, "/")]
             }
           },
@@ -271,33 +269,33 @@
           },
           {
             "alert": "SpecDecodeRequestAcceptanceLow",
-            "expr": "model:specdecode_request_acceptance_ratio:p10_rate%s < %s\nand on (namespace, model_name)\n(sum by (namespace, model_name) (rate(specdecode_requests_total%s[%s]))\nor\nsum by (namespace, model_name) (rate(specdecode_engine_request_acceptance_ratio_count%s[%s]))) * 3600 >= %s" % [$._config.longWindow, std.format("%g", $._config.requestAcceptanceRatio), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.longWindow, (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.longWindow, std.format("%g", $._config.minRequestsPerHour)],
+            "expr": "model:specdecode_request_acceptance_ratio:p10_rate1h < %s\nand on (namespace, model_name)\nmodel:specdecode_requests:sampled_increase1h >= 20\nand on (namespace, model_name)\n(model:specdecode_requests_below_request_threshold:ratio_rate1h - 0.1) * sqrt(model:specdecode_requests:sampled_increase1h / 0.09)\n> 3.96" % [std.format("%g", $._config.requestAcceptanceRatio)],
             "for": $._config.alerts.SpecDecodeRequestAcceptanceLow["for"],
             "labels": {
               "severity": $._config.alerts.SpecDecodeRequestAcceptanceLow.severity
             } + $._config.extraAlertLabels,
             "annotations": {
               "summary": "P10 of per-request acceptance rate for {{ $labels.model_name }} is below %s" % [std.format("%.0f%%", $._config.requestAcceptanceRatio * 100)],
-              "description": "Over the last %s, 10%% of the requests of {{ $labels.model_name }}{{ with $labels.namespace }} (namespace {{ . }}){{ end }} accepted at most {{ $value | humanizePercentage }} of their drafted tokens (threshold %s, measured per request by the request tap, or by vLLM's own per-request histogram where it has one): for those requests speculative decoding is net-negative even if the model's overall α looks healthy. See α per workload and temperature band to find them." % [$._config.longWindow, std.format("%.0f%%", $._config.requestAcceptanceRatio * 100)],
+              "description": "Over the last 1h, 10%% of the requests of {{ $labels.model_name }}{{ with $labels.namespace }} (namespace {{ . }}){{ end }} accepted at most {{ $value | humanizePercentage }} of their drafted tokens (threshold %s, measured per request by the request tap, or by vLLM's own per-request histogram where it has one), and there are requests enough to prove it: for those requests speculative decoding is net-negative even if the model's overall α looks healthy. See α per workload and temperature band to find them." % [std.format("%.0f%%", $._config.requestAcceptanceRatio * 100)],
               "runbook_url": "%s/alerts/runbook.md#specdecoderequestacceptancelow" % [std.rstripChars($._config.runbookBaseURL, "/")]
             }
           },
           {
             "alert": "SpecDecodeBandAcceptanceLow",
-            "expr": "model_band:specdecode_request_acceptance_ratio:rate%s < %s\nand on (namespace, model_name, workload, temperature)\nmodel_band:specdecode_requests:rate%s * 3600 >= %s" % [$._config.longWindow, std.format("%g", $._config.pageAcceptanceRatio), $._config.longWindow, std.format("%g", $._config.minRequestsPerHour)],
+            "expr": "model_band:specdecode_request_acceptance_ratio:rate1h < %s\nand on (namespace, model_name, workload, temperature)\nmodel_band:specdecode_requests:sampled_increase1h >= 20\nand on (namespace, model_name, workload, temperature)\n(%s - model_band:specdecode_request_acceptance_ratio:rate1h)\n/ sqrt(\n(0.21 * (model:specdecode_draft_tokens:rate1h / model:specdecode_drafts:rate1h)\n/ on (namespace, model_name) group_right\nmodel_band:specdecode_request_draft_tokens:sampled_increase1h\nor\n0.21 / model_band:specdecode_requests:sampled_increase1h)\n+ 0.04 / model_band:specdecode_requests:sampled_increase1h\n)\n> 3.96" % [std.format("%g", $._config.pageAcceptanceRatio), std.format("%g", $._config.pageAcceptanceRatio)],
             "for": $._config.alerts.SpecDecodeBandAcceptanceLow["for"],
             "labels": {
               "severity": $._config.alerts.SpecDecodeBandAcceptanceLow.severity
             } + $._config.extraAlertLabels,
             "annotations": {
               "summary": "Requests of {{ $labels.model_name }} in workload {{ $labels.workload }}, temperature {{ $labels.temperature }} accept below %s" % [std.format("%.0f%%", $._config.pageAcceptanceRatio * 100)],
-              "description": "Over the last %s, the requests of {{ $labels.model_name }}{{ with $labels.namespace }} (namespace {{ . }}){{ end }} with workload {{ $labels.workload }} and temperature band {{ $labels.temperature }} accepted {{ $value | humanizePercentage }} of their drafted tokens (page threshold %s, exact from the request tap's counters): speculative decoding slows these requests down. Route them to replicas without spec decode, or lower k." % [$._config.longWindow, std.format("%.0f%%", $._config.pageAcceptanceRatio * 100)],
+              "description": "Over the last 1h, the requests of {{ $labels.model_name }}{{ with $labels.namespace }} (namespace {{ . }}){{ end }} with workload {{ $labels.workload }} and temperature band {{ $labels.temperature }} accepted {{ $value | humanizePercentage }} of their drafted tokens (page threshold %s, exact from the request tap's counters), and they are enough to prove it: speculative decoding slows these requests down. Route them to replicas without spec decode, or lower k." % [std.format("%.0f%%", $._config.pageAcceptanceRatio * 100)],
               "runbook_url": "%s/alerts/runbook.md#specdecodebandacceptancelow" % [std.rstripChars($._config.runbookBaseURL, "/")]
             }
           },
           {
             "alert": "SpecDecodeClassRouted",
-            "expr": "max by (namespace, model_name, workload, temperature, prompt_length) (specdecode_route_class_state%s) == 1\nand on (namespace, model_name, workload, temperature, prompt_length)\nsum by (namespace, model_name, workload, temperature, prompt_length) (rate(specdecode_route_requests_total%s[%s])) > 0" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.longWindow],
+            "expr": "max by (namespace, model_name, workload, temperature, prompt_length) (specdecode_route_class_state%s) == 1\nand on (namespace, model_name, workload, temperature, prompt_length)\nsum by (namespace, model_name, workload, temperature, prompt_length) (rate(specdecode_route_requests_total%s[1h])) > 0" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')],
             "for": $._config.alerts.SpecDecodeClassRouted["for"],
             "labels": {
               "severity": $._config.alerts.SpecDecodeClassRouted.severity
@@ -323,27 +321,27 @@
           },
           {
             "alert": "SpecDecodePreemptionsRaised",
-            "expr": "model:specdecode_preemptions_per_request:ratio_rate%s{spec_decode=\"true\"}\n- ignoring (spec_decode)\nmodel:specdecode_preemptions_per_request:ratio_rate%s{spec_decode=\"false\"}\n> %s\nand on (namespace, model_name)\nsum by (namespace, model_name) (rate(specdecode_request_time_per_output_token_seconds_count{%sspec_decode=\"true\"}[%s])) * 3600 >= %s" % [$._config.longWindow, $._config.longWindow, std.format("%g", $._config.maxPreemptionsPerRequestIncrease), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), $._config.longWindow, std.format("%g", $._config.minRequestsPerHour)],
+            "expr": "model:specdecode_preemptions_per_request:ratio_rate1h{spec_decode=\"true\"}\n- ignoring (spec_decode)\nmodel:specdecode_preemptions_per_request:ratio_rate1h{spec_decode=\"false\"}\n> %s\nand on (namespace, model_name)\nsum by (namespace, model_name) (rate(specdecode_request_time_per_output_token_seconds_count{%sspec_decode=\"true\"}[1h])) * 3600 >= %s" % [std.format("%g", $._config.maxPreemptionsPerRequestIncrease), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), std.format("%g", $._config.minRequestsPerHour)],
             "for": $._config.alerts.SpecDecodePreemptionsRaised["for"],
             "labels": {
               "severity": $._config.alerts.SpecDecodePreemptionsRaised.severity
             } + $._config.extraAlertLabels,
             "annotations": {
               "summary": "Speculative decoding makes {{ $labels.model_name }} preempt more requests than its control pods",
-              "description": "Over the last %s, the spec-decode pods of {{ $labels.model_name }}{{ with $labels.namespace }} (namespace {{ . }}){{ end }} preempted {{ $value | printf \"%%.3f\" }} more requests per finished request than its control pods (the same model with spec decode off; they preempted {{ with printf \"model:specdecode_preemptions_per_request:ratio_rate%s{spec_decode='false', namespace=%%q, model_name=%%q}\" $labels.namespace $labels.model_name | query }}{{ . | first | value | printf \"%%.3f\" }}{{ else }}unknown{{ end }}; bound %s): the draft model and its KV cache take memory the batch needs. A latency win at this cost is not paying off." % [$._config.longWindow, $._config.longWindow, std.format("%g", $._config.maxPreemptionsPerRequestIncrease)],
+              "description": "Over the last 1h, the spec-decode pods of {{ $labels.model_name }}{{ with $labels.namespace }} (namespace {{ . }}){{ end }} preempted {{ $value | printf \"%%.3f\" }} more requests per finished request than its control pods (the same model with spec decode off; they preempted {{ with printf \"model:specdecode_preemptions_per_request:ratio_rate1h{spec_decode='false', namespace=%%q, model_name=%%q}\" $labels.namespace $labels.model_name | query }}{{ . | first | value | printf \"%%.3f\" }}{{ else }}unknown{{ end }}; bound %s): the draft model and its KV cache take memory the batch needs. A latency win at this cost is not paying off." % [std.format("%g", $._config.maxPreemptionsPerRequestIncrease)],
               "runbook_url": "%s/alerts/runbook.md#specdecodepreemptionsraised" % [std.rstripChars($._config.runbookBaseURL, "/")]
             }
           },
           {
             "alert": "SpecDecodeThroughputCut",
-            "expr": "model:specdecode_generated_tokens_per_second:avg_rate%s{spec_decode=\"true\"}\n/ ignoring (spec_decode)\n(model:specdecode_generated_tokens_per_second:avg_rate%s{spec_decode=\"false\"} > 0)\n< %s\nand on (namespace, model_name)\navg by (namespace, model_name) (specdecode_requests_waiting{%swindow=\"%s\"}\nand ignoring (window, api, method, num_speculative_tokens)\nspecdecode_info{%smethod!=\"off\"}) >= %s\nand on (namespace, model_name)\nsum by (namespace, model_name) (rate(specdecode_request_time_per_output_token_seconds_count{%sspec_decode=\"true\"}[%s])) * 3600 >= %s" % [$._config.longWindow, $._config.longWindow, std.format("%g", $._config.minThroughputRatio), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), $._config.sidecarAlertWindow, (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), std.format("%g", $._config.minWaitingRequests), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), $._config.longWindow, std.format("%g", $._config.minRequestsPerHour)],
+            "expr": "model:specdecode_generated_tokens_per_second:avg_rate1h{spec_decode=\"true\"}\n/ ignoring (spec_decode)\n(model:specdecode_generated_tokens_per_second:avg_rate1h{spec_decode=\"false\"} > 0)\n< %s\nand on (namespace, model_name)\navg by (namespace, model_name) (specdecode_requests_waiting{%swindow=\"1h\"}\nand ignoring (window, api, method, num_speculative_tokens)\nspecdecode_info{%smethod!=\"off\"}) >= %s\nand on (namespace, model_name)\nsum by (namespace, model_name) (rate(specdecode_request_time_per_output_token_seconds_count{%sspec_decode=\"true\"}[1h])) * 3600 >= %s" % [std.format("%g", $._config.minThroughputRatio), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), std.format("%g", $._config.minWaitingRequests), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), std.format("%g", $._config.minRequestsPerHour)],
             "for": $._config.alerts.SpecDecodeThroughputCut["for"],
             "labels": {
               "severity": $._config.alerts.SpecDecodeThroughputCut.severity
             } + $._config.extraAlertLabels,
             "annotations": {
               "summary": "Speculative decoding cuts the throughput of {{ $labels.model_name }}'s pods",
-              "description": "Over the last %s, each spec-decode engine of {{ $labels.model_name }}{{ with $labels.namespace }} (namespace {{ . }}){{ end }} generated {{ $value | humanizePercentage }} of the tokens per second of a control engine (the same model with spec decode off; bound %s) while requests waited on it (at least %s on average): it runs at its capacity, and that capacity is lower. Faster tokens per request do not make up for fewer requests served." % [$._config.longWindow, std.format("%.0f%%", $._config.minThroughputRatio * 100), std.format("%g", $._config.minWaitingRequests)],
+              "description": "Over the last 1h, each spec-decode engine of {{ $labels.model_name }}{{ with $labels.namespace }} (namespace {{ . }}){{ end }} generated {{ $value | humanizePercentage }} of the tokens per second of a control engine (the same model with spec decode off; bound %s) while requests waited on it (at least %s on average): it runs at its capacity, and that capacity is lower. Faster tokens per request do not make up for fewer requests served." % [std.format("%.0f%%", $._config.minThroughputRatio * 100), std.format("%g", $._config.minWaitingRequests)],
               "runbook_url": "%s/alerts/runbook.md#specdecodethroughputcut" % [std.rstripChars($._config.runbookBaseURL, "/")]
             }
           }
@@ -377,32 +375,32 @@
             "expr": "1 + sum by (namespace, model_name) (rate(specdecode_accepted_tokens_total%s[%s]))\n/\n(sum by (namespace, model_name) (rate(specdecode_drafts_total%s[%s])) > 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.shortWindow, (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.shortWindow]
           },
           {
-            "record": "model:specdecode_draft_tokens:rate%s" % [$._config.longWindow],
-            "expr": "sum by (namespace, model_name) (rate(specdecode_draft_tokens_total%s[%s]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.longWindow]
+            "record": "model:specdecode_draft_tokens:rate1h",
+            "expr": "sum by (namespace, model_name) (rate(specdecode_draft_tokens_total%s[1h]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
           },
           {
-            "record": "model:specdecode_accepted_tokens:rate%s" % [$._config.longWindow],
-            "expr": "sum by (namespace, model_name) (rate(specdecode_accepted_tokens_total%s[%s]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.longWindow]
+            "record": "model:specdecode_accepted_tokens:rate1h",
+            "expr": "sum by (namespace, model_name) (rate(specdecode_accepted_tokens_total%s[1h]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
           },
           {
-            "record": "model:specdecode_drafts:rate%s" % [$._config.longWindow],
-            "expr": "sum by (namespace, model_name) (rate(specdecode_drafts_total%s[%s]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.longWindow]
+            "record": "model:specdecode_drafts:rate1h",
+            "expr": "sum by (namespace, model_name) (rate(specdecode_drafts_total%s[1h]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
           },
           {
-            "record": "model:specdecode_acceptance_ratio:rate%s" % [$._config.longWindow],
-            "expr": "sum by (namespace, model_name) (rate(specdecode_accepted_tokens_total%s[%s]))\n/\n(sum by (namespace, model_name) (rate(specdecode_draft_tokens_total%s[%s])) > 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.longWindow, (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.longWindow]
+            "record": "model:specdecode_acceptance_ratio:rate1h",
+            "expr": "sum by (namespace, model_name) (rate(specdecode_accepted_tokens_total%s[1h]))\n/\n(sum by (namespace, model_name) (rate(specdecode_draft_tokens_total%s[1h])) > 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
           },
           {
-            "record": "model:specdecode_mean_acceptance_length:rate%s" % [$._config.longWindow],
-            "expr": "1 + sum by (namespace, model_name) (rate(specdecode_accepted_tokens_total%s[%s]))\n/\n(sum by (namespace, model_name) (rate(specdecode_drafts_total%s[%s])) > 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.longWindow, (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.longWindow]
+            "record": "model:specdecode_mean_acceptance_length:rate1h",
+            "expr": "1 + sum by (namespace, model_name) (rate(specdecode_accepted_tokens_total%s[1h]))\n/\n(sum by (namespace, model_name) (rate(specdecode_drafts_total%s[1h])) > 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
           },
           {
-            "record": "model:specdecode_interval_acceptance_ratio:p10_rate%s" % [$._config.longWindow],
-            "expr": "histogram_quantile(0.1, sum by (namespace, model_name, le) (rate(specdecode_interval_acceptance_ratio_bucket%s[%s])))\nand on (namespace, model_name)\n(sum by (namespace, model_name) (rate(specdecode_interval_acceptance_ratio_count%s[%s])) > 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.longWindow, (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.longWindow]
+            "record": "model:specdecode_interval_acceptance_ratio:p10_rate1h",
+            "expr": "histogram_quantile(0.1, sum by (namespace, model_name, le) (rate(specdecode_interval_acceptance_ratio_bucket%s[1h])))\nand on (namespace, model_name)\n(sum by (namespace, model_name) (rate(specdecode_interval_acceptance_ratio_count%s[1h])) > 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
           },
           {
-            "record": "model:specdecode_interval_acceptance_ratio:p50_rate%s" % [$._config.longWindow],
-            "expr": "histogram_quantile(0.5, sum by (namespace, model_name, le) (rate(specdecode_interval_acceptance_ratio_bucket%s[%s])))\nand on (namespace, model_name)\n(sum by (namespace, model_name) (rate(specdecode_interval_acceptance_ratio_count%s[%s])) > 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.longWindow, (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.longWindow]
+            "record": "model:specdecode_interval_acceptance_ratio:p50_rate1h",
+            "expr": "histogram_quantile(0.5, sum by (namespace, model_name, le) (rate(specdecode_interval_acceptance_ratio_bucket%s[1h])))\nand on (namespace, model_name)\n(sum by (namespace, model_name) (rate(specdecode_interval_acceptance_ratio_count%s[1h])) > 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
           }
         ]
       },
@@ -430,32 +428,162 @@
             "expr": "1 + sum by (namespace, pod, instance, target, model_name) (rate(specdecode_accepted_tokens_total%s[%s]))\n/\n(sum by (namespace, pod, instance, target, model_name) (rate(specdecode_drafts_total%s[%s])) > 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.shortWindow, (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.shortWindow]
           },
           {
-            "record": "instance:specdecode_draft_tokens:rate%s" % [$._config.longWindow],
-            "expr": "sum by (namespace, pod, instance, target, model_name) (rate(specdecode_draft_tokens_total%s[%s]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.longWindow]
+            "record": "instance:specdecode_draft_tokens:rate1h",
+            "expr": "sum by (namespace, pod, instance, target, model_name) (rate(specdecode_draft_tokens_total%s[1h]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
           },
           {
-            "record": "instance:specdecode_accepted_tokens:rate%s" % [$._config.longWindow],
-            "expr": "sum by (namespace, pod, instance, target, model_name) (rate(specdecode_accepted_tokens_total%s[%s]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.longWindow]
+            "record": "instance:specdecode_accepted_tokens:rate1h",
+            "expr": "sum by (namespace, pod, instance, target, model_name) (rate(specdecode_accepted_tokens_total%s[1h]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
           },
           {
-            "record": "instance:specdecode_drafts:rate%s" % [$._config.longWindow],
-            "expr": "sum by (namespace, pod, instance, target, model_name) (rate(specdecode_drafts_total%s[%s]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.longWindow]
+            "record": "instance:specdecode_drafts:rate1h",
+            "expr": "sum by (namespace, pod, instance, target, model_name) (rate(specdecode_drafts_total%s[1h]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
           },
           {
-            "record": "instance:specdecode_acceptance_ratio:rate%s" % [$._config.longWindow],
-            "expr": "sum by (namespace, pod, instance, target, model_name) (rate(specdecode_accepted_tokens_total%s[%s]))\n/\n(sum by (namespace, pod, instance, target, model_name) (rate(specdecode_draft_tokens_total%s[%s])) > 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.longWindow, (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.longWindow]
+            "record": "instance:specdecode_acceptance_ratio:rate1h",
+            "expr": "sum by (namespace, pod, instance, target, model_name) (rate(specdecode_accepted_tokens_total%s[1h]))\n/\n(sum by (namespace, pod, instance, target, model_name) (rate(specdecode_draft_tokens_total%s[1h])) > 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
           },
           {
-            "record": "instance:specdecode_mean_acceptance_length:rate%s" % [$._config.longWindow],
-            "expr": "1 + sum by (namespace, pod, instance, target, model_name) (rate(specdecode_accepted_tokens_total%s[%s]))\n/\n(sum by (namespace, pod, instance, target, model_name) (rate(specdecode_drafts_total%s[%s])) > 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.longWindow, (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.longWindow]
+            "record": "instance:specdecode_mean_acceptance_length:rate1h",
+            "expr": "1 + sum by (namespace, pod, instance, target, model_name) (rate(specdecode_accepted_tokens_total%s[1h]))\n/\n(sum by (namespace, pod, instance, target, model_name) (rate(specdecode_drafts_total%s[1h])) > 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
           },
           {
-            "record": "instance:specdecode_interval_acceptance_ratio:p10_rate%s" % [$._config.longWindow],
-            "expr": "histogram_quantile(0.1, sum by (namespace, pod, instance, target, model_name, le) (rate(specdecode_interval_acceptance_ratio_bucket%s[%s])))\nand on (namespace, pod, instance, target, model_name)\n(sum by (namespace, pod, instance, target, model_name) (rate(specdecode_interval_acceptance_ratio_count%s[%s])) > 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.longWindow, (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.longWindow]
+            "record": "instance:specdecode_interval_acceptance_ratio:p10_rate1h",
+            "expr": "histogram_quantile(0.1, sum by (namespace, pod, instance, target, model_name, le) (rate(specdecode_interval_acceptance_ratio_bucket%s[1h])))\nand on (namespace, pod, instance, target, model_name)\n(sum by (namespace, pod, instance, target, model_name) (rate(specdecode_interval_acceptance_ratio_count%s[1h])) > 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
           },
           {
-            "record": "instance:specdecode_interval_acceptance_ratio:p50_rate%s" % [$._config.longWindow],
-            "expr": "histogram_quantile(0.5, sum by (namespace, pod, instance, target, model_name, le) (rate(specdecode_interval_acceptance_ratio_bucket%s[%s])))\nand on (namespace, pod, instance, target, model_name)\n(sum by (namespace, pod, instance, target, model_name) (rate(specdecode_interval_acceptance_ratio_count%s[%s])) > 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.longWindow, (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.longWindow]
+            "record": "instance:specdecode_interval_acceptance_ratio:p50_rate1h",
+            "expr": "histogram_quantile(0.5, sum by (namespace, pod, instance, target, model_name, le) (rate(specdecode_interval_acceptance_ratio_bucket%s[1h])))\nand on (namespace, pod, instance, target, model_name)\n(sum by (namespace, pod, instance, target, model_name) (rate(specdecode_interval_acceptance_ratio_count%s[1h])) > 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+          }
+        ]
+      },
+      {
+        "name": "specdecode.rules.evidence",
+        "interval": "15s",
+        "rules": [
+          {
+            "record": "model:specdecode_draft_tokens:rate2m",
+            "expr": "sum by (namespace, model_name) (rate(specdecode_draft_tokens_total%s[2m]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+          },
+          {
+            "record": "model:specdecode_accepted_tokens:rate2m",
+            "expr": "sum by (namespace, model_name) (rate(specdecode_accepted_tokens_total%s[2m]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+          },
+          {
+            "record": "model:specdecode_drafts:rate2m",
+            "expr": "sum by (namespace, model_name) (rate(specdecode_drafts_total%s[2m]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+          },
+          {
+            "record": "model:specdecode_acceptance_ratio:rate2m",
+            "expr": "sum by (namespace, model_name) (rate(specdecode_accepted_tokens_total%s[2m]))\n/\n(sum by (namespace, model_name) (rate(specdecode_draft_tokens_total%s[2m])) > 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+          },
+          {
+            "record": "model:specdecode_mean_acceptance_length:rate2m",
+            "expr": "1 + sum by (namespace, model_name) (rate(specdecode_accepted_tokens_total%s[2m]))\n/\n(sum by (namespace, model_name) (rate(specdecode_drafts_total%s[2m])) > 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+          },
+          {
+            "record": "model:specdecode_draft_tokens:sampled_increase2m",
+            "expr": "sum by (namespace, model_name) (increase(specdecode_draft_tokens_total%s[2m]) * (1 - 1 / count_over_time(specdecode_draft_tokens_total%s[2m])))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+          },
+          {
+            "record": "model:specdecode_draft_tokens:rate3m",
+            "expr": "sum by (namespace, model_name) (rate(specdecode_draft_tokens_total%s[3m]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+          },
+          {
+            "record": "model:specdecode_accepted_tokens:rate3m",
+            "expr": "sum by (namespace, model_name) (rate(specdecode_accepted_tokens_total%s[3m]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+          },
+          {
+            "record": "model:specdecode_drafts:rate3m",
+            "expr": "sum by (namespace, model_name) (rate(specdecode_drafts_total%s[3m]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+          },
+          {
+            "record": "model:specdecode_acceptance_ratio:rate3m",
+            "expr": "sum by (namespace, model_name) (rate(specdecode_accepted_tokens_total%s[3m]))\n/\n(sum by (namespace, model_name) (rate(specdecode_draft_tokens_total%s[3m])) > 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+          },
+          {
+            "record": "model:specdecode_mean_acceptance_length:rate3m",
+            "expr": "1 + sum by (namespace, model_name) (rate(specdecode_accepted_tokens_total%s[3m]))\n/\n(sum by (namespace, model_name) (rate(specdecode_drafts_total%s[3m])) > 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+          },
+          {
+            "record": "model:specdecode_draft_tokens:sampled_increase3m",
+            "expr": "sum by (namespace, model_name) (increase(specdecode_draft_tokens_total%s[3m]) * (1 - 1 / count_over_time(specdecode_draft_tokens_total%s[3m])))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+          },
+          {
+            "record": "model:specdecode_draft_tokens:rate10m",
+            "expr": "sum by (namespace, model_name) (rate(specdecode_draft_tokens_total%s[10m]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+          },
+          {
+            "record": "model:specdecode_accepted_tokens:rate10m",
+            "expr": "sum by (namespace, model_name) (rate(specdecode_accepted_tokens_total%s[10m]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+          },
+          {
+            "record": "model:specdecode_drafts:rate10m",
+            "expr": "sum by (namespace, model_name) (rate(specdecode_drafts_total%s[10m]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+          },
+          {
+            "record": "model:specdecode_acceptance_ratio:rate10m",
+            "expr": "sum by (namespace, model_name) (rate(specdecode_accepted_tokens_total%s[10m]))\n/\n(sum by (namespace, model_name) (rate(specdecode_draft_tokens_total%s[10m])) > 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+          },
+          {
+            "record": "model:specdecode_mean_acceptance_length:rate10m",
+            "expr": "1 + sum by (namespace, model_name) (rate(specdecode_accepted_tokens_total%s[10m]))\n/\n(sum by (namespace, model_name) (rate(specdecode_drafts_total%s[10m])) > 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+          },
+          {
+            "record": "model:specdecode_draft_tokens:sampled_increase10m",
+            "expr": "sum by (namespace, model_name) (increase(specdecode_draft_tokens_total%s[10m]) * (1 - 1 / count_over_time(specdecode_draft_tokens_total%s[10m])))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+          },
+          {
+            "record": "model:specdecode_draft_tokens:rate30m",
+            "expr": "sum by (namespace, model_name) (rate(specdecode_draft_tokens_total%s[30m]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+          },
+          {
+            "record": "model:specdecode_accepted_tokens:rate30m",
+            "expr": "sum by (namespace, model_name) (rate(specdecode_accepted_tokens_total%s[30m]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+          },
+          {
+            "record": "model:specdecode_drafts:rate30m",
+            "expr": "sum by (namespace, model_name) (rate(specdecode_drafts_total%s[30m]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+          },
+          {
+            "record": "model:specdecode_acceptance_ratio:rate30m",
+            "expr": "sum by (namespace, model_name) (rate(specdecode_accepted_tokens_total%s[30m]))\n/\n(sum by (namespace, model_name) (rate(specdecode_draft_tokens_total%s[30m])) > 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+          },
+          {
+            "record": "model:specdecode_mean_acceptance_length:rate30m",
+            "expr": "1 + sum by (namespace, model_name) (rate(specdecode_accepted_tokens_total%s[30m]))\n/\n(sum by (namespace, model_name) (rate(specdecode_drafts_total%s[30m])) > 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+          },
+          {
+            "record": "model:specdecode_draft_tokens:sampled_increase30m",
+            "expr": "sum by (namespace, model_name) (increase(specdecode_draft_tokens_total%s[30m]) * (1 - 1 / count_over_time(specdecode_draft_tokens_total%s[30m])))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+          },
+          {
+            "record": "model:specdecode_draft_tokens:rate2h",
+            "expr": "sum by (namespace, model_name) (rate(specdecode_draft_tokens_total%s[2h]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+          },
+          {
+            "record": "model:specdecode_accepted_tokens:rate2h",
+            "expr": "sum by (namespace, model_name) (rate(specdecode_accepted_tokens_total%s[2h]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+          },
+          {
+            "record": "model:specdecode_drafts:rate2h",
+            "expr": "sum by (namespace, model_name) (rate(specdecode_drafts_total%s[2h]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+          },
+          {
+            "record": "model:specdecode_acceptance_ratio:rate2h",
+            "expr": "sum by (namespace, model_name) (rate(specdecode_accepted_tokens_total%s[2h]))\n/\n(sum by (namespace, model_name) (rate(specdecode_draft_tokens_total%s[2h])) > 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+          },
+          {
+            "record": "model:specdecode_mean_acceptance_length:rate2h",
+            "expr": "1 + sum by (namespace, model_name) (rate(specdecode_accepted_tokens_total%s[2h]))\n/\n(sum by (namespace, model_name) (rate(specdecode_drafts_total%s[2h])) > 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+          },
+          {
+            "record": "model:specdecode_draft_tokens:sampled_increase2h",
+            "expr": "sum by (namespace, model_name) (increase(specdecode_draft_tokens_total%s[2h]) * (1 - 1 / count_over_time(specdecode_draft_tokens_total%s[2h])))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+          },
+          {
+            "record": "model:specdecode_draft_tokens:sampled_increase1h",
+            "expr": "sum by (namespace, model_name) (increase(specdecode_draft_tokens_total%s[1h]) * (1 - 1 / count_over_time(specdecode_draft_tokens_total%s[1h])))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
           }
         ]
       },
@@ -463,8 +591,8 @@
         "name": "specdecode.rules.baseline",
         "rules": [
           {
-            "record": "model:specdecode_acceptance_ratio:baseline%s" % [$._config.baselineRange],
-            "expr": "sum by (namespace, model_name) (sum_over_time(model:specdecode_accepted_tokens:rate%s[%s] offset %s))\n/\n(sum by (namespace, model_name) (sum_over_time(model:specdecode_draft_tokens:rate%s[%s] offset %s)) > 0)" % [$._config.longWindow, $._config.baselineRange, $._config.baselineOffset, $._config.longWindow, $._config.baselineRange, $._config.baselineOffset]
+            "record": "model:specdecode_acceptance_ratio:baseline1d",
+            "expr": "sum by (namespace, model_name) (sum_over_time(model:specdecode_accepted_tokens:rate1h[1d] offset %s))\n/\n(sum by (namespace, model_name) (sum_over_time(model:specdecode_draft_tokens:rate1h[1d] offset %s)) > 0)" % [$._config.baselineOffset, $._config.baselineOffset]
           }
         ]
       },
@@ -496,28 +624,36 @@
             "expr": "model:specdecode_time_per_output_token_seconds:p99_rate%s{spec_decode=\"false\"}\n/ ignoring (spec_decode)\n(model:specdecode_time_per_output_token_seconds:p99_rate%s{spec_decode=\"true\"} > 0)" % [$._config.shortWindow, $._config.shortWindow]
           },
           {
-            "record": "model:specdecode_time_per_output_token_seconds:mean_rate%s" % [$._config.longWindow],
-            "expr": "sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_sum%s[%s]))\n/\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_count%s[%s])) > 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.longWindow, (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.longWindow]
+            "record": "model:specdecode_time_per_output_token_seconds:mean_rate1h",
+            "expr": "sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_sum%s[1h]))\n/\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_count%s[1h])) > 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
           },
           {
-            "record": "model:specdecode_time_per_output_token_seconds:p50_rate%s" % [$._config.longWindow],
-            "expr": "histogram_quantile(0.5, sum by (namespace, model_name, spec_decode, le) (rate(specdecode_request_time_per_output_token_seconds_bucket%s[%s])))\nand on (namespace, model_name, spec_decode)\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_count%s[%s])) > 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.longWindow, (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.longWindow]
+            "record": "model:specdecode_time_per_output_token_seconds:p50_rate1h",
+            "expr": "histogram_quantile(0.5, sum by (namespace, model_name, spec_decode, le) (rate(specdecode_request_time_per_output_token_seconds_bucket%s[1h])))\nand on (namespace, model_name, spec_decode)\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_count%s[1h])) > 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
           },
           {
-            "record": "model:specdecode_time_per_output_token_seconds:p99_rate%s" % [$._config.longWindow],
-            "expr": "histogram_quantile(0.99, sum by (namespace, model_name, spec_decode, le) (rate(specdecode_request_time_per_output_token_seconds_bucket%s[%s])))\nand on (namespace, model_name, spec_decode)\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_count%s[%s])) > 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.longWindow, (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.longWindow]
+            "record": "model:specdecode_time_per_output_token_seconds:p99_rate1h",
+            "expr": "histogram_quantile(0.99, sum by (namespace, model_name, spec_decode, le) (rate(specdecode_request_time_per_output_token_seconds_bucket%s[1h])))\nand on (namespace, model_name, spec_decode)\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_count%s[1h])) > 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
           },
           {
-            "record": "model:specdecode_observed_speedup:mean_rate%s" % [$._config.longWindow],
-            "expr": "model:specdecode_time_per_output_token_seconds:mean_rate%s{spec_decode=\"false\"}\n/ ignoring (spec_decode)\n(model:specdecode_time_per_output_token_seconds:mean_rate%s{spec_decode=\"true\"} > 0)" % [$._config.longWindow, $._config.longWindow]
+            "record": "model:specdecode_observed_speedup:mean_rate1h",
+            "expr": "model:specdecode_time_per_output_token_seconds:mean_rate1h{spec_decode=\"false\"}\n/ ignoring (spec_decode)\n(model:specdecode_time_per_output_token_seconds:mean_rate1h{spec_decode=\"true\"} > 0)"
           },
           {
-            "record": "model:specdecode_observed_speedup:p50_rate%s" % [$._config.longWindow],
-            "expr": "model:specdecode_time_per_output_token_seconds:p50_rate%s{spec_decode=\"false\"}\n/ ignoring (spec_decode)\n(model:specdecode_time_per_output_token_seconds:p50_rate%s{spec_decode=\"true\"} > 0)" % [$._config.longWindow, $._config.longWindow]
+            "record": "model:specdecode_observed_speedup:p50_rate1h",
+            "expr": "model:specdecode_time_per_output_token_seconds:p50_rate1h{spec_decode=\"false\"}\n/ ignoring (spec_decode)\n(model:specdecode_time_per_output_token_seconds:p50_rate1h{spec_decode=\"true\"} > 0)"
           },
           {
-            "record": "model:specdecode_observed_speedup:p99_rate%s" % [$._config.longWindow],
-            "expr": "model:specdecode_time_per_output_token_seconds:p99_rate%s{spec_decode=\"false\"}\n/ ignoring (spec_decode)\n(model:specdecode_time_per_output_token_seconds:p99_rate%s{spec_decode=\"true\"} > 0)" % [$._config.longWindow, $._config.longWindow]
+            "record": "model:specdecode_observed_speedup:p99_rate1h",
+            "expr": "model:specdecode_time_per_output_token_seconds:p99_rate1h{spec_decode=\"false\"}\n/ ignoring (spec_decode)\n(model:specdecode_time_per_output_token_seconds:p99_rate1h{spec_decode=\"true\"} > 0)"
+          },
+          {
+            "record": "model:specdecode_request_time_per_output_token_seconds_count:sampled_increase1h",
+            "expr": "sum by (namespace, model_name, spec_decode) (increase(specdecode_request_time_per_output_token_seconds_count%s[1h]) * (1 - 1 / count_over_time(specdecode_request_time_per_output_token_seconds_count%s[1h])))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+          },
+          {
+            "record": "model:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h",
+            "expr": "sum by (namespace, model_name, spec_decode, le) (increase(specdecode_request_time_per_output_token_seconds_bucket%s[1h]) * (1 - 1 / count_over_time(specdecode_request_time_per_output_token_seconds_bucket%s[1h])))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
           }
         ]
       },
@@ -525,20 +661,36 @@
         "name": "specdecode.rules.requests",
         "rules": [
           {
-            "record": "model:specdecode_request_acceptance_ratio:p10_rate%s" % [$._config.longWindow],
-            "expr": "histogram_quantile(0.1, sum by (namespace, model_name, le) (rate(specdecode_request_acceptance_ratio_bucket%s[%s])))\nand on (namespace, model_name)\n(sum by (namespace, model_name) (rate(specdecode_request_acceptance_ratio_count%s[%s])) > 0)\nor\nhistogram_quantile(0.1, sum by (namespace, model_name, le) (rate(specdecode_engine_request_acceptance_ratio_bucket%s[%s])))\nand on (namespace, model_name)\n(sum by (namespace, model_name) (rate(specdecode_engine_request_acceptance_ratio_count%s[%s])) > 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.longWindow, (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.longWindow, (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.longWindow, (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.longWindow]
+            "record": "model:specdecode_request_acceptance_ratio:p10_rate1h",
+            "expr": "histogram_quantile(0.1, sum by (namespace, model_name, le) (rate(specdecode_request_acceptance_ratio_bucket%s[1h])))\nand on (namespace, model_name)\n(sum by (namespace, model_name) (rate(specdecode_request_acceptance_ratio_count%s[1h])) > 0)\nor\nhistogram_quantile(0.1, sum by (namespace, model_name, le) (rate(specdecode_engine_request_acceptance_ratio_bucket%s[1h])))\nand on (namespace, model_name)\n(sum by (namespace, model_name) (rate(specdecode_engine_request_acceptance_ratio_count%s[1h])) > 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
           },
           {
-            "record": "model:specdecode_requests_below_page_threshold:ratio_rate%s" % [$._config.longWindow],
-            "expr": "sum by (namespace, model_name) (rate(specdecode_request_acceptance_ratio_bucket{%sle=\"%s\"}[%s]))\n/\n(sum by (namespace, model_name) (rate(specdecode_request_acceptance_ratio_count%s[%s])) > 0)\nor\nsum by (namespace, model_name) (rate(specdecode_engine_request_acceptance_ratio_bucket{%sle=\"%s\"}[%s]))\n/\n(sum by (namespace, model_name) (rate(specdecode_engine_request_acceptance_ratio_count%s[%s])) > 0)" % [(if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), std.format("%g", std.foldl(function(best, b) if b <= $._config.pageAcceptanceRatio + 1e-9 then b else best, [0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1.0], null)), $._config.longWindow, (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.longWindow, (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), std.format("%g", std.foldl(function(best, b) if b <= $._config.pageAcceptanceRatio + 1e-9 then b else best, [0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1.0], null)), $._config.longWindow, (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.longWindow]
+            "record": "model:specdecode_requests_below_page_threshold:ratio_rate1h",
+            "expr": "sum by (namespace, model_name) (rate(specdecode_request_acceptance_ratio_bucket{%sle=\"%s\"}[1h]))\n/\n(sum by (namespace, model_name) (rate(specdecode_request_acceptance_ratio_count%s[1h])) > 0)\nor\nsum by (namespace, model_name) (rate(specdecode_engine_request_acceptance_ratio_bucket{%sle=\"%s\"}[1h]))\n/\n(sum by (namespace, model_name) (rate(specdecode_engine_request_acceptance_ratio_count%s[1h])) > 0)" % [(if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), std.format("%g", std.foldl(function(best, b) if b <= $._config.pageAcceptanceRatio + 1e-9 then b else best, [0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1.0], null)), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), std.format("%g", std.foldl(function(best, b) if b <= $._config.pageAcceptanceRatio + 1e-9 then b else best, [0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1.0], null)), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
           },
           {
-            "record": "model_band:specdecode_requests:rate%s" % [$._config.longWindow],
-            "expr": "sum by (namespace, model_name, workload, temperature) (rate(specdecode_requests_total%s[%s]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.longWindow]
+            "record": "model:specdecode_requests_below_request_threshold:ratio_rate1h",
+            "expr": "sum by (namespace, model_name) (rate(specdecode_request_acceptance_ratio_bucket{%sle=\"%s\"}[1h]))\n/\n(sum by (namespace, model_name) (rate(specdecode_request_acceptance_ratio_count%s[1h])) > 0)\nor\nsum by (namespace, model_name) (rate(specdecode_engine_request_acceptance_ratio_bucket{%sle=\"%s\"}[1h]))\n/\n(sum by (namespace, model_name) (rate(specdecode_engine_request_acceptance_ratio_count%s[1h])) > 0)" % [(if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), std.format("%g", std.foldl(function(best, b) if b <= $._config.requestAcceptanceRatio + 1e-9 then b else best, [0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1.0], null)), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), std.format("%g", std.foldl(function(best, b) if b <= $._config.requestAcceptanceRatio + 1e-9 then b else best, [0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1.0], null)), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
           },
           {
-            "record": "model_band:specdecode_request_acceptance_ratio:rate%s" % [$._config.longWindow],
-            "expr": "sum by (namespace, model_name, workload, temperature) (rate(specdecode_request_accepted_tokens_total%s[%s]))\n/\n(sum by (namespace, model_name, workload, temperature) (rate(specdecode_request_draft_tokens_total%s[%s])) > 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.longWindow, (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.longWindow]
+            "record": "model:specdecode_requests:sampled_increase1h",
+            "expr": "sum by (namespace, model_name) (increase(specdecode_request_acceptance_ratio_count%s[1h]) * (1 - 1 / count_over_time(specdecode_request_acceptance_ratio_count%s[1h])))\nor\nsum by (namespace, model_name) (increase(specdecode_engine_request_acceptance_ratio_count%s[1h]) * (1 - 1 / count_over_time(specdecode_engine_request_acceptance_ratio_count%s[1h])))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+          },
+          {
+            "record": "model_band:specdecode_requests:rate1h",
+            "expr": "sum by (namespace, model_name, workload, temperature) (rate(specdecode_requests_total%s[1h]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+          },
+          {
+            "record": "model_band:specdecode_request_acceptance_ratio:rate1h",
+            "expr": "sum by (namespace, model_name, workload, temperature) (rate(specdecode_request_accepted_tokens_total%s[1h]))\n/\n(sum by (namespace, model_name, workload, temperature) (rate(specdecode_request_draft_tokens_total%s[1h])) > 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+          },
+          {
+            "record": "model_band:specdecode_requests:sampled_increase1h",
+            "expr": "sum by (namespace, model_name, workload, temperature) (increase(specdecode_requests_total%s[1h]) * (1 - 1 / count_over_time(specdecode_requests_total%s[1h])))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+          },
+          {
+            "record": "model_band:specdecode_request_draft_tokens:sampled_increase1h",
+            "expr": "sum by (namespace, model_name, workload, temperature) (increase(specdecode_request_draft_tokens_total%s[1h]) * (1 - 1 / count_over_time(specdecode_request_draft_tokens_total%s[1h])))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
           }
         ]
       },
@@ -546,16 +698,16 @@
         "name": "specdecode.rules.capacity",
         "rules": [
           {
-            "record": "model:specdecode_preemptions_per_request:ratio_rate%s" % [$._config.longWindow],
-            "expr": "sum by (namespace, model_name, spec_decode) (rate(specdecode_preemptions_total%s[%s]))\n/\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_count%s[%s])) > 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.longWindow, (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.longWindow]
+            "record": "model:specdecode_preemptions_per_request:ratio_rate1h",
+            "expr": "sum by (namespace, model_name, spec_decode) (rate(specdecode_preemptions_total%s[1h]))\n/\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_count%s[1h])) > 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
           },
           {
-            "record": "model:specdecode_generated_tokens_per_second:avg_rate%s" % [$._config.longWindow],
-            "expr": "avg by (namespace, model_name, spec_decode) (rate(specdecode_generated_tokens_total%s[%s]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.longWindow]
+            "record": "model:specdecode_generated_tokens_per_second:avg_rate1h",
+            "expr": "avg by (namespace, model_name, spec_decode) (rate(specdecode_generated_tokens_total%s[1h]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
           },
           {
-            "record": "model:specdecode_kv_cache_usage_ratio:avg_over_time%s" % [$._config.longWindow],
-            "expr": "avg by (namespace, model_name, spec_decode) (avg_over_time(specdecode_kv_cache_usage_ratio%s[%s]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.longWindow]
+            "record": "model:specdecode_kv_cache_usage_ratio:avg_over_time1h",
+            "expr": "avg by (namespace, model_name, spec_decode) (avg_over_time(specdecode_kv_cache_usage_ratio%s[1h]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
           }
         ]
       }
@@ -4310,7 +4462,7 @@
             "type": "prometheus",
             "uid": "${datasource}"
           },
-          "description": "The recording rules the alerts fire on (model:specdecode_acceptance_ratio:rate%s, model:specdecode_acceptance_ratio:rate%s; the alert level's filters only: these are per model). Red band: the page (critical) threshold %s. Dashed: the %s baseline (model:specdecode_acceptance_ratio:baseline%s, ending %s ago) and the drift threshold %s below it (SpecDecodeAcceptanceRateDrift); they need %s of history." % [$._config.shortWindow, $._config.longWindow, std.format("%.0f%%", $._config.pageAcceptanceRatio * 100), $._config.baselineRange, $._config.baselineRange, $._config.baselineOffset, std.format("%.0f%%", $._config.driftDrop * 100), $._config.baselineRange],
+          "description": "The recording rules the alerts fire on (model:specdecode_acceptance_ratio:rate%s, model:specdecode_acceptance_ratio:rate1h; the alert level's filters only: these are per model). Red band: the page (critical) threshold %s. Dashed: the 1d baseline (model:specdecode_acceptance_ratio:baseline1d, ending %s ago) and the drift threshold %s below it (SpecDecodeAcceptanceRateDrift); they need 1d of history." % [$._config.shortWindow, std.format("%.0f%%", $._config.pageAcceptanceRatio * 100), $._config.baselineOffset, std.format("%.0f%%", $._config.driftDrop * 100)],
           "fieldConfig": {
             "defaults": {
               "custom": {
@@ -4428,9 +4580,9 @@
                 "type": "prometheus",
                 "uid": "${datasource}"
               },
-              "expr": "model:specdecode_acceptance_ratio:rate%s{namespace=~\"$namespace\", model_name=~\"$model_name\"}" % [$._config.longWindow],
+              "expr": "model:specdecode_acceptance_ratio:rate1h{namespace=~\"$namespace\", model_name=~\"$model_name\"}",
               "instant": false,
-              "legendFormat": "%s {{model_name}} {{namespace}}" % [$._config.longWindow],
+              "legendFormat": "1h {{model_name}} {{namespace}}",
               "range": true,
               "refId": "B"
             },
@@ -4439,9 +4591,9 @@
                 "type": "prometheus",
                 "uid": "${datasource}"
               },
-              "expr": "model:specdecode_acceptance_ratio:baseline%s{namespace=~\"$namespace\", model_name=~\"$model_name\"}" % [$._config.baselineRange],
+              "expr": "model:specdecode_acceptance_ratio:baseline1d{namespace=~\"$namespace\", model_name=~\"$model_name\"}",
               "instant": false,
-              "legendFormat": "%s baseline {{model_name}} {{namespace}}" % [$._config.baselineRange],
+              "legendFormat": "1d baseline {{model_name}} {{namespace}}",
               "range": true,
               "refId": "C"
             },
@@ -4450,7 +4602,7 @@
                 "type": "prometheus",
                 "uid": "${datasource}"
               },
-              "expr": "model:specdecode_acceptance_ratio:baseline%s{namespace=~\"$namespace\", model_name=~\"$model_name\"} - %s" % [$._config.baselineRange, std.format("%g", $._config.driftDrop)],
+              "expr": "model:specdecode_acceptance_ratio:baseline1d{namespace=~\"$namespace\", model_name=~\"$model_name\"} - %s" % [std.format("%g", $._config.driftDrop)],
               "instant": false,
               "legendFormat": "drift threshold (baseline − %s) {{model_name}} {{namespace}}" % [std.format("%.0f%%", $._config.driftDrop * 100)],
               "range": true,
@@ -4466,7 +4618,7 @@
             "type": "prometheus",
             "uid": "${datasource}"
           },
-          "description": "The quantile recording rules behind SpecDecodeIntervalAcceptanceLow (over %s)." % [$._config.longWindow],
+          "description": "The quantile recording rules behind SpecDecodeIntervalAcceptanceLow (over 1h).",
           "fieldConfig": {
             "defaults": {
               "custom": {
@@ -4512,7 +4664,7 @@
                 "type": "prometheus",
                 "uid": "${datasource}"
               },
-              "expr": "model:specdecode_interval_acceptance_ratio:p10_rate%s{namespace=~\"$namespace\", model_name=~\"$model_name\"}" % [$._config.longWindow],
+              "expr": "model:specdecode_interval_acceptance_ratio:p10_rate1h{namespace=~\"$namespace\", model_name=~\"$model_name\"}",
               "instant": false,
               "legendFormat": "P10 {{model_name}} {{namespace}}",
               "range": true,
@@ -4523,7 +4675,7 @@
                 "type": "prometheus",
                 "uid": "${datasource}"
               },
-              "expr": "model:specdecode_interval_acceptance_ratio:p50_rate%s{namespace=~\"$namespace\", model_name=~\"$model_name\"}" % [$._config.longWindow],
+              "expr": "model:specdecode_interval_acceptance_ratio:p50_rate1h{namespace=~\"$namespace\", model_name=~\"$model_name\"}",
               "instant": false,
               "legendFormat": "P50 {{model_name}} {{namespace}}",
               "range": true,

@@ -103,7 +103,6 @@ def test_every_alerts_severity_and_for_and_extra_labels_overridden_in_jsonnet() 
 
 USER = """{ _config+:: {
   pageAcceptanceRatio: 0.4,
-  longWindow: '2h',
   metricSelector: 'cluster="prod"',
   runbookBaseURL: 'https://runbooks.example.com/specdecode/',
   alerts+: { SpecDecodeAcceptanceRateLow+: { 'for': '5m', severity: 'warning' } },
@@ -117,18 +116,16 @@ def _alert(groups: dict[str, Any], name: str) -> dict[str, Any]:
 def test_a_users_overrides_reach_the_alerts_and_the_dashboard(tmp_path: Path) -> None:
     alerts, records = evaluate("prometheusAlerts", USER), evaluate("prometheusRules", USER)
     page = _alert(alerts, "SpecDecodeAcceptanceRateLow")
-    assert page["expr"].startswith("model:specdecode_acceptance_ratio:rate5m < 0.4\n")
+    assert page["expr"].startswith("(\nmodel:specdecode_acceptance_ratio:rate2m < 0.4\n")
     assert (page["for"], page["labels"]["severity"]) == ("5m", "warning")
     assert "below 40%" in page["annotations"]["summary"]
     assert page["annotations"]["runbook_url"] == \
         "https://runbooks.example.com/specdecode/alerts/runbook.md#specdecodeacceptanceratelow"
-    drift = _alert(alerts, "SpecDecodeAcceptanceRateDrift")
-    assert drift["expr"].startswith("model:specdecode_acceptance_ratio:rate2h\n")
     assert any('specdecode_accepted_tokens_total{cluster="prod"}' in r["expr"] for g in records["groups"]
                for r in g["rules"])
     below = next(r for g in records["groups"] for r in g["rules"]
                  if r["record"].startswith("model:specdecode_requests_below_page_threshold"))
-    assert 'le="0.4"' in below["expr"] and below["record"].endswith(":ratio_rate2h")
+    assert 'le="0.4"' in below["expr"] and below["record"].endswith(":ratio_rate1h")
     board = evaluate("grafanaDashboards", USER)["specdecode.json"]
     steps = [s["value"] for p in board["panels"] if p.get("title") == "Acceptance rate α"
              for s in p["fieldConfig"]["defaults"]["thresholds"]["steps"]]

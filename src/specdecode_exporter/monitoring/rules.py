@@ -57,9 +57,10 @@ class Alert:
     expr: str
     summary: str
     description: str
-    # A drafted-token rate guard at this window: only for the per-interval quantile, whose per-interval α is noise
-    # below some tokens per collection. Every other alert on a ratio is a test with its own minimum evidence.
+    # A low-traffic guard at this window: only where the alert is not a test with its own minimum evidence (the
+    # per-interval quantile, whose per-interval α is noise below some tokens per collection; the capacity alerts).
     guard_window: str | None = None
+    guard: str = "drafts"  # what the guard counts: drafted tokens, or finished spec-decode requests ("requests")
 
 
 # ------------------------------------------------------------------------------------------- recording
@@ -154,7 +155,7 @@ def band_record(cfg: MonitoringConfig, metric: str) -> str:
 
 def request_bound(cfg: MonitoringConfig) -> float:
     """The per-request histogram's bucket bound the per-request ticket's threshold falls on."""
-    return max(b for b in m.ACCEPTANCE_RATIO_BUCKETS if b <= cfg.thresholds.request_acceptance_ratio + 1e-9)
+    return bucket_at_or_below(m.ACCEPTANCE_RATIO_BUCKETS, cfg.thresholds.request_acceptance_ratio)
 
 
 def request_share_record(cfg: MonitoringConfig) -> str:
@@ -179,9 +180,10 @@ def _request_rules(cfg: MonitoringConfig) -> Iterator[Rule]:
            "expr": per_request(lambda histogram: histogram_quantile(q, histogram, scope, w))}
     yield {"record": record_name(cfg.alert_level, "specdecode_requests_below_page_threshold", f"ratio_rate{w}"),
            "expr": per_request(lambda histogram: share_below(histogram, bound, scope, w))}
-    if request_bound(cfg) != bound:
-        yield {"record": request_share_record(cfg),
-               "expr": per_request(lambda histogram: share_below(histogram, request_bound(cfg), scope, w))}
+    # Its own record even where the two thresholds share a bucket: which rules exist must not depend on a value
+    # the mixin's _config may change.
+    yield {"record": request_share_record(cfg),
+           "expr": per_request(lambda histogram: share_below(histogram, request_bound(cfg), scope, w))}
     yield {"record": requests_record(cfg),
            "expr": per_request(lambda histogram: sampled_increase(f"{histogram}_count", scope, w))}
     yield {"record": band_record(cfg, m.REQUESTS.name), "expr": rate_sum(m.REQUESTS.exposed_name, band, w)}
@@ -505,7 +507,7 @@ TPOT_SD = "(({p99} - {p50}) / 2.326)"
 TPOT_BUCKETS = 20
 
 
-def _slower_proven_fleet(cfg: MonitoringConfig, w: str, h: str) -> str:
+def _slower_proven_fleet(cfg: MonitoringConfig, w: str) -> str:
     """Welch's two-sample test on mean TPOT: spec-decode pods' mean × h above the control pods' (speedup below h),
     each side's variance of the mean its spread² / its requests."""
     def side(label: str, stat: str) -> str:
@@ -514,11 +516,11 @@ def _slower_proven_fleet(cfg: MonitoringConfig, w: str, h: str) -> str:
     def spread(label: str) -> str:
         return TPOT_SD.format(p99=side(label, "p99"), p50=side(label, "p50"))
 
-    n = tpot_requests_record(cfg)
-    variance = (f"{fmt_num(float(h) ** 2)} * {spread('true')} ^ 2 / {n}{{spec_decode=\"true\"}}\n"
+    n, h = tpot_requests_record(cfg), cfg.verdict.hurting_below
+    variance = (f"{fmt_num(h * h)} * {spread('true')} ^ 2 / {n}{{spec_decode=\"true\"}}\n"
                 f"+ ignoring (spec_decode)\n{spread('false')} ^ 2 / {n}{{spec_decode=\"false\"}}")
     least = fmt_num(cfg.statistics.min_requests)
-    return (f"({h} * {side('true', 'mean')} - ignoring (spec_decode) {side('false', 'mean')})\n"
+    return (f"({fmt_num(h)} * {side('true', 'mean')} - ignoring (spec_decode) {side('false', 'mean')})\n"
             f"/ ignoring (spec_decode)\nsqrt(\n{variance}\n)\n> {ticket_z(cfg, w):.2f}\n"
             f"and on ({by(cfg.level_labels())})\nmin by ({by(cfg.level_labels())}) ({n}) >= {least}")
 
@@ -545,7 +547,7 @@ def observed_speedup_low(cfg: MonitoringConfig) -> Alert:
     fleet = latency_record(cfg, OBSERVED, "mean", w)
     on = f"\nand on ({by(cfg.level_labels())})\n"
     return Alert(
-        name, _fleet_else_pods(cfg, f"{fleet} < {hurting}{on}({_slower_proven_fleet(cfg, w, hurting)})", fleet,
+        name, _fleet_else_pods(cfg, f"{fleet} < {hurting}{on}({_slower_proven_fleet(cfg, w)})", fleet,
                                _slower_proven_pods(cfg, hurting)),
         "Speculative decoding makes {{ $labels.model_name }} slower, measured",
         f"Over the last {w}, tokens of {WHERE} came {{{{ $value | printf \"%.2f\" }}}}× as fast as without "
@@ -630,9 +632,7 @@ def request_acceptance_low(cfg: MonitoringConfig) -> Alert:
     qname = quantile_name(q)
     w = cfg.window(cfg.alert(name).window or "long")
     on, requests = f"\nand on ({by(cfg.level_labels())})\n", requests_record(cfg)
-    share = (request_share_record(cfg) if request_bound(cfg) != below_page_bound(cfg)
-             else record_name(cfg.alert_level, "specdecode_requests_below_page_threshold", f"ratio_rate{w}"))
-    proof = (f"({share} - {fmt_num(q)}) * sqrt({requests} / {fmt_num(q * (1 - q))})\n"
+    proof = (f"({request_share_record(cfg)} - {fmt_num(q)}) * sqrt({requests} / {fmt_num(q * (1 - q))})\n"
              f"> {ticket_z(cfg, w):.2f}")
     return Alert(
         name, f"{request_quantile_record(cfg)} < {fmt_num(threshold)}{on}{requests} >= "
@@ -790,8 +790,13 @@ def runbook_url(cfg: MonitoringConfig, alert: str) -> str:
     return f"{cfg.runbook_base_url.rstrip('/')}/alerts/runbook.md#{alert.lower()}"
 
 
-def _traffic_guard(cfg: MonitoringConfig, window: str) -> str:
-    traffic = record_name(cfg.alert_level, m.DRAFT_TOKENS.name, f"rate{window}")
+def _traffic_guard(cfg: MonitoringConfig, alert: Alert) -> str:
+    assert alert.guard_window is not None
+    if alert.guard == "requests":
+        requests = rate_sum(f"{m.REQUEST_TPOT.name}_count", Scope(cfg.metric_selector, cfg.level_labels()),
+                            alert.guard_window, 'spec_decode="true"')
+        return f"{requests} * 3600 >= {fmt_num(cfg.min_requests_per_hour)}"
+    traffic = record_name(cfg.alert_level, m.DRAFT_TOKENS.name, f"rate{alert.guard_window}")
     return f"{traffic} >= {fmt_num(cfg.min_draft_tokens_per_second)}"
 
 
@@ -803,7 +808,7 @@ def finish(alert: Alert, cfg: MonitoringConfig) -> Rule:
     settings = cfg.alert(alert.name)
     expr = alert.expr
     if alert.guard_window is not None:
-        expr += f"\nand on ({by(cfg.level_labels())})\n{_traffic_guard(cfg, alert.guard_window)}"
+        expr += f"\nand on ({by(cfg.level_labels())})\n{_traffic_guard(cfg, alert)}"
     return {
         "alert": alert.name,
         "expr": expr,
