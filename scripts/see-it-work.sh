@@ -19,4 +19,4 @@ if [[ ! -x "$VENV/bin/python" ]]; then
     echo "see-it-work: no $VENV; run 'make install' first" >&2
     exit 1
 fi
-exec "$VENV/bin/python" -m tests.e2e.chain "$@"
+exec "$VENV/bin/python" -m devtools.chain "$@"
