@@ -53,7 +53,9 @@ STEP_S = 0.051
 MODELS: dict[str, dict[str, Any]] = {
     "healthy": {"acceptance_rate": 0.75},
     "loaded": {"acceptance_rate": 0.75, "saturating_batch": 1},
-    "mixed": {"acceptance_rate": 0.75, "workloads": [
+    # Short answers: eight times the finished requests of 256-token ones, so that the tail regression's test (at
+    # least 20 slow requests beyond the control pods' P99) has its evidence within the chain's 2-minute window.
+    "mixed": {"acceptance_rate": 0.75, "output_tokens": 32, "workloads": [
         {"name": "structured", "share": 0.9, "acceptance_rate": 0.9, "temperature": 0.0},
         {"name": "creative", "share": 0.1, "acceptance_rate": 0.2, "temperature": 1.0}]},
 }
