@@ -22,13 +22,11 @@ from dataclasses import dataclass
 import pytest
 from prometheus_client.samples import Sample
 
-from devtools.procs import tail
-
 from . import vllm_harness as h
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 
-SPEC, CONTROL = "spec", "control"
+SPEC, CONTROL = h.SPEC_TARGET, h.CONTROL_TARGET
 WINDOW = "10m"  # longer than the sidecar lives in this test: the window spans all of its collections
 COLLECT_INTERVAL_S = 1.0
 # Float precision: the sidecar's window change is (first reading + Σ per-collection increases) − first reading,
@@ -69,24 +67,11 @@ class Setup:
 def setup(vllm_ngram: h.VllmServer, vllm_nospec: h.VllmServer, tmp_path_factory: pytest.TempPathFactory
           ) -> Iterator[Setup]:
     spec_url, control_url = vllm_ngram.base_url, vllm_nospec.base_url
-    for url in (spec_url, control_url):  # a fresh server's first requests are slow: warm both, outside the window
-        h.send_completions(url, h.make_prompts(4, seed=99), [0.0], max_tokens=16, concurrency=4)
-    before = h.wait_until_stable(lambda: read_servers(spec_url, control_url))
-    sidecar = h.start_sidecar(tmp_path_factory.mktemp("speedup-sidecar"), {
-        "targets": [
-            {"name": SPEC, "url": f"{spec_url}/metrics", "method": "ngram", "baseline": {"target": CONTROL}},
-            {"name": CONTROL, "url": f"{control_url}/metrics", "spec_decode": False},
-        ],
-        "collect": {"interval": f"{COLLECT_INTERVAL_S:g}s"},
-        "windows": [WINDOW],
-    })
-    try:
-        # Nothing moved while the sidecar started: its first snapshots are `before`.
-        assert read_servers(spec_url, control_url) == before, "traffic on the servers while the sidecar started"
+    with h.sidecar_over_spec_and_control(
+            tmp_path_factory.mktemp("speedup-sidecar"), spec_url, control_url,
+            lambda: read_servers(spec_url, control_url),
+            window=WINDOW, interval_s=COLLECT_INTERVAL_S, warm_requests=4, warm_tokens=16) as (sidecar, before):
         yield Setup(sidecar, spec_url, control_url, before)
-    finally:
-        sidecar.process.stop()
-        print(f"\nsidecar log tail ({sidecar.process.log}):\n{tail(sidecar.process.log, 20)}")
 
 
 def sidecar_tpot(found: list[Sample], target: str) -> h.RawHistogram:

@@ -23,14 +23,12 @@ import httpx
 import pytest
 from prometheus_client.samples import Sample
 
-from devtools.procs import tail
-
 from . import vllm_harness as h
 from .conftest import _log_dir, _require_setup, _start
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 
-SPEC, CONTROL = "spec", "control"
+SPEC, CONTROL = h.SPEC_TARGET, h.CONTROL_TARGET
 WINDOW = "10m"  # longer than the sidecar lives here: the window spans all of its collections
 COLLECT_INTERVAL_S = 1.0
 SMALL_KV_CACHE = ["--max-model-len", "256", "--num-gpu-blocks-override", "4"]  # 512 tokens: 2 full-length requests
@@ -87,23 +85,11 @@ class Setup:
 def setup(small_ngram: h.VllmServer, small_control: h.VllmServer, tmp_path_factory: pytest.TempPathFactory
           ) -> Iterator[Setup]:
     spec_url, control_url = small_ngram.base_url, small_control.base_url
-    for url in (spec_url, control_url):  # a fresh server's first requests are slow: warm both, outside the window
-        h.send_completions(url, h.make_prompts(2, seed=99), [0.0], max_tokens=8, concurrency=2)
-    before = h.wait_until_stable(lambda: read_both(spec_url, control_url))
-    sidecar = h.start_sidecar(tmp_path_factory.mktemp("speculation-sidecar"), {
-        "targets": [
-            {"name": SPEC, "url": f"{spec_url}/metrics", "method": "ngram", "baseline": {"target": CONTROL}},
-            {"name": CONTROL, "url": f"{control_url}/metrics", "spec_decode": False},
-        ],
-        "collect": {"interval": f"{COLLECT_INTERVAL_S:g}s"},
-        "windows": [WINDOW],
-    })
-    try:
-        assert read_both(spec_url, control_url) == before, "traffic on the servers while the sidecar started"
+    with h.sidecar_over_spec_and_control(
+            tmp_path_factory.mktemp("speculation-sidecar"), spec_url, control_url,
+            lambda: read_both(spec_url, control_url),
+            window=WINDOW, interval_s=COLLECT_INTERVAL_S, warm_requests=2, warm_tokens=8) as (sidecar, before):
         yield Setup(sidecar, spec_url, control_url, before)
-    finally:
-        sidecar.process.stop()
-        print(f"\nsidecar log tail ({sidecar.process.log}):\n{tail(sidecar.process.log, 20)}")
 
 
 def wait_for_sidecar(setup: Setup, after: tuple[Counts, Counts], timeout: float = 30.0) -> list[Sample]:

@@ -25,7 +25,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from devtools.procs import Process, child_env, exporter_command, free_port, start_process
+from devtools.procs import Process, child_env, exporter_command, free_port, start_process, tail
 
 VLLM_VERSION = os.environ.get("SPECDECODE_VLLM_VERSION", "0.32.0")
 SERVED_MODEL_NAME = "tiny"  # the name in tests/fixtures/captured_vllm_cpu_0.32.0_ngram.prom
@@ -407,6 +407,38 @@ def start_sidecar(workdir: Path, config: Mapping[str, Any], *, tap: bool = False
 
     process = start_process("sidecar", command, workdir, "/readyz", timeout=timeout)
     return Sidecar(process, f"http://127.0.0.1:{tap_ports[-1]}" if tap else None)
+
+
+SPEC_TARGET, CONTROL_TARGET = "spec", "control"
+
+
+@contextlib.contextmanager
+def sidecar_over_spec_and_control(workdir: Path, spec_url: str, control_url: str, read: Callable[[], T], *,
+                                  window: str, interval_s: float, warm_requests: int, warm_tokens: int,
+                                  ) -> Iterator[tuple[Sidecar, T]]:
+    """One sidecar collecting a spec-decode server (target ``spec``, its baseline the control) and the same model
+    without spec decode (target ``control``), with one window. Both servers are warmed first (a fresh server's
+    first requests are slow), then the sidecar starts while they are idle: yields it with ``read()`` as it was at
+    the sidecar's first snapshots, and checks nothing moved while it started."""
+    for url in (spec_url, control_url):
+        send_completions(url, make_prompts(warm_requests, seed=99), [0.0], max_tokens=warm_tokens,
+                         concurrency=warm_requests)
+    before = wait_until_stable(read)
+    sidecar = start_sidecar(workdir, {
+        "targets": [
+            {"name": SPEC_TARGET, "url": f"{spec_url}/metrics", "method": "ngram",
+             "baseline": {"target": CONTROL_TARGET}},
+            {"name": CONTROL_TARGET, "url": f"{control_url}/metrics", "spec_decode": False},
+        ],
+        "collect": {"interval": f"{interval_s:g}s"},
+        "windows": [window],
+    })
+    try:
+        assert read() == before, "traffic on the servers while the sidecar started"
+        yield sidecar, before
+    finally:
+        sidecar.process.stop()
+        print(f"\nsidecar log tail ({sidecar.process.log}):\n{tail(sidecar.process.log, 20)}")
 
 
 # ---- OpenAI API requests, read to the byte ----------------------------------------------------
