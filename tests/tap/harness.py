@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,6 +52,27 @@ async def tapped(**options: Any) -> AsyncIterator[tuple[FakeVllm, Tap, Recorder]
     finally:
         await tap.close()
         await fake.close()
+
+
+@contextlib.contextmanager
+def unanswering_listener() -> Iterator[int]:
+    """The port of a listener whose accept queue is full: the kernel drops further SYNs, so connects to it hang
+    (and the kernel retries them for minutes) — an upstream that does not answer connects."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    fillers = []
+    try:
+        for _ in range(4):
+            filler = socket.socket()
+            fillers.append(filler)
+            filler.setblocking(False)
+            with contextlib.suppress(BlockingIOError):
+                filler.connect(listener.getsockname())
+        yield int(listener.getsockname()[1])
+    finally:
+        for sock in (*fillers, listener):
+            sock.close()
 
 
 def request_bytes(

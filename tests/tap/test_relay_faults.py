@@ -16,7 +16,17 @@ from specdecode_exporter.core.log import LOGGER_NAME
 from specdecode_exporter.tap import start_tap
 from specdecode_exporter.tap.relay import WRITE_HIGH_WATER
 from tests.tap.fake_vllm import FakeVllm
-from tests.tap.harness import LOOPS, Client, Recorder, dechunk, fetch, request_bytes, run, tapped
+from tests.tap.harness import (
+    LOOPS,
+    Client,
+    Recorder,
+    dechunk,
+    fetch,
+    request_bytes,
+    run,
+    tapped,
+    unanswering_listener,
+)
 
 SECRET = "Bearer sk-not-to-be-logged-9f8e7d"
 STREAM = {"model": "tiny", "prompt": "a", "stream": True}
@@ -82,19 +92,6 @@ def test_upstream_down_gives_a_json_502_at_once(loop: str) -> None:
 
 
 def test_upstream_not_answering_connects_gives_a_502_within_the_connect_timeout() -> None:
-    # A listener whose accept queue is full: the kernel drops further SYNs, so connects hang.
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(0)
-    fillers = []
-    for _ in range(4):
-        filler = socket.socket()
-        filler.setblocking(False)
-        with contextlib.suppress(BlockingIOError):
-            filler.connect(listener.getsockname())
-        fillers.append(filler)
-    port = listener.getsockname()[1]
-
     async def main() -> None:
         # The kernel retries a dropped SYN for minutes: a 502 that names the connect timeout, within the test's
         # own limit, is the tap's timeout at work.
@@ -103,11 +100,8 @@ def test_upstream_not_answering_connects_gives_a_502_within_the_connect_timeout(
         assert response.startswith(b"HTTP/1.1 502 ") and b"connect timeout" in response
         await tap.close()
 
-    try:
+    with unanswering_listener() as port:
         run("uvloop", main)
-    finally:
-        for sock in (*fillers, listener):
-            sock.close()
 
 
 @pytest.mark.parametrize("loop", LOOPS)

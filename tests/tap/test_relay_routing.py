@@ -26,7 +26,7 @@ from specdecode_exporter.tap.model import (
     Route,
 )
 from tests.tap.fake_vllm import FakeVllm
-from tests.tap.harness import LOOPS, Client, Recorder, dechunk, fetch, request_bytes, run
+from tests.tap.harness import LOOPS, Client, Recorder, dechunk, fetch, request_bytes, run, unanswering_listener
 
 COMPLETION = {"model": "tiny", "prompt": "a", "max_tokens": 3}
 HEADER = b"x-specdecode-route"
@@ -175,20 +175,9 @@ def test_fallback_refusing_sends_the_request_to_the_speculative_pool(loop: str) 
 
 
 def test_fallback_not_answering_connects_costs_the_connect_timeout_once() -> None:
-    listener = socket.socket()  # a full accept queue: the kernel drops further SYNs, so connects hang
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(0)
-    fillers = []
-    for _ in range(4):
-        filler = socket.socket()
-        filler.setblocking(False)
-        with contextlib.suppress(BlockingIOError):
-            filler.connect(listener.getsockname())
-        fillers.append(filler)
-
     async def main() -> None:
         await asyncio.sleep(0.2)
-        async with two_pools(f"http://127.0.0.1:{listener.getsockname()[1]}", connect_timeout=0.5) as (
+        async with two_pools(f"http://127.0.0.1:{port}", connect_timeout=0.5) as (
                 _, _fallback, tap, recorder, _router):
             first = await fetch(tap.port, _completion("slow"))
             assert _route_header(first) == b"speculative; reason=fallback_down"
@@ -198,11 +187,8 @@ def test_fallback_not_answering_connects_costs_the_connect_timeout_once() -> Non
             assert _route_header(second) == b"speculative; reason=fallback_down"
             assert [r.status for _, r in await recorder.wait(2)] == [200, 200]
 
-    try:
+    with unanswering_listener() as port:
         run("uvloop", main)
-    finally:
-        for sock in (*fillers, listener):
-            sock.close()
 
 
 @pytest.mark.parametrize("loop", LOOPS)
