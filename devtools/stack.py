@@ -31,6 +31,17 @@ def start_simulator(stack: contextlib.ExitStack, workdir: Path, name: str, *args
     return proc
 
 
+def start_spec_and_control(stack: contextlib.ExitStack, workdir: Path,
+                           scenario: Callable[[bool], Mapping[str, Any]]) -> tuple[Process, Process]:
+    """Two simulators of one scenario: ``spec`` with spec decode, ``control`` the same model without it."""
+    started = []
+    for name, spec_decode in (("spec", True), ("control", False)):
+        path = workdir / f"{name}.scenario.yaml"
+        path.write_text(yaml.safe_dump(dict(scenario(spec_decode))))
+        started.append(start_simulator(stack, workdir, name, "--scenario", str(path)))
+    return started[0], started[1]
+
+
 def start_sidecar(stack: contextlib.ExitStack, workdir: Path, config: Mapping[str, Any],
                   name: str = "sidecar") -> Process:
     """`specdecode-exporter run` with ``config`` as its YAML config file; ready once it answers /healthz."""

@@ -32,11 +32,18 @@ from typing import Any
 
 import httpx
 import pytest
-import yaml
 
 from devtools.chain import NAMESPACE, rules_settings, seconds, write_rules
 from devtools.procs import Process, prometheus_binary
-from devtools.stack import Prometheus, scrape_job, start_prometheus, start_sidecar, start_simulator, wait_until
+from devtools.stack import (
+    Prometheus,
+    scrape_job,
+    start_prometheus,
+    start_sidecar,
+    start_simulator,
+    start_spec_and_control,
+    wait_until,
+)
 from specdecode_exporter.core.monitoring_config import MonitoringConfig
 from specdecode_exporter.monitoring.rules import OBSERVED, latency_record
 from specdecode_exporter.pipeline import latency
@@ -159,13 +166,10 @@ class Stack:
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     prometheus = require_tool(prometheus_binary(), "prometheus (Debian package prometheus)")
     tmp: Path = tmp_path_factory.mktemp("latency-alerts")
-    for name, spec_decode in (("spec", True), ("control", False)):
-        (tmp / f"{name}.scenario.yaml").write_text(yaml.safe_dump(scenario(spec_decode)))
     settings = rules_settings()
     write_rules(tmp / "rules.yaml")
     with contextlib.ExitStack() as started:
-        spec = start_simulator(started, tmp, "spec", "--scenario", str(tmp / "spec.scenario.yaml"))
-        control = start_simulator(started, tmp, "control", "--scenario", str(tmp / "control.scenario.yaml"))
+        spec, control = start_spec_and_control(started, tmp, scenario)
         legacy, legacy_control = (start_simulator(started, tmp, name, "--format", "v0", "--acceptance-rate", "0.75",
                                                   "--model-name", "legacy", "--spec-decode", spec_decode)
                                   for name, spec_decode in (("legacy", "true"), ("legacy-control", "false")))

@@ -22,11 +22,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from devtools.chain import NAMESPACE, rules_settings, seconds, write_rules
 from devtools.procs import Process, prometheus_binary
-from devtools.stack import Prometheus, scrape_job, start_prometheus, start_sidecar, start_simulator, wait_until
+from devtools.stack import (
+    Prometheus,
+    scrape_job,
+    start_prometheus,
+    start_sidecar,
+    start_spec_and_control,
+    wait_until,
+)
 from tests.helpers import require_tool
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
@@ -74,13 +80,10 @@ class Stack:
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     prometheus = require_tool(prometheus_binary(), "prometheus (Debian package prometheus)")
     tmp: Path = tmp_path_factory.mktemp("speculation-alerts")
-    for name, spec_decode in (("spec", True), ("control", False)):
-        (tmp / f"{name}.scenario.yaml").write_text(yaml.safe_dump(scenario(spec_decode)))
     settings = rules_settings()
     write_rules(tmp / "rules.yaml")
     with contextlib.ExitStack() as started:
-        spec = start_simulator(started, tmp, "spec", "--scenario", str(tmp / "spec.scenario.yaml"))
-        control = start_simulator(started, tmp, "control", "--scenario", str(tmp / "control.scenario.yaml"))
+        spec, control = start_spec_and_control(started, tmp, scenario)
         sidecar = start_sidecar(started, tmp, {
             "targets": [{"name": "vllm", "url": f"{spec.url}/metrics", "baseline": {"target": "control"}},
                         {"name": "control", "url": f"{control.url}/metrics", "spec_decode": False}],
