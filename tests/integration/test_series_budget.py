@@ -1,5 +1,5 @@
-"""Series per pod for one model (DESIGN §10, fleet budget): the worst case the default config allows, counted on a
-real sidecar's /metrics.
+"""Series per pod for one model (the fleet budget, README "Series per pod"): the worst case the default config
+allows, counted on a real sidecar's /metrics.
 
 A simulated vLLM pod (`simulate`, with the proposed per-request α histogram and scheduled-steps families on, so
 every feature the sidecar derives has data) is collected and tapped by sidecar processes (`run`) on loopback:
@@ -203,6 +203,29 @@ def test_one_model_fits_the_budget_at_the_default_config(pods: Pods) -> None:
     assert "routing" not in count.by_feature
     # The hostile names are capped: the model names a page can carry are max_models + other.
     assert MODEL in count.models and len(count.models) <= TapSettings().max_models + 1
+
+
+def samples(pod: Pod, name: str) -> list[dict[str, str]]:
+    """The labels of ``name``'s samples for the model, each with its value under "value"."""
+    text = httpx.get(f"{pod.sidecar.url}/metrics", timeout=10).text
+    return [{**s.labels, "value": str(s.value)} for f in text_string_to_metric_families(text) for s in f.samples
+            if s.name == name and s.labels.get("model_name") == MODEL]
+
+
+def observations(pod: Pod) -> float:
+    return sum(float(s["value"]) for s in samples(pod, m.REQUEST_ACCEPTANCE.name + "_count"))
+
+
+def test_the_per_model_histogram_holds_every_request(pods: Pods) -> None:
+    """One α histogram for the model, without class labels, with one observation per request (each drafted): the
+    classes' histograms pooled, not one of them."""
+    [count] = samples(pods.default, m.REQUEST_ACCEPTANCE.name + "_count")
+    assert "workload" not in count and "temperature" not in count
+    requests = sum(float(s["value"]) for s in samples(pods.default, m.REQUESTS.exposed_name))
+    assert float(count["value"]) == requests == 3 * CLASSES + 60
+    by_class = samples(pods.class_histograms, m.REQUEST_ACCEPTANCE.name + "_count")
+    assert len(by_class) == CLASSES and all("workload" in s and "temperature" in s for s in by_class)
+    assert observations(pods.class_histograms) == observations(pods.default)
 
 
 def class_labels(pod: Pod) -> set[tuple[str, str]]:
