@@ -222,7 +222,7 @@ def test_the_per_model_histogram_holds_every_request(pods: Pods) -> None:
     [count] = samples(pods.default, m.REQUEST_ACCEPTANCE.name + "_count")
     assert "workload" not in count and "temperature" not in count
     requests = sum(float(s["value"]) for s in samples(pods.default, m.REQUESTS.exposed_name))
-    assert float(count["value"]) == requests == 3 * CLASSES + 60
+    assert float(count["value"]) == requests == 3 * (len(WORKLOADS) + 1) * len(TEMPERATURES) + 60
     by_class = samples(pods.class_histograms, m.REQUEST_ACCEPTANCE.name + "_count")
     assert len(by_class) == CLASSES and all("workload" in s and "temperature" in s for s in by_class)
     assert observations(pods.class_histograms) == observations(pods.default)
