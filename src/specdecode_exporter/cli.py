@@ -119,6 +119,14 @@ def _route_flags(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def _switch(value: bool | str | None) -> bool | str | None:
+    """A switch flag (True) or its env variable's text as the YAML key's value would be; other text is left for the
+    config validator to refuse."""
+    if isinstance(value, str):
+        return {"true": True, "false": False}.get(value.strip().lower(), value)
+    return value
+
+
 def _from_env(args: argparse.Namespace, dest: str, flag: str) -> Any:
     value = getattr(args, dest, None)
     if value is None:
@@ -148,6 +156,10 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--proxy.upstream", dest="proxy_upstream", metavar="URL",
                         help="where the tap forwards to, http://host:port (default: the target's scheme, host and "
                              f"port; env {env_name('--proxy.upstream')})")
+    parser.add_argument("--proxy.class-histograms", dest="proxy_class_histograms", action="store_const", const=True,
+                        help="export the tap's per-request histograms by workload and temperature band too, not only "
+                             "per model (costs series; see the README's series per pod; default off; env "
+                             f"{env_name('--proxy.class-histograms')}=true)")
     for name, metavar, text in ROUTE_FLAGS:
         parser.add_argument(name, dest=_dest(name), metavar=metavar, help=f"{text}; env {env_name(name)}")
     for flag in RUN_FLAGS:
@@ -164,7 +176,9 @@ def config_from_args(args: argparse.Namespace) -> Config:
     urls = args.target or [u for u in (os.environ.get("SPECDECODE_TARGET") or "").split(",") if u]
     flagged_targets = targets_from_flags(urls, timeout) if urls else None
     proxy_flags = {"listen_address": _from_env(args, "proxy_listen_address", "--proxy.listen-address"),
-                   "upstream": _from_env(args, "proxy_upstream", "--proxy.upstream"), **_route_flags(args)}
+                   "upstream": _from_env(args, "proxy_upstream", "--proxy.upstream"),
+                   "class_histograms": _switch(_from_env(args, "proxy_class_histograms", "--proxy.class-histograms")),
+                   **_route_flags(args)}
     config = (load_config_file(config_file, monitoring_file, flagged_targets, proxy_flags) if config_file
               else config_from_mapping({}, "defaults", monitoring_file,
                                        flagged_targets or targets_from_flags([DEFAULT_TARGET_URL], timeout),

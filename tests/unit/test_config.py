@@ -96,6 +96,8 @@ def test_a_full_config_loads(tmp_path: Path) -> None:
         ("proxy: {listen_address: ':8001', route: {fallback_upstream: 'http://f:1', prompt_length_bands: [9, 3]}}\n",
          "proxy.route.prompt_length_bands: expected increasing prompt lengths in tokens"),
         ("proxy: {route: {fallback_upstream: 'http://f:1'}}\n", "proxy.route: routing needs the request tap"),
+        ("proxy: {listen_address: ':8001', class_histograms: 'yes'}\n",
+         "proxy.class_histograms: expected true or false"),
         ("targets:\n  - {name: a, url: 'http://x/m', baseline: {target: a}}\n",
          "targets[0].baseline.target: 'a' is not a target with spec_decode: false"),
         ("targets:\n  - {name: a, url: 'http://x/m', baseline: {}}\n",
@@ -160,6 +162,27 @@ def test_route_keys_defaults_flags_and_env(tmp_path: Path, monkeypatch: pytest.M
     monkeypatch.setenv(env_name("--proxy.listen-address"), ":8002")
     from_env = config_from_args(build_parser().parse_args(["run"])).proxy
     assert from_env is not None and from_env.route is not None and from_env.route.fallback_upstream == "http://g:2"
+
+
+def test_class_histograms_off_by_default_on_by_key_flag_or_env(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    tapped = {"targets": [{"name": "vllm", "url": "http://10.0.0.1:8000/metrics"}], "proxy": {"listen_address": ":1"}}
+    default = config_from_mapping(tapped, "f").proxy
+    assert default is not None and default.class_histograms is False
+    keyed = config_from_mapping({**tapped, "proxy": {"listen_address": ":1", "class_histograms": True}}, "f").proxy
+    assert keyed is not None and keyed.class_histograms is True
+    path = tmp_path / "c.yaml"
+    path.write_text("proxy: {listen_address: ':8001', class_histograms: false}\n")
+    flagged = config_from_args(build_parser().parse_args(
+        ["run", "--config.file", str(path), "--proxy.class-histograms"])).proxy
+    assert flagged is not None and flagged.class_histograms is True
+    monkeypatch.setenv(env_name("--proxy.class-histograms"), "true")
+    from_env = config_from_args(build_parser().parse_args(["run", "--config.file", str(path)])).proxy
+    assert from_env is not None and from_env.class_histograms is True
+    monkeypatch.setenv(env_name("--proxy.class-histograms"), "maybe")
+    with pytest.raises(ConfigError, match=r"proxy\.class_histograms: expected true or false, got 'maybe'") as error:
+        config_from_args(build_parser().parse_args(["run", "--config.file", str(path)]))
+    assert "\n" not in str(error.value)
 
 
 def test_defaults() -> None:

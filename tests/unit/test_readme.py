@@ -72,3 +72,25 @@ def test_the_install_paths_in_the_readme_are_the_ones_make_test_runs() -> None:
     restrictions = smoke.group(1).replace(" --network host", "")
     assert f"podman run --rm {restrictions}" in use_it, restrictions
     assert "not applied to a cluster" in use_it and "tests/deploy/" in use_it
+
+
+def _bounds(values: tuple[float, ...]) -> str:
+    return ", ".join(f"{v:g}" for v in values) + ", +Inf"
+
+
+def test_readme_states_the_bucket_bounds_the_code_uses() -> None:
+    """The bounds are a promise (native histograms with custom buckets need them fixed): the README's list is the
+    code's."""
+    from specdecode_exporter.core.metrics import ACCEPTANCE_RATIO_BUCKETS
+    from specdecode_exporter.tap.request_stats import LENGTH_BUCKETS, SPEED_BUCKETS
+
+    text = README.read_text(encoding="utf-8")
+    block = re.search(r"<!-- bucket-bounds:start -->\n(.*?)\n<!-- bucket-bounds:end -->", text, re.DOTALL)
+    assert block is not None, "README lost its bucket-bounds markers"
+    lines = dict(line.split(": ", 1) for line in block.group(1).splitlines())
+    alpha = ACCEPTANCE_RATIO_BUCKETS
+    assert alpha == tuple(round(0.05 * i, 2) for i in range(1, 21))
+    assert lines["- `specdecode_request_acceptance_ratio`, `specdecode_interval_acceptance_ratio`"] == (
+        f"{alpha[0]:g}, {alpha[1]:g}, …, {alpha[-2]:g}, {alpha[-1]:g} (every 0.05), +Inf")
+    assert lines["- `specdecode_request_mean_acceptance_length`"] == _bounds(LENGTH_BUCKETS)
+    assert lines["- `specdecode_request_output_tokens_per_second`"] == _bounds(SPEED_BUCKETS)

@@ -45,6 +45,7 @@ def tapped(vllm_ngram: h.VllmServer, tmp_path_factory: pytest.TempPathFactory) -
     sidecar = h.start_sidecar(tmp_path_factory.mktemp("tap-sidecar"), {
         "targets": [{"name": TARGET, "url": f"{vllm_ngram.base_url}/metrics"}],
         "collect": {"interval": "1s"},
+        "proxy": {"class_histograms": True},  # the per-band α histograms are checked against the responses
     }, tap=True)
     try:
         yield sidecar

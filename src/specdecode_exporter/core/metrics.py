@@ -262,16 +262,22 @@ VERDICT = MetricSpec(
     (*SERIES_LABELS, "window", "verdict", "basis"),
 )
 TAP_LABELS = ("target", "model_name", "workload", "temperature")
+# The per-request histograms are per model unless proxy.class_histograms adds the class labels (series per pod).
+REQUEST_HISTOGRAM_LABELS = ("target", "model_name")
+FIXED_BUCKETS_NOTE = " Fixed bucket bounds (README, series per pod)."
 REQUEST_ACCEPTANCE = MetricSpec(
     "specdecode_request_acceptance_ratio", "histogram",
     "Per-request α from the request tap (vLLM's per-request metrics: accepted / drafted tokens of one request), "
-    "by model, workload (a request header) and temperature band: the distribution the aggregate counters hide.",
-    TAP_LABELS,
+    "per model: the distribution the aggregate counters hide. With proxy.class_histograms "
+    "(--proxy.class-histograms) by workload and temperature band too (labels workload, temperature; the same "
+    "family, so sum by model_name reads it either way)." + FIXED_BUCKETS_NOTE,
+    REQUEST_HISTOGRAM_LABELS,
 )
 REQUEST_MEAN_LENGTH = MetricSpec(
     "specdecode_request_mean_acceptance_length", "histogram",
-    "Per-request mean acceptance length from the request tap (1 + accepted / verification steps).",
-    TAP_LABELS,
+    "Per-request mean acceptance length from the request tap (1 + accepted / verification steps), per model; by "
+    "workload and temperature band too with proxy.class_histograms." + FIXED_BUCKETS_NOTE,
+    REQUEST_HISTOGRAM_LABELS,
 )
 REQUESTS = MetricSpec(
     "specdecode_requests", "counter",

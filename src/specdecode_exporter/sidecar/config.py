@@ -280,6 +280,9 @@ class ProxyConfig(Section):
         0.3, 0.7)
     connect_timeout: Duration = 3.0
     drain_timeout: DurationOrZero = 20.0  # on shutdown: how long requests in flight may take to finish
+    # The per-request histograms also by workload and temperature band (a drill-down that multiplies their series by
+    # the classes in use); off, they are per model, and α per class stays exact from the counters.
+    class_histograms: Bool = False
     route: RouteSettings | None = None  # routing to a pool without spec decode: off unless a fallback is set
 
 
@@ -303,7 +306,7 @@ def api_base(url: str) -> str:
 
 
 def proxy_config(section: Mapping[str, Any] | None, targets: tuple[TargetConfig, ...],
-                 flags: Mapping[str, str | None]) -> ProxyConfig | None:
+                 flags: Mapping[str, object]) -> ProxyConfig | None:
     """The proxy section with --proxy.* flags winning (--proxy.route.* as route.<key>); None (the tap off) when no
     listen address is set."""
     raw = {**(section or {}), **{k: v for k, v in flags.items() if v is not None and not k.startswith("route.")}}
@@ -445,7 +448,7 @@ def load_monitoring(file: ConfigFile, monitoring_file: str | None) -> tuple[str 
 
 def config_from_mapping(data: Any, source: str, monitoring_file: str | None = None,
                         targets_override: tuple[TargetConfig, ...] | None = None,
-                        proxy_flags: Mapping[str, str | None] | None = None) -> Config:
+                        proxy_flags: Mapping[str, object] | None = None) -> Config:
     """The config from a YAML mapping; --target and --proxy.* flags, given here, take part in validation."""
     file: ConfigFile = validation.validate(ConfigFile, data)
     targets = file.targets_config()
@@ -500,7 +503,7 @@ def check_config(config: Config) -> Config:
 
 def load_config_file(path: str, monitoring_file: str | None = None,
                      targets_override: tuple[TargetConfig, ...] | None = None,
-                     proxy_flags: Mapping[str, str | None] | None = None) -> Config:
+                     proxy_flags: Mapping[str, object] | None = None) -> Config:
     data = validation.read_yaml(path, "config file")
     try:
         return config_from_mapping(data, path, monitoring_file, targets_override, proxy_flags)

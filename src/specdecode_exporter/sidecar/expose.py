@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import platform
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from importlib.metadata import PackageNotFoundError, version
 
 from prometheus_client.metrics_core import Metric
@@ -13,11 +13,11 @@ from specdecode_exporter.core import metrics as m
 from specdecode_exporter.core.metrics import go_float, quantile_name
 from specdecode_exporter.pipeline import latency
 from specdecode_exporter.pipeline.derive import WindowStats
-from specdecode_exporter.pipeline.latency import TPOT_QUANTILES, TTFT_QUANTILES, LatencyStats
+from specdecode_exporter.pipeline.latency import TPOT_QUANTILES, TTFT_QUANTILES, Histogram, LatencyStats
 from specdecode_exporter.sidecar.collection import TargetView
 from specdecode_exporter.sidecar.series import SeriesView, WindowView
 from specdecode_exporter.tap import TapStats
-from specdecode_exporter.tap.request_stats import RequestsView
+from specdecode_exporter.tap.request_stats import BandKey, BandTotals, RequestsView
 from specdecode_exporter.tap.route import RoutesView
 
 Labels = dict[str, str]
@@ -218,15 +218,40 @@ class SpecDecodeCollector(Collector):
         yield from Families()
 
 
-def build_request_families(view: RequestsView, target: Labels, stats: TapStats | None) -> Families:
+def per_model(bands: Mapping[BandKey, BandTotals]) -> dict[str, tuple[Histogram, Histogram]]:
+    """Each model's per-request histograms (α, mean acceptance length): its classes' pooled, bucket by bucket."""
+    models: dict[str, list[BandTotals]] = {}
+    for key, totals in bands.items():
+        models.setdefault(key.model_name, []).append(totals)
+    out: dict[str, tuple[Histogram, Histogram]] = {}
+    for model, classes in models.items():
+        acceptance = latency.pooled([t.acceptance for t in classes])
+        mean_length = latency.pooled([t.mean_length for t in classes])
+        if acceptance is not None and mean_length is not None:  # the recorder's bounds are fixed: always pooled
+            out[model] = (acceptance, mean_length)
+    return out
+
+
+def add_request_histograms(families: Families, labels: Labels, acceptance: Histogram, mean_length: Histogram) -> None:
+    for spec, histogram in ((m.REQUEST_ACCEPTANCE, acceptance), (m.REQUEST_MEAN_LENGTH, mean_length)):
+        families.histogram(spec, labels, zip(histogram.bounds, histogram.counts, strict=True), histogram.total)
+
+
+def build_request_families(view: RequestsView, target: Labels, stats: TapStats | None,
+                           class_histograms: bool = False) -> Families:
+    """The tap's families. Counters by class (α per class exact over any window); the per-request histograms per
+    model, or by class too with proxy.class_histograms (the same family, with workload and temperature labels)."""
     families = Families(m.TAP)
     for key, totals in view.bands.items():
         labels = {**target, "model_name": key.model_name, "workload": key.workload, "temperature": key.temperature}
         families.add(m.REQUESTS, labels, totals.requests)
         families.add(m.REQUEST_DRAFT_TOKENS, labels, totals.draft_tokens)
         families.add(m.REQUEST_ACCEPTED_TOKENS, labels, totals.accepted_tokens)
-        for spec, histogram in ((m.REQUEST_ACCEPTANCE, totals.acceptance), (m.REQUEST_MEAN_LENGTH, totals.mean_length)):
-            families.histogram(spec, labels, zip(histogram.bounds, histogram.counts, strict=True), histogram.total)
+        if class_histograms:
+            add_request_histograms(families, labels, totals.acceptance, totals.mean_length)
+    if not class_histograms:
+        for model, (acceptance, mean_length) in per_model(view.bands).items():
+            add_request_histograms(families, {**target, "model_name": model}, acceptance, mean_length)
     for (model, reason), count in view.without_metrics.items():
         families.add(m.REQUESTS_WITHOUT_SPEC, {**target, "model_name": model, "reason": reason}, count)
     for (model, band), histogram in view.speed.items():
@@ -259,11 +284,13 @@ class RequestsCollector(Collector):
     the tap routes."""
 
     def __init__(self, view: Callable[[], RequestsView], target: Callable[[], Labels],
-                 stats: Callable[[], TapStats | None], routes: Callable[[], RoutesView | None] = lambda: None) -> None:
+                 stats: Callable[[], TapStats | None], routes: Callable[[], RoutesView | None] = lambda: None,
+                 class_histograms: bool = False) -> None:
         self._view, self._target, self._stats, self._routes = view, target, stats, routes
+        self._class_histograms = class_histograms
 
     def collect(self) -> Iterator[Metric]:
-        yield from build_request_families(self._view(), self._target(), self._stats())
+        yield from build_request_families(self._view(), self._target(), self._stats(), self._class_histograms)
         routes = self._routes()
         if routes is not None:
             yield from build_route_families(routes, self._target())

@@ -65,7 +65,8 @@ class MetricsRenderer:
             self._live.register(ReloadCollector(reloader))
         # The per-request families change with every tapped request: rendered on every scrape (empty, with
         # their HELP and TYPE, when the tap is off).
-        self._live.register(RequestsCollector(tap.view, lambda: tap.labels, tap.stats, tap.routes) if tap is not None
+        self._live.register(RequestsCollector(tap.view, lambda: tap.labels, tap.stats, tap.routes,
+                                              tap.config.class_histograms) if tap is not None
                             else RequestsCollector(lambda: NO_REQUESTS, dict, lambda: None))
         ProcessCollector(registry=self._live)
         PlatformCollector(registry=self._live)
