@@ -48,9 +48,14 @@ class Result:
     def ratio(self) -> float:
         return statistics.median(r.ratio for r in self.rounds)
 
-    def per_fetch_ms(self, which: str) -> float:
-        return statistics.median(1000 * getattr(r, f"{which}_cpu") / max(getattr(r, f"{which}_fetches"), 1)
-                                 for r in self.rounds)
+    @property
+    def sidecar_ms(self) -> float:
+        """Median sidecar CPU per collection, ms."""
+        return statistics.median(1000 * r.sidecar_cpu / max(r.sidecar_fetches, 1) for r in self.rounds)
+
+    @property
+    def baseline_ms(self) -> float:
+        return statistics.median(1000 * r.baseline_cpu / max(r.baseline_fetches, 1) for r in self.rounds)
 
 
 def fetch_parse_loop(url: str, interval: float) -> None:
