@@ -12,7 +12,7 @@ import itertools
 import math
 import operator
 from array import array
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from statistics import NormalDist
 from typing import NamedTuple
 
@@ -55,7 +55,7 @@ def valid_histogram(bounds: Sequence[float], counts: Sequence[float], total: flo
     return None
 
 
-def monotonic(counts: Sequence[float]) -> list[float]:
+def monotonic(counts: Iterable[float]) -> list[float]:
     """Cumulative counts made non-decreasing (float error or a torn scrape can break it; Prometheus mends it
     the same way before interpolating)."""
     out = list(itertools.accumulate(counts, max, initial=0.0))  # a running max from 0, at C speed
@@ -86,7 +86,7 @@ def change(start: Histogram | None, end: Histogram | None) -> Histogram | None:
     if len(start.counts) != len(end.counts):
         return None
     # Clamping each difference at 0 and then taking the running max is the running max from 0 of the differences.
-    counts = monotonic(list(map(operator.sub, end.counts, start.counts)))
+    counts = monotonic(map(operator.sub, end.counts, start.counts))
     return Histogram(end.bounds, counts, max(0.0, end.total - start.total))
 
 

@@ -295,38 +295,42 @@ def needle_groups(prefixes: tuple[str, ...]) -> tuple[tuple[str, tuple[str, ...]
     return tuple((_common_start(tuple(group)), tuple(group)) for group in groups)
 
 
-def _select_group(text: str, common: str, wanted: tuple[str, ...],
-                  regions: list[tuple[str, tuple[str, ...]]]) -> None:
-    needle = "\n" + common
-    find = text.find
-    found = -1 if text.startswith(common) else find(needle)  # the newline before a wanted line (-1: none)
-    if found == -1 and not text.startswith(common):
-        return
-    while True:
-        start = found + 1
-        end = find("\n#", start)
-        if end == -1:
-            end = len(text)
-        regions.append((text[start:end], wanted))
-        found = find(needle, end)
-        if found == -1:
-            break
+@functools.lru_cache(maxsize=16)
+def _family_start(prefixes: tuple[str, ...]) -> tuple[re.Pattern[str], tuple[str, ...]]:
+    """A pattern for the newline before a line that starts with any group's common start (one pass over the text
+    finds the next wanted family, whichever group it is in), and those starts."""
+    starts = tuple(common for common, _ in needle_groups(prefixes))
+    return re.compile("\n(?:" + "|".join(re.escape(start) for start in starts) + ")"), starts
 
 
 def select(text: str, prefixes: Sequence[str], cache: LineCache | None = None) -> Selection:
     """Find the lines whose metric name starts with one of ``prefixes``; raises ParseError when the body is
     not an exposition at all.
 
-    The text format keeps each family's samples together, after its ``# HELP``/``# TYPE`` lines. So a
-    C-level ``str.find`` jumps to the next line with a group of prefixes' common start, and everything up to
-    the next comment is split into lines in one call. Lines come group by group, in exposition order within
-    a group.
+    The text format keeps each family's samples together, after its ``# HELP``/``# TYPE`` lines. So one
+    pattern (in C) jumps to the next line with a group of prefixes' common start, and everything up to the
+    next comment is that region, split into lines only when they are read. Lines come in exposition order.
     """
     if not looks_like_exposition(text):
         raise ParseError("body is not a Prometheus exposition (first line: " + repr(text.lstrip()[:40]) + ")")
+    wanted = tuple(prefixes)
     regions: list[tuple[str, tuple[str, ...]]] = []
-    for common, wanted in needle_groups(tuple(prefixes)):
-        _select_group(text, common, wanted, regions)
+    if not wanted:
+        return Selection(None, cache, ())
+    pattern, starts = _family_start(wanted)
+    start: int | None = 0 if text.startswith(starts) else None
+    position = 0
+    while True:
+        if start is None:
+            found = pattern.search(text, position)
+            if found is None:
+                break
+            start = found.start() + 1
+        end = text.find("\n#", start)
+        if end == -1:
+            end = len(text)
+        regions.append((text[start:end], wanted))
+        position, start = end, None
     return Selection(None, cache, tuple(regions))
 
 
