@@ -58,7 +58,16 @@ def valid_histogram(bounds: Sequence[float], counts: Sequence[float], total: flo
 def monotonic(counts: Iterable[float]) -> list[float]:
     """Cumulative counts made non-decreasing (float error or a torn scrape can break it; Prometheus mends it
     the same way before interpolating)."""
-    out = list(itertools.accumulate(counts, max, initial=0.0))  # a running max from 0, at C speed
+    values = list(counts)
+    # Nearly always they are already: sorted() on a sorted list is n − 1 float comparisons in C, where the running
+    # max calls max() per bucket. The sum is finite only without NaN or ±Inf (which the running max treats apart).
+    if values and values[0] >= 0.0 and values == sorted(values) and math.isfinite(sum(values)):
+        index = 0
+        while index < len(values) and values[index] == 0.0:
+            values[index] = 0.0  # -0.0 as the running max from 0.0 gives it
+            index += 1
+        return values
+    out = list(itertools.accumulate(values, max, initial=0.0))  # a running max from 0, at C speed
     del out[0]
     return out
 
