@@ -90,7 +90,7 @@ def accumulate(totals: Histogram | None, previous: Histogram | None, current: Hi
 
 def change(start: Histogram | None, end: Histogram | None) -> Histogram | None:
     """What a window added to the histogram, or None when the ends are not the same histogram."""
-    if start is None or end is None or start.bounds != end.bounds:
+    if start is None or end is None or (start.bounds is not end.bounds and start.bounds != end.bounds):
         return None
     if len(start.counts) != len(end.counts):
         return None

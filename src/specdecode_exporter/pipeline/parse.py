@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 import re
 from collections.abc import Sequence
 from typing import NamedTuple
@@ -141,6 +142,11 @@ class TextLayout(NamedTuple):
     wanted: tuple[int, ...] | None  # None: every region line is selected
 
 
+def _picked(values: list[str], indices: tuple[int, ...]) -> Sequence[str]:
+    """values[i] for each index, in C (an itemgetter of one index gives the item itself, not a tuple)."""
+    return operator.itemgetter(*indices)(values) if len(indices) > 1 else [values[i] for i in indices]
+
+
 class Layout(NamedTuple):
     """What a decoder remembers of the lines it decoded: their heads, and the regions' template when they
     have one (every region line exactly "head value", with no space in the head)."""
@@ -225,7 +231,7 @@ class Selection:
             if len(tokens) == 2 * text.lines:
                 values = tokens[1::2]
                 if text.template % tuple(values) == joined:
-                    return values if text.wanted is None else [values[i] for i in text.wanted]
+                    return values if text.wanted is None else _picked(values, text.wanted)
         return self.values if self.heads == layout.heads else None
 
     def samples(self) -> list[Sample]:
