@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.append(str(ROOT))  # appended, so a PYTHONPATH with a patched src/specdecode_exporter/ still wins
 
-from bench import collect, corpus, footprint, paging, render, soak  # noqa: E402
+from bench import collect, corpus, footprint, paging, render, soak, whole_process  # noqa: E402
 from bench import tap as tap_bench  # noqa: E402
 from bench.common import fmt_ms, markdown_table  # noqa: E402
 
@@ -58,7 +58,7 @@ class Report:
             self.add(line)
 
 
-def run_collect(rep: Report, rounds: int) -> dict[str, float]:
+def run_collect(rep: Report, rounds: int, long: bool = False) -> dict[str, float]:
     rep.h("1. Collect+derive per scrape")
     rep.add("Pipeline = bytes.decode → select (the spec-decode lines) → decoder.decode_known (the layout seen at "
             "the last scrape: no parsing) or else parse + detect_engine + decoder.decode → store.update → "
@@ -90,7 +90,27 @@ def run_collect(rep: Report, rounds: int) -> dict[str, float]:
     total = sum(stages.values())
     rep.add("\nStages on the ~1 MB exposition (share of the pipeline):\n")
     rep.table(["stage", "median", "share"], [[k, fmt_ms(v), f"{100 * v / total:.0f}%"] for k, v in stages.items()])
+    run_whole_process(rep, span=60.0 if long else 20.0, rounds=5 if long else 3)
     return out
+
+
+def run_whole_process(rep: Report, span: float, rounds: int) -> None:
+    interval, warmup = 1.0, 4.0
+    bodies = collect.body_sequence(4, 20, 8, int((warmup + span) / interval) + 8)
+    r = whole_process.run(bodies, interval=interval, span=span, rounds=rounds, warmup=warmup)
+    rep.add(f"\nThe whole process (bench/whole_process.py): the real sidecar against a process that fetches the same "
+            f"exposition with httpx and parses it with prometheus_client, both every {interval:g} s, at the same "
+            f"time, {rounds} rounds of {span:.0f} s after {warmup:.0f} s of warm-up, fresh processes each round. The "
+            f"target moves: successive simulator renders (4 models × 20 engines, k=8, ~{r.kib:.0f} KiB), each "
+            "fetch the next one. CPU from /proc per process; per fetch, as the baseline may not keep up with "
+            "the interval on a loaded machine. Nobody scrapes the sidecar.\n")
+    rows = [[f"round {i + 1}", f"{x.sidecar_fetches}", fmt_ms(x.sidecar_cpu / max(x.sidecar_fetches, 1)),
+             f"{x.baseline_fetches}", fmt_ms(x.baseline_cpu / max(x.baseline_fetches, 1)), f"**{x.ratio:.1f}×**"]
+            for i, x in enumerate(r.rounds)]
+    rows.append(["median", "", fmt_ms(r.sidecar_ms / 1000), "", fmt_ms(r.baseline_ms / 1000),
+                 f"**{r.ratio:.1f}×**"])
+    rep.table(["round", "sidecar collections", "sidecar CPU per collection", "fetch+parse fetches",
+               "fetch+parse CPU per fetch", "fetch+parse / sidecar (target ≥ 50×)"], rows)
 
 
 def run_render(rep: Report, rounds: int, wrk_seconds: int) -> None:
@@ -319,7 +339,7 @@ def main() -> int:
     started = time.perf_counter()
     pipeline_ms: dict[str, float] = {}
     if "collect" in only or "footprint" in only:
-        pipeline_ms = run_collect(rep, rounds=7 if args.long else 5)
+        pipeline_ms = run_collect(rep, rounds=7 if args.long else 5, long=args.long)
     if "render" in only:
         run_render(rep, rounds=7, wrk_seconds=10 if args.long else 5)
     if "footprint" in only:

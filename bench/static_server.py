@@ -3,6 +3,10 @@ when each path was fetched (GET /-/stats returns {path: [monotonic times]}). Che
 hundreds of vLLM targets on one port: the sidecar sees N distinct URLs /metrics/0 … /metrics/N-1.
 
     python -m bench.static_server --file BODY --port PORT
+    python -m bench.static_server --file BODY0 --file BODY1 … --port PORT   # a moving target
+
+With several files, each path serves them in turn (its n-th fetch gets file n, the last one once they run out):
+successive renders of a live server, served at no rendering cost, the same sequence to every path.
 """
 
 from __future__ import annotations
@@ -17,11 +21,14 @@ MAX_TIMES = 2000  # per path, bounded
 
 
 class StaticServer:
-    def __init__(self, body: bytes) -> None:
-        self.body = body
-        self.header = (b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n"
-                       b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n")
+    def __init__(self, *bodies: bytes) -> None:
+        self.bodies = [(self._header(body), body) for body in bodies]
         self.times: dict[str, deque[float]] = defaultdict(lambda: deque(maxlen=MAX_TIMES))
+
+    @staticmethod
+    def _header(body: bytes) -> bytes:
+        return (b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n"
+                b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n")
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -33,9 +40,11 @@ class StaticServer:
                     writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
                                  + str(len(payload)).encode() + b"\r\n\r\n" + payload)
                 else:
-                    self.times[path].append(time.monotonic())
-                    writer.write(self.header)
-                    writer.write(self.body)
+                    times = self.times[path]
+                    header, body = self.bodies[min(len(times), len(self.bodies) - 1)]
+                    times.append(time.monotonic())
+                    writer.write(header)
+                    writer.write(body)
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError):
             pass
@@ -43,8 +52,8 @@ class StaticServer:
             writer.close()
 
 
-async def serve(body: bytes, port: int) -> None:
-    server = StaticServer(body)
+async def serve(bodies: list[bytes], port: int) -> None:
+    server = StaticServer(*bodies)
     srv = await asyncio.start_server(server.handle, "127.0.0.1", port, backlog=1024)
     async with srv:
         await srv.serve_forever()
@@ -52,12 +61,14 @@ async def serve(body: bytes, port: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--file", required=True)
+    parser.add_argument("--file", required=True, action="append", help="an exposition (several: served in turn)")
     parser.add_argument("--port", type=int, required=True)
     args = parser.parse_args()
-    with open(args.file, "rb") as f:
-        body = f.read()
-    asyncio.run(serve(body, args.port))
+    bodies = []
+    for name in args.file:
+        with open(name, "rb") as f:
+            bodies.append(f.read())
+    asyncio.run(serve(bodies, args.port))
 
 
 if __name__ == "__main__":

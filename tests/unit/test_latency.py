@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from specdecode_exporter.pipeline import latency
 from specdecode_exporter.pipeline.derive import CostModel
@@ -120,3 +122,23 @@ def test_windowed_running_requests_are_a_time_average() -> None:
     assert span is not None and span.end.running_seconds is not None and span.start.running_seconds is not None
     # 10 requests for 10 s, then 30 for 5 s (the value at each reading holds until the next): 250 / 15
     assert (span.end.running_seconds - span.start.running_seconds) / span.seconds == pytest.approx(250 / 15)
+
+
+def _running_max_from_zero(counts: list[float]) -> list[float]:
+    out, top = [], 0.0
+    for count in counts:
+        top = max(top, count)
+        out.append(top)
+    return out
+
+
+@given(st.lists(st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.sampled_from([0.0, -0.0, 1.0])),
+                max_size=12))
+def test_monotonic_is_the_running_max_from_zero_sign_of_zero_included(counts: list[float]) -> None:
+    """The sorted-input shortcut gives exactly what the running max gives, -0.0, NaN and ±Inf included."""
+    got, want = latency.monotonic(counts), _running_max_from_zero(counts)
+    assert [repr(v) for v in got] == [repr(v) for v in want]
+
+
+def test_monotonic_of_sorted_counts_with_leading_negative_zeros() -> None:
+    assert [repr(v) for v in latency.monotonic([-0.0, -0.0, 0.0, 2.0])] == ["0.0", "0.0", "0.0", "2.0"]

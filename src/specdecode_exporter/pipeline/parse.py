@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 import re
 from collections.abc import Sequence
 from typing import NamedTuple
@@ -131,25 +132,107 @@ def _parse_and_cache(line: str, head: str, cache: LineCache) -> tuple[Sample, bo
     return sample, plain
 
 
+class TextLayout(NamedTuple):
+    """Every line of a selection's regions (the selected lines and the others between them) as a %-template
+    with one ``%s`` per value: ``template % values`` rebuilds the regions' text exactly, so one comparison
+    proves that a new text has this layout. ``wanted``: which region lines are the selected ones."""
+
+    template: str
+    lines: int
+    wanted: tuple[int, ...] | None  # None: every region line is selected
+
+
+def _picked(values: list[str], indices: tuple[int, ...]) -> Sequence[str]:
+    """values[i] for each index, in C (an itemgetter of one index gives the item itself, not a tuple)."""
+    return operator.itemgetter(*indices)(values) if len(indices) > 1 else [values[i] for i in indices]
+
+
+class Layout(NamedTuple):
+    """What a decoder remembers of the lines it decoded: their heads, and the regions' template when they
+    have one (every region line exactly "head value", with no space in the head)."""
+
+    heads: tuple[str, ...]
+    text: TextLayout | None
+
+
+def _text_layout(region_lines: list[str], wanted: list[int], selected: int) -> TextLayout | None:
+    if any(line.count(" ") != 1 for line in region_lines):
+        return None  # a space in a label value, a timestamp or a blank line: the heads are compared instead
+    template = "\n".join([line.partition(" ")[0].replace("%", "%%") + " %s" for line in region_lines])
+    return TextLayout(template, len(region_lines), None if selected == len(region_lines) else tuple(wanted))
+
+
 class Selection:
     """The lines of one exposition whose metric name starts with a wanted prefix, in exposition order.
 
     ``heads[i]`` is line i up to its last space (``name{labels}`` on a plain line) and ``values[i]`` the text
     after it. Two scrapes of one target usually have identical heads, which lets a decoder that has seen
     the layout before skip parsing altogether (see ``Decoder.decode_known``); ``samples()`` parses strictly.
+    A selection made by ``select`` keeps the regions of text it took its lines from: ``known_values`` then
+    checks a remembered layout against them without splitting them into lines at all.
     """
 
-    __slots__ = ("_cache", "_plain", "_samples", "heads", "lines", "values")
+    __slots__ = ("_cache", "_heads", "_lines", "_plain", "_samples", "_values", "regions")
 
-    def __init__(self, lines: list[str], cache: LineCache | None = None) -> None:
-        self.lines = lines
+    def __init__(self, lines: list[str] | None, cache: LineCache | None = None,
+                 regions: tuple[tuple[str, tuple[str, ...]], ...] = ()) -> None:
+        self._lines = lines
+        self.regions = regions  # (text, the prefixes wanted in it): where ``lines`` come from when not given
         self._cache = cache if cache is not None else LineCache()
-        parts = [line.rpartition(" ") for line in lines]
-        # Not zip(*parts): transposing thousands of 3-tuples through argument unpacking costs 3× as much.
-        self.heads: tuple[str, ...] = tuple([part[0] for part in parts])
-        self.values: tuple[str, ...] = tuple([part[2] for part in parts])
+        self._heads: tuple[str, ...] | None = None
+        self._values: tuple[str, ...] | None = None
         self._samples: list[Sample] | None = None
         self._plain = False
+
+    @property
+    def lines(self) -> list[str]:
+        if self._lines is None:
+            self._lines = [line for region, wanted in self.regions for line in _wanted_lines(region, wanted)]
+        return self._lines
+
+    def _split(self) -> None:
+        parts = [line.rpartition(" ") for line in self.lines]
+        # Not zip(*parts): transposing thousands of 3-tuples through argument unpacking costs 3× as much.
+        self._heads = tuple([part[0] for part in parts])
+        self._values = tuple([part[2] for part in parts])
+
+    @property
+    def heads(self) -> tuple[str, ...]:
+        if self._heads is None:
+            self._split()
+        assert self._heads is not None
+        return self._heads
+
+    @property
+    def values(self) -> tuple[str, ...]:
+        if self._values is None:
+            self._split()
+        assert self._values is not None
+        return self._values
+
+    def layout(self) -> Layout:
+        """This selection's layout, for ``known_values`` on the next one."""
+        region_lines: list[str] = []
+        wanted: list[int] = []
+        for region, prefixes in self.regions:
+            first = len(region_lines)
+            region_lines += region.split("\n")
+            wanted += [i for i in range(first, len(region_lines)) if region_lines[i].startswith(prefixes)]
+        text = _text_layout(region_lines, wanted, len(self.lines)) if self.regions else None
+        return Layout(self.heads, text if text is not None and len(wanted) == len(self.lines) else None)
+
+    def known_values(self, layout: Layout) -> Sequence[str] | None:
+        """The value of each line when this selection has ``layout``'s lines (else None). From the regions'
+        text when the layout has a template (a few calls in C, whatever the number of lines), else by heads."""
+        text = layout.text
+        if text is not None and self.regions:
+            joined = "\n".join([region for region, _ in self.regions])
+            tokens = joined.replace("\n", " ").split(" ")
+            if len(tokens) == 2 * text.lines:
+                values = tokens[1::2]
+                if text.template % tuple(values) == joined:
+                    return values if text.wanted is None else _picked(values, text.wanted)
+        return self.values if self.heads == layout.heads else None
 
     def samples(self) -> list[Sample]:
         """Every selected line as a Sample; raises ParseError on the first malformed line."""
@@ -189,14 +272,14 @@ def _common_start(words: tuple[str, ...]) -> str:
     return low[:size]
 
 
-def _wanted_lines(text: str, start: int, end: int, wanted: tuple[str, ...]) -> list[str]:
-    """The lines of text[start:end] that start with a wanted prefix."""
-    region = text[start:end].split("\n")
+def _wanted_lines(text: str, wanted: tuple[str, ...]) -> list[str]:
+    """The lines of a region that start with a wanted prefix."""
+    region = text.split("\n")
     first = region[0]
     for prefix in wanted:
         if first.startswith(prefix):
             # Usually the region is this one family: a C-level count proves it and spares the check per line.
-            if text.count("\n" + prefix, start, end) == len(region) - 1:
+            if text.count("\n" + prefix) == len(region) - 1:
                 return region
             break
     return [line for line in region if line.startswith(wanted)]
@@ -218,38 +301,43 @@ def needle_groups(prefixes: tuple[str, ...]) -> tuple[tuple[str, tuple[str, ...]
     return tuple((_common_start(tuple(group)), tuple(group)) for group in groups)
 
 
-def _select_group(text: str, common: str, wanted: tuple[str, ...], lines: list[str]) -> None:
-    needle = "\n" + common
-    find = text.find
-    found = -1 if text.startswith(common) else find(needle)  # the newline before a wanted line (-1: none)
-    if found == -1 and not text.startswith(common):
-        return
-    while True:
-        start = found + 1
-        end = find("\n#", start)
-        if end == -1:
-            end = len(text)
-        lines.extend(_wanted_lines(text, start, end, wanted))
-        found = find(needle, end)
-        if found == -1:
-            break
+@functools.lru_cache(maxsize=16)
+def _family_start(prefixes: tuple[str, ...]) -> tuple[re.Pattern[str], tuple[str, ...]]:
+    """A pattern for the newline before a line that starts with any group's common start (one pass over the text
+    finds the next wanted family, whichever group it is in), and those starts."""
+    starts = tuple(common for common, _ in needle_groups(prefixes))
+    return re.compile("\n(?:" + "|".join(re.escape(start) for start in starts) + ")"), starts
 
 
 def select(text: str, prefixes: Sequence[str], cache: LineCache | None = None) -> Selection:
     """Find the lines whose metric name starts with one of ``prefixes``; raises ParseError when the body is
     not an exposition at all.
 
-    The text format keeps each family's samples together, after its ``# HELP``/``# TYPE`` lines. So a
-    C-level ``str.find`` jumps to the next line with a group of prefixes' common start, and everything up to
-    the next comment is split into lines in one call. Lines come group by group, in exposition order within
-    a group.
+    The text format keeps each family's samples together, after its ``# HELP``/``# TYPE`` lines. So one
+    pattern (in C) jumps to the next line with a group of prefixes' common start, and everything up to the
+    next comment is that region, split into lines only when they are read. Lines come in exposition order.
     """
     if not looks_like_exposition(text):
         raise ParseError("body is not a Prometheus exposition (first line: " + repr(text.lstrip()[:40]) + ")")
-    lines: list[str] = []
-    for common, wanted in needle_groups(tuple(prefixes)):
-        _select_group(text, common, wanted, lines)
-    return Selection(lines, cache)
+    wanted = tuple(prefixes)
+    regions: list[tuple[str, tuple[str, ...]]] = []
+    if not wanted:
+        return Selection(None, cache, ())
+    pattern, starts = _family_start(wanted)
+    start: int | None = 0 if text.startswith(starts) else None
+    position = 0
+    while True:
+        if start is None:
+            found = pattern.search(text, position)
+            if found is None:
+                break
+            start = found.start() + 1
+        end = text.find("\n#", start)
+        if end == -1:
+            end = len(text)
+        regions.append((text[start:end], wanted))
+        position, start = end, None
+    return Selection(None, cache, tuple(regions))
 
 
 def select_samples(text: str, prefixes: Sequence[str]) -> list[Sample]:

@@ -73,8 +73,10 @@ def extended(points: tuple[HistoryPoint, ...], point: HistoryPoint) -> tuple[His
     up to now. Immutable: the status page (another thread) may be reading the previous tuple."""
     if len(points) >= 2 and point.at - points[-2].at < HISTORY_STEP_SECONDS:
         points = points[:-1]
-    keep = [p for p in points if point.at - p.at <= HISTORY_SECONDS]
-    return (*keep, point)
+    first = 0  # points are in time order: only the oldest can have expired (no pass over all, per series)
+    while first < len(points) and point.at - points[first].at > HISTORY_SECONDS:
+        first += 1
+    return (*points[first:], point)
 
 
 @dataclass(frozen=True, slots=True)

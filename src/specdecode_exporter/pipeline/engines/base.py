@@ -9,7 +9,7 @@ from typing import NamedTuple, Protocol
 
 from specdecode_exporter.core.metrics import MetricSpec
 from specdecode_exporter.pipeline.latency import Histogram
-from specdecode_exporter.pipeline.parse import Sample, Selection
+from specdecode_exporter.pipeline.parse import Layout, Sample, Selection
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,14 +147,15 @@ class PositionLines:
 SeriesKeyValues = tuple[str | None, ...]
 
 
-def known_layout_values(selection: Selection, heads: tuple[str, ...] | None) -> list[float] | None:
-    """The values of a selection whose lines are those of a layout seen before (``heads``), when every value is a
-    usable count (finite, ≥ 0: NaN and ±Inf make the sum non-finite); else None, and decode() parses and says
-    what is wrong. The fast path of Decoder.decode_known."""
-    if heads is None or selection.heads != heads:
+def known_layout_values(selection: Selection, layout: Layout | None) -> list[float] | None:
+    """The values of a selection whose lines are those of a layout seen before, when every value is a usable
+    count (finite, ≥ 0: NaN and ±Inf make the sum non-finite); else None, and decode() parses and says what is
+    wrong. The fast path of Decoder.decode_known."""
+    texts = selection.known_values(layout) if layout is not None else None
+    if texts is None:
         return None
     try:
-        values = list(map(float, selection.values))
+        values = list(map(float, texts))
     except ValueError:
         return None
     if not (math.isfinite(sum(values)) and min(values, default=0.0) >= 0):

@@ -32,7 +32,7 @@ from specdecode_exporter.pipeline.engines.base import (
     SeriesReading,
     known_layout_values,
 )
-from specdecode_exporter.pipeline.parse import Sample, Selection, is_finite_count
+from specdecode_exporter.pipeline.parse import Layout, Sample, Selection, is_finite_count
 
 DRAFT_TOKENS = "llamacpp:spec_decode_num_draft_tokens_total"
 ACCEPTED = "llamacpp:spec_decode_num_accepted_tokens_total"
@@ -42,16 +42,17 @@ PER_POSITION = "llamacpp:spec_decode_num_accepted_tokens_per_pos_total"
 
 @dataclass(frozen=True, slots=True)
 class _Layout:
-    """Which selected line holds which counter, learned from names and labels (valid while the heads are equal)."""
+    """Which selected line holds which counter, learned from names and labels (valid while the lines are those of
+    ``lines``)."""
 
-    heads: tuple[str, ...]
+    lines: Layout
     draft_tokens: int
     accepted_tokens: int
     drafts: int
     positions: tuple[int, ...]
 
 
-def _layout(heads: tuple[str, ...], samples: Sequence[Sample]) -> _Layout | str:
+def _layout(lines: Layout, samples: Sequence[Sample]) -> _Layout | str:
     first: dict[str, int] = {}
     positions = PositionLines()
     for index, sample in enumerate(samples):
@@ -65,7 +66,7 @@ def _layout(heads: tuple[str, ...], samples: Sequence[Sample]) -> _Layout | str:
     slots = positions.slots()
     if isinstance(slots, str):
         return slots
-    return _Layout(heads, first[DRAFT_TOKENS], first[ACCEPTED], first[DRAFTS], slots)
+    return _Layout(lines, first[DRAFT_TOKENS], first[ACCEPTED], first[DRAFTS], slots)
 
 
 class LlamaCppDecoder:
@@ -81,7 +82,7 @@ class LlamaCppDecoder:
     def decode(self, selection: Selection, timing: FetchTiming) -> DecodeResult:
         samples = selection.samples()
         result = DecodeResult()
-        found = _layout(selection.heads, samples)
+        found = _layout(selection.layout(), samples)
         self._layout = found if isinstance(found, _Layout) and selection.plain else None
         if isinstance(found, str):
             return self._pending(result, found)
@@ -95,7 +96,7 @@ class LlamaCppDecoder:
 
     def decode_known(self, selection: Selection, timing: FetchTiming) -> DecodeResult | None:
         layout = self._layout
-        values = known_layout_values(selection, layout.heads if layout is not None else None)
+        values = known_layout_values(selection, layout.lines if layout is not None else None)
         if layout is None or values is None:
             return None
         return DecodeResult(series=[self._reading(layout, values)])

@@ -18,7 +18,7 @@ from specdecode_exporter.pipeline.engines.base import (
     known_layout_values,
 )
 from specdecode_exporter.pipeline.latency import Histogram, monotonic
-from specdecode_exporter.pipeline.parse import Sample, Selection, is_finite_count
+from specdecode_exporter.pipeline.parse import Layout, Sample, Selection, is_finite_count
 
 DRAFTS = "vllm:spec_decode_num_drafts_total"
 DRAFTS_CREATED = "vllm:spec_decode_num_drafts_created"
@@ -201,7 +201,7 @@ class _Layout:
     """What a decode learned about one layout of lines: the series' slots, and the series that cannot be
     read whatever the values are."""
 
-    heads: tuple[str, ...]
+    lines: Layout
     slots: tuple[_Slots, ...]
     pending: tuple[tuple[str | None, str | None], ...]
     warnings: tuple[str, ...]
@@ -239,13 +239,13 @@ class V1Decoder:
             else:  # this scrape's values only
                 result.pending.append((model_name, engine))
                 result.warnings.append(f"model_name={model_name} engine={engine}: {problem}")
-        self._layout = _Layout(selection.heads, tuple(slots), tuple(static_pending), tuple(static_warnings)) \
+        self._layout = _Layout(selection.layout(), tuple(slots), tuple(static_pending), tuple(static_warnings)) \
             if selection.plain else None
         return result
 
     def decode_known(self, selection: Selection, timing: FetchTiming) -> DecodeResult | None:
         layout = self._layout
-        values = known_layout_values(selection, layout.heads if layout is not None else None)
+        values = known_layout_values(selection, layout.lines if layout is not None else None)
         if layout is None or values is None:
             return None
         return DecodeResult(series=[_reading(slots, values) for slots in layout.slots],
