@@ -367,6 +367,9 @@ class Result:
     def of(self, page: str) -> list[Measurement]:
         return [m for m in self.measurements if m.page == page]
 
+    def at(self, page: str, pods: int) -> Measurement:
+        return next(m for m in self.measurements if m.page == page and m.pods == pods)
+
 
 def run(size: Size, log: Callable[[str], None] = print) -> Result:
     with tempfile.TemporaryDirectory(prefix="fleet-bench-") as tmp:
@@ -447,46 +450,57 @@ def table_rows(result: Result) -> Iterator[list[str]]:
                f"{skip.available_mb / 1024:.1f} GB available", *("—" for _ in TABLE_HEADER[3:])]
 
 
-SLOPE_HEADER = ["per 100 more pods", "vLLM's own page", "sidecar's page", "sidecar / vLLM"]
-
-
-def slope_rows(result: Result) -> Iterator[list[str]]:
-    """What 100 more pods cost, from the smallest to the largest fleet (Prometheus' fixed cost taken out)."""
+def slope_table(result: Result) -> list[str]:
+    """What 100 more pods cost, from the smallest to the largest fleet that every target of both pages answered
+    (Prometheus' fixed cost taken out); with one such fleet, its figures per 100 pods."""
+    sizes = comparable_sizes(result)
+    if not sizes:
+        return ["No fleet size had every target up for both pages: no per-100-pod comparison."]
+    first, last = sizes[0], sizes[-1]
+    label = (f"per 100 more pods ({first} → {last})" if last > first
+             else f"per 100 pods (at {first}, the only size with every target up)")
     figures: list[tuple[str, Callable[[Measurement], float], str]] = [
         ("head series", lambda m: m.head_series, "{:.0f}"), ("RSS", lambda m: m.rss_mb, "{:.1f} MB"),
         ("heap in use", lambda m: m.heap_inuse_mb, "{:.1f} MB"),
-        ("rule evaluation", lambda m: 1000 * m.rule_seconds, "{:.2f} ms")]
-    for label, value, spec in figures:
-        vllm, sidecar = (_slope(result.of(page), value) for page in (VLLM, SIDECAR))
-        ratio = f"**{sidecar / vllm:.2f}×**" if vllm > 0 else "—"
-        yield [label, spec.format(vllm), spec.format(sidecar), ratio]
+        ("rule evaluation", lambda m: 1000 * m.rule_seconds, "{:.0f} ms")]
+    rows = []
+    for name, value, spec in figures:
+        vllm, sidecar = (_slope(result.at(page, first), result.at(page, last), value) for page in (VLLM, SIDECAR))
+        rows.append([name, spec.format(vllm), spec.format(sidecar), f"**{sidecar / vllm:.2f}×**" if vllm > 0 else "—"])
+    return markdown_table([label, "vLLM's own page", "sidecar's page", "sidecar / vLLM"], rows)
 
 
-def _slope(measurements: Sequence[Measurement], value: Callable[[Measurement], float]) -> float:
-    first, last = measurements[0], measurements[-1]
+def comparable_sizes(result: Result) -> list[int]:
+    """The fleet sizes at which every target of both pages was up."""
+    return sorted(set.intersection(*({m.pods for m in result.of(page) if m.targets_up == m.pods}
+                                     for page in (VLLM, SIDECAR))))
+
+
+def _slope(first: Measurement, last: Measurement, value: Callable[[Measurement], float]) -> float:
     if last.pods == first.pods:
         return last.per_100(value(last))
     return (value(last) - value(first)) * 100 / (last.pods - first.pods)
 
 
 def summary(result: Result) -> list[str]:
-    both = sorted({m.pods for m in result.of(SIDECAR)} & {m.pods for m in result.of(VLLM)})
-    if not both:
+    sidecar, vllm = result.of(SIDECAR), result.of(VLLM)
+    if not sidecar or not vllm:
         return ["No fleet size was measured for both pages."]
-    sidecar, vllm = (next(m for m in result.of(page) if m.pods == both[-1]) for page in (SIDECAR, VLLM))
-    clean = all(m.rule_failures == 0 and m.rule_groups == result.groups_in_file and m.targets_up == m.pods
-                for m in result.measurements)
-    rules = (f"all {result.groups_in_file} evaluated in every run, without failures, every target up" if clean
-             else "**not all evaluated, or failed, or targets down** (see the table)")
-    return [f"The sidecar's page: {sidecar.series_per_pod:.0f} series per pod ({result.page_kib[SIDECAR]:.0f} KiB), "
-            f"{sidecar.series_per_pod / vllm.series_per_pod:.2f}× vLLM's own {vllm.series_per_pod:.0f} "
-            f"({result.page_kib[VLLM]:.0f} KiB). At {sidecar.pods} pods Prometheus holds {sidecar.head_series} head "
-            f"series for the sidecars against {vllm.head_series} for vLLM alone. Rule groups: {rules}."]
+    evaluated = all(m.rule_failures == 0 and m.rule_groups == result.groups_in_file for m in result.measurements)
+    rules = (f"all {result.groups_in_file} evaluated in every run, without failures" if evaluated
+             else "**not all evaluated, or some failed** (see the table)")
+    behind = [f"{m.page} × {m.pods} ({m.targets_up} up)" for m in result.measurements if m.targets_up < m.pods]
+    scrapes = ("every target up in every run" if not behind else
+               f"**this machine's Prometheus could not scrape every target in time**: {', '.join(behind)}; those "
+               "rows hold only the targets it reached and are left out of the comparison")
+    return [f"The sidecar's page: {sidecar[-1].series_per_pod:.0f} series per pod "
+            f"({result.page_kib[SIDECAR]:.0f} KiB), {sidecar[-1].series_per_pod / vllm[-1].series_per_pod:.2f}× vLLM's "
+            f"own {vllm[-1].series_per_pod:.0f} ({result.page_kib[VLLM]:.0f} KiB). Rule groups: {rules}; {scrapes}."]
 
 
 def report(result: Result) -> list[str]:
     return [*markdown_table(TABLE_HEADER, list(table_rows(result))), "",
-            *markdown_table(SLOPE_HEADER, list(slope_rows(result))), "", *summary(result)]
+            *slope_table(result), "", *summary(result)]
 
 
 def main() -> int:
