@@ -177,6 +177,7 @@ class PodServer:
         self.started = time.monotonic()
         self.cache: dict[tuple[int, int, bool], bytes] = {}
         self.served = 0
+        self.writers: set[asyncio.StreamWriter] = set()
         self.loop = asyncio.new_event_loop()
         self.port = 0
         self.ready = threading.Event()
@@ -193,6 +194,7 @@ class PodServer:
         return self.cache[key]
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.writers.add(writer)
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
@@ -210,6 +212,7 @@ class PodServer:
         except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError, ValueError):
             pass
         finally:
+            self.writers.discard(writer)
             writer.close()
             with contextlib.suppress(ConnectionError):
                 await writer.wait_closed()  # retrieves a reset's exception, which asyncio would otherwise log
@@ -225,11 +228,13 @@ class PodServer:
         self.loop.close()
 
     async def _close_connections(self) -> None:
-        """Prometheus keeps its connections open: end their handlers, so that none is left pending at exit."""
+        """Prometheus keeps its connections open: close them, so that every handler ends at its next read (not
+        cancelled: Python 3.11's streams log a cancelled handler as an error)."""
+        for writer in list(self.writers):
+            writer.close()
         handlers = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
-        for task in handlers:
-            task.cancel()
-        await asyncio.gather(*handlers, return_exceptions=True)
+        if handlers:
+            await asyncio.wait(handlers, timeout=5)
 
     def __enter__(self) -> PodServer:
         self.thread.start()
