@@ -1,0 +1,244 @@
+"""The /metrics page, rendered once per collection in slices that yield to the event loop, served as bytes.
+
+The sidecar's event loop also runs the request tap, so nothing on it may hold the interpreter for long: a 1 MB
+target's page (~2 MB, 20k samples) took prometheus_client ~100 ms to render in one piece, and every tapped
+request waiting meanwhile got that much later. Here a render is a generator of small steps (one series' families,
+then a few hundred sample lines), driven by ``run_sliced`` which hands the loop back every ``SLICE_SECONDS``.
+
+A sample line is ``name{labels} value``; its ``name{labels}`` part never changes between collections, so it is
+written once by the encoder itself (the same escaping, byte for byte) and remembered from one render to the
+next; a render then only formats the values. A family with anything else in it (timestamps, exemplars,
+OpenMetrics-only samples) is handed to the encoder whole.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import zlib
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Protocol, TypeVar
+
+from prometheus_client.metrics_core import Metric
+from prometheus_client.samples import Sample
+
+from specdecode_exporter.core.metrics import go_float
+from specdecode_exporter.sidecar.collection import TargetView
+from specdecode_exporter.sidecar.expose import Families, fill_families
+
+Encoder = Callable[..., bytes]  # prometheus_client's generate_latest for one of the two text formats
+OPENMETRICS_EOF = b"# EOF\n"
+# How long one slice may hold the loop: well under the tap's 1 ms budget for added time to first byte.
+SLICE_SECONDS = 0.0005
+LINES_PER_STEP = 100  # sample lines formatted between two looks at the clock
+GZIP_LEVEL = 6
+_OPENMETRICS_ONLY = ("_created", "_gsum", "_gcount")  # the text format moves these to families of their own
+
+T = TypeVar("T")
+
+
+class Compressor(Protocol):
+    """What zlib.compressobj returns, as far as the page uses it."""
+
+    def compress(self, data: bytes, /) -> bytes: ...
+    def flush(self, mode: int = ..., /) -> bytes: ...
+    def copy(self) -> Compressor: ...
+
+
+def new_gzip() -> Compressor:
+    return zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, 16 + zlib.MAX_WBITS)  # 16+: gzip framing
+
+
+class _Families:
+    """A registry as the encoders read one: anything with collect()."""
+
+    def __init__(self, families: Iterable[Metric]) -> None:
+        self._families = families
+
+    def collect(self) -> Iterable[Metric]:
+        return self._families
+
+
+def encode(encoder: Encoder, families: Iterable[Metric]) -> str:
+    """The encoder's text for these families, without OpenMetrics' closing # EOF."""
+    text = encoder(_Families(families))
+    return (text[: -len(OPENMETRICS_EOF)] if text.endswith(OPENMETRICS_EOF) else text).decode("utf-8")
+
+
+SampleKey = tuple[str, tuple[str, ...], tuple[str, ...]]  # name, label names, label values
+
+
+@dataclass
+class LineFormat:
+    """One encoder's family headers and sample-line prefixes, kept from one render to the next (only those the
+    last render used, so a redeployed model's series do not pile up)."""
+
+    encoder: Encoder
+    eof: str = field(init=False)  # what closes a page: OpenMetrics' # EOF, or nothing
+    headers: dict[tuple[str, str, str, str], str] = field(default_factory=dict)
+    prefixes: dict[SampleKey, str] = field(default_factory=dict)
+    _used: dict[SampleKey, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.eof = self.encoder(_Families([])).decode("utf-8")
+
+    def header(self, family: Metric) -> str:
+        key = (family.name, family.type, family.documentation, family.unit)
+        header = self.headers.get(key)
+        if header is None:
+            header = self.headers[key] = encode(self.encoder, [Metric(family.name, family.documentation,
+                                                                      family.type, family.unit)])
+        return header
+
+    def prefix(self, family: Metric, sample: Sample) -> str:
+        """``name{labels} ``, exactly as the encoder writes it."""
+        labels = sample.labels
+        key = (sample.name, tuple(labels), tuple(labels.values()))
+        prefix = self._used.get(key) or self.prefixes.get(key)
+        if prefix is None:
+            alone = Metric(family.name, family.documentation, family.type, family.unit)
+            alone.samples = [Sample(sample.name, sample.labels, 0.0)]
+            line = encode(self.encoder, [alone])[len(self.header(family)):]
+            prefix = line[: line.rindex(" ") + 1]
+        self._used[key] = prefix
+        return prefix
+
+    def render_done(self) -> None:
+        self.prefixes, self._used = self._used, {}
+
+
+def plain(family: Metric) -> bool:
+    """Whether every sample is ``name{labels} value``, so the remembered prefixes apply."""
+    special = tuple(family.name + suffix for suffix in _OPENMETRICS_ONLY)
+    return all(s.timestamp is None and s.exemplar is None and s.native_histogram is None and s.name not in special
+               for s in family.samples)
+
+
+def family_pieces(family: Metric, line_format: LineFormat) -> Iterator[str]:
+    """One family's text, a few hundred lines at a time."""
+    if not plain(family):
+        yield encode(line_format.encoder, [family])
+        return
+    lines = [line_format.header(family)]
+    for sample in family.samples:
+        lines.append(f"{line_format.prefix(family, sample)}{go_float(sample.value)}\n")
+        if len(lines) >= LINES_PER_STEP:
+            yield "".join(lines)
+            lines = []
+    if lines:
+        yield "".join(lines)
+
+
+def page_pieces(families: Iterable[Metric], line_format: LineFormat) -> Iterator[str]:
+    for family in families:
+        yield from family_pieces(family, line_format)
+    line_format.render_done()
+
+
+async def run_sliced(steps: Iterator[T], budget: float = SLICE_SECONDS) -> list[T]:
+    """Every item of ``steps``, handing the event loop back whenever a slice has run ``budget`` seconds."""
+    out: list[T] = []
+    started = time.perf_counter()
+    for item in steps:
+        out.append(item)
+        if time.perf_counter() - started >= budget:
+            await asyncio.sleep(0)
+            started = time.perf_counter()
+    return out
+
+
+def compressed_steps(text: bytes, gzip: Compressor, piece: int = 32 * 1024) -> Iterator[bytes]:
+    """gzip of ``text`` in pieces (~0.3 ms each at level 6), leaving ``gzip`` open for what follows."""
+    for start in range(0, len(text), piece):
+        yield gzip.compress(text[start:start + piece])
+
+
+def spec_decode_steps(views: Iterable[TargetView], line_format: LineFormat) -> Iterator[str]:
+    """The spec-decode families' text in pieces: empty pieces while the families fill (one per series), then the
+    text."""
+    families = Families()
+    for _ in fill_families(families, views):
+        yield ""
+    yield from page_pieces(families, line_format)
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """The spec-decode part of the page for one set of views and one encoder (OpenMetrics' # EOF left off: the
+    live families follow it)."""
+
+    views: tuple[TargetView, ...]  # what it was rendered from; keeping them keeps their ids meaningful
+    text: bytes
+    # The gzip of the text, and the compressor right after it: a compressed scrape copies it to add the live
+    # families, so a response is one gzip stream without compressing the large part again.
+    gzipped: tuple[bytes, Compressor] | None = None
+
+    def current(self, views: tuple[TargetView, ...], compress: bool) -> bool:
+        same = len(views) == len(self.views) and all(a is b for a, b in zip(views, self.views, strict=True))
+        return same and (self.gzipped is not None or not compress)
+
+
+class SpecDecodePage:
+    """The spec-decode part of /metrics, per encoder: rendered once per set of views (by ``keep_fresh`` right
+    after a collection publishes, or by the first scrape that finds it stale), in slices on the event loop."""
+
+    def __init__(self, views: Callable[[], list[TargetView]]) -> None:
+        self._views = views
+        self._formats: dict[Encoder, LineFormat] = {}
+        self._rendered: dict[Encoder, Rendered] = {}
+        self._rendering: dict[Encoder, asyncio.Task[Rendered]] = {}
+        self._wants_gzip: set[Encoder] = set()
+        self.renders = 0  # spec-decode renders so far (one per set of views and encoder)
+
+    def line_format(self, encoder: Encoder) -> LineFormat:
+        line_format = self._formats.get(encoder)
+        if line_format is None:
+            line_format = self._formats[encoder] = LineFormat(encoder)
+        return line_format
+
+    async def get(self, encoder: Encoder, compress: bool) -> Rendered:
+        """The part for the views published by now (gzipped too where ``compress``), rendered if need be. Views
+        published while it renders wait for the next scrape: with many targets some view is always newer."""
+        if compress:
+            self._wants_gzip.add(encoder)
+        views = tuple(self._views())
+        rendered = self._rendered.get(encoder)
+        if rendered is not None and rendered.current(views, compress):
+            return rendered
+        task = self._rendering.get(encoder)
+        if task is not None:  # a render that began before this call: maybe of older views
+            rendered = await asyncio.shield(task)  # a scrape that gives up must not cancel what others wait for
+            if rendered.current(views, compress):
+                return rendered
+        task = self._rendering.get(encoder)
+        if task is None:
+            task = self._rendering[encoder] = asyncio.ensure_future(
+                self._render(encoder, tuple(self._views()), self._rendered.get(encoder)))
+            task.add_done_callback(lambda _: self._rendering.pop(encoder, None))
+        return await asyncio.shield(task)
+
+    async def _render(self, encoder: Encoder, views: tuple[TargetView, ...], before: Rendered | None) -> Rendered:
+        if before is not None and before.current(views, compress=False):
+            text = before.text  # only the gzip is missing
+        else:
+            self.renders += 1
+            text = "".join(await run_sliced(spec_decode_steps(views, self.line_format(encoder)))).encode("utf-8")
+        gzipped = None
+        if encoder in self._wants_gzip:
+            gzip = new_gzip()
+            gzipped = (b"".join(await run_sliced(compressed_steps(text, gzip))), gzip)
+        rendered = self._rendered[encoder] = Rendered(views, text, gzipped)
+        return rendered
+
+    async def keep_fresh(self, poll: float, rest: float) -> None:
+        """Render again when a collection has published, for each encoder scraped so far, so that scrapes find
+        the page ready: looks every ``poll`` seconds, and rests ``rest`` seconds after a render (many targets
+        publish all the time; one render per rest then, as with one target one per collection)."""
+        while True:
+            await asyncio.sleep(poll)
+            renders = self.renders
+            for encoder in list(self._rendered):
+                await self.get(encoder, encoder in self._wants_gzip)
+            if self.renders != renders:
+                await asyncio.sleep(rest)
