@@ -28,13 +28,17 @@ def _env() -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def static_server(body: bytes) -> Iterator[str]:
-    """Yields the base URL of a static exposition server (every path serves ``body``)."""
+def static_server(*bodies: bytes) -> Iterator[str]:
+    """Yields the base URL of a static exposition server (every path serves the body; given several, each fetch
+    the next, the last one once they are used up)."""
     with tempfile.TemporaryDirectory(prefix="bench-static-") as tmp:
-        path = Path(tmp) / "body.prom"
-        path.write_bytes(body)
+        files = []
+        for i, body in enumerate(bodies):
+            path = Path(tmp) / f"body{i}.prom"
+            path.write_bytes(body)
+            files += ["--file", str(path)]
         with running("static-server", lambda port: [
-            sys.executable, "-m", "bench.static_server", "--file", str(path), "--port", str(port),
+            sys.executable, "-m", "bench.static_server", *files, "--port", str(port),
         ], Path(tmp), "/-/stats", timeout=20, env=_env()) as proc:
             yield proc.url
 

@@ -3,6 +3,7 @@ when each path was fetched (GET /-/stats returns {path: [monotonic times]}). Che
 hundreds of vLLM targets on one port: the sidecar sees N distinct URLs /metrics/0 … /metrics/N-1.
 
     python -m bench.static_server --file BODY --port PORT
+    python -m bench.static_server --file BODY1 --file BODY2 … --port PORT   # a live target: each fetch the next
 """
 
 from __future__ import annotations
@@ -17,10 +18,9 @@ MAX_TIMES = 2000  # per path, bounded
 
 
 class StaticServer:
-    def __init__(self, body: bytes) -> None:
-        self.body = body
-        self.header = (b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n"
-                       b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n")
+    def __init__(self, *bodies: bytes) -> None:
+        self.bodies = bodies  # several: one after another, fetch after fetch (counters that move)
+        self.fetches = 0
         self.times: dict[str, deque[float]] = defaultdict(lambda: deque(maxlen=MAX_TIMES))
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -34,8 +34,11 @@ class StaticServer:
                                  + str(len(payload)).encode() + b"\r\n\r\n" + payload)
                 else:
                     self.times[path].append(time.monotonic())
-                    writer.write(self.header)
-                    writer.write(self.body)
+                    body = self.bodies[min(self.fetches, len(self.bodies) - 1)]
+                    self.fetches += 1
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n"
+                                 b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n")
+                    writer.write(body)
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError):
             pass
@@ -43,8 +46,8 @@ class StaticServer:
             writer.close()
 
 
-async def serve(body: bytes, port: int) -> None:
-    server = StaticServer(body)
+async def serve(bodies: list[bytes], port: int) -> None:
+    server = StaticServer(*bodies)
     srv = await asyncio.start_server(server.handle, "127.0.0.1", port, backlog=1024)
     async with srv:
         await srv.serve_forever()
@@ -52,12 +55,14 @@ async def serve(body: bytes, port: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--file", required=True)
+    parser.add_argument("--file", required=True, action="append")
     parser.add_argument("--port", type=int, required=True)
     args = parser.parse_args()
-    with open(args.file, "rb") as f:
-        body = f.read()
-    asyncio.run(serve(body, args.port))
+    bodies = []
+    for name in args.file:
+        with open(name, "rb") as f:
+            bodies.append(f.read())
+    asyncio.run(serve(bodies, args.port))
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
 from prometheus_client.metrics_core import Metric
-from prometheus_client.samples import Sample
 
 from specdecode_exporter.core.metrics import go_float
 from specdecode_exporter.sidecar.collection import TargetView
@@ -91,18 +90,28 @@ class LineFormat:
                                                                       family.type, family.unit)])
         return header
 
-    def prefix(self, family: Metric, sample: Sample) -> str:
-        """``name{labels} ``, exactly as the encoder writes it."""
-        labels = sample.labels
-        key = (sample.name, tuple(labels), tuple(labels.values()))
-        prefix = self._used.get(key) or self.prefixes.get(key)
-        if prefix is None:
-            alone = Metric(family.name, family.documentation, family.type, family.unit)
-            alone.samples = [Sample(sample.name, sample.labels, 0.0)]
-            line = encode(self.encoder, [alone])[len(self.header(family)):]
-            prefix = line[: line.rindex(" ") + 1]
-        self._used[key] = prefix
-        return prefix
+    def known(self, family: Metric) -> list[str] | None:
+        """Every sample's remembered prefix (now marked used), or None where one is missing."""
+        used, prefixes, known = self._used, self.prefixes, []
+        for sample in family.samples:
+            labels = sample.labels
+            key = (sample.name, tuple(labels), tuple(labels.values()))
+            prefix = used.get(key) or prefixes.get(key)
+            if prefix is None:
+                return None
+            used[key] = prefix
+            known.append(prefix)
+        return known
+
+    def learn(self, family: Metric) -> str:
+        """The family's text from the encoder, its samples' prefixes remembered from it (one line per sample,
+        in order, in a family that is plain())."""
+        text = encode(self.encoder, [family])
+        lines = text[len(self.header(family)):].splitlines(keepends=True)
+        for sample, line in zip(family.samples, lines, strict=True):
+            labels = sample.labels
+            self._used[(sample.name, tuple(labels), tuple(labels.values()))] = line[: line.rindex(" ") + 1]
+        return text
 
     def render_done(self) -> None:
         self.prefixes, self._used = self._used, {}
@@ -116,13 +125,17 @@ def plain(family: Metric) -> bool:
 
 
 def family_pieces(family: Metric, line_format: LineFormat) -> Iterator[str]:
-    """One family's text, a few hundred lines at a time."""
+    """One family's text, a few hundred lines at a time (in one piece the first time its series are seen)."""
     if not plain(family):
         yield encode(line_format.encoder, [family])
         return
+    prefixes = line_format.known(family)
+    if prefixes is None:
+        yield line_format.learn(family)
+        return
     lines = [line_format.header(family)]
-    for sample in family.samples:
-        lines.append(f"{line_format.prefix(family, sample)}{go_float(sample.value)}\n")
+    for prefix, sample in zip(prefixes, family.samples, strict=True):
+        lines.append(f"{prefix}{go_float(sample.value)}\n")
         if len(lines) >= LINES_PER_STEP:
             yield "".join(lines)
             lines = []
@@ -148,8 +161,8 @@ async def run_sliced(steps: Iterator[T], budget: float = SLICE_SECONDS) -> list[
     return out
 
 
-def compressed_steps(text: bytes, gzip: Compressor, piece: int = 32 * 1024) -> Iterator[bytes]:
-    """gzip of ``text`` in pieces (~0.3 ms each at level 6), leaving ``gzip`` open for what follows."""
+def compressed_steps(text: bytes, gzip: Compressor, piece: int = 16 * 1024) -> Iterator[bytes]:
+    """gzip of ``text`` in pieces (~0.2 ms each at level 6), leaving ``gzip`` open for what follows."""
     for start in range(0, len(text), piece):
         yield gzip.compress(text[start:start + piece])
 
