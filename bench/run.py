@@ -160,6 +160,15 @@ def run_footprint(rep: Report, span: float, pipeline_ms: dict[str, float]) -> No
             f"({fill.snapshots} snapshots per series, old ones thinned): the busy sidecar's steady state is about "
             f"{busy_rss:.0f} + {fill.growth_mb:.0f} = {busy_rss + fill.growth_mb:.0f} MB. "
             "A single vLLM with a few engines adds well under 1 MB.")
+    hour = footprint.sidecar_after_hour(corpus.fixture("captured_vllm_cpu_0.32.0_ngram.prom"))
+    rep.add(f"\nRSS after the longest window (1h) has filled, for a real-size target (the captured 51 KiB vLLM "
+            "0.32.0 exposition, its counters moved at every collection): the sidecar's own parts (Exporter, store, "
+            "views, the app, the /metrics page rendered after each collection and scraped gzipped) through 65 min "
+            "of 5 s collections on a fake clock, in a child process (footprint.sidecar_after_hour; uvicorn's "
+            f"server and sockets not running). {hour.series} series, {hour.snapshots} snapshots per series.\n")
+    rep.table(["RSS before the first collection", "RSS after 1 h (≤ 64 MB)", "peak RSS", "scrape body (gzip)"],
+              [[f"{hour.start_mb:.1f} MB", f"{hour.rss_mb:.1f} MB", f"{hour.hwm_mb:.1f} MB",
+                f"{hour.page_kib:.1f} KiB"]])
 
 
 def run_scale(rep: Report, ns: tuple[int, ...], span: float) -> None:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
 from prometheus_client.metrics_core import Metric
+from prometheus_client.samples import Sample
 
 from specdecode_exporter.core.metrics import go_float
 from specdecode_exporter.sidecar.collection import TargetView
@@ -90,25 +91,26 @@ class LineFormat:
                                                                       family.type, family.unit)])
         return header
 
-    def known(self, family: Metric) -> list[str] | None:
-        """Every sample's remembered prefix (now marked used), or None where one is missing."""
-        used, prefixes, known = self._used, self.prefixes, []
-        for sample in family.samples:
+    def lines(self, family: Metric, samples: list[Sample]) -> str:
+        """These samples' lines (a slice of the family's), from the remembered prefixes; where one is missing, from
+        the encoder, the prefixes learnt from what it wrote (one line per sample, in order: the family is
+        plain())."""
+        used, prefixes, keys = self._used, self.prefixes, []
+        for sample in samples:
             labels = sample.labels
             key = (sample.name, tuple(labels), tuple(labels.values()))
             prefix = used.get(key) or prefixes.get(key)
             if prefix is None:
-                return None
+                return self._learn(family, samples)
             used[key] = prefix
-            known.append(prefix)
-        return known
+            keys.append(prefix)
+        return "".join([f"{prefix}{go_float(sample.value)}\n" for prefix, sample in zip(keys, samples, strict=True)])
 
-    def learn(self, family: Metric) -> str:
-        """The family's text from the encoder, its samples' prefixes remembered from it (one line per sample,
-        in order, in a family that is plain())."""
-        text = encode(self.encoder, [family])
-        lines = text[len(self.header(family)):].splitlines(keepends=True)
-        for sample, line in zip(family.samples, lines, strict=True):
+    def _learn(self, family: Metric, samples: list[Sample]) -> str:
+        alone = Metric(family.name, family.documentation, family.type, family.unit)
+        alone.samples = samples
+        text = encode(self.encoder, [alone])[len(self.header(family)):]
+        for sample, line in zip(samples, text.splitlines(keepends=True), strict=True):
             labels = sample.labels
             self._used[(sample.name, tuple(labels), tuple(labels.values()))] = line[: line.rindex(" ") + 1]
         return text
@@ -125,22 +127,14 @@ def plain(family: Metric) -> bool:
 
 
 def family_pieces(family: Metric, line_format: LineFormat) -> Iterator[str]:
-    """One family's text, a few hundred lines at a time (in one piece the first time its series are seen)."""
+    """One family's text, a hundred lines at a time."""
     if not plain(family):
         yield encode(line_format.encoder, [family])
         return
-    prefixes = line_format.known(family)
-    if prefixes is None:
-        yield line_format.learn(family)
-        return
-    lines = [line_format.header(family)]
-    for prefix, sample in zip(prefixes, family.samples, strict=True):
-        lines.append(f"{prefix}{go_float(sample.value)}\n")
-        if len(lines) >= LINES_PER_STEP:
-            yield "".join(lines)
-            lines = []
-    if lines:
-        yield "".join(lines)
+    samples = family.samples
+    yield line_format.header(family) + line_format.lines(family, samples[:LINES_PER_STEP])
+    for start in range(LINES_PER_STEP, len(samples), LINES_PER_STEP):
+        yield line_format.lines(family, samples[start:start + LINES_PER_STEP])
 
 
 def page_pieces(families: Iterable[Metric], line_format: LineFormat) -> Iterator[str]:
@@ -210,9 +204,10 @@ class SpecDecodePage:
             line_format = self._formats[encoder] = LineFormat(encoder)
         return line_format
 
-    async def get(self, encoder: Encoder, compress: bool) -> Rendered:
+    async def get(self, encoder: Encoder, compress: bool, latest: bool = True) -> Rendered:
         """The part for the views published by now (gzipped too where ``compress``), rendered if need be. Views
-        published while it renders wait for the next scrape: with many targets some view is always newer."""
+        published while it renders wait for the next call: with many targets some view is always newer. Not
+        ``latest``: the last page rendered, if there is one, even while a newer one renders."""
         if compress:
             self._wants_gzip.add(encoder)
         views = tuple(self._views())
@@ -220,15 +215,17 @@ class SpecDecodePage:
         if rendered is not None and rendered.current(views, compress):
             return rendered
         task = self._rendering.get(encoder)
-        if task is not None:  # a render that began before this call: maybe of older views
+        if task is not None and latest:  # a render that began before this call: maybe of older views
             rendered = await asyncio.shield(task)  # a scrape that gives up must not cancel what others wait for
             if rendered.current(views, compress):
                 return rendered
-        task = self._rendering.get(encoder)
+            task = self._rendering.get(encoder)
         if task is None:
             task = self._rendering[encoder] = asyncio.ensure_future(
                 self._render(encoder, tuple(self._views()), self._rendered.get(encoder)))
             task.add_done_callback(lambda _: self._rendering.pop(encoder, None))
+        if not latest and rendered is not None and (rendered.gzipped is not None or not compress):
+            return rendered
         return await asyncio.shield(task)
 
     async def _render(self, encoder: Encoder, views: tuple[TargetView, ...], before: Rendered | None) -> Rendered:
