@@ -332,6 +332,32 @@ def test_specdecode_families_are_rendered_once_per_collection(harness: Harness) 
     assert page.count(b"# EOF") == 1
 
 
+def test_a_sidecar_running_its_own_collection_serves_the_last_page_while_the_next_renders(harness: Harness) -> None:
+    import asyncio
+
+    from prometheus_client import generate_latest
+
+    from specdecode_exporter.sidecar.expose import specdecode_registry
+    from specdecode_exporter.sidecar.web import MetricsRenderer
+
+    harness.step(5.0)
+    renderer = MetricsRenderer(harness.exporter, latest=False)
+    first = asyncio.run(renderer.render(generate_latest))  # no page yet: it waits for the first
+    before = generate_latest(specdecode_registry(harness.exporter.views()))
+    assert first.startswith(before)
+    harness.step(5.0)
+    after = generate_latest(specdecode_registry(harness.exporter.views()))
+    assert after != before
+
+    async def scrape_during_render() -> tuple[bytes, bytes]:
+        during = await renderer.render(generate_latest)  # the render starts; the scrape does not wait for it
+        return during, (await renderer.spec_decode.get(generate_latest, compress=False)).text
+
+    during, rendered = asyncio.run(scrape_during_render())
+    assert during.startswith(before) and rendered == after
+    assert asyncio.run(renderer.render(generate_latest)).startswith(after)
+
+
 def test_targets_share_one_default_tls_context() -> None:
     """Each default TLS context loads the CA bundle (~0.8 MB): 100 targets once cost 80 MB of RSS."""
     from specdecode_exporter.sidecar.collection import default_ssl_context, new_client

@@ -14,9 +14,10 @@ OpenMetrics-only samples) is handed to the encoder whole.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 import zlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
@@ -44,6 +45,14 @@ class Compressor(Protocol):
     def compress(self, data: bytes, /) -> bytes: ...
     def flush(self, mode: int = ..., /) -> bytes: ...
     def copy(self) -> Compressor: ...
+
+
+def encoder_key(encoder: Encoder) -> Hashable:
+    """The same key for the same format: prometheus_client's choose_encoder returns a new functools.partial of
+    the OpenMetrics encoder at every call."""
+    if isinstance(encoder, functools.partial):
+        return (encoder.func, encoder.args, tuple(sorted(encoder.keywords.items())))
+    return encoder
 
 
 def new_gzip() -> Compressor:
@@ -190,13 +199,19 @@ class SpecDecodePage:
     """The spec-decode part of /metrics, per encoder: rendered once per set of views (by ``keep_fresh`` right
     after a collection publishes, or by the first scrape that finds it stale), in slices on the event loop."""
 
-    def __init__(self, views: Callable[[], list[TargetView]]) -> None:
+    def __init__(self, views: Callable[[], list[TargetView]], gzipped: tuple[Encoder, ...] = ()) -> None:
+        """``gzipped``: encoders rendered and gzipped after every collection from the start, before any scrape
+        asks (what Prometheus asks for), so that even the first scrape finds its page ready."""
         self._views = views
+        self._encoders: dict[Hashable, Encoder] = {}  # the first of each format seen, which the page is keyed by
         self._formats: dict[Encoder, LineFormat] = {}
         self._rendered: dict[Encoder, Rendered] = {}
         self._rendering: dict[Encoder, asyncio.Task[Rendered]] = {}
-        self._wants_gzip: set[Encoder] = set()
+        self._wants_gzip: set[Encoder] = {self.encoder(encoder) for encoder in gzipped}
         self.renders = 0  # spec-decode renders so far (one per set of views and encoder)
+
+    def encoder(self, encoder: Encoder) -> Encoder:
+        return self._encoders.setdefault(encoder_key(encoder), encoder)
 
     def line_format(self, encoder: Encoder) -> LineFormat:
         line_format = self._formats.get(encoder)
@@ -208,6 +223,7 @@ class SpecDecodePage:
         """The part for the views published by now (gzipped too where ``compress``), rendered if need be. Views
         published while it renders wait for the next call: with many targets some view is always newer. Not
         ``latest``: the last page rendered, if there is one, even while a newer one renders."""
+        encoder = self.encoder(encoder)
         if compress:
             self._wants_gzip.add(encoder)
         views = tuple(self._views())
@@ -248,7 +264,7 @@ class SpecDecodePage:
         while True:
             await asyncio.sleep(poll)
             renders = self.renders
-            for encoder in list(self._rendered):
+            for encoder in list(self._rendered.keys() | self._wants_gzip):
                 await self.get(encoder, encoder in self._wants_gzip)
             if self.renders != renders:
                 await asyncio.sleep(rest)

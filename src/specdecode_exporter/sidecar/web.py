@@ -28,6 +28,10 @@ from specdecode_exporter.sidecar.status_page import status_html
 from specdecode_exporter.sidecar.webconfig import BasicAuthMiddleware, WebSecurity
 from specdecode_exporter.tap.request_stats import NO_REQUESTS
 
+# What Prometheus sends (scrape_protocols' default order): its format is rendered and gzipped from the start.
+PROMETHEUS_ACCEPT = ("application/openmetrics-text;version=1.0.0;q=0.5,application/openmetrics-text;version=0.0.1;"
+                     "q=0.4,text/plain;version=0.0.4;q=0.3,*/*;q=0.2")
+
 
 class MetricsRenderer:
     """Renders /metrics. The spec-decode families change only when a collection publishes new views: their text
@@ -40,7 +44,7 @@ class MetricsRenderer:
         """``latest``: a scrape waits for the page of the views published by then. Otherwise it gets the last
         page rendered at once, even while the next renders (the page is at most one render behind a collection:
         the sidecar's own collection loop starts a render right after each)."""
-        self.spec_decode = SpecDecodePage(exporter.views)
+        self.spec_decode = SpecDecodePage(exporter.views, gzipped=(choose_encoder(PROMETHEUS_ACCEPT)[0],))
         self._latest = latest
         self._live = CollectorRegistry(auto_describe=True)
         if reloader is not None:
@@ -56,6 +60,7 @@ class MetricsRenderer:
 
     async def render(self, encoder: Encoder, compress: bool = False) -> bytes:
         """The exposition; with ``compress``, gzipped."""
+        encoder = self.spec_decode.encoder(encoder)
         cached = await self.spec_decode.get(encoder, compress, self._latest)
         live_format = self._live_formats.get(encoder)
         if live_format is None:
