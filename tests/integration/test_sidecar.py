@@ -350,12 +350,18 @@ def test_a_sidecar_running_its_own_collection_serves_the_last_page_while_the_nex
     assert after != before
 
     async def scrape_during_render() -> tuple[bytes, bytes]:
-        during = await renderer.render(generate_latest)  # the render starts; the scrape does not wait for it
-        return during, (await renderer.spec_decode.get(generate_latest, compress=False)).text
+        # What keep_fresh starts right after a collection; the scrape that comes meanwhile does not wait for it.
+        rendering = asyncio.ensure_future(renderer.spec_decode.get(generate_latest, compress=False))
+        await asyncio.sleep(0)
+        during = await renderer.render(generate_latest)
+        return during, (await rendering).text
 
     during, rendered = asyncio.run(scrape_during_render())
     assert during.startswith(before) and rendered == after
     assert asyncio.run(renderer.render(generate_latest)).startswith(after)
+    harness.step(5.0)  # no render under way: the scrape renders the new page and waits for it
+    assert asyncio.run(renderer.render(generate_latest)).startswith(
+        generate_latest(specdecode_registry(harness.exporter.views())))
 
 
 def test_targets_share_one_default_tls_context() -> None:

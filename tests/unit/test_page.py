@@ -87,3 +87,15 @@ def test_a_sliced_run_hands_the_loop_back_between_steps() -> None:
     assert done == [0, 1, 2, 3, 4]
     steps_at = [i for i, what in enumerate(order) if what.startswith("step")]
     assert all(order[i + 1] == "other" for i in steps_at[:-1]), order
+
+
+def test_pages_are_rendered_ahead_only_for_the_scrape_that_will_read_them() -> None:
+    from specdecode_exporter.sidecar.page import SpecDecodePage
+
+    page = SpecDecodePage(list)
+    assert not page.due(100.0, lead=5.0)  # nobody scrapes: nothing rendered ahead
+    page.scraped(100.0)
+    assert page.due(101.0, lead=5.0)  # one scrape, its interval unknown: after every collection
+    page.scraped(130.0)  # a scrape every 30 s, collections every 5 s
+    assert not page.due(140.0, lead=5.0) and not page.due(154.0, lead=5.0)
+    assert page.due(155.0, lead=5.0) and page.due(161.0, lead=5.0)  # the collection before the next scrape

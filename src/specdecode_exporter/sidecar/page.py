@@ -209,6 +209,7 @@ class SpecDecodePage:
         self._rendering: dict[Encoder, asyncio.Task[Rendered]] = {}
         self._wants_gzip: set[Encoder] = {self.encoder(encoder) for encoder in gzipped}
         self.renders = 0  # spec-decode renders so far (one per set of views and encoder)
+        self._scrapes: tuple[float, ...] = ()  # the last two scrapes' times (monotonic)
 
     def encoder(self, encoder: Encoder) -> Encoder:
         return self._encoders.setdefault(encoder_key(encoder), encoder)
@@ -222,7 +223,7 @@ class SpecDecodePage:
     async def get(self, encoder: Encoder, compress: bool, latest: bool = True) -> Rendered:
         """The part for the views published by now (gzipped too where ``compress``), rendered if need be. Views
         published while it renders wait for the next call: with many targets some view is always newer. Not
-        ``latest``: the last page rendered, if there is one, even while a newer one renders."""
+        ``latest``: while the next page renders (started right after a collection), the last one at once."""
         encoder = self.encoder(encoder)
         if compress:
             self._wants_gzip.add(encoder)
@@ -231,7 +232,9 @@ class SpecDecodePage:
         if rendered is not None and rendered.current(views, compress):
             return rendered
         task = self._rendering.get(encoder)
-        if task is not None and latest:  # a render that began before this call: maybe of older views
+        if task is not None and not latest and rendered is not None and (rendered.gzipped or not compress):
+            return rendered  # the next page is on its way; this one is one collection old
+        if task is not None:  # a render that began before this call: maybe of older views
             rendered = await asyncio.shield(task)  # a scrape that gives up must not cancel what others wait for
             if rendered.current(views, compress):
                 return rendered
@@ -240,9 +243,20 @@ class SpecDecodePage:
             task = self._rendering[encoder] = asyncio.ensure_future(
                 self._render(encoder, tuple(self._views()), self._rendered.get(encoder)))
             task.add_done_callback(lambda _: self._rendering.pop(encoder, None))
-        if not latest and rendered is not None and (rendered.gzipped is not None or not compress):
-            return rendered
         return await asyncio.shield(task)
+
+    def scraped(self, now: float) -> None:
+        """A scrape came: keep_fresh renders ahead of the next one it expects."""
+        self._scrapes = (self._scrapes[-1], now) if self._scrapes else (now,)
+
+    def due(self, now: float, lead: float) -> bool:
+        """Whether a page rendered now would be the one the next scrape gets: never before any scrape; after
+        one, always; after two, when the next (one scrape interval after the last) is at most ``lead`` away (a
+        scraper every 30 s of a sidecar collecting every 5 s gets one render per scrape, not six)."""
+        if len(self._scrapes) < 2:
+            return bool(self._scrapes)
+        previous, last = self._scrapes
+        return now >= last + (last - previous) - lead
 
     async def _render(self, encoder: Encoder, views: tuple[TargetView, ...], before: Rendered | None) -> Rendered:
         if before is not None and before.current(views, compress=False):
@@ -257,12 +271,15 @@ class SpecDecodePage:
         rendered = self._rendered[encoder] = Rendered(views, text, gzipped)
         return rendered
 
-    async def keep_fresh(self, poll: float, rest: float) -> None:
-        """Render again when a collection has published, for each encoder scraped so far, so that scrapes find
-        the page ready: looks every ``poll`` seconds, and rests ``rest`` seconds after a render (many targets
-        publish all the time; one render per rest then, as with one target one per collection)."""
+    async def keep_fresh(self, poll: float, rest: float, clock: Callable[[], float] = time.monotonic) -> None:
+        """Render again when a collection has published, for each encoder scraped so far, so that the next scrape
+        finds the page ready: looks every ``poll`` seconds, and rests ``rest`` seconds after a render (many targets
+        publish all the time; one render per rest then, as with one target one per collection). Only when due():
+        without scrapes, or long before the next, a scrape renders what it needs."""
         while True:
             await asyncio.sleep(poll)
+            if not self.due(clock(), 2 * rest):
+                continue
             renders = self.renders
             for encoder in list(self._rendered.keys() | self._wants_gzip):
                 await self.get(encoder, encoder in self._wants_gzip)

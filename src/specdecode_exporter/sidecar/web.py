@@ -7,6 +7,7 @@ import contextlib
 import gc
 import logging
 import signal
+import time
 from collections.abc import AsyncIterator, Callable
 
 import uvicorn
@@ -61,6 +62,7 @@ class MetricsRenderer:
     async def render(self, encoder: Encoder, compress: bool = False) -> bytes:
         """The exposition; with ``compress``, gzipped."""
         encoder = self.spec_decode.encoder(encoder)
+        self.spec_decode.scraped(time.monotonic())
         cached = await self.spec_decode.get(encoder, compress, self._latest)
         live_format = self._live_formats.get(encoder)
         if live_format is None:
