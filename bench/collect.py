@@ -83,12 +83,15 @@ def body_sequence(models: int, engines: int, k: int, count: int, fmt: str = "v1"
 _COUNTER_VALUE = re.compile(rb"^(vllm:spec_decode_[a-z_]*_total(?:\{[^\n]*\})? )([0-9.e+]+)$", re.MULTILINE)
 
 
+def scaled_body(body: bytes, factor: float) -> bytes:
+    """The exposition with its spec-decode counters scaled by ``factor`` (α and k unchanged, _created untouched)."""
+    return _COUNTER_VALUE.sub(lambda m: m.group(1) + repr(float(m.group(2)) * factor).encode(), body)
+
+
 def moving_bodies(body: bytes, count: int) -> list[bytes]:
-    """A static exposition made to move: its spec-decode counters scaled by 1.1, 1.2, … (α and k unchanged,
-    _created untouched), so successive scrapes carry drafts like a live server's."""
-    def scaled(factor: float) -> bytes:
-        return _COUNTER_VALUE.sub(lambda m: m.group(1) + repr(float(m.group(2)) * factor).encode(), body)
-    return [scaled(1.0 + 0.1 * i) for i in range(1, count + 1)]
+    """A static exposition made to move: its spec-decode counters scaled by 1.1, 1.2, …, so successive scrapes
+    carry drafts like a live server's."""
+    return [scaled_body(body, 1.0 + 0.1 * i) for i in range(1, count + 1)]
 
 
 class Pipeline:

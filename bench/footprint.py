@@ -125,3 +125,59 @@ def ring_fill(models: int, engines: int, k: int, collections: int = 780) -> Ring
                          capture_output=True, text=True, env=_env(), cwd=ROOT, check=True, timeout=600).stdout
     data = json.loads(out.strip().splitlines()[-1])
     return RingFill(data["series"], data["snapshots"], data["end_mb"] - data["first_mb"])
+
+
+_SIDECAR_HOUR = """
+import asyncio, json, os, sys
+from prometheus_client.openmetrics.exposition import generate_latest as openmetrics
+from bench import collect
+from bench.common import FakeClock, proc_rss_mb
+from specdecode_exporter.sidecar.collection import Exporter
+from specdecode_exporter.sidecar.config import Config, TargetConfig, parse_windows
+from specdecode_exporter.sidecar.web import MetricsRenderer, build_app, tune_gc
+body, collections = open(sys.argv[1], "rb").read(), int(sys.argv[2])
+clock = FakeClock()
+config = Config(targets=(TargetConfig(name="vllm", url="http://127.0.0.1:1/metrics"),),
+                windows=parse_windows("1m,5m,15m,1h", "windows"), collect_interval=collect.INTERVAL)
+exporter = Exporter(config, clock=clock)
+build_app(exporter, run_collection=False)
+renderer = MetricsRenderer(exporter)
+tune_gc()
+collector = exporter.collectors["vllm"]
+async def scrape():
+    return await renderer.render(openmetrics, compress=True)
+start = proc_rss_mb(os.getpid())
+for i in range(collections):
+    collect.scrape_once(collector, clock, collect.scaled_body(body, 1.0 + 0.01 * (i + 1)))
+    page = asyncio.run(scrape())
+states = exporter.store.for_target("vllm")
+print(json.dumps({"series": len(states), "snapshots": max(len(s.times) for s in states), "start_mb": start,
+                  "end_mb": proc_rss_mb(os.getpid()), "hwm_mb": proc_rss_mb(os.getpid(), "VmHWM"),
+                  "page_kib": len(page) / 1024}))
+"""
+
+
+@dataclass
+class HourFilled:
+    series: int
+    snapshots: int  # per series, once the longest window has filled
+    start_mb: float  # RSS with everything imported and built, before the first collection
+    rss_mb: float  # after the 1h window filled, page rendered each collection
+    hwm_mb: float
+    page_kib: float  # the last scrape's body, gzipped
+
+
+def sidecar_after_hour(body: bytes, collections: int = 780) -> HourFilled:
+    """The sidecar's own parts (Exporter, its store and views, the app, the /metrics page rendered after every
+    collection and scraped gzipped) through 65 min of 5 s collections of a moving ``body`` on a fake clock, in a
+    child process: its RSS once the 1h window has filled. The uvicorn server and its sockets are not running."""
+    import tempfile
+
+    with tempfile.NamedTemporaryFile(suffix=".prom") as f:
+        f.write(body)
+        f.flush()
+        out = subprocess.run([sys.executable, "-c", _SIDECAR_HOUR, f.name, str(collections)], capture_output=True,
+                             text=True, env=_env(), cwd=ROOT, check=True, timeout=1200).stdout
+    data = json.loads(out.strip().splitlines()[-1])
+    return HourFilled(data["series"], data["snapshots"], data["start_mb"], data["end_mb"], data["hwm_mb"],
+                      data["page_kib"])

@@ -28,6 +28,7 @@ import argparse
 import datetime as dt
 import platform
 import re
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -37,7 +38,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.append(str(ROOT))  # appended, so a PYTHONPATH with a patched src/specdecode_exporter/ still wins
 
-from bench import collect, corpus, fleet, footprint, paging, render, soak, whole_process  # noqa: E402
+from bench import collect, corpus, fleet, footprint, paging, soak, whole_process  # noqa: E402
+from bench import serve as serve_bench  # noqa: E402
 from bench import tap as tap_bench  # noqa: E402
 from bench.common import fmt_ms, markdown_table  # noqa: E402
 
@@ -117,29 +119,39 @@ def run_whole_process(rep: Report, span: float, rounds: int) -> None:
                "fetch+parse CPU per fetch", "fetch+parse / sidecar (target ≥ 50×)"], rows)
 
 
-def run_render(rep: Report, rounds: int, wrk_seconds: int) -> None:
-    rep.h("2. /metrics render and serving")
-    r = render.bench_render(rounds)
-    rep.add("In-process: 1 model × 8 engines × 4 windows × k=8, views from the real collection code. Baseline = "
-            "`generate_latest` on the same families already built (prometheus_client's formatting alone).\n")
-    rep.table(["samples", "size", "render (views → text)", "baseline (format only)", "render / baseline"],
-              [[str(r.samples), f"{r.kib:.0f} KiB", fmt_ms(r.render), fmt_ms(r.baseline), f"{r.ratio:.2f}×"]])
-    if not render.have_wrk():
-        rep.add("\n(wrk not installed: `apt-get install -y wrk`; serving figures skipped)")
-        return
-    s = render.bench_serve(wrk_seconds, collect.body_sequence(4, 20, 8, 1)[0])
-    rep.add(f"\nServing over loopback with wrk (2 threads, 8 connections, {wrk_seconds} s each), the real sidecar "
-            "process with one ~1 MB target (4 models × 20 engines, k=8). Baseline = /healthz on the same server. "
-            f"Busy = interval 250 ms, a collection in progress ~{100 * s.busy_collect_duty:.0f}% of the time. The "
-            f"sidecar's /metrics is {s.plain_kib:.0f} KiB, {s.gzip_kib:.0f} KiB gzipped (Prometheus asks for gzip; "
-            "the spec-decode part is compressed once per collection).\n")
-    base = s.healthz
+def run_render(rep: Report, rounds: int, tap_rounds: int, tap_seconds: float) -> None:
+    rep.h("2. /metrics under production conditions")
+    c = serve_bench.page_costs(rounds)
+    rep.add("bench/serve.py. A live ~1 MB target (4 models × 20 engines, k=8, windows 1m,5m,15m,1h; successive "
+            "simulator renders 5 s apart, every counter moves). In-process, interleaved rounds, CPU time, medians: "
+            "one collection (collect + derive, no fetch); the page rendered once per collection as Prometheus asks "
+            "for it (OpenMetrics, gzipped), in slices that hand the event loop back; a scrape of the rendered page; "
+            "and, same rounds, the scrape as it was before (prometheus_client renders the page at the scrape, then "
+            f"gzip). The page is {c.page_kib:.0f} KiB, {c.gzip_kib:.0f} KiB gzipped.\n")
+    rep.table(["collection", "page render, once per collection", "render / collection", "scrape",
+               "scrape / collection (≤ 5 %)", "scrape before (render at scrape)", "render slices",
+               "longest slice"],
+              [[fmt_ms(c.collect), fmt_ms(c.render), f"{c.render / c.collect:.2f}×", fmt_ms(c.scrape),
+                f"{100 * c.scrape / c.collect:.1f} %", fmt_ms(c.lazy_scrape), str(c.render_slices),
+                fmt_ms(c.longest_slice)]])
+    t = serve_bench.tap_under_scrapes(tap_rounds, tap_seconds)
+    rep.add(f"\nThe real sidecar process with the tap on, {t.rounds} interleaved rounds of {t.seconds:.0f} s per "
+            "variant, 64 streams (bench/tap.py's fake vLLM and load generator). Busy = the sidecar collects the live "
+            "~1 MB target every 5 s and is scraped every 5 s as Prometheus does (OpenMetrics, gzip; "
+            f"{t.scrape_kib:.0f} KiB sent), {t.collections} collections in its rounds, "
+            f"{100 * t.busy_cpu:.0f} % of a core. Quiet = a second sidecar, same config but collected once at "
+            "start and never scraped (the busy one is stopped with SIGSTOP meanwhile). Direct = the fake vLLM "
+            "without a tap. TTFB = medians over the rounds of each round's percentile; stalls = gaps over 50 ms "
+            "inside a stream, summed.\n")
     rows = []
-    for name, w in (("/healthz (baseline)", s.healthz), ("/metrics, idle", s.metrics_idle),
-                    ("/metrics, idle, gzip", s.metrics_gzip), ("/metrics, collecting", s.metrics_busy)):
-        rows.append([name, f"{w.rps:.0f}", f"{w.rps / base.rps:.2f}", fmt_ms(w.p50), fmt_ms(w.p99),
-                     f"{w.p99 / s.metrics_idle.p99:.2f}"])
-    rep.table(["endpoint", "req/s", "req/s vs /healthz", "p50", "p99", "p99 vs idle /metrics"], rows)
+    for variant in ("direct", "quiet", "busy"):
+        added = "—" if variant == "direct" else f"{1e3 * t.added_p99(variant):+.2f} ms"
+        rows.append([variant, str(t.requests[variant]), fmt_ms(t.ttfb_p50[variant]), fmt_ms(t.ttfb_p99[variant]),
+                     added, str(t.stalls[variant])])
+    rep.table(["tap", "requests", "TTFB p50", "TTFB p99", "added p99 (busy ≤ 1 ms)", "stalls"], rows)
+    if t.scrapes:
+        rep.add(f"\nScrapes of the busy sidecar: {len(t.scrapes)}, p50 {fmt_ms(statistics.median(t.scrapes))}, "
+                f"p99 {fmt_ms(t.scrape_p99)} (≤ 10 ms), failed {t.failures}.")
 
 
 def run_footprint(rep: Report, span: float, pipeline_ms: dict[str, float]) -> None:
@@ -172,6 +184,15 @@ def run_footprint(rep: Report, span: float, pipeline_ms: dict[str, float]) -> No
             f"({fill.snapshots} snapshots per series, old ones thinned): the busy sidecar's steady state is about "
             f"{busy_rss:.0f} + {fill.growth_mb:.0f} = {busy_rss + fill.growth_mb:.0f} MB. "
             "A single vLLM with a few engines adds well under 1 MB.")
+    hour = footprint.sidecar_after_hour(corpus.fixture("captured_vllm_cpu_0.32.0_ngram.prom"))
+    rep.add(f"\nRSS after the longest window (1h) has filled, for a real-size target (the captured 51 KiB vLLM "
+            "0.32.0 exposition, its counters moved at every collection): the sidecar's own parts (Exporter, store, "
+            "views, the app, the /metrics page rendered after each collection and scraped gzipped) through 65 min "
+            "of 5 s collections on a fake clock, in a child process (footprint.sidecar_after_hour; uvicorn's "
+            f"server and sockets not running). {hour.series} series, {hour.snapshots} snapshots per series.\n")
+    rep.table(["RSS before the first collection", "RSS after 1 h (≤ 64 MB)", "peak RSS", "scrape body (gzip)"],
+              [[f"{hour.start_mb:.1f} MB", f"{hour.rss_mb:.1f} MB", f"{hour.hwm_mb:.1f} MB",
+                f"{hour.page_kib:.1f} KiB"]])
 
 
 def run_scale(rep: Report, ns: tuple[int, ...], span: float) -> None:
@@ -367,7 +388,7 @@ def main() -> int:
     if "collect" in only or "footprint" in only:
         pipeline_ms = run_collect(rep, rounds=7 if args.long else 5, long=args.long)
     if "render" in only:
-        run_render(rep, rounds=7, wrk_seconds=10 if args.long else 5)
+        run_render(rep, rounds=7, tap_rounds=3 if args.long else 2, tap_seconds=20.0 if args.long else 10.0)
     if "footprint" in only:
         run_footprint(rep, span=300.0 if args.long else 30.0, pipeline_ms=pipeline_ms)
     if "scale" in only:

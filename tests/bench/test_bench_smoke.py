@@ -68,3 +68,22 @@ Requests/sec:    176.12
 """
     assert dict((p, (v, u)) for p, v, u in _LAT.findall(out)) == {"50": ("44.04", "ms"), "99": ("1.52", "s")}
     assert _RPS.search(out).group(1) == "176.12"  # type: ignore[union-attr]
+
+
+def test_a_moving_target_serves_each_body_in_turn() -> None:
+    import httpx
+
+    from bench.procs import static_server
+
+    with static_server(b"first\n", b"second\n") as base:
+        bodies = [httpx.get(base + "/metrics", timeout=10, trust_env=False).content for _ in range(3)]
+    assert bodies == [b"first\n", b"second\n", b"second\n"]
+
+
+def test_page_costs_render_the_live_target_and_scrape_it() -> None:
+    from bench.serve import page_costs
+
+    costs = page_costs(1)
+    assert costs.page_kib > 1000 and 0 < costs.gzip_kib < costs.page_kib / 10  # the 1 MB target's page, gzipped
+    assert costs.render_slices > 10  # the render handed the loop back
+    assert min(costs.collect, costs.render, costs.scrape, costs.lazy_scrape) > 0

@@ -302,27 +302,66 @@ def test_metrics_are_gzipped_for_clients_that_ask(harness: Harness, accept: str)
 
 
 def test_specdecode_families_are_rendered_once_per_collection(harness: Harness) -> None:
-    from prometheus_client import generate_latest
+    import asyncio
 
+    from prometheus_client import generate_latest
+    from prometheus_client.openmetrics.exposition import generate_latest as openmetrics
+
+    from specdecode_exporter.sidecar.expose import specdecode_registry
     from specdecode_exporter.sidecar.web import MetricsRenderer
 
     harness.step(5.0)
     harness.step(5.0)
     renderer = MetricsRenderer(harness.exporter)
-    rendered: list[bytes] = []
 
-    def encoder(registry) -> bytes:
-        text = generate_latest(registry)
-        rendered.append(text)
-        return text
+    async def scrape(encoder, compress: bool = False) -> bytes:
+        return await renderer.render(encoder, compress)
 
-    first, second = renderer.render(encoder), renderer.render(encoder)
-    assert len(rendered) == 3  # spec-decode once, the live process families twice
-    assert first.split(b"# HELP process_")[0] == second.split(b"# HELP process_")[0]
+    first, second = asyncio.run(scrape(generate_latest)), asyncio.run(scrape(generate_latest, True))
+    assert renderer.spec_decode.renders == 1  # the gzipped scrape compressed the same text, not a new render
+    spec_decode = generate_latest(specdecode_registry(harness.exporter.views()))
+    assert first.startswith(spec_decode)  # the same bytes as prometheus_client writes, the live families after
+    assert zlib.decompress(second, 16 + zlib.MAX_WBITS).startswith(spec_decode)
     harness.step(5.0)
-    third = renderer.render(encoder)
-    assert len(rendered) == 5  # a new collection: rendered again
-    assert b"specdecode_draft_tokens_total" in third and third != first
+    third = asyncio.run(scrape(generate_latest))
+    assert renderer.spec_decode.renders == 2  # a new collection: rendered again
+    assert third.startswith(generate_latest(specdecode_registry(harness.exporter.views()))) and third != first
+    page = asyncio.run(scrape(openmetrics))
+    reference = openmetrics(specdecode_registry(harness.exporter.views()))
+    assert page.startswith(reference.removesuffix(b"# EOF\n")) and page.endswith(b"# EOF\n")
+    assert page.count(b"# EOF") == 1
+
+
+def test_a_sidecar_running_its_own_collection_serves_the_last_page_while_the_next_renders(harness: Harness) -> None:
+    import asyncio
+
+    from prometheus_client import generate_latest
+
+    from specdecode_exporter.sidecar.expose import specdecode_registry
+    from specdecode_exporter.sidecar.web import MetricsRenderer
+
+    harness.step(5.0)
+    renderer = MetricsRenderer(harness.exporter, latest=False)
+    first = asyncio.run(renderer.render(generate_latest))  # no page yet: it waits for the first
+    before = generate_latest(specdecode_registry(harness.exporter.views()))
+    assert first.startswith(before)
+    harness.step(5.0)
+    after = generate_latest(specdecode_registry(harness.exporter.views()))
+    assert after != before
+
+    async def scrape_during_render() -> tuple[bytes, bytes]:
+        # What keep_fresh starts right after a collection; the scrape that comes meanwhile does not wait for it.
+        rendering = asyncio.ensure_future(renderer.spec_decode.get(generate_latest, compress=False))
+        await asyncio.sleep(0)
+        during = await renderer.render(generate_latest)
+        return during, (await rendering).text
+
+    during, rendered = asyncio.run(scrape_during_render())
+    assert during.startswith(before) and rendered == after
+    assert asyncio.run(renderer.render(generate_latest)).startswith(after)
+    harness.step(5.0)  # no render under way: the scrape renders the new page and waits for it
+    assert asyncio.run(renderer.render(generate_latest)).startswith(
+        generate_latest(specdecode_registry(harness.exporter.views())))
 
 
 def test_targets_share_one_default_tls_context() -> None:

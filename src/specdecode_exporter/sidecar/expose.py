@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from importlib.metadata import PackageNotFoundError, version
 
 from prometheus_client.metrics_core import Metric
-from prometheus_client.registry import Collector
+from prometheus_client.registry import Collector, CollectorRegistry
 
 from specdecode_exporter.core import metrics as m
 from specdecode_exporter.core.metrics import go_float, quantile_name
@@ -191,8 +191,9 @@ def add_baseline_info(families: Families, view: TargetView, target: Labels) -> N
                                        "baseline": config.baseline.target or "measured"}, 1.0)
 
 
-def build_families(views: list[TargetView]) -> Families:
-    families = Families()
+def fill_families(families: Families, views: Iterable[TargetView]) -> Iterator[None]:
+    """Add every view's samples to ``families``, pausing after each series (a step of well under a millisecond),
+    so that a caller on the event loop can hand it back between steps."""
     families.add(m.BUILD_INFO, {"version": exporter_version(), "python_version": platform.python_version()}, 1.0)
     for view in views:
         target = {"target": view.config.name, **dict(view.config.labels)}
@@ -204,6 +205,13 @@ def build_families(views: list[TargetView]) -> Families:
         add_baseline_info(families, view, target)
         for series in view.series:
             add_series(families, view, series)
+            yield
+
+
+def build_families(views: list[TargetView]) -> Families:
+    families = Families()
+    for _ in fill_families(families, views):
+        pass
     return families
 
 
@@ -216,6 +224,14 @@ class SpecDecodeCollector(Collector):
 
     def describe(self) -> Iterator[Metric]:
         yield from Families()
+
+
+def specdecode_registry(views: list[TargetView]) -> CollectorRegistry:
+    """A registry whose only collector yields the spec-decode families of exactly these views (what the sliced
+    page in sidecar/page.py must equal, byte for byte)."""
+    registry = CollectorRegistry(auto_describe=True)
+    registry.register(SpecDecodeCollector(lambda: views))
+    return registry
 
 
 def per_model(bands: Mapping[BandKey, BandTotals]) -> dict[str, tuple[Histogram, Histogram]]:

@@ -7,11 +7,8 @@ import contextlib
 import gc
 import logging
 import signal
-import threading
-import zlib
+import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
-from typing import Protocol
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -21,9 +18,10 @@ from prometheus_client.exposition import choose_encoder
 
 from specdecode_exporter.core.httpserver import QuietServer, bind_socket
 from specdecode_exporter.core.log import event
-from specdecode_exporter.sidecar.collection import Exporter, TargetView
+from specdecode_exporter.sidecar.collection import Exporter
 from specdecode_exporter.sidecar.config import Config, split_listen_address
-from specdecode_exporter.sidecar.expose import RequestsCollector, SpecDecodeCollector, exporter_version
+from specdecode_exporter.sidecar.expose import RequestsCollector, exporter_version
+from specdecode_exporter.sidecar.page import Encoder, LineFormat, SpecDecodePage, page_pieces, run_sliced
 from specdecode_exporter.sidecar.proxy import TapRuntime, tap_runtime
 from specdecode_exporter.sidecar.reload import ReloadCollector, Reloader
 from specdecode_exporter.sidecar.status import status_json
@@ -31,35 +29,24 @@ from specdecode_exporter.sidecar.status_page import status_html
 from specdecode_exporter.sidecar.webconfig import BasicAuthMiddleware, WebSecurity
 from specdecode_exporter.tap.request_stats import NO_REQUESTS
 
-Encoder = Callable[[CollectorRegistry], bytes]
-_OPENMETRICS_EOF = b"# EOF\n"
-
-
-class Compressor(Protocol):
-    """What zlib.compressobj returns, as far as the renderer uses it."""
-
-    def compress(self, data: bytes, /) -> bytes: ...
-    def flush(self, mode: int = ..., /) -> bytes: ...
-    def copy(self) -> Compressor: ...
-
-
-@dataclass
-class _Rendered:
-    encoder: Encoder
-    views: list[TargetView]  # what it was rendered from; keeping them keeps their ids meaningful
-    text: bytes  # without OpenMetrics' "# EOF": the live families follow it
-    # gzip of the text on first demand, and the compressor right after it: each compressed scrape copies it to
-    # add its live families, so a response is one gzip stream without compressing the large part again.
-    gzipped: tuple[bytes, Compressor] | None = None
+# What Prometheus sends (scrape_protocols' default order): its format is rendered and gzipped from the start.
+PROMETHEUS_ACCEPT = ("application/openmetrics-text;version=1.0.0;q=0.5,application/openmetrics-text;version=0.0.1;"
+                     "q=0.4,text/plain;version=0.0.4;q=0.3,*/*;q=0.2")
 
 
 class MetricsRenderer:
-    """Renders /metrics. The spec-decode families change only when a collection publishes new views, so their
-    text (and its gzip) is rendered once per set of views and reused by every scrape until then; the process,
-    platform, GC and reload families are cheap and rendered fresh each time."""
+    """Renders /metrics. The spec-decode families change only when a collection publishes new views: their text
+    (and its gzip) is rendered once per set of views, in slices between which the event loop serves the tap
+    (sidecar/page.py), and every scrape until the next collection reuses it. The live families (the tap's,
+    process, platform, GC, reload) are small and rendered fresh each time, after it."""
 
-    def __init__(self, exporter: Exporter, reloader: Reloader | None = None, tap: TapRuntime | None = None) -> None:
-        self._views = exporter.views
+    def __init__(self, exporter: Exporter, reloader: Reloader | None = None, tap: TapRuntime | None = None,
+                 latest: bool = True) -> None:
+        """``latest``: a scrape waits for the page of the views published by then. Otherwise it gets the last
+        page rendered at once, even while the next renders (the page is at most one render behind a collection:
+        the sidecar's own collection loop starts a render right after each)."""
+        self.spec_decode = SpecDecodePage(exporter.views, gzipped=(choose_encoder(PROMETHEUS_ACCEPT)[0],))
+        self._latest = latest
         self._live = CollectorRegistry(auto_describe=True)
         if reloader is not None:
             self._live.register(ReloadCollector(reloader))
@@ -71,23 +58,17 @@ class MetricsRenderer:
         ProcessCollector(registry=self._live)
         PlatformCollector(registry=self._live)
         GCCollector(registry=self._live)
-        self._cached: _Rendered | None = None
-        self._lock = threading.Lock()
+        self._live_formats: dict[Encoder, LineFormat] = {}
 
-    def render(self, encoder: Encoder, compress: bool = False) -> bytes:
+    async def render(self, encoder: Encoder, compress: bool = False) -> bytes:
         """The exposition; with ``compress``, gzipped."""
-        views = self._views()
-        with self._lock:
-            cached = self._cached
-            if cached is None or cached.encoder is not encoder or not _same_views(cached.views, views):
-                text = encoder(specdecode_registry(views))
-                if text.endswith(_OPENMETRICS_EOF):
-                    text = text[: -len(_OPENMETRICS_EOF)]  # one # EOF, after the live families
-                cached = self._cached = _Rendered(encoder, views, text)
-            if compress and cached.gzipped is None:
-                gzip: Compressor = zlib.compressobj(6, zlib.DEFLATED, 16 + zlib.MAX_WBITS)  # 16+: gzip framing
-                cached.gzipped = (gzip.compress(cached.text), gzip)
-        live = encoder(self._live)
+        encoder = self.spec_decode.encoder(encoder)
+        self.spec_decode.scraped(time.monotonic())
+        cached = await self.spec_decode.get(encoder, compress, self._latest)
+        live_format = self._live_formats.get(encoder)
+        if live_format is None:
+            live_format = self._live_formats[encoder] = LineFormat(encoder)
+        live = ("".join(await run_sliced(page_pieces(self._live.collect(), live_format))) + live_format.eof).encode()
         if not compress:
             return cached.text + live
         assert cached.gzipped is not None
@@ -96,11 +77,7 @@ class MetricsRenderer:
         return head + rest.compress(live) + rest.flush()
 
 
-def specdecode_registry(views: list[TargetView]) -> CollectorRegistry:
-    """A registry whose only collector yields the spec-decode families of exactly these views."""
-    registry = CollectorRegistry(auto_describe=True)
-    registry.register(SpecDecodeCollector(lambda: views))
-    return registry
+PAGE_POLL_SECONDS = 0.1  # how soon after a collection the page is rendered again
 
 
 def accepts_gzip(accept_encoding: str) -> bool:
@@ -115,10 +92,6 @@ def accepts_gzip(accept_encoding: str) -> bool:
             except ValueError:
                 return False
     return False
-
-
-def _same_views(a: list[TargetView], b: list[TargetView]) -> bool:
-    return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
 
 
 def _on_sighup(reloader: Reloader | None) -> Callable[[], None]:
@@ -139,11 +112,16 @@ def _on_sighup(reloader: Reloader | None) -> Callable[[], None]:
 def build_app(exporter: Exporter, run_collection: bool = True, reloader: Reloader | None = None,
               security: WebSecurity | None = None, tap: TapRuntime | None = None) -> FastAPI:
     config: Config = exporter.config  # what the listener was built with; a reload changes exporter.config
-    renderer = MetricsRenderer(exporter, reloader, tap)
+    # Driven by its own loop, a scrape never waits for a render: what Prometheus scrapes is at most one render
+    # (~0.1 s for a 1 MB target) behind the collection. Driven from outside (tests), a scrape waits for it.
+    renderer = MetricsRenderer(exporter, reloader, tap, latest=not run_collection)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         task = asyncio.create_task(exporter.run(), name="collection") if run_collection else None
+        # The page is rendered right after each collection, not by the scrape that follows it.
+        fresh = asyncio.create_task(renderer.spec_decode.keep_fresh(PAGE_POLL_SECONDS, config.collect_interval / 2),
+                                    name="metrics page")
         undo_sighup = _on_sighup(reloader)
         if tap is not None:  # on this loop: the relay runs beside the collection, never in a thread
             await tap.start()
@@ -153,10 +131,11 @@ def build_app(exporter: Exporter, run_collection: bool = True, reloader: Reloade
             undo_sighup()
             if tap is not None:
                 await tap.stop()
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            for running in (fresh, task):
+                if running is not None:
+                    running.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await running
 
     app = FastAPI(title="specdecode-exporter", version=exporter_version(), lifespan=lifespan,
                   docs_url=None, redoc_url=None, openapi_url=None)
@@ -170,11 +149,11 @@ def build_app(exporter: Exporter, run_collection: bool = True, reloader: Reloade
                            stats.fallback_available if stats is not None else None)
 
     @app.get(config.telemetry_path)
-    def metrics(request: Request) -> Response:
+    async def metrics(request: Request) -> Response:  # on the loop: a scrape is mostly a copy of rendered bytes
         encoder, content_type = choose_encoder(request.headers.get("accept", ""))
         compress = accepts_gzip(request.headers.get("accept-encoding", ""))
         headers = {"Vary": "Accept-Encoding"} | ({"Content-Encoding": "gzip"} if compress else {})
-        return Response(renderer.render(encoder, compress), media_type=content_type, headers=headers)
+        return Response(await renderer.render(encoder, compress), media_type=content_type, headers=headers)
 
     @app.get("/healthz")
     def healthz() -> PlainTextResponse:

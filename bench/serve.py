@@ -1,0 +1,264 @@
+"""Bench 2: /metrics and the tap under production conditions.
+
+A live ~1 MB target (4 models × 20 engines, k=8: successive simulator renders 5 s apart, so every counter moves
+at every fetch), collected every 5 s; a scraper asking for /metrics as Prometheus does (OpenMetrics, gzip) every
+5 s; and the request tap, in the same sidecar process, under streaming load at the same time.
+
+- ``page_costs``: in-process, interleaved rounds: one collection (fetch excluded), the page's render once per
+  collection (OpenMetrics + gzip, what Prometheus asks for), and one scrape once it is rendered.
+- ``tap_under_scrapes``: real processes: the tap's time to first byte on the same sidecar process while it
+  collects and is scraped (busy) against the same with both stopped (SIGSTOP of the busy sidecar; a second,
+  quiet sidecar that collected once at start carries the load), and against the fake vLLM called directly;
+  rounds interleaved.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+import httpx
+from prometheus_client.openmetrics.exposition import generate_latest as openmetrics
+
+from bench import tap as tap_bench
+from bench.collect import INTERVAL, Pipeline, body_sequence
+from bench.common import proc_cpu_seconds
+from bench.procs import EXPORTER_BIN, _env, static_server
+from devtools.procs import free_port, running
+from specdecode_exporter.sidecar.collection import Exporter
+from specdecode_exporter.sidecar.expose import specdecode_registry
+from specdecode_exporter.sidecar.page import new_gzip
+from specdecode_exporter.sidecar.web import MetricsRenderer
+
+PROMETHEUS_ACCEPT = ("application/openmetrics-text;version=1.0.0;q=0.5,application/openmetrics-text;"
+                     "version=0.0.1;q=0.4,text/plain;version=0.0.4;q=0.3,*/*;q=0.2")  # Prometheus 2.x's header
+LIVE_TARGET = (4, 20, 8)  # models, engines, k: a ~1 MB exposition
+
+
+@dataclass
+class PageCosts:
+    page_kib: float  # the sidecar's /metrics, identity
+    gzip_kib: float
+    collect: float  # CPU seconds, medians over the rounds
+    render: float  # the page, once per collection (OpenMetrics + its gzip)
+    scrape: float  # one scrape of the rendered page (OpenMetrics, gzip)
+    lazy_scrape: float  # the scrape as it was: prometheus_client renders the page and it is gzipped, per scrape
+    render_slices: int  # how many times a render handed the loop back
+    longest_slice: float  # the longest stretch a render held the loop, seconds (all rounds)
+
+
+class _Views:
+    """What MetricsRenderer reads of an Exporter: the latest views, here the bench pipeline's."""
+
+    def __init__(self, pipeline: Pipeline) -> None:
+        self.pipeline = pipeline
+
+    def views(self) -> list[Any]:
+        view = self.pipeline.collector.view
+        return [view] if view is not None else []
+
+
+def page_costs(rounds: int) -> PageCosts:
+    pipeline = Pipeline(body_sequence(*LIVE_TARGET, rounds + 6), warm=4)
+    renderer = MetricsRenderer(cast(Exporter, _Views(pipeline)))
+    collect, render, scrape, lazy, slices, longest = [], [], [], [], [], 0.0
+    page = gzipped = b""
+
+    async def render_and_scrape() -> tuple[float, float, int, float, bytes, bytes]:
+        loop_gaps: list[float] = []
+        stop = asyncio.Event()
+
+        async def watch_loop() -> None:  # how long the loop went without running this task
+            last = time.perf_counter()
+            while not stop.is_set():
+                await asyncio.sleep(0)
+                now = time.perf_counter()
+                loop_gaps.append(now - last)
+                last = now
+
+        watcher = asyncio.ensure_future(watch_loop())
+        t0 = time.process_time()
+        await renderer.spec_decode.get(openmetrics, compress=True)
+        t1 = time.process_time()
+        stop.set()
+        await watcher
+        body = await renderer.render(openmetrics, compress=True)
+        t2 = time.process_time()
+        plain = await renderer.render(openmetrics, compress=False)
+        return t1 - t0, t2 - t1, len(loop_gaps), max(loop_gaps, default=0.0), body, plain
+
+    pipeline()
+    asyncio.run(render_and_scrape())  # the first render also learns every line's prefix: not a round
+    for _ in range(rounds):
+        t0 = time.process_time()
+        pipeline()
+        collect.append(time.process_time() - t0)
+        t0 = time.process_time()
+        gzip = new_gzip()
+        gzip.compress(openmetrics(specdecode_registry(_Views(pipeline).views())))  # type: ignore[no-untyped-call]
+        gzip.flush()
+        lazy.append(time.process_time() - t0)
+        r, s, n, gap, gzipped, page = asyncio.run(render_and_scrape())
+        render.append(r)
+        scrape.append(s)
+        slices.append(n)
+        longest = max(longest, gap)
+    return PageCosts(len(page) / 1024, len(gzipped) / 1024, statistics.median(collect), statistics.median(render),
+                     statistics.median(scrape), statistics.median(lazy), int(statistics.median(slices)), longest)
+
+
+@dataclass
+class TapUnderScrapes:
+    rounds: int
+    seconds: float
+    ttfb_p99: dict[str, float]  # direct, quiet, busy: medians over the rounds
+    ttfb_p50: dict[str, float]
+    requests: dict[str, int]
+    stalls: dict[str, int]  # gaps over 50 ms inside a stream, summed
+    scrapes: list[float]  # wall seconds per scrape of the busy sidecar
+    scrape_kib: float  # as sent (gzip)
+    failures: int  # scrapes that failed or took over 10 s
+    collections: int  # of the busy sidecar during its rounds
+    busy_cpu: float  # the busy sidecar's CPU seconds per second during its rounds
+
+    def added_p99(self, variant: str) -> float:
+        return self.ttfb_p99[variant] - self.ttfb_p99["direct"]
+
+    @property
+    def scrape_p99(self) -> float:
+        ordered = sorted(self.scrapes)
+        return ordered[int(0.99 * (len(ordered) - 1))] if ordered else float("nan")
+
+
+@contextlib.contextmanager
+def _sidecar_with_tap(target: str, interval: str, upstream: str) -> Iterator[tuple[subprocess.Popen[bytes], str,
+                                                                                     int]]:
+    tap_port = free_port()
+    config = {"collect": {"interval": interval}, "windows": ["1m", "5m", "15m", "1h"],
+              "targets": [{"name": "vllm", "url": target, "timeout": "3s"}],
+              "proxy": {"listen_address": f"127.0.0.1:{tap_port}", "upstream": upstream}}
+    with tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
+        path = Path(tmp) / "config.yaml"
+        path.write_text(json.dumps(config))
+        with running("sidecar", lambda port: [
+            str(EXPORTER_BIN), "run", "--config.file", str(path), "--web.listen-address", f"127.0.0.1:{port}",
+            "--log.level", "error",
+        ], Path(tmp), "/healthz", timeout=30, env=_env()) as proc:
+            tap_bench._wait_port(tap_port)
+            yield proc.popen, proc.url, tap_port
+
+
+class _Scraper:
+    """GET /metrics every ``interval`` seconds as Prometheus does, while running."""
+
+    def __init__(self, url: str, interval: float) -> None:
+        self.url, self.interval = url, interval
+        self.latencies: list[float] = []
+        self.kib = 0.0
+        self.failures = 0  # timed out (10 s, Prometheus' default scrape_timeout) or refused
+        self.running = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        headers = {"Accept": PROMETHEUS_ACCEPT, "Accept-Encoding": "gzip"}
+        with httpx.Client(trust_env=False, timeout=10) as client:
+            while not self._stop.wait(self.interval):
+                if not self.running.is_set():
+                    continue
+                t0 = time.perf_counter()
+                try:
+                    with client.stream("GET", self.url, headers=headers) as response:
+                        size = sum(len(chunk) for chunk in response.iter_raw())
+                except httpx.HTTPError:
+                    self.failures += 1
+                    continue
+                self.latencies.append(time.perf_counter() - t0)
+                self.kib = size / 1024
+
+    def __enter__(self) -> _Scraper:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(15)
+
+
+def _load(port: int, streams: int, seconds: float) -> dict[str, Any]:
+    with tempfile.NamedTemporaryFile(suffix=".json") as out:
+        load = tap_bench._spawn("--role", "load", "--port", str(port), "--streams", str(streams), "--seconds",
+                                str(seconds), "--out", out.name)
+        load.wait(seconds + 60)
+        stats: dict[str, Any] = json.loads(Path(out.name).read_text())
+    return stats
+
+
+def _p(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[int(q * (len(ordered) - 1))]
+
+
+def tap_under_scrapes(rounds: int, seconds: float, streams: int = 64) -> TapUnderScrapes:
+    bodies = body_sequence(*LIVE_TARGET, int(rounds * 3 * (seconds + 4) / INTERVAL) + 12)
+    upstream_port = free_port()
+    upstream = tap_bench._spawn("--role", "upstream", "--port", str(upstream_port))
+    per: dict[str, list[dict[str, Any]]] = {"direct": [], "quiet": [], "busy": []}
+    busy_cpu = busy_span = 0.0
+    try:
+        tap_bench._wait_port(upstream_port)
+        up = f"http://127.0.0.1:{upstream_port}"
+        with static_server(*bodies) as base, \
+                _sidecar_with_tap(base + "/metrics", "5s", up) as (busy, busy_url, busy_tap), \
+                _sidecar_with_tap(base + "/metrics", "1h", up) as (_, _, quiet_tap), \
+                _Scraper(busy_url + "/metrics", INTERVAL) as scraper:
+            before = len(httpx.get(base + "/-/stats", timeout=10, trust_env=False).json().get("/metrics", []))
+            for _ in range(rounds):
+                for variant, port in (("direct", upstream_port), ("quiet", quiet_tap), ("busy", busy_tap)):
+                    if variant != "busy":
+                        busy.send_signal(signal.SIGSTOP)  # neither collecting nor scraped
+                    else:
+                        scraper.running.set()
+                    cpu0, t0 = proc_cpu_seconds(busy.pid), time.monotonic()
+                    per[variant].append(_load(port, streams, seconds))
+                    if variant == "busy":
+                        busy_cpu += proc_cpu_seconds(busy.pid) - cpu0
+                        busy_span += time.monotonic() - t0
+                        scraper.running.clear()
+                    else:
+                        busy.send_signal(signal.SIGCONT)
+            after = len(httpx.get(base + "/-/stats", timeout=10, trust_env=False).json().get("/metrics", []))
+    finally:
+        tap_bench._stop(upstream)
+
+    def median(variant: str, q: float) -> float:
+        return statistics.median(_p(stats["ttfb"], q) for stats in per[variant])
+
+    return TapUnderScrapes(
+        rounds, seconds, {v: median(v, 0.99) for v in per}, {v: median(v, 0.5) for v in per},
+        {v: sum(s["requests"] for s in per[v]) for v in per}, {v: sum(s["stalls"] for s in per[v]) for v in per},
+        scraper.latencies, scraper.kib, scraper.failures, after - before,
+        busy_cpu / busy_span if busy_span else float("nan"))
+
+
+def main() -> None:
+    costs = page_costs(5)
+    print(costs)
+    result = tap_under_scrapes(int(sys.argv[1]) if len(sys.argv) > 1 else 2, 10.0)
+    print(result, {v: result.added_p99(v) for v in ("quiet", "busy")}, result.scrape_p99)
+
+
+if __name__ == "__main__":
+    main()

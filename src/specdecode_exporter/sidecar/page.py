@@ -1,0 +1,287 @@
+"""The /metrics page, rendered once per collection in slices that yield to the event loop, served as bytes.
+
+The sidecar's event loop also runs the request tap, so nothing on it may hold the interpreter for long: a 1 MB
+target's page (~2 MB, 20k samples) took prometheus_client ~100 ms to render in one piece, and every tapped
+request waiting meanwhile got that much later. Here a render is a generator of small steps (one series' families,
+then a few hundred sample lines), driven by ``run_sliced`` which hands the loop back every ``SLICE_SECONDS``.
+
+A sample line is ``name{labels} value``; its ``name{labels}`` part never changes between collections, so it is
+written once by the encoder itself (the same escaping, byte for byte) and remembered from one render to the
+next; a render then only formats the values. A family with anything else in it (timestamps, exemplars,
+OpenMetrics-only samples) is handed to the encoder whole.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+import zlib
+from collections.abc import Callable, Hashable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Protocol, TypeVar
+
+from prometheus_client.metrics_core import Metric
+from prometheus_client.samples import Sample
+
+from specdecode_exporter.core.metrics import go_float
+from specdecode_exporter.sidecar.collection import TargetView
+from specdecode_exporter.sidecar.expose import Families, fill_families
+
+Encoder = Callable[..., bytes]  # prometheus_client's generate_latest for one of the two text formats
+OPENMETRICS_EOF = b"# EOF\n"
+# How long one slice may hold the loop: well under the tap's 1 ms budget for added time to first byte.
+SLICE_SECONDS = 0.0005
+LINES_PER_STEP = 100  # sample lines formatted between two looks at the clock
+GZIP_LEVEL = 6
+_OPENMETRICS_ONLY = ("_created", "_gsum", "_gcount")  # the text format moves these to families of their own
+
+T = TypeVar("T")
+
+
+class Compressor(Protocol):
+    """What zlib.compressobj returns, as far as the page uses it."""
+
+    def compress(self, data: bytes, /) -> bytes: ...
+    def flush(self, mode: int = ..., /) -> bytes: ...
+    def copy(self) -> Compressor: ...
+
+
+def encoder_key(encoder: Encoder) -> Hashable:
+    """The same key for the same format: prometheus_client's choose_encoder returns a new functools.partial of
+    the OpenMetrics encoder at every call."""
+    if isinstance(encoder, functools.partial):
+        return (encoder.func, encoder.args, tuple(sorted(encoder.keywords.items())))
+    return encoder
+
+
+def new_gzip() -> Compressor:
+    return zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, 16 + zlib.MAX_WBITS)  # 16+: gzip framing
+
+
+class _Families:
+    """A registry as the encoders read one: anything with collect()."""
+
+    def __init__(self, families: Iterable[Metric]) -> None:
+        self._families = families
+
+    def collect(self) -> Iterable[Metric]:
+        return self._families
+
+
+def encode(encoder: Encoder, families: Iterable[Metric]) -> str:
+    """The encoder's text for these families, without OpenMetrics' closing # EOF."""
+    text = encoder(_Families(families))
+    return (text[: -len(OPENMETRICS_EOF)] if text.endswith(OPENMETRICS_EOF) else text).decode("utf-8")
+
+
+SampleKey = tuple[str, tuple[str, ...], tuple[str, ...]]  # name, label names, label values
+
+
+@dataclass
+class LineFormat:
+    """One encoder's family headers and sample-line prefixes, kept from one render to the next (only those the
+    last render used, so a redeployed model's series do not pile up)."""
+
+    encoder: Encoder
+    eof: str = field(init=False)  # what closes a page: OpenMetrics' # EOF, or nothing
+    headers: dict[tuple[str, str, str, str], str] = field(default_factory=dict)
+    prefixes: dict[SampleKey, str] = field(default_factory=dict)
+    _used: dict[SampleKey, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.eof = self.encoder(_Families([])).decode("utf-8")
+
+    def header(self, family: Metric) -> str:
+        key = (family.name, family.type, family.documentation, family.unit)
+        header = self.headers.get(key)
+        if header is None:
+            header = self.headers[key] = encode(self.encoder, [Metric(family.name, family.documentation,
+                                                                      family.type, family.unit)])
+        return header
+
+    def lines(self, family: Metric, samples: list[Sample]) -> str:
+        """These samples' lines (a slice of the family's), from the remembered prefixes; where one is missing, from
+        the encoder, the prefixes learnt from what it wrote (one line per sample, in order: the family is
+        plain())."""
+        used, prefixes, keys = self._used, self.prefixes, []
+        for sample in samples:
+            labels = sample.labels
+            key = (sample.name, tuple(labels), tuple(labels.values()))
+            prefix = used.get(key) or prefixes.get(key)
+            if prefix is None:
+                return self._learn(family, samples)
+            used[key] = prefix
+            keys.append(prefix)
+        return "".join([f"{prefix}{go_float(sample.value)}\n" for prefix, sample in zip(keys, samples, strict=True)])
+
+    def _learn(self, family: Metric, samples: list[Sample]) -> str:
+        alone = Metric(family.name, family.documentation, family.type, family.unit)
+        alone.samples = samples
+        text = encode(self.encoder, [alone])[len(self.header(family)):]
+        for sample, line in zip(samples, text.splitlines(keepends=True), strict=True):
+            labels = sample.labels
+            self._used[(sample.name, tuple(labels), tuple(labels.values()))] = line[: line.rindex(" ") + 1]
+        return text
+
+    def render_done(self) -> None:
+        self.prefixes, self._used = self._used, {}
+
+
+def plain(family: Metric) -> bool:
+    """Whether every sample is ``name{labels} value``, so the remembered prefixes apply."""
+    special = tuple(family.name + suffix for suffix in _OPENMETRICS_ONLY)
+    return all(s.timestamp is None and s.exemplar is None and s.native_histogram is None and s.name not in special
+               for s in family.samples)
+
+
+def family_pieces(family: Metric, line_format: LineFormat) -> Iterator[str]:
+    """One family's text, a hundred lines at a time."""
+    if not plain(family):
+        yield encode(line_format.encoder, [family])
+        return
+    samples = family.samples
+    yield line_format.header(family) + line_format.lines(family, samples[:LINES_PER_STEP])
+    for start in range(LINES_PER_STEP, len(samples), LINES_PER_STEP):
+        yield line_format.lines(family, samples[start:start + LINES_PER_STEP])
+
+
+def page_pieces(families: Iterable[Metric], line_format: LineFormat) -> Iterator[str]:
+    for family in families:
+        yield from family_pieces(family, line_format)
+    line_format.render_done()
+
+
+async def run_sliced(steps: Iterator[T], budget: float = SLICE_SECONDS) -> list[T]:
+    """Every item of ``steps``, handing the event loop back whenever a slice has run ``budget`` seconds."""
+    out: list[T] = []
+    started = time.perf_counter()
+    for item in steps:
+        out.append(item)
+        if time.perf_counter() - started >= budget:
+            await asyncio.sleep(0)
+            started = time.perf_counter()
+    return out
+
+
+def compressed_steps(text: bytes, gzip: Compressor, piece: int = 16 * 1024) -> Iterator[bytes]:
+    """gzip of ``text`` in pieces (~0.2 ms each at level 6), leaving ``gzip`` open for what follows."""
+    for start in range(0, len(text), piece):
+        yield gzip.compress(text[start:start + piece])
+
+
+def spec_decode_steps(views: Iterable[TargetView], line_format: LineFormat) -> Iterator[str]:
+    """The spec-decode families' text in pieces: empty pieces while the families fill (one per series), then the
+    text."""
+    families = Families()
+    for _ in fill_families(families, views):
+        yield ""
+    yield from page_pieces(families, line_format)
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """The spec-decode part of the page for one set of views and one encoder (OpenMetrics' # EOF left off: the
+    live families follow it)."""
+
+    views: tuple[TargetView, ...]  # what it was rendered from; keeping them keeps their ids meaningful
+    text: bytes
+    # The gzip of the text, and the compressor right after it: a compressed scrape copies it to add the live
+    # families, so a response is one gzip stream without compressing the large part again.
+    gzipped: tuple[bytes, Compressor] | None = None
+
+    def current(self, views: tuple[TargetView, ...], compress: bool) -> bool:
+        same = len(views) == len(self.views) and all(a is b for a, b in zip(views, self.views, strict=True))
+        return same and (self.gzipped is not None or not compress)
+
+
+class SpecDecodePage:
+    """The spec-decode part of /metrics, per encoder: rendered once per set of views (by ``keep_fresh`` right
+    after a collection publishes, or by the first scrape that finds it stale), in slices on the event loop."""
+
+    def __init__(self, views: Callable[[], list[TargetView]], gzipped: tuple[Encoder, ...] = ()) -> None:
+        """``gzipped``: encoders rendered and gzipped after every collection from the start, before any scrape
+        asks (what Prometheus asks for), so that even the first scrape finds its page ready."""
+        self._views = views
+        self._encoders: dict[Hashable, Encoder] = {}  # the first of each format seen, which the page is keyed by
+        self._formats: dict[Encoder, LineFormat] = {}
+        self._rendered: dict[Encoder, Rendered] = {}
+        self._rendering: dict[Encoder, asyncio.Task[Rendered]] = {}
+        self._wants_gzip: set[Encoder] = {self.encoder(encoder) for encoder in gzipped}
+        self.renders = 0  # spec-decode renders so far (one per set of views and encoder)
+        self._scrapes: tuple[float, ...] = ()  # the last two scrapes' times (monotonic)
+
+    def encoder(self, encoder: Encoder) -> Encoder:
+        return self._encoders.setdefault(encoder_key(encoder), encoder)
+
+    def line_format(self, encoder: Encoder) -> LineFormat:
+        line_format = self._formats.get(encoder)
+        if line_format is None:
+            line_format = self._formats[encoder] = LineFormat(encoder)
+        return line_format
+
+    async def get(self, encoder: Encoder, compress: bool, latest: bool = True) -> Rendered:
+        """The part for the views published by now (gzipped too where ``compress``), rendered if need be. Views
+        published while it renders wait for the next call: with many targets some view is always newer. Not
+        ``latest``: while the next page renders (started right after a collection), the last one at once."""
+        encoder = self.encoder(encoder)
+        if compress:
+            self._wants_gzip.add(encoder)
+        views = tuple(self._views())
+        rendered = self._rendered.get(encoder)
+        if rendered is not None and rendered.current(views, compress):
+            return rendered
+        task = self._rendering.get(encoder)
+        if task is not None and not latest and rendered is not None and (rendered.gzipped or not compress):
+            return rendered  # the next page is on its way; this one is one collection old
+        if task is not None:  # a render that began before this call: maybe of older views
+            rendered = await asyncio.shield(task)  # a scrape that gives up must not cancel what others wait for
+            if rendered.current(views, compress):
+                return rendered
+            task = self._rendering.get(encoder)
+        if task is None:
+            task = self._rendering[encoder] = asyncio.ensure_future(
+                self._render(encoder, tuple(self._views()), self._rendered.get(encoder)))
+            task.add_done_callback(lambda _: self._rendering.pop(encoder, None))
+        return await asyncio.shield(task)
+
+    def scraped(self, now: float) -> None:
+        """A scrape came: keep_fresh renders ahead of the next one it expects."""
+        self._scrapes = (self._scrapes[-1], now) if self._scrapes else (now,)
+
+    def due(self, now: float, lead: float) -> bool:
+        """Whether a page rendered now would be the one the next scrape gets: never before any scrape; after
+        one, always; after two, when the next (one scrape interval after the last) is at most ``lead`` away (a
+        scraper every 30 s of a sidecar collecting every 5 s gets one render per scrape, not six)."""
+        if len(self._scrapes) < 2:
+            return bool(self._scrapes)
+        previous, last = self._scrapes
+        return now >= last + (last - previous) - lead
+
+    async def _render(self, encoder: Encoder, views: tuple[TargetView, ...], before: Rendered | None) -> Rendered:
+        if before is not None and before.current(views, compress=False):
+            text = before.text  # only the gzip is missing
+        else:
+            self.renders += 1
+            text = "".join(await run_sliced(spec_decode_steps(views, self.line_format(encoder)))).encode("utf-8")
+        gzipped = None
+        if encoder in self._wants_gzip:
+            gzip = new_gzip()
+            gzipped = (b"".join(await run_sliced(compressed_steps(text, gzip))), gzip)
+        rendered = self._rendered[encoder] = Rendered(views, text, gzipped)
+        return rendered
+
+    async def keep_fresh(self, poll: float, rest: float, clock: Callable[[], float] = time.monotonic) -> None:
+        """Render again when a collection has published, for each encoder scraped so far, so that the next scrape
+        finds the page ready: looks every ``poll`` seconds, and rests ``rest`` seconds after a render (many targets
+        publish all the time; one render per rest then, as with one target one per collection). Only when due():
+        without scrapes, or long before the next, a scrape renders what it needs."""
+        while True:
+            await asyncio.sleep(poll)
+            if not self.due(clock(), 2 * rest):
+                continue
+            renders = self.renders
+            for encoder in list(self._rendered.keys() | self._wants_gzip):
+                await self.get(encoder, encoder in self._wants_gzip)
+            if self.renders != renders:
+                await asyncio.sleep(rest)

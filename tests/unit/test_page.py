@@ -1,0 +1,101 @@
+"""The sliced /metrics page: the same bytes as prometheus_client's encoders, in steps that hand the loop back."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import pytest
+from prometheus_client import generate_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.openmetrics.exposition import generate_latest as openmetrics
+from prometheus_client.samples import Exemplar, Sample
+
+from specdecode_exporter.sidecar.page import LINES_PER_STEP, Encoder, LineFormat, encode, page_pieces, run_sliced
+
+
+def families() -> list[Metric]:
+    gauge = Metric("specdecode_acceptance_ratio", 'α "quoted"\\ and\nnewline', "gauge")
+    for i in range(3 * LINES_PER_STEP + 7):  # several steps' worth of one family
+        gauge.add_sample("specdecode_acceptance_ratio", {"target": "t", "window": "5m", "engine": str(i)}, i / 7)
+    gauge.add_sample("specdecode_acceptance_ratio", {"target": 'we"ird\\ va\nlue, ü', "window": "1m"}, float("nan"))
+    gauge.add_sample("specdecode_acceptance_ratio", {}, float("inf"))
+    counter = Metric("specdecode_drafts", "drafts", "counter")
+    counter.add_sample("specdecode_drafts_total", {"target": "t"}, 1e22)
+    counter.add_sample("specdecode_drafts_created", {"target": "t"}, 1700000000.0)  # the text format moves it
+    histogram = Metric("specdecode_interval_acceptance_ratio", "h", "histogram")
+    for le, count in (("0.5", 1.0), ("+Inf", 3.0)):
+        histogram.add_sample("specdecode_interval_acceptance_ratio_bucket", {"target": "t", "le": le}, count)
+    histogram.samples.append(Sample("specdecode_interval_acceptance_ratio_bucket", {"target": "u", "le": "+Inf"},
+                                    2.0, None, Exemplar({"trace_id": "abc"}, 0.7)))
+    histogram.add_sample("specdecode_interval_acceptance_ratio_count", {"target": "t"}, 3.0)
+    empty = Metric("specdecode_up", "up", "gauge")
+    return [gauge, counter, histogram, empty]
+
+
+@pytest.mark.parametrize("encoder", [generate_latest, openmetrics])
+def test_pieces_are_the_encoders_bytes_render_after_render(encoder: Encoder) -> None:
+    line_format = LineFormat(encoder)
+    reference = encode(encoder, families())
+    first = "".join(page_pieces(families(), line_format))
+    second = "".join(page_pieces(families(), line_format))  # from the remembered prefixes
+    assert first == reference and second == reference
+    assert len(list(page_pieces(families(), line_format))) > 3  # the large family comes in several steps
+    assert line_format.eof == ("# EOF\n" if encoder is openmetrics else "")
+
+
+def test_prefixes_of_series_gone_are_forgotten() -> None:
+    line_format = LineFormat(generate_latest)
+    "".join(page_pieces(families(), line_format))
+    remembered = len(line_format.prefixes)
+    gauge = Metric("specdecode_acceptance_ratio", "α", "gauge")
+    gauge.add_sample("specdecode_acceptance_ratio", {"target": "t"}, 0.5)
+    assert "".join(page_pieces([gauge], line_format)) == encode(generate_latest, [gauge])
+    assert remembered > 1 and len(line_format.prefixes) == 1
+
+
+def test_label_names_are_part_of_a_prefix() -> None:
+    """Two series with the same label values under different label names are two lines, never one."""
+    line_format = LineFormat(generate_latest)
+    gauge = Metric("g", "g", "gauge")
+    gauge.add_sample("g", {"target": "t", "model_name": "0"}, 1.0)
+    gauge.add_sample("g", {"target": "t", "engine": "0"}, 2.0)
+    assert "".join(page_pieces([gauge], line_format)) == encode(generate_latest, [gauge])
+
+
+def test_a_sliced_run_hands_the_loop_back_between_steps() -> None:
+    async def main() -> tuple[list[int], list[str]]:
+        order: list[str] = []
+
+        def steps() -> Iterator[int]:
+            for i in range(5):
+                order.append(f"step {i}")
+                yield i
+
+        async def other() -> None:
+            for _ in range(5):
+                order.append("other")
+                await asyncio.sleep(0)
+
+        waiting = asyncio.ensure_future(other())
+        await asyncio.sleep(0)
+        done = await run_sliced(steps(), budget=0.0)  # a budget of 0: the loop back after every step
+        await waiting
+        return done, order
+
+    done, order = asyncio.run(main())
+    assert done == [0, 1, 2, 3, 4]
+    steps_at = [i for i, what in enumerate(order) if what.startswith("step")]
+    assert all(order[i + 1] == "other" for i in steps_at[:-1]), order
+
+
+def test_pages_are_rendered_ahead_only_for_the_scrape_that_will_read_them() -> None:
+    from specdecode_exporter.sidecar.page import SpecDecodePage
+
+    page = SpecDecodePage(list)
+    assert not page.due(100.0, lead=5.0)  # nobody scrapes: nothing rendered ahead
+    page.scraped(100.0)
+    assert page.due(101.0, lead=5.0)  # one scrape, its interval unknown: after every collection
+    page.scraped(130.0)  # a scrape every 30 s, collections every 5 s
+    assert not page.due(140.0, lead=5.0) and not page.due(154.0, lead=5.0)
+    assert page.due(155.0, lead=5.0) and page.due(161.0, lead=5.0)  # the collection before the next scrape
