@@ -70,7 +70,7 @@ def _mixin() -> Groups:
 
 
 @pytest.mark.parametrize("load", [_rules_file, _prometheus_rule, _e2e_profile, _mixin],
-                         ids=["alerts/specdecode.rules.yaml", "deploy/base/prometheusrule.yaml", "e2e profile", "mixin"])
+                         ids=["rules-file", "prometheusrule", "e2e-profile", "mixin"])
 def test_no_group_reads_its_own_records(load: Any) -> None:
     groups = load()
     assert [g["name"] for g in groups] == [g["name"] for g in _rules_file()]
