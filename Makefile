@@ -47,7 +47,7 @@ test: tools lint  ## the installed wheel, the image and the whole suite, a real 
 test-unit: install  ## fast tests only: no Prometheus, no subprocesses
 	$(PY) -m pytest -q tests/unit
 
-test-e2e: install  ## fake vLLM → sidecar → Prometheus → Alertmanager → webhook, ~2½ min
+test-e2e: install  ## fake vLLM → sidecar → Prometheus (and VictoriaMetrics: vmagent shards, vmalert) → Alertmanager → webhook
 	bash scripts/install-tools.sh
 	CI=$${CI:-true} $(PY) -m pytest -q -m e2e tests/e2e -p no:cacheprovider
 

@@ -612,18 +612,6 @@
             "expr": "histogram_quantile(0.99, sum by (namespace, model_name, spec_decode, le) (rate(specdecode_request_time_per_output_token_seconds_bucket%s[%s])))\nand on (namespace, model_name, spec_decode)\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_count%s[%s])) > 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.shortWindow, (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.shortWindow]
           },
           {
-            "record": "model:specdecode_observed_speedup:mean_rate%s" % [$._config.shortWindow],
-            "expr": "model:specdecode_time_per_output_token_seconds:mean_rate%s{spec_decode=\"false\"}\n/ ignoring (spec_decode)\n(model:specdecode_time_per_output_token_seconds:mean_rate%s{spec_decode=\"true\"} > 0)" % [$._config.shortWindow, $._config.shortWindow]
-          },
-          {
-            "record": "model:specdecode_observed_speedup:p50_rate%s" % [$._config.shortWindow],
-            "expr": "model:specdecode_time_per_output_token_seconds:p50_rate%s{spec_decode=\"false\"}\n/ ignoring (spec_decode)\n(model:specdecode_time_per_output_token_seconds:p50_rate%s{spec_decode=\"true\"} > 0)" % [$._config.shortWindow, $._config.shortWindow]
-          },
-          {
-            "record": "model:specdecode_observed_speedup:p99_rate%s" % [$._config.shortWindow],
-            "expr": "model:specdecode_time_per_output_token_seconds:p99_rate%s{spec_decode=\"false\"}\n/ ignoring (spec_decode)\n(model:specdecode_time_per_output_token_seconds:p99_rate%s{spec_decode=\"true\"} > 0)" % [$._config.shortWindow, $._config.shortWindow]
-          },
-          {
             "record": "model:specdecode_time_per_output_token_seconds:mean_rate1h",
             "expr": "sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_sum%s[1h]))\n/\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_count%s[1h])) > 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
           },
@@ -636,6 +624,31 @@
             "expr": "histogram_quantile(0.99, sum by (namespace, model_name, spec_decode, le) (rate(specdecode_request_time_per_output_token_seconds_bucket%s[1h])))\nand on (namespace, model_name, spec_decode)\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_count%s[1h])) > 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
           },
           {
+            "record": "model:specdecode_request_time_per_output_token_seconds_count:sampled_increase1h",
+            "expr": "sum by (namespace, model_name, spec_decode) (increase(specdecode_request_time_per_output_token_seconds_count%s[1h]) * (1 - 1 / count_over_time(specdecode_request_time_per_output_token_seconds_count%s[1h])))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+          },
+          {
+            "record": "model:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h",
+            "expr": "sum by (namespace, model_name, spec_decode, le) (increase(specdecode_request_time_per_output_token_seconds_bucket%s[1h]) * (1 - 1 / count_over_time(specdecode_request_time_per_output_token_seconds_bucket%s[1h])))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+          }
+        ]
+      },
+      {
+        "name": "specdecode.rules.speedup",
+        "rules": [
+          {
+            "record": "model:specdecode_observed_speedup:mean_rate%s" % [$._config.shortWindow],
+            "expr": "model:specdecode_time_per_output_token_seconds:mean_rate%s{spec_decode=\"false\"}\n/ ignoring (spec_decode)\n(model:specdecode_time_per_output_token_seconds:mean_rate%s{spec_decode=\"true\"} > 0)" % [$._config.shortWindow, $._config.shortWindow]
+          },
+          {
+            "record": "model:specdecode_observed_speedup:p50_rate%s" % [$._config.shortWindow],
+            "expr": "model:specdecode_time_per_output_token_seconds:p50_rate%s{spec_decode=\"false\"}\n/ ignoring (spec_decode)\n(model:specdecode_time_per_output_token_seconds:p50_rate%s{spec_decode=\"true\"} > 0)" % [$._config.shortWindow, $._config.shortWindow]
+          },
+          {
+            "record": "model:specdecode_observed_speedup:p99_rate%s" % [$._config.shortWindow],
+            "expr": "model:specdecode_time_per_output_token_seconds:p99_rate%s{spec_decode=\"false\"}\n/ ignoring (spec_decode)\n(model:specdecode_time_per_output_token_seconds:p99_rate%s{spec_decode=\"true\"} > 0)" % [$._config.shortWindow, $._config.shortWindow]
+          },
+          {
             "record": "model:specdecode_observed_speedup:mean_rate1h",
             "expr": "model:specdecode_time_per_output_token_seconds:mean_rate1h{spec_decode=\"false\"}\n/ ignoring (spec_decode)\n(model:specdecode_time_per_output_token_seconds:mean_rate1h{spec_decode=\"true\"} > 0)"
           },
@@ -646,14 +659,6 @@
           {
             "record": "model:specdecode_observed_speedup:p99_rate1h",
             "expr": "model:specdecode_time_per_output_token_seconds:p99_rate1h{spec_decode=\"false\"}\n/ ignoring (spec_decode)\n(model:specdecode_time_per_output_token_seconds:p99_rate1h{spec_decode=\"true\"} > 0)"
-          },
-          {
-            "record": "model:specdecode_request_time_per_output_token_seconds_count:sampled_increase1h",
-            "expr": "sum by (namespace, model_name, spec_decode) (increase(specdecode_request_time_per_output_token_seconds_count%s[1h]) * (1 - 1 / count_over_time(specdecode_request_time_per_output_token_seconds_count%s[1h])))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
-          },
-          {
-            "record": "model:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h",
-            "expr": "sum by (namespace, model_name, spec_decode, le) (increase(specdecode_request_time_per_output_token_seconds_bucket%s[1h]) * (1 - 1 / count_over_time(specdecode_request_time_per_output_token_seconds_bucket%s[1h])))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
           }
         ]
       },

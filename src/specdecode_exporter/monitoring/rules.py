@@ -110,21 +110,27 @@ def latency_record(cfg: MonitoringConfig, metric: str, statistic: str, window: s
 
 
 def _latency_rules(cfg: MonitoringConfig) -> Iterator[Rule]:
-    """Time per output token per model, apart for spec-decode and control pods, and the fleet's observed speedup:
-    the control pods' TPOT over the spec-decode pods' (mean exact; p50 and p99 from the histograms)."""
+    """Time per output token per model, apart for spec-decode and control pods (mean exact; p50 and p99 from the
+    histograms)."""
     scope = Scope(cfg.metric_selector, (*cfg.level_labels(), "spec_decode"))
     for window in dict.fromkeys([cfg.short_window, cfg.long_window]):
         for statistic, q in LATENCY_STATISTICS:
             expr = tpot_mean(scope, window) if q is None else histogram_quantile(q, m.REQUEST_TPOT.name, scope, window)
             yield {"record": latency_record(cfg, TPOT, statistic, window), "expr": expr}
-        for statistic, _ in LATENCY_STATISTICS:
-            yield {"record": latency_record(cfg, OBSERVED, statistic, window),
-                   "expr": baseline_over_current(latency_record(cfg, TPOT, statistic, window))}
     # The evidence of the latency tests: requests per side, and per bucket (the tail's two-proportion tests).
     long_w = cfg.long_window
     yield {"record": tpot_requests_record(cfg), "expr": sampled_increase(f"{m.REQUEST_TPOT.name}_count", scope, long_w)}
     yield {"record": tpot_buckets_record(cfg),
            "expr": sampled_increase(f"{m.REQUEST_TPOT.name}_bucket", Scope(scope.matchers, (*scope.by, "le")), long_w)}
+
+
+def _speedup_rules(cfg: MonitoringConfig) -> Iterator[Rule]:
+    """The fleet's observed speedup: the control pods' TPOT over the spec-decode pods', read from the latency
+    group's records (so a group of its own: see recording_groups)."""
+    for window in dict.fromkeys([cfg.short_window, cfg.long_window]):
+        for statistic, _ in LATENCY_STATISTICS:
+            yield {"record": latency_record(cfg, OBSERVED, statistic, window),
+                   "expr": baseline_over_current(latency_record(cfg, TPOT, statistic, window))}
 
 
 def tpot_requests_record(cfg: MonitoringConfig) -> str:
@@ -237,6 +243,10 @@ def _evidence_rules(cfg: MonitoringConfig) -> Iterator[Rule]:
 
 
 def recording_groups(cfg: MonitoringConfig) -> list[dict[str, Any]]:
+    """Layers: no group reads a series recorded in that same group, and every group reads only records of the
+    groups before it. A remote ruler (vmalert, Thanos Ruler, Mimir's ruler) writes a group's records to the store
+    and reads them back from it, so a record chained on another of its own group would read the previous
+    evaluation's value, or nothing until the write lands (docs/fleet.md)."""
     windows = list(dict.fromkeys([cfg.short_window, cfg.long_window]))
     groups = [{"name": f"specdecode.rules.{level}",
                "rules": [*(r for w in windows for r in _records(cfg, level, w)), *_quantile_records(cfg, level)]}
@@ -246,6 +256,7 @@ def recording_groups(cfg: MonitoringConfig) -> list[dict[str, Any]]:
                    "rules": list(_evidence_rules(cfg))})
     groups.append({"name": "specdecode.rules.baseline", "rules": [_baseline_rule(cfg)]})
     groups.append({"name": "specdecode.rules.latency", "rules": list(_latency_rules(cfg))})
+    groups.append({"name": "specdecode.rules.speedup", "rules": list(_speedup_rules(cfg))})
     groups.append({"name": "specdecode.rules.requests", "rules": list(_request_rules(cfg))})
     groups.append({"name": "specdecode.rules.capacity", "rules": list(_capacity_rules(cfg))})
     return groups
