@@ -166,6 +166,8 @@ class Clock:
 def _router(mode: str = ENFORCE, break_even: float | None = 0.5, seed: int = 7, **settings: Any
             ) -> tuple[ClassRouter, Clock]:
     recorder = RequestRecorder(TapSettings())
+    # The upstream has served model "m" before: a model name is a class label only from then on.
+    recorder.observe(_request_for(), _result(Route(SPECULATIVE, UNROUTED, False, ClassKey("m", "chat", "0-0.3", None))))
     clock = Clock()
     router = ClassRouter(RouteSettings("http://fallback:8000", mode=mode, **{"min_requests": 20, **settings}),
                          recorder.band_key, lambda model: break_even, random.Random(seed), clock)

@@ -133,7 +133,9 @@ class RequestRecorder:
     def observe(self, request: TapRequest, result: TapResult) -> None:
         if result.route is not None and result.route.to_fallback:
             return  # served by the routing fallback: not a request of the tapped target
-        model = capped(request.model, self.models, self.settings.max_models)
+        if 200 <= result.status < 300:  # a model name takes a slot only once the upstream has served it
+            capped(request.model, self.models, self.settings.max_models)
+        model = known(request.model, self.models)
         figures = spec_figures(result.metrics, result.timings)
         if figures is None:
             reason = result.reason or "no_spec_metrics"
@@ -155,8 +157,9 @@ class RequestRecorder:
             self.speed[band] = self.speed.get(band, Histogram.empty(SPEED_BUCKETS)).observed(speed)
 
     def band_key(self, request: TapRequest) -> BandKey:
-        """The request's labels: model and workload capped, temperature banded (the router labels classes so)."""
-        return BandKey(capped(request.model, self.models, self.settings.max_models),
+        """The request's labels: the model as served before (else "other"), the workload capped, the temperature
+        banded (the router labels classes so)."""
+        return BandKey(known(request.model, self.models),
                        capped(request.workload, self.workloads, self.settings.max_workloads),
                        temperature_band(request.temperature, self.settings.temperature_edges))
 
@@ -176,6 +179,14 @@ def capped(raw: str | None, seen: set[str], limit: int) -> str:
         return OTHER
     seen.add(value)
     return value
+
+
+def known(raw: str | None, seen: set[str]) -> str:
+    """A client-supplied value as a label when it already holds a slot, else "other" (it takes none)."""
+    value = _label(raw)
+    if value is None:
+        return UNSET
+    return value if value in seen else OTHER
 
 
 def _label(raw: str | None) -> str | None:

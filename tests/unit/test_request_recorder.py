@@ -1,0 +1,39 @@
+"""The tap's recorder keeps its label sets bounded without letting a hostile client crowd out the real model."""
+
+from __future__ import annotations
+
+from specdecode_exporter.tap import TapRequest, TapResult
+from specdecode_exporter.tap.request_stats import OTHER, RequestRecorder, TapSettings
+
+METRICS = {"speculative_decoding": {"num_draft_tokens": 30, "num_accepted_draft_tokens": 21, "num_spec_steps": 10}}
+
+
+def request(model: str) -> TapRequest:
+    return TapRequest("POST", "/v1/completions", "completions", model, 0.0, False, 1, "chat", False)
+
+
+def answered(status: int) -> TapResult:
+    metrics = METRICS if status == 200 else None
+    return TapResult(status, metrics, None, None, None if status == 200 else "upstream_error", 0.0, 0.1, 0.2)
+
+
+def test_model_names_the_upstream_never_served_take_no_slot() -> None:
+    recorder = RequestRecorder(TapSettings(max_models=4))
+    for i in range(50):  # a client naming models vLLM does not serve: 404s
+        recorder.observe(request(f"junk-{i}"), answered(404))
+    recorder.observe(request("llama"), answered(200))
+    view = recorder.view()
+    assert {key.model_name for key in view.bands} == {"llama"}
+    assert {model for model, _ in view.without_metrics} == {OTHER}
+    assert sum(view.without_metrics.values()) == 50
+    assert recorder.band_key(request("llama")).model_name == "llama"
+    assert recorder.band_key(request("junk-1")).model_name == OTHER
+
+
+def test_served_model_names_are_capped() -> None:
+    recorder = RequestRecorder(TapSettings(max_models=2))
+    for name in ("a", "b", "c", "a"):
+        recorder.observe(request(name), answered(200))
+    view = recorder.view()
+    assert sorted(key.model_name for key in view.bands) == ["a", "b", OTHER]
+    assert view.bands[recorder.band_key(request("a"))].requests == 2
