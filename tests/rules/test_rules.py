@@ -210,11 +210,15 @@ def test_the_page_tests_each_window_at_its_budgeted_z(tmp_path: Path) -> None:
     assert shipped == [round(z, 2) for _, z in rules.page_tests(cfg)]
     assert len(shipped) == len(cfg.statistics.page_windows)
     every = duration_seconds(cfg.statistics.evaluation_interval)
-    share = cfg.statistics.false_pages_per_30d / len(shipped)
-    for z, window in zip(shipped, cfg.statistics.page_windows, strict=True):
-        assert expected_crossings(z, duration_seconds(window), every) == pytest.approx(share, rel=0.05)
+    budgets = cfg.statistics.page_budgets()
+    assert sum(budgets) == pytest.approx(cfg.statistics.false_pages_per_30d)
+    for z, window, budget in zip(shipped, cfg.statistics.page_windows, budgets, strict=True):
+        assert expected_crossings(z, duration_seconds(window), every) == pytest.approx(budget, rel=0.05)
     assert all(a > b for a, b in zip(shipped, bars("statistics: {false_pages_per_30d: 10}\n"), strict=True))
-    assert bars("statistics: {page_windows: [2m]}\n")[0] < shipped[0]
+    assert bars("statistics: {page_windows: [2m], page_budget_shares: [1]}\n")[0] < shipped[0]
+    # a window's larger share lowers its bar and raises the others'
+    even = bars("statistics: {page_budget_shares: [1, 1, 1, 1, 1]}\n")
+    assert shipped[1] < even[1] and all(s > e for i, (s, e) in enumerate(zip(shipped, even, strict=True)) if i != 1)
 
 
 # ----------------------------------------------------------------------------------------- alertmanager

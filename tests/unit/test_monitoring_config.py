@@ -72,6 +72,8 @@ def test_the_profile_and_force_for() -> None:
     # the statistics of the alerts on a ratio
     ("statistics: {page_windows: [10m, 2m]}\n",
      "statistics.page_windows: expected ascending, distinct windows, got 10m, 2m"),
+    ("statistics: {page_windows: [2m, 10m]}\n",
+     "statistics.page_budget_shares: expected one share per page window (2m, 10m), got 5"),
     ("statistics: {request_acceptance_sd: 0.6}\n",
      "statistics.request_acceptance_sd: expected a number between 0 and 0.5, got 0.6"),
     ("statistics: {false_pages_per_30d: 0}\n", "statistics.false_pages_per_30d: expected a number > 0, got 0"),

@@ -176,6 +176,8 @@ class Statistics(Section):
     min_requests: Annotated[Number, Range(1)]  # no alert on a ratio from fewer requests' worth of tokens
     evaluation_interval: PromDuration  # set on the groups the budgets count evaluations of
     page_windows: Annotated[tuple[PromDuration, ...], Field(min_length=1)]  # ascending; the page ORs them
+    # each page window's relative share of false_pages_per_30d, in page_windows' order
+    page_budget_shares: tuple[Annotated[Number, Range(0, above=True)], ...]
     page_margin: Ratio  # the page's budget holds at α = page threshold + this
     false_pages_per_30d: Annotated[Number, Range(0, above=True)]  # per model, all page windows together
     false_tickets_per_30d: Annotated[Number, Range(0, above=True)]  # per alert on a ratio and model
@@ -184,7 +186,15 @@ class Statistics(Section):
         seconds = [validation.duration_seconds(w) for w in self.page_windows]
         if seconds != sorted(set(seconds)):
             raise fail(f"expected ascending, distinct windows, got {', '.join(self.page_windows)}", "page_windows")
+        if len(self.page_budget_shares) != len(self.page_windows):
+            raise fail(f"expected one share per page window ({', '.join(self.page_windows)}), got "
+                       f"{len(self.page_budget_shares)}", "page_budget_shares")
         return self
+
+    def page_budgets(self) -> tuple[float, ...]:
+        """False pages per 30 days each page window may cause: false_pages_per_30d split by page_budget_shares."""
+        total = sum(self.page_budget_shares)
+        return tuple(self.false_pages_per_30d * share / total for share in self.page_budget_shares)
 
     @property
     def dispersion(self) -> Dispersion:

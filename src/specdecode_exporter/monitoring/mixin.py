@@ -90,6 +90,7 @@ BAKED = {
     "statistics.min_requests": "the tests' minimum evidence, worked out at build time",
     "statistics.evaluation_interval": "the tests' bars count its evaluations (core.evidence)",
     "statistics.page_windows": "which page windows and recording rules exist; their bars (core.evidence)",
+    "statistics.page_budget_shares": "the page's bars are worked out from them (core.evidence)",
     "statistics.page_margin": "the page's null α, where its bars hold",
     "statistics.false_pages_per_30d": "the page's bars are worked out from it (core.evidence)",
     "statistics.false_tickets_per_30d": "the tickets' bars are worked out from it (core.evidence)",

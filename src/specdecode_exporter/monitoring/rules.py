@@ -312,10 +312,12 @@ def ticket_z(cfg: MonitoringConfig, window: str) -> float:
 
 
 def page_tests(cfg: MonitoringConfig) -> list[tuple[str, float]]:
-    """(window, z*) of each of the page's tests: the false-page budget split evenly between its windows."""
+    """(window, z*) of each of the page's tests: the false-page budget split between its windows by their shares
+    (a union bound: the expected false pages of all windows together stay within the budget)."""
     stats = cfg.statistics
-    share, every = stats.false_pages_per_30d / len(stats.page_windows), duration_seconds(stats.evaluation_interval)
-    return [(w, critical_z(share, duration_seconds(w), every)) for w in stats.page_windows]
+    every = duration_seconds(stats.evaluation_interval)
+    return [(w, critical_z(budget, duration_seconds(w), every))
+            for w, budget in zip(stats.page_windows, stats.page_budgets(), strict=True)]
 
 
 def _vetoes(cfg: MonitoringConfig, windows: list[str], below: str) -> str:
