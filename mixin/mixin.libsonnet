@@ -458,7 +458,7 @@
         ]
       },
       {
-        "name": "specdecode.rules.evidence",
+        "name": "specdecode.rules.evidence.2m",
         "interval": "15s",
         "rules": [
           {
@@ -484,7 +484,13 @@
           {
             "record": "model:specdecode_draft_tokens:sampled_increase2m",
             "expr": "sum by (namespace, model_name) (increase(specdecode_draft_tokens_total%s[2m]) * (1 - 1 / count_over_time(specdecode_draft_tokens_total%s[2m])))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
-          },
+          }
+        ]
+      },
+      {
+        "name": "specdecode.rules.evidence.3m",
+        "interval": "15s",
+        "rules": [
           {
             "record": "model:specdecode_draft_tokens:rate3m",
             "expr": "sum by (namespace, model_name) (rate(specdecode_draft_tokens_total%s[3m]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
@@ -508,7 +514,13 @@
           {
             "record": "model:specdecode_draft_tokens:sampled_increase3m",
             "expr": "sum by (namespace, model_name) (increase(specdecode_draft_tokens_total%s[3m]) * (1 - 1 / count_over_time(specdecode_draft_tokens_total%s[3m])))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
-          },
+          }
+        ]
+      },
+      {
+        "name": "specdecode.rules.evidence.10m",
+        "interval": "15s",
+        "rules": [
           {
             "record": "model:specdecode_draft_tokens:rate10m",
             "expr": "sum by (namespace, model_name) (rate(specdecode_draft_tokens_total%s[10m]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
@@ -532,7 +544,13 @@
           {
             "record": "model:specdecode_draft_tokens:sampled_increase10m",
             "expr": "sum by (namespace, model_name) (increase(specdecode_draft_tokens_total%s[10m]) * (1 - 1 / count_over_time(specdecode_draft_tokens_total%s[10m])))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
-          },
+          }
+        ]
+      },
+      {
+        "name": "specdecode.rules.evidence.30m",
+        "interval": "15s",
+        "rules": [
           {
             "record": "model:specdecode_draft_tokens:rate30m",
             "expr": "sum by (namespace, model_name) (rate(specdecode_draft_tokens_total%s[30m]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
@@ -556,7 +574,13 @@
           {
             "record": "model:specdecode_draft_tokens:sampled_increase30m",
             "expr": "sum by (namespace, model_name) (increase(specdecode_draft_tokens_total%s[30m]) * (1 - 1 / count_over_time(specdecode_draft_tokens_total%s[30m])))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
-          },
+          }
+        ]
+      },
+      {
+        "name": "specdecode.rules.evidence.2h",
+        "interval": "15s",
+        "rules": [
           {
             "record": "model:specdecode_draft_tokens:rate2h",
             "expr": "sum by (namespace, model_name) (rate(specdecode_draft_tokens_total%s[2h]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
@@ -580,7 +604,13 @@
           {
             "record": "model:specdecode_draft_tokens:sampled_increase2h",
             "expr": "sum by (namespace, model_name) (increase(specdecode_draft_tokens_total%s[2h]) * (1 - 1 / count_over_time(specdecode_draft_tokens_total%s[2h])))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
-          },
+          }
+        ]
+      },
+      {
+        "name": "specdecode.rules.evidence.1h",
+        "interval": "15s",
+        "rules": [
           {
             "record": "model:specdecode_draft_tokens:sampled_increase1h",
             "expr": "sum by (namespace, model_name) (increase(specdecode_draft_tokens_total%s[1h]) * (1 - 1 / count_over_time(specdecode_draft_tokens_total%s[1h])))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]

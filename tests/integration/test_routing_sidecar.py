@@ -79,6 +79,9 @@ def pools(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pools]:
         })
         _wait(lambda: httpx.get(f"{sidecar.url}/readyz").status_code == 200)
         _wait(lambda: _status(sidecar)["series"] and _status(sidecar)["series"][0]["break_even_acceptance_ratio"])
+        # A model name is a class label once the upstream has served it: one request first, so that the tests'
+        # concurrent first requests are all counted in their classes.
+        _plain(f"http://{tap}", "chat")
         yield Pools(speculative, fallback, sidecar, f"http://{tap}")
 
 

@@ -69,12 +69,29 @@ def _mixin() -> Groups:
     return field("prometheusRules") + field("prometheusAlerts")
 
 
+def group_kinds(groups: Groups) -> list[str]:
+    """The groups' names in order, one evidence group per tested window counted once (profiles differ in windows)."""
+    names = [re.sub(r"^specdecode\.rules\.evidence\..*", "specdecode.rules.evidence", g["name"]) for g in groups]
+    return list(dict.fromkeys(names))
+
+
 @pytest.mark.parametrize("load", [_rules_file, _prometheus_rule, _e2e_profile, _mixin],
                          ids=["rules-file", "prometheusrule", "e2e-profile", "mixin"])
 def test_no_group_reads_its_own_records(load: Any) -> None:
     groups = load()
-    assert [g["name"] for g in groups] == [g["name"] for g in _rules_file()]
+    assert group_kinds(groups) == group_kinds(_rules_file())
     assert list(layer_violations(groups)) == []
+
+
+MIMIR_MAX_RULES_PER_GROUP = 20  # ruler_max_rules_per_rule_group's default: a larger group is refused at load
+
+
+@pytest.mark.parametrize("load", [_rules_file, _prometheus_rule, _e2e_profile, _mixin],
+                         ids=["rules-file", "prometheusrule", "e2e-profile", "mixin"])
+def test_every_group_loads_into_mimir_with_its_default_limits(load: Any) -> None:
+    sizes = {g["name"]: len(g["rules"]) for g in load()}
+    assert {name: n for name, n in sizes.items() if n > MIMIR_MAX_RULES_PER_GROUP} == {}
+    assert len(sizes) <= 70  # ruler_max_rule_groups_per_tenant's default
 
 
 def test_derived_records_are_layered_not_absent() -> None:

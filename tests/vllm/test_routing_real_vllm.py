@@ -60,6 +60,10 @@ def routing(vllm_ngram: h.VllmServer, vllm_nospec: h.VllmServer,
                             "min_requests": MIN_REQUESTS, "canary_share": CANARY_SHARE}},
     }, tap=True)
     try:
+        # A model name is a class label once vLLM has served it: one request first, so that the tests' concurrent
+        # first requests are all counted in their class.
+        assert sidecar.tap_url is not None
+        _complete(sidecar.tap_url, 99)
         yield sidecar
     finally:
         sidecar.process.stop()

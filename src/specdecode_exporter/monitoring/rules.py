@@ -226,20 +226,23 @@ def evidence_record(cfg: MonitoringConfig, window: str) -> str:
     return record_name(cfg.alert_level, m.DRAFT_TOKENS.name, f"sampled_increase{window}")
 
 
+def evidence_group(window: str) -> str:
+    return f"specdecode.rules.evidence.{window}"
+
+
 def tested_windows(cfg: MonitoringConfig) -> list[str]:
     """Every window a test on α reads: the page's, and the long one of the tickets."""
     return list(dict.fromkeys([*cfg.statistics.page_windows, cfg.long_window]))
 
 
-def _evidence_rules(cfg: MonitoringConfig) -> Iterator[Rule]:
-    """Per model, for each tested window: the rates and α (where the level group does not record them already) and
+def _evidence_rules(cfg: MonitoringConfig, window: str) -> Iterator[Rule]:
+    """Per model, for one tested window: the rates and α (where the level group does not record them already) and
     the drafted tokens the samples cover (the evidence)."""
     level, scope = cfg.alert_level, Scope(cfg.metric_selector, cfg.level_labels())
-    for window in tested_windows(cfg):
-        if window not in (cfg.short_window, cfg.long_window):
-            yield from _records(cfg, level, window)
-        yield {"record": evidence_record(cfg, window),
-               "expr": sampled_increase(m.DRAFT_TOKENS.exposed_name, scope, window)}
+    if window not in (cfg.short_window, cfg.long_window):
+        yield from _records(cfg, level, window)
+    yield {"record": evidence_record(cfg, window),
+           "expr": sampled_increase(m.DRAFT_TOKENS.exposed_name, scope, window)}
 
 
 def recording_groups(cfg: MonitoringConfig) -> list[dict[str, Any]]:
@@ -251,9 +254,10 @@ def recording_groups(cfg: MonitoringConfig) -> list[dict[str, Any]]:
     groups = [{"name": f"specdecode.rules.{level}",
                "rules": [*(r for w in windows for r in _records(cfg, level, w)), *_quantile_records(cfg, level)]}
               for level, _ in cfg.levels]
-    # Its own group, evaluated as often as the budgets assume (the page's timing must not depend on the ruler's).
-    groups.append({"name": "specdecode.rules.evidence", "interval": cfg.statistics.evaluation_interval,
-                   "rules": list(_evidence_rules(cfg))})
+    # A group per tested window, evaluated as often as the budgets assume (the page's timing must not depend on the
+    # ruler's); one group for all would exceed Mimir's default of 20 rules per group.
+    groups.extend({"name": evidence_group(window), "interval": cfg.statistics.evaluation_interval,
+                   "rules": list(_evidence_rules(cfg, window))} for window in tested_windows(cfg))
     groups.append({"name": "specdecode.rules.baseline", "rules": [_baseline_rule(cfg)]})
     groups.append({"name": "specdecode.rules.latency", "rules": list(_latency_rules(cfg))})
     groups.append({"name": "specdecode.rules.speedup", "rules": list(_speedup_rules(cfg))})
