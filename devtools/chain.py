@@ -353,6 +353,19 @@ class Chain:
         }
 
 
+def start_alertmanager(stack: contextlib.ExitStack, workdir: Path, binary: str, webhook_url: str) -> Process:
+    """Alertmanager with the example routing, every receiver pointed at ``webhook_url``, on a free port."""
+    config = workdir / "alertmanager.yml"
+    config.write_text(yaml.safe_dump(alertmanager_config(webhook_url), sort_keys=False))
+    (workdir / "alertmanager-data").mkdir(exist_ok=True)
+    am = start_process("alertmanager", lambda port: [
+        binary, f"--config.file={config}", f"--storage.path={workdir / 'alertmanager-data'}",
+        f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address=",
+    ], workdir, "/-/ready")
+    stack.callback(am.stop)
+    return am
+
+
 @contextlib.contextmanager
 def running_chain(workdir: Path | None = None, echo_webhook: bool = False) -> Iterator[Chain]:
     """Start the whole chain; stop all of it on exit, whatever happened."""
@@ -383,14 +396,7 @@ def running_chain(workdir: Path | None = None, echo_webhook: bool = False) -> It
         ], workdir, "/readyz")
         stack.callback(sidecar.stop)
 
-        am_config = workdir / "alertmanager.yml"
-        am_config.write_text(yaml.safe_dump(alertmanager_config(webhook.url), sort_keys=False))
-        (workdir / "alertmanager-data").mkdir(exist_ok=True)
-        am = start_process("alertmanager", lambda port: [
-            alertmanager, f"--config.file={am_config}", f"--storage.path={workdir / 'alertmanager-data'}",
-            f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address=",
-        ], workdir, "/-/ready")
-        stack.callback(am.stop)
+        am = start_alertmanager(stack, workdir, alertmanager, webhook.url)
 
         rules = workdir / "specdecode.e2e.rules.yaml"
         write_rules(rules)

@@ -23,10 +23,10 @@ from devtools.chain import (
     JOB,
     NAMESPACE,
     Webhook,
-    alertmanager_config,
     fmt_duration,
     rules_settings,
     seconds,
+    start_alertmanager,
     write_rules,
 )
 from devtools.procs import (
@@ -294,13 +294,7 @@ def running_fleet(workdir: Path, specs: Sequence[PodSpec]) -> Iterator[Fleet]:
             stack.callback(shard.stop)
             shards.append(shard)
 
-        am_config = workdir / "alertmanager.yml"
-        am_config.write_text(yaml.safe_dump(alertmanager_config(webhook.url), sort_keys=False))
-        alertmanager = start_process("alertmanager", lambda port: [
-            alertmanager_bin, f"--config.file={am_config}", f"--storage.path={workdir / 'alertmanager-data'}",
-            f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address=",
-        ], workdir, "/-/ready")
-        stack.callback(alertmanager.stop)
+        alertmanager = start_alertmanager(stack, workdir, alertmanager_bin, webhook.url)
 
         rules = workdir / "specdecode.e2e.rules.yaml"
         write_rules(rules)
