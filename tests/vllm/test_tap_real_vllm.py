@@ -365,4 +365,5 @@ def test_unknown_model_error_passes_through(vllm_ngram: h.VllmServer, tapped: h.
     assert error["code"] == 404 and error["type"] == "NotFoundError" and "no-such-model" in error["message"], error
     assert {k: v for k, v in through.headers.items() if k != "date"} == \
         {k: v for k, v in direct.headers.items() if k != "date"}
-    assert after.since(before).without_metrics == {("no-such-model", "http_error"): 1}
+    # A model vLLM does not serve takes no label slot (a client naming many could crowd out the real one): "other".
+    assert after.since(before).without_metrics == {("other", "http_error"): 1}
