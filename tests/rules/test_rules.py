@@ -145,6 +145,7 @@ def test_promtool_check_rules(promtool: str) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+@pytest.mark.timeout(960)  # pytest's own limit (300 s) would cut the 15-minute guard below short
 def test_promtool_unit_tests(promtool: str) -> None:
     assert UNIT_TESTS, "no alerts/tests/*.test.yaml"
     # A guard against a hang, not a timing target: page_days.test.yaml evaluates days of 15 s steps, and on a
