@@ -67,6 +67,25 @@ def proc_cpu_seconds(pid: int) -> float:
     return max(0, process_ticks - live_ticks) / CLK_TCK + live_ns / 1e9
 
 
+def child_pids(pid: int) -> list[int]:
+    """The processes ``pid`` started that still run (the sidecar's request tap process)."""
+    found: list[int] = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(FileNotFoundError):
+            with open(f"/proc/{pid}/task/{task}/children", encoding="ascii") as f:
+                found += [int(child) for child in f.read().split()]
+    return found
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds of a process and the children it runs now (proc_cpu_seconds of each)."""
+    total = proc_cpu_seconds(pid)
+    for child in child_pids(pid):
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+            total += proc_cpu_seconds(child)
+    return total
+
+
 def _ticks(stat_path: str) -> int:
     with open(stat_path, encoding="ascii") as f:
         fields = f.read().rsplit(")", 1)[1].split()

@@ -135,11 +135,13 @@ def run_render(rep: Report, rounds: int, tap_rounds: int, tap_seconds: float) ->
                 f"{100 * c.scrape / c.collect:.1f} %", fmt_ms(c.lazy_scrape), str(c.render_slices),
                 fmt_ms(c.longest_slice)]])
     t = serve_bench.tap_under_scrapes(tap_rounds, tap_seconds)
-    rep.add(f"\nThe real sidecar process with the tap on, {t.rounds} interleaved rounds of {t.seconds:.0f} s per "
+    rep.add(f"\nThe real sidecar process with the tap on (the tap relays in a process of its own), {t.rounds} "
+            f"interleaved rounds of {t.seconds:.0f} s per "
             "variant, 64 streams (bench/tap.py's fake vLLM and load generator). Busy = the sidecar collects the live "
             "~1 MB target every 5 s and is scraped every 5 s as Prometheus does (OpenMetrics, gzip; "
             f"{t.scrape_kib:.0f} KiB sent), {t.collections} collections in its rounds, "
-            f"{100 * t.busy_cpu:.0f} % of a core. Quiet = a second sidecar, same config but collected once at "
+            f"{100 * t.busy_cpu:.0f} % of a core for both processes; RSS at the end {t.rss_mb[0]:.1f} MB (sidecar) + "
+            f"{t.rss_mb[1]:.1f} MB (tap process). Quiet = a second sidecar, same config but collected once at "
             "start and never scraped (the busy one is stopped with SIGSTOP meanwhile). Direct = the fake vLLM "
             "without a tap. TTFB = medians over the rounds of each round's percentile; stalls = gaps over 50 ms "
             "inside a stream, summed.\n")

@@ -2,11 +2,12 @@
 
 A live ~1 MB target (4 models × 20 engines, k=8: successive simulator renders 5 s apart, so every counter moves
 at every fetch), collected every 5 s; a scraper asking for /metrics as Prometheus does (OpenMetrics, gzip) every
-5 s; and the request tap, in the same sidecar process, under streaming load at the same time.
+5 s; and the request tap (a process of its own beside the sidecar's, tap/process.py) under streaming load at the
+same time.
 
 - ``page_costs``: in-process, interleaved rounds: one collection (fetch excluded), the page's render once per
   collection (OpenMetrics + gzip, what Prometheus asks for), and one scrape once it is rendered.
-- ``tap_under_scrapes``: real processes: the tap's time to first byte on the same sidecar process while it
+- ``tap_under_scrapes``: real processes: the tap's time to first byte on the sidecar's tap while the sidecar
   collects and is scraped (busy) against the same with both stopped (SIGSTOP of the busy sidecar; a second,
   quiet sidecar that collected once at start carries the load), and against the fake vLLM called directly;
   rounds interleaved.
@@ -34,7 +35,7 @@ from prometheus_client.openmetrics.exposition import generate_latest as openmetr
 
 from bench import tap as tap_bench
 from bench.collect import INTERVAL, Pipeline, body_sequence
-from bench.common import proc_cpu_seconds
+from bench.common import child_pids, proc_rss_mb, tree_cpu_seconds
 from bench.procs import EXPORTER_BIN, _env, static_server
 from devtools.procs import free_port, running
 from specdecode_exporter.sidecar.collection import Exporter
@@ -131,7 +132,8 @@ class TapUnderScrapes:
     scrape_kib: float  # as sent (gzip)
     failures: int  # scrapes that failed or took over 10 s
     collections: int  # of the busy sidecar during its rounds
-    busy_cpu: float  # the busy sidecar's CPU seconds per second during its rounds
+    busy_cpu: float  # the busy sidecar's CPU seconds per second during its rounds (its tap process included)
+    rss_mb: tuple[float, float]  # the busy sidecar's and its tap process' RSS at the end
 
     def added_p99(self, variant: str) -> float:
         return self.ttfb_p99[variant] - self.ttfb_p99["direct"]
@@ -231,15 +233,16 @@ def tap_under_scrapes(rounds: int, seconds: float, streams: int = 64) -> TapUnde
                         busy.send_signal(signal.SIGSTOP)  # neither collecting nor scraped
                     else:
                         scraper.running.set()
-                    cpu0, t0 = proc_cpu_seconds(busy.pid), time.monotonic()
+                    cpu0, t0 = tree_cpu_seconds(busy.pid), time.monotonic()
                     per[variant].append(_load(port, streams, seconds))
                     if variant == "busy":
-                        busy_cpu += proc_cpu_seconds(busy.pid) - cpu0
+                        busy_cpu += tree_cpu_seconds(busy.pid) - cpu0
                         busy_span += time.monotonic() - t0
                         scraper.running.clear()
                     else:
                         busy.send_signal(signal.SIGCONT)
             after = len(httpx.get(base + "/-/stats", timeout=10, trust_env=False).json().get("/metrics", []))
+            rss = (proc_rss_mb(busy.pid), sum(proc_rss_mb(child) for child in child_pids(busy.pid)))
     finally:
         tap_bench._stop(upstream)
 
@@ -250,7 +253,7 @@ def tap_under_scrapes(rounds: int, seconds: float, streams: int = 64) -> TapUnde
         rounds, seconds, {v: median(v, 0.99) for v in per}, {v: median(v, 0.5) for v in per},
         {v: sum(s["requests"] for s in per[v]) for v in per}, {v: sum(s["stalls"] for s in per[v]) for v in per},
         scraper.latencies, scraper.kib, scraper.failures, after - before,
-        busy_cpu / busy_span if busy_span else float("nan"))
+        busy_cpu / busy_span if busy_span else float("nan"), rss)
 
 
 def main() -> None:

@@ -1,9 +1,11 @@
-"""The tap's recorder keeps its label sets bounded without letting a hostile client crowd out the real model."""
+"""The tap's recorder keeps its label sets bounded without letting a hostile client crowd out the real model; the
+counts of two tap processes combine into one; the router's break-even per model."""
 
 from __future__ import annotations
 
 from specdecode_exporter.tap import TapRequest, TapResult
-from specdecode_exporter.tap.request_stats import OTHER, RequestRecorder, TapSettings
+from specdecode_exporter.tap.process import break_even_for
+from specdecode_exporter.tap.request_stats import NO_REQUESTS, OTHER, RequestRecorder, TapSettings, combined
 
 METRICS = {"speculative_decoding": {"num_draft_tokens": 30, "num_accepted_draft_tokens": 21, "num_spec_steps": 10}}
 
@@ -37,3 +39,22 @@ def test_served_model_names_are_capped() -> None:
     view = recorder.view()
     assert sorted(key.model_name for key in view.bands) == ["a", "b", OTHER]
     assert view.bands[recorder.band_key(request("a"))].requests == 2
+
+
+def test_two_recorders_combined_count_as_one() -> None:
+    """A tap process that died and the one started after it (tap/process.py): one recorder's counts."""
+    first, then, both = (RequestRecorder() for _ in range(3))
+    for recorder, models in ((first, ["a", "a", "b"]), (then, ["a", "c"])):
+        for name in models:
+            for each in (recorder, both):
+                each.observe(request(name), answered(200))
+                each.observe(request(name), answered(500))
+    assert combined(first.view(), then.view()) == both.view()
+    assert combined(NO_REQUESTS, then.view()) == then.view()
+
+
+def test_break_even_is_the_models_own_when_the_target_serves_several() -> None:
+    assert break_even_for((("a", 0.4), ("a", 0.6), ("b", 0.9)), "a") == 0.5
+    assert break_even_for((("a", 0.4),), "any name a client uses") == 0.4  # one model answers for all names
+    assert break_even_for((("a", 0.4), ("b", 0.9)), "c") is None
+    assert break_even_for((), "a") is None

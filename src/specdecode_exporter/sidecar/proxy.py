@@ -1,10 +1,11 @@
-"""The request tap in the sidecar: its recorder (the Observer), its router when routing is on, and its lifecycle on
-the sidecar's event loop."""
+"""The request tap in the sidecar: its settings, its process (tap/process.py) and that process' lifecycle beside
+the sidecar's event loop. The tap relays in a process of its own; the sidecar reads its counters per scrape."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import socket
-import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -12,40 +13,24 @@ from specdecode_exporter.core.httpserver import bind_socket
 from specdecode_exporter.sidecar.collection import TargetView
 from specdecode_exporter.sidecar.config import Config, ProxyConfig, split_listen_address
 from specdecode_exporter.sidecar.expose import Labels
-from specdecode_exporter.tap import Tap, TapRequest, TapResult, TapStats, start_tap
-from specdecode_exporter.tap.request_stats import RequestRecorder, RequestsView, TapSettings
-from specdecode_exporter.tap.route import ClassRouter, RoutesView
+from specdecode_exporter.tap import TapStats
+from specdecode_exporter.tap.process import BreakEvens, TapProcess, TapProcessSettings
+from specdecode_exporter.tap.request_stats import RequestsView, TapSettings
+from specdecode_exporter.tap.route import RoutesView
 
 Views = Callable[[], list[TargetView]]
+SNAPSHOT_TIMEOUT = 1.0  # how long a scrape waits for the tap's counters before it serves the last ones it had
+BREAK_EVEN_PUSH_SECONDS = 1.0  # how often the tap process hears the break-even in force (sent when it changed)
 
 
-def break_even_of(views: Views, target: str) -> Callable[[str], float | None]:
-    """The break-even α in force for a model served by ``target``: calibrated where a baseline gives one, else
-    configured (SeriesView.break_even), averaged over the model's engines. A target serving one model answers for
-    it whatever name the clients use. None before the first collection with draft counters."""
-    def lookup(model: str) -> float | None:
-        view = next((v for v in views() if v.config.name == target), None)
-        if view is None:
-            return None
-        series = [s for s in view.series if s.spec_decode and s.break_even is not None]
-        if len({s.key.model_name for s in series}) > 1:
-            series = [s for s in series if s.key.model_name == model]
-        values = [s.break_even for s in series if s.break_even is not None]
-        return statistics.fmean(values) if values else None
-
-    return lookup
-
-
-@dataclass(frozen=True)
-class _Observers:
-    """The tap's one observer: the request figures, then the router."""
-
-    recorder: RequestRecorder
-    router: ClassRouter
-
-    def observe(self, request: TapRequest, result: TapResult) -> None:
-        self.recorder.observe(request, result)
-        self.router.observe(request, result)
+def break_evens_of(views: list[TargetView], target: str) -> BreakEvens:
+    """The break-even α in force for each spec-decode series of ``target``: calibrated where a baseline gives
+    one, else configured (SeriesView.break_even)."""
+    view = next((v for v in views if v.config.name == target), None)
+    if view is None:
+        return ()
+    return tuple((s.key.model_name or "", s.break_even) for s in view.series
+                 if s.spec_decode and s.break_even is not None)
 
 
 @dataclass
@@ -55,39 +40,50 @@ class TapRuntime:
     config: ProxyConfig
     labels: Labels  # the tapped target's name and static labels
     sock: socket.socket
-    break_even: Callable[[str], float | None] = lambda model: None  # per model, for the router
-    recorder: RequestRecorder = field(init=False)
-    router: ClassRouter | None = field(init=False)
-    tap: Tap | None = None
+    views: Views = list  # the collection's latest: the router's break-even comes from the tapped target's
+    log: tuple[str, str] = ("info", "logfmt")  # level and format
+    process: TapProcess = field(init=False)
+    _pushing: asyncio.Task[None] | None = None
 
     def __post_init__(self) -> None:
-        self.recorder = RequestRecorder(TapSettings(temperature_edges=self.config.temperature_bands,
-                                                    max_workloads=self.config.max_workloads))
-        route = self.config.route
-        self.router = ClassRouter(route, self.recorder.band_key, self.break_even) if route is not None else None
+        self.process = TapProcess(TapProcessSettings(
+            self.config.upstream, self.config.workload_header, self.config.connect_timeout,
+            TapSettings(temperature_edges=self.config.temperature_bands, max_workloads=self.config.max_workloads),
+            self.config.route, self.config.drain_timeout, *self.log), self.sock)
 
     async def start(self) -> None:
-        host, port = split_listen_address(self.config.listen_address)
-        router = self.router
-        self.tap = await start_tap(host, port, self.config.upstream,
-                                   self.recorder if router is None else _Observers(self.recorder, router),
-                                   workload_header=self.config.workload_header,
-                                   connect_timeout=self.config.connect_timeout, sock=self.sock, router=router,
-                                   fallback_upstream=router.settings.fallback_upstream if router else None)
+        """Start the tap process; RuntimeError when it does not start."""
+        self._push_break_evens()
+        await self.process.start()
+        self._pushing = asyncio.create_task(self._keep_pushing(), name="tap break-even")
+
+    async def _keep_pushing(self) -> None:
+        while True:
+            await asyncio.sleep(BREAK_EVEN_PUSH_SECONDS)
+            self._push_break_evens()
+
+    def _push_break_evens(self) -> None:
+        self.process.set_break_evens(break_evens_of(self.views(), self.config.target))
 
     async def stop(self) -> None:
-        if self.tap is not None:
-            await self.tap.close(self.config.drain_timeout)
-            self.tap = None
+        if self._pushing is not None:
+            self._pushing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._pushing
+        await self.process.stop(self.config.drain_timeout)
+
+    async def refresh(self) -> None:
+        """Fetch the tap's counters now (a scrape or the status page is about to read them)."""
+        await self.process.snapshot(SNAPSHOT_TIMEOUT)
 
     def view(self) -> RequestsView:
-        return self.recorder.view()
+        return self.process.latest.requests
 
     def routes(self) -> RoutesView | None:
-        return self.router.view() if self.router is not None else None
+        return self.process.latest.routes
 
     def stats(self) -> TapStats | None:
-        return self.tap.stats() if self.tap is not None else None
+        return self.process.latest.stats
 
 
 def tap_runtime(config: Config, views: Views = list) -> TapRuntime | None:
@@ -98,5 +94,5 @@ def tap_runtime(config: Config, views: Views = list) -> TapRuntime | None:
         return None
     target = next(t for t in config.targets if t.name == proxy.target)
     host, port = split_listen_address(proxy.listen_address)
-    return TapRuntime(proxy, {"target": target.name, **dict(target.labels)}, bind_socket(host, port),
-                      break_even_of(views, target.name))
+    return TapRuntime(proxy, {"target": target.name, **dict(target.labels)}, bind_socket(host, port), views,
+                      (config.log_level, config.log_format))

@@ -123,8 +123,13 @@ def build_app(exporter: Exporter, run_collection: bool = True, reloader: Reloade
         fresh = asyncio.create_task(renderer.spec_decode.keep_fresh(PAGE_POLL_SECONDS, config.collect_interval / 2),
                                     name="metrics page")
         undo_sighup = _on_sighup(reloader)
-        if tap is not None:  # on this loop: the relay runs beside the collection, never in a thread
-            await tap.start()
+        if tap is not None:  # a process of its own: nothing this loop does delays a relayed token
+            try:
+                await tap.start()
+            except RuntimeError as exc:
+                event(logging.ERROR, "cannot start the request tap", detail=str(exc))
+                app.state.startup_failed = True
+                raise
         try:
             yield
         finally:
@@ -139,8 +144,11 @@ def build_app(exporter: Exporter, run_collection: bool = True, reloader: Reloade
 
     app = FastAPI(title="specdecode-exporter", version=exporter_version(), lifespan=lifespan,
                   docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.startup_failed = False
 
-    def current_status() -> dict[str, object]:
+    async def current_status() -> dict[str, object]:
+        if tap is not None:
+            await tap.refresh()
         now = exporter.clock()
         stats = tap.stats() if tap is not None else None
         return status_json(exporter.views(), exporter.ready(), exporter_version(), now - exporter.started_at,
@@ -152,6 +160,8 @@ def build_app(exporter: Exporter, run_collection: bool = True, reloader: Reloade
     async def metrics(request: Request) -> Response:  # on the loop: a scrape is mostly a copy of rendered bytes
         encoder, content_type = choose_encoder(request.headers.get("accept", ""))
         compress = accepts_gzip(request.headers.get("accept-encoding", ""))
+        if tap is not None:
+            await tap.refresh()
         headers = {"Vary": "Accept-Encoding"} | ({"Content-Encoding": "gzip"} if compress else {})
         return Response(await renderer.render(encoder, compress), media_type=content_type, headers=headers)
 
@@ -165,12 +175,12 @@ def build_app(exporter: Exporter, run_collection: bool = True, reloader: Reloade
         return PlainTextResponse(("ok" if ready else f"not ready: {reason}") + "\n", status_code=200 if ready else 503)
 
     @app.get("/api/v1/status")
-    def status() -> JSONResponse:
-        return JSONResponse(current_status())
+    async def status() -> JSONResponse:
+        return JSONResponse(await current_status())
 
     @app.get("/", response_class=HTMLResponse)
-    def landing() -> HTMLResponse:
-        return HTMLResponse(status_html(current_status(), config.telemetry_path))
+    async def landing() -> HTMLResponse:
+        return HTMLResponse(status_html(await current_status(), config.telemetry_path))
 
     if reloader is not None:
         @app.post("/-/reload")
@@ -210,7 +220,8 @@ def serve(config: Config, load: Callable[[], Config] | None = None, security: We
     # uvloop where installed (the tap's relay is a few µs a chunk cheaper on it), else asyncio's own loop.
     # The TLS context is ours, so that a reload can swap the certificate in place.
     context = security.ssl_context if security is not None else None
-    uv_config = uvicorn.Config(build_app(exporter, reloader=reloader, security=security, tap=tap), host=host,
+    app = build_app(exporter, reloader=reloader, security=security, tap=tap)
+    uv_config = uvicorn.Config(app, host=host,
                                port=port, log_config=None, access_log=False, timeout_graceful_shutdown=5,
                                lifespan="on", loop="auto",
                                ssl_context_factory=(lambda _config, _default: context) if context else None)
@@ -236,5 +247,7 @@ def serve(config: Config, load: Callable[[], Config] | None = None, security: We
     signal.signal(signal.SIGTERM, stop)
     tune_gc()
     server.run(sockets=[sock])
+    if app.state.startup_failed:
+        return 1
     event(logging.INFO, "stopped")
     return 0

@@ -198,3 +198,28 @@ def _label(raw: str | None) -> str | None:
 
 
 NO_REQUESTS = RequestsView({}, {}, {})
+
+
+def combined(first: RequestsView, then: RequestsView) -> RequestsView:
+    """Two recorders' counts as one (a tap process that died, and the one started after it)."""
+    if not first.bands and not first.without_metrics and not first.speed:
+        return then
+    bands = dict(first.bands)
+    for key, totals in then.bands.items():
+        before = bands.get(key)
+        bands[key] = totals if before is None else BandTotals(
+            before.requests + totals.requests, before.draft_tokens + totals.draft_tokens,
+            before.accepted_tokens + totals.accepted_tokens, _summed(before.acceptance, totals.acceptance),
+            _summed(before.mean_length, totals.mean_length))
+    without = dict(first.without_metrics)
+    for reason, count in then.without_metrics.items():
+        without[reason] = without.get(reason, 0) + count
+    speed = dict(first.speed)
+    for band, histogram in then.speed.items():
+        speed[band] = histogram if band not in speed else _summed(speed[band], histogram)
+    return RequestsView(bands, without, speed)
+
+
+def _summed(first: Histogram, then: Histogram) -> Histogram:
+    return Histogram(first.bounds, tuple(a + b for a, b in zip(first.counts, then.counts, strict=True)),
+                     first.total + then.total)
