@@ -71,9 +71,9 @@ def child_pids(pid: int) -> list[int]:
     """The processes ``pid`` started that still run (the sidecar's request tap process)."""
     found: list[int] = []
     for task in os.listdir(f"/proc/{pid}/task"):
-        with contextlib.suppress(FileNotFoundError):
-            with open(f"/proc/{pid}/task/{task}/children", encoding="ascii") as f:
-                found += [int(child) for child in f.read().split()]
+        with contextlib.suppress(FileNotFoundError), open(f"/proc/{pid}/task/{task}/children",
+                                                          encoding="ascii") as f:
+            found += [int(child) for child in f.read().split()]
     return found
 
 
