@@ -9,6 +9,7 @@ import statistics
 import time
 from collections.abc import Callable
 
+from devtools.procs import child_pids
 from devtools.procs import free_port as free_port  # re-exported: benches take it from here
 from specdecode_exporter.simulator.clock import ManualClock
 
@@ -65,16 +66,6 @@ def proc_cpu_seconds(pid: int) -> float:
     if not live_ns:  # no schedstat (a kernel without CONFIG_SCHED_INFO): ticks only
         return process_ticks / CLK_TCK
     return max(0, process_ticks - live_ticks) / CLK_TCK + live_ns / 1e9
-
-
-def child_pids(pid: int) -> list[int]:
-    """The processes ``pid`` started that still run (the sidecar's request tap process)."""
-    found: list[int] = []
-    for task in os.listdir(f"/proc/{pid}/task"):
-        with contextlib.suppress(FileNotFoundError), open(f"/proc/{pid}/task/{task}/children",
-                                                          encoding="ascii") as f:
-            found += [int(child) for child in f.read().split()]
-    return found
 
 
 def tree_cpu_seconds(pid: int) -> float:

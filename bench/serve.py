@@ -35,9 +35,9 @@ from prometheus_client.openmetrics.exposition import generate_latest as openmetr
 
 from bench import tap as tap_bench
 from bench.collect import INTERVAL, Pipeline, body_sequence
-from bench.common import child_pids, proc_rss_mb, tree_cpu_seconds
+from bench.common import proc_rss_mb, tree_cpu_seconds
 from bench.procs import EXPORTER_BIN, _env, static_server
-from devtools.procs import free_port, running
+from devtools.procs import child_pids, free_port, running
 from specdecode_exporter.sidecar.collection import Exporter
 from specdecode_exporter.sidecar.expose import specdecode_registry
 from specdecode_exporter.sidecar.page import new_gzip

@@ -84,6 +84,16 @@ def child_env(extra: Mapping[str, str] | None = None, drop: tuple[str, ...] = ()
     return env
 
 
+def child_pids(pid: int) -> list[int]:
+    """The processes ``pid`` started that have not been reaped (Linux /proc): the sidecar's request tap process."""
+    found: list[int] = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(FileNotFoundError), open(f"/proc/{pid}/task/{task}/children",
+                                                          encoding="ascii") as f:
+            found += [int(child) for child in f.read().split()]
+    return found
+
+
 class StartError(RuntimeError):
     pass
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from devtools.procs import Process, exporter_command, free_port, running, tail
+from devtools.procs import Process, child_pids, exporter_command, free_port, running, tail
 from tests.helpers import Exposition
 
 pytestmark = pytest.mark.timeout(180)
@@ -22,11 +22,7 @@ REQUESTS = "specdecode_requests_total"
 
 
 def children(pid: int) -> list[int]:
-    """The processes ``pid`` started (Linux /proc), the living ones."""
-    found: list[int] = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        found += [int(p) for p in (task / "children").read_text().split()]
-    return [p for p in found if _alive(p)]
+    return [p for p in child_pids(pid) if _alive(p)]
 
 
 def _alive(pid: int) -> bool:
