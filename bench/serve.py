@@ -132,6 +132,8 @@ class TapUnderScrapes:
     scrape_kib: float  # as sent (gzip)
     failures: int  # scrapes that failed or took over 10 s
     collections: int  # of the busy sidecar during its rounds
+    steady_scrapes: list[float]  # wall seconds per scrape, every SCRAPE_PHASE_INTERVAL s with the tap loaded, after
+    # the rounds (the busy rounds' few scrapes each follow the busy sidecar's SIGSTOP pause)
     busy_cpu: float  # the busy sidecar's CPU seconds per second during its rounds (its tap process included)
     rss_mb: tuple[float, float]  # the busy sidecar's and its tap process' RSS at the end
 
@@ -140,8 +142,11 @@ class TapUnderScrapes:
 
     @property
     def scrape_p99(self) -> float:
-        ordered = sorted(self.scrapes)
-        return ordered[int(0.99 * (len(ordered) - 1))] if ordered else float("nan")
+        return _p(self.scrapes, 0.99) if self.scrapes else float("nan")
+
+    @property
+    def steady_scrape_p99(self) -> float:
+        return _p(self.steady_scrapes, 0.99) if self.steady_scrapes else float("nan")
 
 
 @contextlib.contextmanager
@@ -213,8 +218,20 @@ def _p(values: list[float], q: float) -> float:
     return ordered[int(q * (len(ordered) - 1))]
 
 
-def tap_under_scrapes(rounds: int, seconds: float, streams: int = 64) -> TapUnderScrapes:
-    bodies = body_sequence(*LIVE_TARGET, int(rounds * 3 * (seconds + 4) / INTERVAL) + 12)
+SCRAPE_PHASE_INTERVAL = 1.0  # a scrape a second: every collection (5 s) has scrapes before, during and after it
+
+
+def _steady_scrapes(url: str, tap_port: int, streams: int, seconds: float) -> _Scraper:
+    """Scrapes every SCRAPE_PHASE_INTERVAL s for ``seconds`` while the tap is loaded and the sidecar collects."""
+    with _Scraper(url, SCRAPE_PHASE_INTERVAL) as scraper:
+        scraper.running.set()
+        _load(tap_port, streams, seconds)
+    return scraper
+
+
+def tap_under_scrapes(rounds: int, seconds: float, streams: int = 64, scrape_seconds: float = 60.0
+                      ) -> TapUnderScrapes:
+    bodies = body_sequence(*LIVE_TARGET, int((rounds * 3 * (seconds + 4) + scrape_seconds) / INTERVAL) + 12)
     upstream_port = free_port()
     upstream = tap_bench._spawn("--role", "upstream", "--port", str(upstream_port))
     per: dict[str, list[dict[str, Any]]] = {"direct": [], "quiet": [], "busy": []}
@@ -242,6 +259,7 @@ def tap_under_scrapes(rounds: int, seconds: float, streams: int = 64) -> TapUnde
                     else:
                         busy.send_signal(signal.SIGCONT)
             after = len(httpx.get(base + "/-/stats", timeout=10, trust_env=False).json().get("/metrics", []))
+            steady = _steady_scrapes(busy_url + "/metrics", busy_tap, streams, scrape_seconds)
             rss = (proc_rss_mb(busy.pid), sum(proc_rss_mb(child) for child in child_pids(busy.pid)))
     finally:
         tap_bench._stop(upstream)
@@ -252,7 +270,7 @@ def tap_under_scrapes(rounds: int, seconds: float, streams: int = 64) -> TapUnde
     return TapUnderScrapes(
         rounds, seconds, {v: median(v, 0.99) for v in per}, {v: median(v, 0.5) for v in per},
         {v: sum(s["requests"] for s in per[v]) for v in per}, {v: sum(s["stalls"] for s in per[v]) for v in per},
-        scraper.latencies, scraper.kib, scraper.failures, after - before,
+        scraper.latencies, scraper.kib, scraper.failures + steady.failures, after - before, steady.latencies,
         busy_cpu / busy_span if busy_span else float("nan"), rss)
 
 
