@@ -11,7 +11,8 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.openmetrics.exposition import generate_latest as openmetrics
 from prometheus_client.samples import Exemplar, Sample
 
-from specdecode_exporter.sidecar.page import LINES_PER_STEP, Encoder, LineFormat, encode, page_pieces, run_sliced
+from specdecode_exporter.core.slices import run_sliced
+from specdecode_exporter.sidecar.page import LINES_PER_STEP, Encoder, LineFormat, encode, page_pieces
 
 
 def families() -> list[Metric]:

@@ -12,7 +12,7 @@ import functools
 import logging
 import ssl
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
@@ -21,6 +21,7 @@ import certifi
 import httpx
 
 from specdecode_exporter.core.log import event
+from specdecode_exporter.core.slices import run_sliced
 from specdecode_exporter.pipeline import capacity, latency
 from specdecode_exporter.pipeline.capacity import CapacityStats
 from specdecode_exporter.pipeline.engines import (
@@ -255,10 +256,12 @@ class TargetCollector:
             if result.failure is not None:
                 raise CollectionFailure(result.failure, result.detail)
             try:
-                self.ingest(result)
+                decoded = self.decoded(result)
             except ModelNameNeeded:
                 await self._discover_model(client)
-                self.ingest(result)
+                decoded = self.decoded(result)
+            await asyncio.sleep(0)  # a scrape waiting meanwhile goes first: the store update is the next piece
+            self.store_decoded(decoded)
         except CollectionFailure as failure:
             return self.fail(failure, time.perf_counter() - started)
         except Exception as exc:  # a bug must not stop this target's loop; say so loudly, keep going
@@ -269,11 +272,26 @@ class TargetCollector:
         self._recovered()
         self.last_success_wall = time.time()
         self.last_success_monotonic = self.clock()
-        return self.publish(up=True, duration=time.perf_counter() - started)
+        return await self._publish_sliced(duration=time.perf_counter() - started)
+
+    async def _publish_sliced(self, duration: float) -> TargetView:
+        """publish(up=True) with the views built in slices: a 1 MB target's take ~20 ms, which a scrape arriving
+        meanwhile would otherwise wait out. A reload meanwhile (it republishes) has the last word."""
+        await asyncio.sleep(0)
+        config, app, now = self.config, self.app, self.clock()
+        series = tuple(await run_sliced(self._series_views(now)))
+        if config is not self.config or app is not self.app:
+            return self.publish(up=True, duration=duration)
+        self._published = self._assembled(now, series, up=True, duration=duration, error=None)
+        return self._published
 
     def ingest(self, result: FetchResult) -> None:
         """A fetched body into the store: select, decode, update. Raises CollectionFailure, or ModelNameNeeded
         when the series need a model name nobody has looked up yet (see looked_up_model)."""
+        self.store_decoded(self.decoded(result))
+
+    def decoded(self, result: FetchResult) -> DecodeResult:
+        """A fetched body's series: select, decode (raises as ingest does)."""
         text = body_text(result)
         try:
             # Only the known engine's lines: each other dialect's prefixes would cost one more pass over the text.
@@ -286,6 +304,9 @@ class TargetCollector:
                 decoded = self.decode(selection, result.timing)
         except ParseError as exc:
             raise CollectionFailure(FailureReason.PARSE, str(exc)) from None
+        return decoded
+
+    def store_decoded(self, decoded: DecodeResult) -> None:
         for warning in decoded.warnings:
             event(logging.DEBUG, "series not decodable this time", target=self.config.name, detail=warning)
         self.store.update(self.config.name, decoded.series, decoded.pending, self.clock())
@@ -387,14 +408,19 @@ class TargetCollector:
 
     def _view(self, up: bool, duration: float, error: str | None) -> TargetView:
         now = self.clock()
+        return self._assembled(now, tuple(self._series_views(now)), up, duration, error)
+
+    def _series_views(self, now: float) -> Iterator[SeriesView]:
+        """Each series' view at ``now``, one at a time (the collection runs them in slices)."""
         interval = self.interval
         freshness = 2 * interval + self.config.timeout
         context = SeriesContext(self.config, self.app, interval / 2, baseline_provider(self.config, self.peer_view),
                                 control_provider(self.config, self.peer_view))
-        series = tuple(
-            series_view(state, now, bool(state.times) and now - state.times[-1] <= freshness, context)
-            for state in self.store.for_target(self.config.name)
-        )
+        for state in self.store.for_target(self.config.name):
+            yield series_view(state, now, bool(state.times) and now - state.times[-1] <= freshness, context)
+
+    def _assembled(self, now: float, series: tuple[SeriesView, ...], up: bool, duration: float,
+                   error: str | None) -> TargetView:
         self._remember(now, series)
         return TargetView(
             config=self.config,
@@ -404,7 +430,7 @@ class TargetCollector:
             api=self.engine.api if self.engine else None,
             series=series,
             dropped_series=self.store.dropped_series.get(self.config.name, 0),
-            interval=interval,
+            interval=self.interval,
             last_success_wall=self.last_success_wall,
             last_error=error,
             last_success_monotonic=self.last_success_monotonic,

@@ -1,9 +1,9 @@
 """The /metrics page, rendered once per collection in slices that yield to the event loop, served as bytes.
 
-The sidecar's event loop also runs the request tap, so nothing on it may hold the interpreter for long: a 1 MB
-target's page (~2 MB, 20k samples) took prometheus_client ~100 ms to render in one piece, and every tapped
-request waiting meanwhile got that much later. Here a render is a generator of small steps (one series' families,
-then a few hundred sample lines), driven by ``run_sliced`` which hands the loop back every ``SLICE_SECONDS``.
+The sidecar's event loop also serves scrapes, so nothing on it may hold the interpreter for long: a 1 MB target's
+page (~2 MB, 20k samples) took prometheus_client ~100 ms to render in one piece, and a scrape arriving meanwhile
+waited that long. Here a render is a generator of small steps (one series' families, then a few hundred sample
+lines), driven by ``run_sliced`` (core/slices.py), which hands the loop back every ``SLICE_SECONDS``.
 
 A sample line is ``name{labels} value``; its ``name{labels}`` part never changes between collections, so it is
 written once by the encoder itself (the same escaping, byte for byte) and remembered from one render to the
@@ -19,25 +19,21 @@ import time
 import zlib
 from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Protocol, TypeVar
+from typing import Protocol
 
 from prometheus_client.metrics_core import Metric
 from prometheus_client.samples import Sample
 
 from specdecode_exporter.core.metrics import go_float
+from specdecode_exporter.core.slices import run_sliced
 from specdecode_exporter.sidecar.collection import TargetView
 from specdecode_exporter.sidecar.expose import Families, fill_families
 
 Encoder = Callable[..., bytes]  # prometheus_client's generate_latest for one of the two text formats
 OPENMETRICS_EOF = b"# EOF\n"
-# How long one slice may hold the loop: well under the tap's 1 ms budget for added time to first byte.
-SLICE_SECONDS = 0.0005
 LINES_PER_STEP = 100  # sample lines formatted between two looks at the clock
 GZIP_LEVEL = 6
 _OPENMETRICS_ONLY = ("_created", "_gsum", "_gcount")  # the text format moves these to families of their own
-
-T = TypeVar("T")
-
 
 class Compressor(Protocol):
     """What zlib.compressobj returns, as far as the page uses it."""
@@ -150,18 +146,6 @@ def page_pieces(families: Iterable[Metric], line_format: LineFormat) -> Iterator
     for family in families:
         yield from family_pieces(family, line_format)
     line_format.render_done()
-
-
-async def run_sliced(steps: Iterator[T], budget: float = SLICE_SECONDS) -> list[T]:
-    """Every item of ``steps``, handing the event loop back whenever a slice has run ``budget`` seconds."""
-    out: list[T] = []
-    started = time.perf_counter()
-    for item in steps:
-        out.append(item)
-        if time.perf_counter() - started >= budget:
-            await asyncio.sleep(0)
-            started = time.perf_counter()
-    return out
 
 
 def compressed_steps(text: bytes, gzip: Compressor, piece: int = 16 * 1024) -> Iterator[bytes]:

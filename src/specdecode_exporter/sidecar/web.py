@@ -18,10 +18,11 @@ from prometheus_client.exposition import choose_encoder
 
 from specdecode_exporter.core.httpserver import QuietServer, bind_socket
 from specdecode_exporter.core.log import event
+from specdecode_exporter.core.slices import run_sliced
 from specdecode_exporter.sidecar.collection import Exporter
 from specdecode_exporter.sidecar.config import Config, split_listen_address
 from specdecode_exporter.sidecar.expose import RequestsCollector, exporter_version
-from specdecode_exporter.sidecar.page import Encoder, LineFormat, SpecDecodePage, page_pieces, run_sliced
+from specdecode_exporter.sidecar.page import Encoder, LineFormat, SpecDecodePage, page_pieces
 from specdecode_exporter.sidecar.proxy import TapRuntime, tap_runtime
 from specdecode_exporter.sidecar.reload import ReloadCollector, Reloader
 from specdecode_exporter.sidecar.status import status_json
