@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -128,3 +130,10 @@ def test_sigterm_to_the_group_drains_through_the_sidecar_and_both_exit(tapped: T
     assert not _alive(pid)
     log = tapped.sidecar.log.read_text()
     assert "request tap stopped" in log and "starting it again" not in log, tail(tapped.sidecar.log, 20)
+
+
+def test_the_tap_process_run_by_hand_says_what_it_is_in_one_line() -> None:
+    result = subprocess.run([sys.executable, "-m", "specdecode_exporter.tap"], capture_output=True, text=True,
+                            timeout=30)
+    assert result.returncode == 2
+    assert len(result.stderr.strip().splitlines()) == 1 and "--proxy.listen-address" in result.stderr

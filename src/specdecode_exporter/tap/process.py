@@ -140,7 +140,7 @@ class _TapWorker:
                            self.tap.stats() if self.tap is not None else None)
 
     async def serve(self, reader: asyncio.StreamReader) -> None:
-        """Answer the sidecar until it says stop, or goes (then drain as on SIGTERM)."""
+        """Answer the sidecar until it says stop, or goes (then drain for the drain timeout and end)."""
         while True:
             try:
                 message = await read_message(reader)
@@ -181,6 +181,10 @@ def main(argv: list[str]) -> int:
     """``python -m specdecode_exporter.tap LISTEN_FD CONTROL_FD``: started by the sidecar, not by users."""
     # The sidecar stops the tap (draining it) when it is stopped itself; a signal to the whole group (Ctrl-C, a
     # kill of the process group) would otherwise cut the requests in flight before the sidecar could drain them.
+    if len(argv) != 3 or not all(arg.isdigit() for arg in argv[1:]):
+        print("specdecode-exporter tap: the sidecar starts this process (specdecode-exporter run "
+              "--proxy.listen-address ...); it is not a command", file=sys.stderr)
+        return 2
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, signal.SIG_IGN)
     listen, control = (socket.socket(fileno=int(fd)) for fd in argv[1:3])
