@@ -24,6 +24,7 @@ from specdecode_exporter.sidecar.config import (
     BaselineConfig,
     Config,
     ProxyConfig,
+    RouteConfig,
     TargetConfig,
     parse_windows,
     split_listen_address,
@@ -39,7 +40,7 @@ from specdecode_exporter.simulator import (
     steady_scenario,
 )
 from specdecode_exporter.simulator.server import serve_in_thread
-from specdecode_exporter.tap.route import ENFORCE, RouteSettings
+from specdecode_exporter.tap.route import ENFORCE
 
 DEMO_INTERVAL_SECONDS = 2.0
 TRAFFIC_EVERY_SECONDS = 0.25
@@ -60,7 +61,7 @@ def demo_config(listen_address: str, spec_url: str, control_url: str) -> Config:
         collect_interval=DEMO_INTERVAL_SECONDS,
         listen_address=listen_address,
         proxy=ProxyConfig(listen_address="127.0.0.1:0", upstream=spec_url, target=spec.name, drain_timeout=1.0,
-                          route=RouteSettings(control_url, mode=ENFORCE, min_requests=20, canary_share=0.2)),
+                          route=RouteConfig(control_url, mode=ENFORCE, min_requests=20, canary_share=0.2)),
     )
 
 

@@ -7,13 +7,12 @@ from dataclasses import dataclass
 
 from prometheus_client import utils as prometheus_utils
 
+from specdecode_exporter.core.buckets import ACCEPTANCE_RATIO_BUCKETS as ACCEPTANCE_RATIO_BUCKETS  # re-exported
+
 WINDOWED_NOTE = (
     " Computed by the sidecar from its own collections (every --collect.interval), not at scrape time."
 )
 SERIES_LABELS = ("target", "model_name", "engine")
-# The le bounds of both α histograms (per collection interval and per request): every 0.05, so the page's 0.5 is a
-# bound and a rule can count what falls below it exactly.
-ACCEPTANCE_RATIO_BUCKETS: tuple[float, ...] = tuple(round(0.05 * i, 2) for i in range(1, 21))
 # The batch-size ranges of the schedule advice (label batch_size="1-4", …): fixed, so a dashboard and a rule can
 # name them; the last one also takes every larger batch (vLLM uses its last entry's k above it as well).
 BATCH_SIZE_RANGES: tuple[tuple[int, int], ...] = ((1, 4), (5, 16), (17, 64), (65, 256), (257, 1024))

@@ -40,7 +40,7 @@ from specdecode_exporter.core.validation import (
 )
 from specdecode_exporter.core.verdict import VerdictBands
 from specdecode_exporter.pipeline.derive import CostModel
-from specdecode_exporter.tap.route import RouteSettings
+from specdecode_exporter.tap.route import MODES, OBSERVE, RouteSettings
 
 RESERVED_LABELS = frozenset(
     {"target", "model_name", "engine", "window", "position", "reason", "api", "method", "num_speculative_tokens",
@@ -265,6 +265,41 @@ class TargetConfig(Section):
 
 # ---------- the request tap ----------
 
+def _fallback(value: object) -> str:
+    if not isinstance(value, str) or not re.fullmatch(r"http://[^/@\s]+/?", value):
+        raise fail(f"expected http://host:port (the tap relays plain HTTP), got {show(value)}")
+    return value.rstrip("/")
+
+
+def _bands(value: object) -> object:
+    """Prompt-length band edges: [1024, 4096] or '1024,4096' (a flag), in tokens, increasing."""
+    items = [v.strip() for v in value.split(",") if v.strip()] if isinstance(value, str) else value
+    if not isinstance(items, list | tuple) or not all(
+            (isinstance(v, int) and not isinstance(v, bool)) or (isinstance(v, str) and v.isdigit()) for v in items):
+        raise fail(f"expected increasing prompt lengths in tokens like [1024, 4096], got {show(value)}")
+    edges = tuple(int(v) for v in items)
+    if list(edges) != sorted(set(edges)) or (edges and edges[0] < 1):
+        raise fail(f"expected increasing prompt lengths in tokens like [1024, 4096], got {show(value)}")
+    return edges
+
+
+@dataclass(frozen=True, slots=True)
+class RouteConfig(Section):
+    """proxy.route (flags --proxy.route.*): routing, on when a fallback upstream is set. Validated here, so that
+    the tap's own process imports no validation (tap/route.py's RouteSettings is what it runs on)."""
+
+    fallback_upstream: Annotated[str, BeforeValidator(_fallback)]  # a pool of the same model without spec decode
+    mode: Annotated[str, Choice(*MODES)] = OBSERVE  # observe: decide and count only; enforce: route
+    min_requests: Annotated[Int, Range(2)] = 50  # requests of a class (with spec-decode metrics) per decision
+    canary_share: Annotated[Number, Range(0, 1, above=True)] = 0.05  # share of a routed class kept on speculation
+    # Edges in prompt tokens; empty: not a class dimension.
+    prompt_length_bands: Annotated[tuple[int, ...], BeforeValidator(_bands)] = ()
+
+    def settings(self) -> RouteSettings:
+        return RouteSettings(self.fallback_upstream, self.mode, self.min_requests, self.canary_share,
+                             self.prompt_length_bands)
+
+
 @dataclass(frozen=True, slots=True)
 class ProxyConfig(Section):
     """The request tap: the sidecar also forwards vLLM's OpenAI API and reads each response's per-request metrics."""
@@ -283,7 +318,7 @@ class ProxyConfig(Section):
     # The per-request histograms also by workload and temperature band (a drill-down that multiplies their series by
     # the classes in use); off, they are per model, and α per class stays exact from the counters.
     class_histograms: Bool = False
-    route: RouteSettings | None = None  # routing to a pool without spec decode: off unless a fallback is set
+    route: RouteConfig | None = None  # routing to a pool without spec decode: off unless a fallback is set
 
 
 def _target_list(value: object) -> object:

@@ -49,7 +49,8 @@ class TapRuntime:
         self.process = TapProcess(TapProcessSettings(
             self.config.upstream, self.config.workload_header, self.config.connect_timeout,
             TapSettings(temperature_edges=self.config.temperature_bands, max_workloads=self.config.max_workloads),
-            self.config.route, self.config.drain_timeout, *self.log), self.sock)
+            self.config.route.settings() if self.config.route is not None else None, self.config.drain_timeout,
+            *self.log), self.sock)
 
     async def start(self) -> None:
         """Start the tap process; RuntimeError when it does not start."""

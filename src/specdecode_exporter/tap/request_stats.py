@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from specdecode_exporter.core.metrics import ACCEPTANCE_RATIO_BUCKETS
+from specdecode_exporter.core.buckets import ACCEPTANCE_RATIO_BUCKETS
 from specdecode_exporter.pipeline.latency import Histogram
 from specdecode_exporter.tap.model import TapRequest, TapResult
 

@@ -17,16 +17,12 @@ from __future__ import annotations
 
 import logging
 import random
-import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Annotated, Any, NamedTuple
-
-from pydantic import BeforeValidator
+from typing import Any, NamedTuple
 
 from specdecode_exporter.core.log import event
-from specdecode_exporter.core.validation import Choice, Int, Number, Range, Section, fail, show
 from specdecode_exporter.pipeline import ratio_test
 from specdecode_exporter.pipeline.latency import MeanSums, MeasuredSpeedup, measured_speedup
 from specdecode_exporter.pipeline.ratio_test import RatioEstimate, RatioSums
@@ -56,34 +52,15 @@ _FAILED = frozenset((model.CLIENT_DISCONNECTED, model.UPSTREAM_FAILED, model.HTT
 TPOT_ENGINE, TPOT_CLOCK = "engine timings", "tap clock"
 
 
-def _fallback(value: object) -> str:
-    if not isinstance(value, str) or not re.fullmatch(r"http://[^/@\s]+/?", value):
-        raise fail(f"expected http://host:port (the tap relays plain HTTP), got {show(value)}")
-    return value.rstrip("/")
-
-
-def _bands(value: object) -> object:
-    """Prompt-length band edges: [1024, 4096] or '1024,4096' (a flag), in tokens, increasing."""
-    items = [v.strip() for v in value.split(",") if v.strip()] if isinstance(value, str) else value
-    if not isinstance(items, list | tuple) or not all(
-            (isinstance(v, int) and not isinstance(v, bool)) or (isinstance(v, str) and v.isdigit()) for v in items):
-        raise fail(f"expected increasing prompt lengths in tokens like [1024, 4096], got {show(value)}")
-    edges = tuple(int(v) for v in items)
-    if list(edges) != sorted(set(edges)) or (edges and edges[0] < 1):
-        raise fail(f"expected increasing prompt lengths in tokens like [1024, 4096], got {show(value)}")
-    return edges
-
-
 @dataclass(frozen=True, slots=True)
-class RouteSettings(Section):
-    """proxy.route (flags --proxy.route.*): routing, on when a fallback upstream is set."""
+class RouteSettings:
+    """How the router decides (sidecar/config.py's RouteConfig validates proxy.route into one)."""
 
-    fallback_upstream: Annotated[str, BeforeValidator(_fallback)]  # a pool of the same model without spec decode
-    mode: Annotated[str, Choice(*MODES)] = OBSERVE  # observe: decide and count only; enforce: route
-    min_requests: Annotated[Int, Range(2)] = 50  # requests of a class (with spec-decode metrics) per decision
-    canary_share: Annotated[Number, Range(0, 1, above=True)] = 0.05  # share of a routed class kept on speculation
-    # Edges in prompt tokens; empty: not a class dimension.
-    prompt_length_bands: Annotated[tuple[int, ...], BeforeValidator(_bands)] = ()
+    fallback_upstream: str  # a pool of the same model without spec decode: http://host:port
+    mode: str = OBSERVE  # observe: decide and count only; enforce: route
+    min_requests: int = 50  # requests of a class (with spec-decode metrics) per decision
+    canary_share: float = 0.05  # share of a routed class kept on speculation
+    prompt_length_bands: tuple[int, ...] = ()  # edges in prompt tokens; empty: not a class dimension
 
 
 class ClassKey(NamedTuple):
