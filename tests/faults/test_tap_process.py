@@ -1,7 +1,7 @@
 """The request tap relays in a process of its own (tap/process.py), against the real sidecar process and the
-simulator's vLLM API. The sidecar reads the tap's counters at each scrape, starts the tap again when it dies
-(its counters carried over: nothing exported goes down), and stops it with itself; a sidecar killed outright
-leaves no tap process behind."""
+simulator's vLLM API. The sidecar reads the tap's counters at each scrape, starts the tap again when it dies or is
+stuck (its counters carried over: nothing exported goes down), and stops it with itself; a sidecar killed
+outright leaves no tap process behind."""
 
 from __future__ import annotations
 
@@ -110,6 +110,22 @@ def test_a_killed_tap_process_is_started_again_and_no_count_goes_down(tapped: Ta
     log = tapped.sidecar.log.read_text()
     assert "request tap process exited; starting it again" in log and "Traceback" not in log, tail(
         tapped.sidecar.log, 20)
+
+
+def test_a_stuck_tap_process_is_noticed_killed_and_started_again(tapped: Tapped) -> None:
+    tapped.send(2)
+    counted = tapped.requests()
+    stuck = tap_process(tapped.sidecar)
+    os.kill(stuck, signal.SIGSTOP)  # alive, answering nothing: as a relay caught in a loop would be
+    for _ in range(5):  # each scrape waits 1 s for the tap's counters, then serves the last ones
+        assert tapped.requests() == counted
+    wait_for(lambda: not _alive(stuck))
+    wait_for(lambda: [p for p in children(tapped.sidecar.popen.pid) if p != stuck])
+    tapped.send(1)
+    assert tapped.requests() == counted + 1
+    log = tapped.sidecar.log.read_text()
+    assert "request tap process did not answer; serving its last counters" in log
+    assert "request tap process is stuck; killing it to start it again" in log
 
 
 def test_a_killed_sidecar_leaves_no_tap_process(simulator: Process, tmp_path: Path) -> None:

@@ -40,6 +40,7 @@ _LENGTH = struct.Struct("!I")
 MAX_MESSAGE = 64 * 1024 * 1024
 START_TIMEOUT = 30.0  # a fresh interpreter importing the tap: ~0.3 s idle, seconds on a loaded node
 RESTART_DELAYS = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)  # after the tap process died, by the deaths in a row
+UNANSWERED_LIMIT = 5  # snapshot requests in a row the tap process leaves unanswered before it is taken for stuck
 STOP_MARGIN = 5.0  # past the drain's grace, how long the tap process may take to exit before it is killed
 
 # The tapped target's spec-decode series as (model name, break-even α in force): the router's threshold.
@@ -218,6 +219,7 @@ class TapProcess:
         self._ready: asyncio.Future[int] | None = None
         self._supervisor: asyncio.Task[None] | None = None
         self._stopping = False
+        self._unanswered_in_a_row = 0
 
     async def start(self) -> None:
         """Start the tap process and wait until it listens; RuntimeError when it does not."""
@@ -300,9 +302,29 @@ class TapProcess:
         if self._pending is None or self._pending.done():
             self._pending = asyncio.get_running_loop().create_future()
             self._writer.write(frame(("snapshot",)))
-        with contextlib.suppress(TimeoutError, RuntimeError):
-            return await asyncio.wait_for(asyncio.shield(self._pending), timeout)
-        return self.latest
+        try:
+            snapshot = await asyncio.wait_for(asyncio.shield(self._pending), timeout)
+        except RuntimeError:  # it exited meanwhile
+            return self.latest
+        except TimeoutError:
+            self._unanswered_in_a_row += 1
+            self._unanswered(timeout)
+            return self.latest
+        self._unanswered_in_a_row = 0
+        return snapshot
+
+    def _unanswered(self, waited: float) -> None:
+        """A snapshot not answered: say so; a tap process that answers none of UNANSWERED_LIMIT in a row is stuck
+        (it relays nothing either), so it is killed and started again."""
+        process, count = self._process, self._unanswered_in_a_row
+        stuck = count >= UNANSWERED_LIMIT and process is not None and process.returncode is None
+        event(logging.ERROR if stuck else logging.WARNING,
+              "request tap process is stuck; killing it to start it again" if stuck
+              else "request tap process did not answer; serving its last counters",
+              waited=f"{waited:g}s", unanswered_in_a_row=count)
+        if stuck and process is not None:
+            process.kill()
+            self._unanswered_in_a_row = 0
 
     def set_break_evens(self, table: BreakEvens) -> None:
         if table != self._break_evens:
