@@ -354,6 +354,3 @@ class TapProcess:
     def stopping(self) -> bool:
         return self._stopping
 
-    def pid(self) -> int | None:
-        return self._process.pid if self._process is not None and self._process.returncode is None else None
-
