@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -142,3 +143,30 @@ def test_monotonic_is_the_running_max_from_zero_sign_of_zero_included(counts: li
 
 def test_monotonic_of_sorted_counts_with_leading_negative_zeros() -> None:
     assert [repr(v) for v in latency.monotonic([-0.0, -0.0, 0.0, 2.0])] == ["0.0", "0.0", "0.0", "2.0"]
+
+
+def _per_draft_token_at_with_builtins(cost: CostModel, running: float) -> float:
+    """CostModel.per_draft_token_at as first written, with min()/max(): the conditionals must match it."""
+    share = min(1.0, max(0.0, running) / cost.saturating_batch) if cost.saturating_batch > 0 else 1.0
+    return cost.c_draft + cost.c_verify + (max(cost.c_verify, cost.c_verify_max) - cost.c_verify) * share
+
+
+@given(st.floats(allow_nan=True, allow_infinity=True), st.floats(0.0, 2.0), st.floats(0.0, 2.0),
+       st.one_of(st.floats(0.0, 2.0), st.just(math.nan)), st.sampled_from([64.0, 1.0, 0.0, -1.0, math.inf]))
+def test_per_draft_token_at_matches_the_min_max_formula(running: float, c_draft: float, c_verify: float,
+                                                       c_verify_max: float, saturating_batch: float) -> None:
+    cost = CostModel(c_draft, c_verify, c_verify_max, saturating_batch)
+    got, want = cost.per_draft_token_at(running), _per_draft_token_at_with_builtins(cost, running)
+    assert repr(got) == repr(want)
+
+
+@given(st.lists(st.integers(0, 5), min_size=1, max_size=8), st.floats(0.0, 2.0))
+def test_one_more_observation_adds_one_from_its_bucket_on(increments: list[int], value: float) -> None:
+    bounds = (*(0.25 * (i + 1) for i in range(len(increments) - 1)), INF)
+    counts = tuple(itertools.accumulate(increments))  # ints, as Histogram.empty starts them
+    histogram = Histogram(bounds, counts, 1.0)
+    first = next(i for i, bound in enumerate(histogram.bounds) if value <= bound)
+    want = (*counts[:first], *(c + 1 for c in counts[first:]))
+    got = histogram.observed(value)
+    assert got.counts == want and [type(c) for c in got.counts] == [type(c) for c in want]
+    assert got.total == 1.0 + value

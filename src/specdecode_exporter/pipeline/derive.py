@@ -34,8 +34,15 @@ class CostModel:
     def per_draft_token_at(self, running: float) -> float:
         """Cost per drafted token with ``running`` requests in the batch: the verification pass turns
         compute-bound as the batch grows, so each drafted token's verification costs more."""
-        share = min(1.0, max(0.0, running) / self.saturating_batch) if self.saturating_batch > 0 else 1.0
-        return self.c_draft + self.c_verify + (max(self.c_verify, self.c_verify_max) - self.c_verify) * share
+        # Conditionals, not min()/max() (this runs per series × window): the same results, NaN included, as
+        # max(a, b) is b only when b > a and min(a, b) is b only when b < a.
+        saturating, c_verify, c_verify_max = self.saturating_batch, self.c_verify, self.c_verify_max
+        if saturating > 0:
+            load = (running if running > 0.0 else 0.0) / saturating
+            share = load if load < 1.0 else 1.0
+        else:
+            share = 1.0
+        return self.c_draft + c_verify + ((c_verify_max if c_verify_max > c_verify else c_verify) - c_verify) * share
 
     @property
     def break_even_acceptance_ratio(self) -> float:

@@ -18,6 +18,7 @@ from typing import NamedTuple
 
 TPOT_QUANTILES = (0.5, 0.9, 0.99)
 TTFT_QUANTILES = (0.5, 0.99)
+_ONES = itertools.repeat(1)  # endless: map() stops at the counts' end
 
 
 class Histogram(NamedTuple):
@@ -35,7 +36,7 @@ class Histogram(NamedTuple):
     def observed(self, value: float) -> Histogram:
         """This histogram with one more observation (a new one: a scrape may hold this one)."""
         first = bisect.bisect_left(self.bounds, value)
-        return Histogram(self.bounds, (*self.counts[:first], *(c + 1 for c in self.counts[first:])),
+        return Histogram(self.bounds, (*self.counts[:first], *map(operator.add, self.counts[first:], _ONES)),
                          self.total + value)
 
     @property
@@ -62,10 +63,9 @@ def monotonic(counts: Iterable[float]) -> list[float]:
     # Nearly always they are already: sorted() on a sorted list is n − 1 float comparisons in C, where the running
     # max calls max() per bucket. The sum is finite only without NaN or ±Inf (which the running max treats apart).
     if values and values[0] >= 0.0 and values == sorted(values) and math.isfinite(sum(values)):
-        index = 0
-        while index < len(values) and values[index] == 0.0:
-            values[index] = 0.0  # -0.0 as the running max from 0.0 gives it
-            index += 1
+        zeros = bisect.bisect_right(values, 0.0)  # sorted from ≥ 0: the leading zeros, found in C
+        if zeros:
+            values[:zeros] = [0.0] * zeros  # -0.0 as the running max from 0.0 gives it
         return values
     out = list(itertools.accumulate(values, max, initial=0.0))  # a running max from 0, at C speed
     del out[0]
@@ -96,7 +96,8 @@ def change(start: Histogram | None, end: Histogram | None) -> Histogram | None:
         return None
     # Clamping each difference at 0 and then taking the running max is the running max from 0 of the differences.
     counts = monotonic(map(operator.sub, end.counts, start.counts))
-    return Histogram(end.bounds, counts, max(0.0, end.total - start.total))
+    added = end.total - start.total
+    return Histogram(end.bounds, counts, added if added > 0.0 else 0.0)  # max(0.0, added), without the call
 
 
 def pooled(histograms: Sequence[Histogram]) -> Histogram | None:
