@@ -168,14 +168,17 @@ class SteadyMeasurement:
     window_samples: float  # the fewest samples a read series holds in the longest window (nan: the rules read none)
     window_expected: int  # what a full window holds at this interval
     round_s: float  # all groups' evaluation, summed; median over the hold
-    slowest_group: str
-    slowest_group_s: float  # that group's median
+    groups: tuple[tuple[str, float], ...]  # each group's median evaluation, the slowest first
+    cpu_cores: float  # Prometheus' CPU seconds per second over the hold: the rules, the scrapes and the rest
     groups_evaluated: int
     missed_iterations: int
     rule_failures: int
 
     def per_100(self, value: float) -> float:
         return value * 100 / self.pods
+
+    def group_s(self, group: str) -> float:
+        return dict(self.groups).get(group, float("nan"))
 
 
 def measure(page_name: str, page: fleet.MovingPage, pods: int, size: fleet.Size, reads: RuleReads,
@@ -204,9 +207,12 @@ def _observe(prom: Process, page_name: str, pods: int, size: fleet.Size, reads: 
              history_samples: int) -> SteadyMeasurement:
     with httpx.Client(base_url=prom.url, timeout=120, trust_env=False) as client:
         fleet.wait_until(lambda: fleet.scalar(client, "count(up)") >= pods, 3 * size.interval_s + fleet.UP_WAIT_S)
+        cpu_before, started = sum(fleet.own_metric(client, "process_cpu_seconds_total")), time.monotonic()
         rounds = _group_rounds(client, size, since=time.time())
-        per_group = {group: statistics.median(r[group] for r in rounds) for group in rounds[-1]} if rounds else {}
-        slowest = max(per_group, key=lambda group: per_group[group], default="")
+        cpu = sum(fleet.own_metric(client, "process_cpu_seconds_total")) - cpu_before
+        cpu_cores = cpu / (time.monotonic() - started)
+        per_group = {group.rsplit(";", 1)[-1]: statistics.median(r[group] for r in rounds)
+                     for group in rounds[-1]} if rounds else {}
         window = (fleet.scalar(client, f"min(count_over_time({reads.longest_selector}))") if reads.names
                   else float("nan"))
         return SteadyMeasurement(
@@ -214,7 +220,7 @@ def _observe(prom: Process, page_name: str, pods: int, size: fleet.Size, reads: 
             targets_up=int(fleet.scalar(client, "count(up == 1)")), history_samples=history_samples,
             window_samples=window, window_expected=int(reads.longest_s // size.interval_s),
             round_s=statistics.median(sum(r.values()) for r in rounds) if rounds else float("nan"),
-            slowest_group=slowest.rsplit(";", 1)[-1], slowest_group_s=per_group.get(slowest, float("nan")),
+            groups=tuple(sorted(per_group.items(), key=lambda item: -item[1])), cpu_cores=cpu_cores,
             groups_evaluated=sum(1 for t in _by_group(client, LAST_EVALUATION).values() if t > 0),
             missed_iterations=int(sum(fleet.own_metric(client, "prometheus_rule_group_iterations_missed_total"))),
             rule_failures=int(sum(fleet.own_metric(client, "prometheus_rule_evaluation_failures_total"))))
@@ -289,8 +295,8 @@ def describe(size: fleet.Size) -> str:
 
 STEADY_HEADER = ["pods", "page", "targets up", "history backfilled (samples)",
                  "longest window: samples per series (fewest / full)", "rule evaluation per round (all groups)",
-                 "per 100 pods", "share of the interval", "slowest group", "missed iterations", "rule failures",
-                 "groups evaluated"]
+                 "per 100 pods", "share of the interval", "slowest group", "Prometheus CPU (cores)",
+                 "missed iterations", "rule failures", "groups evaluated"]
 
 
 def table_rows(result: SteadyResult) -> Iterator[list[str]]:
@@ -299,8 +305,19 @@ def table_rows(result: SteadyResult) -> Iterator[list[str]]:
                   else f"{m.window_samples:.0f} / {m.window_expected}")
         yield [str(m.pods), m.page, str(m.targets_up), str(m.history_samples), window,
                f"{1000 * m.round_s:.0f} ms", f"{m.per_100(1000 * m.round_s):.0f} ms",
-               f"{100 * m.round_s / m.interval_s:.1f} %", f"{m.slowest_group} ({1000 * m.slowest_group_s:.0f} ms)",
+               f"{100 * m.round_s / m.interval_s:.1f} %",
+               f"{m.groups[0][0]} ({1000 * m.groups[0][1]:.0f} ms)" if m.groups else "—", f"{m.cpu_cores:.2f}",
                str(m.missed_iterations), str(m.rule_failures), f"{m.groups_evaluated}/{result.groups_in_file}"]
+
+
+def group_table(result: SteadyResult) -> list[str]:
+    """Each group's evaluation at the largest fleet, the sidecar's page against vLLM's: where the time goes."""
+    pods = max(m.pods for m in result.measurements)
+    sidecar, vllm = result.at(fleet.SIDECAR, pods), result.at(fleet.VLLM, pods)
+    rows = [[group, f"{1000 * vllm.group_s(group):.0f} ms", f"{1000 * seconds:.0f} ms",
+             f"{100 * seconds / sidecar.round_s:.0f} %"] for group, seconds in sidecar.groups]
+    return markdown_table([f"group ({pods} pods, median evaluation)", "vLLM's own page", "sidecar's page",
+                           "share of the sidecar's round"], rows)
 
 
 def summary(result: SteadyResult, short_hold: Sequence[fleet.Measurement] = ()) -> list[str]:
@@ -316,6 +333,8 @@ def summary(result: SteadyResult, short_hold: Sequence[fleet.Measurement] = ()) 
              f"{vllm.round_s:.3f} s on vLLM's own (**{sidecar.round_s / vllm.round_s:.0f}×**; vLLM's page has no "
              f"series the rules read, so its figure is the rules' fixed cost), {share:.0f} % "
              f"of the {sidecar.interval_s:g} s interval; {sidecar.missed_iterations} missed iterations."]
+    lines.append(f"Prometheus' CPU over the hold (rules, scrapes and the rest): {sidecar.cpu_cores:.2f} cores on the "
+                 f"sidecar's page against {vllm.cpu_cores:.2f} on vLLM's.")
     short = next((m for m in short_hold if m.page == fleet.SIDECAR and m.pods == pods), None)
     if short is not None and short.rule_seconds > 0:
         lines.append(f"A fresh Prometheus' figure for the same fleet (the table above, windows nearly empty): "
@@ -335,7 +354,10 @@ def summary(result: SteadyResult, short_hold: Sequence[fleet.Measurement] = ()) 
 
 
 def report(result: SteadyResult, short_hold: Sequence[fleet.Measurement] = ()) -> list[str]:
-    return [*markdown_table(STEADY_HEADER, list(table_rows(result))), "", *summary(result, short_hold)]
+    if not result.measurements:
+        return ["No steady-state fleet was measured."]
+    return [*markdown_table(STEADY_HEADER, list(table_rows(result))), "", *group_table(result), "",
+            *summary(result, short_hold)]
 
 
 def main(size: fleet.Size) -> int:
