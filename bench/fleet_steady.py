@@ -170,6 +170,7 @@ class SteadyMeasurement:
     round_s: float  # all groups' evaluation, summed; median over the hold
     groups: tuple[tuple[str, float], ...]  # each group's median evaluation, the slowest first
     cpu_cores: float  # Prometheus' CPU seconds per second over the hold: the rules, the scrapes and the rest
+    compactions: int  # TSDB compactions during the hold (their CPU is in cpu_cores)
     groups_evaluated: int
     missed_iterations: int
     rule_failures: int
@@ -207,9 +208,9 @@ def _observe(prom: Process, page_name: str, pods: int, size: fleet.Size, reads: 
              history_samples: int) -> SteadyMeasurement:
     with httpx.Client(base_url=prom.url, timeout=120, trust_env=False) as client:
         fleet.wait_until(lambda: fleet.scalar(client, "count(up)") >= pods, 3 * size.interval_s + fleet.UP_WAIT_S)
-        cpu_before, started = sum(fleet.own_metric(client, "process_cpu_seconds_total")), time.monotonic()
+        before, started = _cpu_and_compactions(client), time.monotonic()
         rounds = _group_rounds(client, size, since=time.time())
-        cpu = sum(fleet.own_metric(client, "process_cpu_seconds_total")) - cpu_before
+        cpu, compactions = (after - first for after, first in zip(_cpu_and_compactions(client), before, strict=True))
         cpu_cores = cpu / (time.monotonic() - started)
         per_group = {group.rsplit(";", 1)[-1]: statistics.median(r[group] for r in rounds)
                      for group in rounds[-1]} if rounds else {}
@@ -221,9 +222,15 @@ def _observe(prom: Process, page_name: str, pods: int, size: fleet.Size, reads: 
             window_samples=window, window_expected=int(reads.longest_s // size.interval_s),
             round_s=statistics.median(sum(r.values()) for r in rounds) if rounds else float("nan"),
             groups=tuple(sorted(per_group.items(), key=lambda item: -item[1])), cpu_cores=cpu_cores,
+            compactions=int(compactions),
             groups_evaluated=sum(1 for t in _by_group(client, LAST_EVALUATION).values() if t > 0),
             missed_iterations=int(sum(fleet.own_metric(client, "prometheus_rule_group_iterations_missed_total"))),
             rule_failures=int(sum(fleet.own_metric(client, "prometheus_rule_evaluation_failures_total"))))
+
+
+def _cpu_and_compactions(client: httpx.Client) -> tuple[float, float]:
+    return (sum(fleet.own_metric(client, "process_cpu_seconds_total")),
+            sum(fleet.own_metric(client, "prometheus_tsdb_compactions_total")))
 
 
 LAST_EVALUATION = "prometheus_rule_group_last_evaluation_timestamp_seconds"
@@ -296,7 +303,7 @@ def describe(size: fleet.Size) -> str:
 STEADY_HEADER = ["pods", "page", "targets up", "history backfilled (samples)",
                  "longest window: samples per series (fewest / full)", "rule evaluation per round (all groups)",
                  "per 100 pods", "share of the interval", "slowest group", "Prometheus CPU (cores)",
-                 "missed iterations", "rule failures", "groups evaluated"]
+                 "compactions in the hold", "missed iterations", "rule failures", "groups evaluated"]
 
 
 def table_rows(result: SteadyResult) -> Iterator[list[str]]:
@@ -307,7 +314,8 @@ def table_rows(result: SteadyResult) -> Iterator[list[str]]:
                f"{1000 * m.round_s:.0f} ms", f"{m.per_100(1000 * m.round_s):.0f} ms",
                f"{100 * m.round_s / m.interval_s:.1f} %",
                f"{m.groups[0][0]} ({1000 * m.groups[0][1]:.0f} ms)" if m.groups else "—", f"{m.cpu_cores:.2f}",
-               str(m.missed_iterations), str(m.rule_failures), f"{m.groups_evaluated}/{result.groups_in_file}"]
+               str(m.compactions), str(m.missed_iterations), str(m.rule_failures),
+               f"{m.groups_evaluated}/{result.groups_in_file}"]
 
 
 def group_table(result: SteadyResult) -> list[str]:
@@ -330,27 +338,51 @@ def summary(result: SteadyResult, short_hold: Sequence[fleet.Measurement] = ()) 
     share = 100 * sidecar.round_s / sidecar.interval_s
     lines = [f"At {pods} pods with the rules' longest window ({result.reads.longest_selector}) full: one evaluation "
              f"round of every group takes **{sidecar.round_s:.2f} s** on the sidecar's page against "
-             f"{vllm.round_s:.3f} s on vLLM's own (**{sidecar.round_s / vllm.round_s:.0f}×**; vLLM's page has no "
+             f"{vllm.round_s:.3f} s on vLLM's own (**{_times(sidecar.round_s, vllm.round_s)}**; vLLM's page has no "
              f"series the rules read, so its figure is the rules' fixed cost), {share:.0f} % "
              f"of the {sidecar.interval_s:g} s interval; {sidecar.missed_iterations} missed iterations."]
-    lines.append(f"Prometheus' CPU over the hold (rules, scrapes and the rest): {sidecar.cpu_cores:.2f} cores on the "
-                 f"sidecar's page against {vllm.cpu_cores:.2f} on vLLM's.")
+    cpu_ratio = _times(sidecar.cpu_cores, vllm.cpu_cores)
+    lines.append(f"Prometheus' CPU over the hold (rules, scrapes and the rest): **{sidecar.cpu_cores:.2f} cores** on "
+                 f"the sidecar's page against {vllm.cpu_cores:.2f} on vLLM's (**{cpu_ratio}**; the same scrapes: "
+                 f"the difference is the rules), {sidecar.cpu_cores * sidecar.interval_s:.1f} CPU "
+                 f"seconds per {sidecar.interval_s:g} s. The round's times are wall times of groups that run "
+                 "concurrently, so on a busy machine they include waiting for CPU.")
     short = next((m for m in short_hold if m.page == fleet.SIDECAR and m.pods == pods), None)
     if short is not None and short.rule_seconds > 0:
         lines.append(f"A fresh Prometheus' figure for the same fleet (the table above, windows nearly empty): "
                      f"{short.rule_seconds:.2f} s; full windows cost **{sidecar.round_s / short.rule_seconds:.1f}×** "
                      "that.")
-    per_100 = (sidecar.round_s - vllm.round_s) * 100 / pods
-    at_1000 = vllm.round_s + 10 * per_100
-    lines.append(f"Extrapolated, not measured: linear in pods from this {pods}-pod figure (vLLM's as the fixed cost), "
-                 f"{per_100:.2f} s per 100 more pods, so about **{at_1000:.0f} s per round at 1000 pods**, "
-                 f"{at_1000 / sidecar.interval_s:.1f}× the {sidecar.interval_s:g} s interval"
+    fleets = sorted(m.pods for m in result.measurements if m.page == fleet.SIDECAR)
+    source = (f"the slope from {fleets[0]} to {pods} pods" if len(fleets) > 1
+              else f"this {pods}-pod figure, vLLM's as the fixed cost")
+    per_100, at_1000 = _extrapolate(result, lambda m: m.round_s)
+    cores_per_100, cores_at_1000 = _extrapolate(result, lambda m: m.cpu_cores)
+    lines.append(f"Extrapolated, not measured: linear in pods from {source}: {per_100:.2f} s of evaluation and "
+                 f"{cores_per_100:.2f} cores per 100 more pods, so about **{at_1000:.0f} s per round and "
+                 f"{cores_at_1000:.1f} cores at 1000 pods**, the round {at_1000 / sidecar.interval_s:.1f}× the "
+                 f"{sidecar.interval_s:g} s interval"
                  + (" (a group slower than its interval misses iterations)." if at_1000 > sidecar.interval_s else "."))
     if result.reads.record_ranges:
         ranges = ', '.join(result.reads.record_ranges)
         lines.append(f"Not backfilled: {ranges} (ranges over the rules' own records, one "
                      "series per model, not per pod): they hold only this run's evaluations.")
     return lines
+
+
+def _extrapolate(result: SteadyResult, value: Callable[[SteadyMeasurement], float]) -> tuple[float, float]:
+    """The sidecar's figure per 100 more pods and at 1000 pods, linear: the slope between the smallest and the
+    largest fleet measured, or with one fleet from vLLM's page at the same size (the rules' fixed cost)."""
+    sidecar = sorted((m for m in result.measurements if m.page == fleet.SIDECAR), key=lambda m: m.pods)
+    first, last = sidecar[0], sidecar[-1]
+    if last.pods > first.pods:
+        per_100 = (value(last) - value(first)) * 100 / (last.pods - first.pods)
+    else:
+        per_100 = (value(last) - value(result.at(fleet.VLLM, last.pods))) * 100 / last.pods
+    return per_100, value(last) + per_100 * (1000 - last.pods) / 100
+
+
+def _times(value: float, baseline: float) -> str:
+    return f"{value / baseline:.0f}×" if baseline > 0 else "—"
 
 
 def report(result: SteadyResult, short_hold: Sequence[fleet.Measurement] = ()) -> list[str]:
