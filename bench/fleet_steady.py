@@ -14,12 +14,14 @@ one interval). Only the series the rules read are written: Prometheus selects by
 cannot change rule evaluation, and vLLM's page has none (the rules read the sidecar's series), so its run is the
 rules' fixed cost on a fleet of the same size.
 
-Figures, once every group has evaluated with every target up: each group's evaluationTime from /api/v1/rules (the
-median of one sample per interval over the hold), summed over the groups (one evaluation round), the samples the
-longest window holds per series (query count_over_time, proof the history landed), missed iterations
-(prometheus_rule_group_iterations_missed_total) and rule failures. Ranges over recorded series (the 1-day baseline
-reads a per-model record over [1d] offset 1h) are not backfilled: they hold this run's evaluations only; they are
-per model, not per pod.
+Figures, once every group has evaluated with every target up: each group's prometheus_rule_group_last_duration_seconds
+(the median of one sample per interval over the hold), summed over the groups (one evaluation round: wall times of
+groups that run concurrently, so on a busy machine they include waiting for CPU), Prometheus' CPU over the hold
+(process_cpu_seconds_total; the scrapes are the same for both pages, so the difference is the rules), the samples
+the longest window holds per series (query count_over_time, proof the history landed), compactions during the hold,
+missed iterations (prometheus_rule_group_iterations_missed_total) and rule failures. The figures at 1000 pods are
+extrapolated, and said so. Ranges over the rules' own records (the 1-day baseline reads a per-model record over
+[1d] offset 1h) are not backfilled: they hold this run's evaluations only; they are per model, not per pod.
 """
 
 from __future__ import annotations
@@ -329,55 +331,57 @@ def group_table(result: SteadyResult) -> list[str]:
 
 
 def summary(result: SteadyResult, short_hold: Sequence[fleet.Measurement] = ()) -> list[str]:
-    """The ratio at the largest size both pages were measured, what the fresh-Prometheus figure missed, and what
-    the measured figure says of a larger fleet (extrapolated, said so)."""
-    pods = max((m.pods for m in result.measurements if m.page == fleet.SIDECAR), default=0)
-    if not pods:
+    """The figures at the largest fleet whose Prometheus kept up (no missed iterations), the fleets it did not keep
+    up with, what the fresh-Prometheus figure missed, and a larger fleet extrapolated (said so)."""
+    sidecars = sorted((m for m in result.measurements if m.page == fleet.SIDECAR), key=lambda m: m.pods)
+    if not sidecars:
         return ["No steady-state fleet was measured."]
-    sidecar, vllm = result.at(fleet.SIDECAR, pods), result.at(fleet.VLLM, pods)
-    share = 100 * sidecar.round_s / sidecar.interval_s
-    lines = [f"At {pods} pods with the rules' longest window ({result.reads.longest_selector}) full: one evaluation "
-             f"round of every group takes **{sidecar.round_s:.2f} s** on the sidecar's page against "
-             f"{vllm.round_s:.3f} s on vLLM's own (**{_times(sidecar.round_s, vllm.round_s)}**; vLLM's page has no "
-             f"series the rules read, so its figure is the rules' fixed cost), {share:.0f} % "
-             f"of the {sidecar.interval_s:g} s interval; {sidecar.missed_iterations} missed iterations."]
-    cpu_ratio = _times(sidecar.cpu_cores, vllm.cpu_cores)
-    lines.append(f"Prometheus' CPU over the hold (rules, scrapes and the rest): **{sidecar.cpu_cores:.2f} cores** on "
-                 f"the sidecar's page against {vllm.cpu_cores:.2f} on vLLM's (**{cpu_ratio}**; the same scrapes: "
-                 f"the difference is the rules), {sidecar.cpu_cores * sidecar.interval_s:.1f} CPU "
-                 f"seconds per {sidecar.interval_s:g} s. The round's times are wall times of groups that run "
-                 "concurrently, so on a busy machine they include waiting for CPU.")
-    short = next((m for m in short_hold if m.page == fleet.SIDECAR and m.pods == pods), None)
+    kept_up = [m for m in sidecars if m.missed_iterations == 0] or sidecars[:1]
+    sidecar = kept_up[-1]
+    vllm = result.at(fleet.VLLM, sidecar.pods)
+    lines = [f"At {sidecar.pods} pods with the rules' longest window ({result.reads.longest_selector}) full, "
+             f"Prometheus' CPU (rules, scrapes and the rest) was **{sidecar.cpu_cores:.2f} cores** on the sidecar's "
+             f"page against {vllm.cpu_cores:.2f} on vLLM's own (**{_times(sidecar.cpu_cores, vllm.cpu_cores)}**; the "
+             f"same scrapes: the difference is the rules), {sidecar.cpu_cores * sidecar.interval_s:.1f} CPU seconds "
+             f"per {sidecar.interval_s:g} s, with {sidecar.missed_iterations} missed iterations. The groups' "
+             f"evaluation times summed: **{sidecar.round_s:.2f} s per round** against {vllm.round_s:.3f} s "
+             f"(**{_times(sidecar.round_s, vllm.round_s)}**; vLLM's page has no series the rules read, so its figure "
+             "is the rules' fixed cost); groups run concurrently, so on a busy machine their wall times include "
+             "waiting for CPU and vary from run to run."]
+    lines += [f"At {m.pods} pods Prometheus **did not keep up** on this machine: {m.missed_iterations} missed "
+              f"iterations, {m.groups[0][0]} took {m.groups[0][1]:.0f} s against a {m.interval_s:g} s interval, "
+              f"{m.round_s:.0f} s summed; its {m.cpu_cores:.2f} cores are what it got, not what it needed."
+              for m in sidecars if m.missed_iterations > 0 and m.groups]
+    short = next((m for m in short_hold if m.page == fleet.SIDECAR and m.pods == sidecar.pods), None)
     if short is not None and short.rule_seconds > 0:
         lines.append(f"A fresh Prometheus' figure for the same fleet (the table above, windows nearly empty): "
                      f"{short.rule_seconds:.2f} s; full windows cost **{sidecar.round_s / short.rule_seconds:.1f}×** "
                      "that.")
-    fleets = sorted(m.pods for m in result.measurements if m.page == fleet.SIDECAR)
-    source = (f"the slope from {fleets[0]} to {pods} pods" if len(fleets) > 1
-              else f"this {pods}-pod figure, vLLM's as the fixed cost")
-    per_100, at_1000 = _extrapolate(result, lambda m: m.round_s)
-    cores_per_100, cores_at_1000 = _extrapolate(result, lambda m: m.cpu_cores)
-    lines.append(f"Extrapolated, not measured: linear in pods from {source}: {per_100:.2f} s of evaluation and "
-                 f"{cores_per_100:.2f} cores per 100 more pods, so about **{at_1000:.0f} s per round and "
-                 f"{cores_at_1000:.1f} cores at 1000 pods**, the round {at_1000 / sidecar.interval_s:.1f}× the "
-                 f"{sidecar.interval_s:g} s interval"
-                 + (" (a group slower than its interval misses iterations)." if at_1000 > sidecar.interval_s else "."))
+    source = (f"the slope from {kept_up[0].pods} to {sidecar.pods} pods" if len(kept_up) > 1
+              else f"the {sidecar.pods}-pod figure, vLLM's as the fixed cost")
+    per_100, at_1000 = _extrapolate(kept_up, vllm, lambda m: m.round_s)
+    cores_per_100, cores_at_1000 = _extrapolate(kept_up, vllm, lambda m: m.cpu_cores)
+    lines.append(f"Extrapolated, not measured: linear in pods from {source}: {cores_per_100:.2f} cores and "
+                 f"{per_100:.2f} s of summed evaluation per 100 more pods, so about **{cores_at_1000:.1f} cores and "
+                 f"{at_1000:.0f} s per round at 1000 pods** ({at_1000 / sidecar.interval_s:.1f}× the "
+                 f"{sidecar.interval_s:g} s interval).")
     if result.reads.record_ranges:
-        ranges = ', '.join(result.reads.record_ranges)
+        ranges = ", ".join(result.reads.record_ranges)
         lines.append(f"Not backfilled: {ranges} (ranges over the rules' own records, one "
                      "series per model, not per pod): they hold only this run's evaluations.")
     return lines
 
 
-def _extrapolate(result: SteadyResult, value: Callable[[SteadyMeasurement], float]) -> tuple[float, float]:
+def _extrapolate(kept_up: Sequence[SteadyMeasurement], vllm: SteadyMeasurement,
+                 value: Callable[[SteadyMeasurement], float]) -> tuple[float, float]:
     """The sidecar's figure per 100 more pods and at 1000 pods, linear: the slope between the smallest and the
-    largest fleet measured, or with one fleet from vLLM's page at the same size (the rules' fixed cost)."""
-    sidecar = sorted((m for m in result.measurements if m.page == fleet.SIDECAR), key=lambda m: m.pods)
-    first, last = sidecar[0], sidecar[-1]
+    largest fleet Prometheus kept up with, or with one such fleet from vLLM's page at its size (the rules' fixed
+    cost)."""
+    first, last = kept_up[0], kept_up[-1]
     if last.pods > first.pods:
         per_100 = (value(last) - value(first)) * 100 / (last.pods - first.pods)
     else:
-        per_100 = (value(last) - value(result.at(fleet.VLLM, last.pods))) * 100 / last.pods
+        per_100 = (value(last) - value(vllm)) * 100 / last.pods
     return per_100, value(last) + per_100 * (1000 - last.pods) / 100
 
 
