@@ -61,7 +61,7 @@ image: tools  ## build the container image offline (Debian's packages, no regist
 generate: install  ## rebuild rules, dashboard, manifests, mixin and README table from the monitoring config
 	$(PY) -m specdecode_exporter.monitoring.build
 
-bench: install  ## benchmarks (about 25 minutes: N = 10/100/500 targets, the request tap at 64 streams, the page over a simulated month, 100/500/1000 simulated pods through one Prometheus; bench/run.py --long: longer spans, long soak, the tap at 256 streams and every relay, three simulated months)
+bench: install  ## benchmarks (about 30 minutes: N = 10/100/500 targets, the request tap at 64 streams, the page over a simulated month, 100/500/1000 simulated pods through one Prometheus, then 100 on full 2h rule windows; bench/run.py --long: longer spans, long soak, the tap at 256 streams and every relay, three simulated months)
 	command -v wrk >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk)
 	$(PY) bench/run.py
 

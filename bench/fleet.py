@@ -4,6 +4,7 @@ against vLLM's own.
     .venv/bin/python -m bench.fleet                 # quick: 100, 500, 1000 pods, scraped every 15 s, held 30 s
     .venv/bin/python -m bench.fleet --size long     # the same pods, held 2 minutes each
     .venv/bin/python -m bench.fleet --size smoke    # 5 and 10 pods (tests/bench): proves it runs, figures mean nothing
+    .venv/bin/python -m bench.fleet --size steady   # rules on full 2h windows, 100 pods (bench.fleet_steady)
 
 `make bench` runs it through bench/run.py (section 8 of bench/results.md).
 
@@ -170,11 +171,13 @@ def _family(sample_name: str) -> str:
 
 class PodServer:
     """One loopback server for every pod: GET /pod/N serves the page of pod N's model at the current second, gzipped
-    when asked (Prometheus asks), one render per (second, model) shared by the pods."""
+    when asked (Prometheus asks), one render per (second, model) shared by the pods. The page's clock starts at
+    ``origin`` (a time.time() second; by default when the server is made): bench.fleet_steady backfills the hours
+    before the server started with the same clock."""
 
-    def __init__(self, page: MovingPage) -> None:
+    def __init__(self, page: MovingPage, origin: int | None = None) -> None:
         self.page = page
-        self.started = time.monotonic()
+        self.started = time.time() if origin is None else origin
         self.cache: dict[tuple[int, int, bool], bytes] = {}
         self.served = 0
         self.writers: set[asyncio.StreamWriter] = set()
@@ -184,7 +187,7 @@ class PodServer:
         self.thread = threading.Thread(target=self._run, name="fleet-pods", daemon=True)
 
     def body(self, pod: int, compressed: bool) -> bytes:
-        second = int(time.monotonic() - self.started)
+        second = int(time.time() - self.started)
         key = (second, pod % MODELS, compressed)
         if key not in self.cache:
             if len(self.cache) > 4 * MODELS:
@@ -271,9 +274,13 @@ class Measurement:
         return value * 100 / self.pods
 
 
+def pod_labels(n: int) -> dict[str, str]:
+    """The labels pod n's series carry in Prometheus besides the page's own and the job."""
+    return {"namespace": "fleet", "pod": f"vllm-{n}", "instance": f"10.0.{n // 250}.{n % 250}:9877"}
+
+
 def prometheus_config(address: str, job: str, pods: int, interval_s: float) -> dict[str, object]:
-    targets = [{"targets": [address], "labels": {"__metrics_path__": f"/pod/{n}", "namespace": "fleet",
-                                                 "pod": f"vllm-{n}", "instance": f"10.0.{n // 250}.{n % 250}:9877"}}
+    targets = [{"targets": [address], "labels": {"__metrics_path__": f"/pod/{n}", **pod_labels(n)}}
                for n in range(pods)]
     interval = f"{interval_s:g}s"
     return {"global": {"scrape_interval": interval, "evaluation_interval": interval,
@@ -301,16 +308,16 @@ def measure(page_name: str, page: MovingPage, pods: int, size: Size, workdir: Pa
 def _observe(prom: Process, page_name: str, pods: int, size: Size, groups: int) -> Measurement:
     with httpx.Client(base_url=prom.url, timeout=120, trust_env=False) as client:
         # A fleet this machine cannot scrape in time is measured as it is: the table says how many targets were up.
-        _wait_until(lambda: _scalar(client, "count(up)") >= pods, 3 * size.interval_s + UP_WAIT_S)
+        wait_until(lambda: scalar(client, "count(up)") >= pods, 3 * size.interval_s + UP_WAIT_S)
         rule_sums = _rule_durations(client, size, groups)
-        own = {name: _own_metric(client, name) for name in (
+        own = {name: own_metric(client, name) for name in (
             "prometheus_tsdb_head_series", "process_resident_memory_bytes", "go_memstats_heap_inuse_bytes",
             "prometheus_rule_evaluation_failures_total", "prometheus_rule_group_last_evaluation_timestamp_seconds",
             "prometheus_rule_group_last_evaluation_samples")}
         span = f"{size.hold_s:g}s"
         return Measurement(
-            page=page_name, pods=pods, targets_up=int(_scalar(client, "count(up == 1)")),
-            series_per_pod=_scalar(client, "max(scrape_samples_scraped)"),
+            page=page_name, pods=pods, targets_up=int(scalar(client, "count(up == 1)")),
+            series_per_pod=scalar(client, "max(scrape_samples_scraped)"),
             head_series=int(sum(own["prometheus_tsdb_head_series"])),
             rss_mb=sum(own["process_resident_memory_bytes"]) / 2**20,
             heap_inuse_mb=sum(own["go_memstats_heap_inuse_bytes"]) / 2**20,
@@ -318,8 +325,8 @@ def _observe(prom: Process, page_name: str, pods: int, size: Size, groups: int) 
             rule_groups=sum(1 for t in own["prometheus_rule_group_last_evaluation_timestamp_seconds"] if t > 0),
             rule_samples=int(sum(own["prometheus_rule_group_last_evaluation_samples"])),
             rule_failures=int(sum(own["prometheus_rule_evaluation_failures_total"])),
-            scrape_p50_s=_scalar(client, f"quantile(0.5, avg_over_time(scrape_duration_seconds[{span}]))"),
-            scrape_max_s=_scalar(client, f"max(max_over_time(scrape_duration_seconds[{span}]))"))
+            scrape_p50_s=scalar(client, f"quantile(0.5, avg_over_time(scrape_duration_seconds[{span}]))"),
+            scrape_max_s=scalar(client, f"max(max_over_time(scrape_duration_seconds[{span}]))"))
 
 
 def _rule_durations(client: httpx.Client, size: Size, groups: int) -> list[float]:
@@ -330,15 +337,15 @@ def _rule_durations(client: httpx.Client, size: Size, groups: int) -> list[float
     started = time.monotonic()
     while True:
         time.sleep(size.interval_s)
-        stamps = _own_metric(client, "prometheus_rule_group_last_evaluation_timestamp_seconds")
+        stamps = own_metric(client, "prometheus_rule_group_last_evaluation_timestamp_seconds")
         if sum(1 for t in stamps if t > 0) >= groups:
-            complete.append(sum(_own_metric(client, "prometheus_rule_group_last_duration_seconds")))
+            complete.append(sum(own_metric(client, "prometheus_rule_group_last_duration_seconds")))
         elapsed = time.monotonic() - started
         if (elapsed >= size.hold_s and len(complete) >= 2) or elapsed >= size.hold_s + RULE_WAIT_S:
             return complete
 
 
-def _wait_until(condition: Callable[[], bool], timeout: float) -> bool:
+def wait_until(condition: Callable[[], bool], timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
@@ -347,12 +354,12 @@ def _wait_until(condition: Callable[[], bool], timeout: float) -> bool:
     return True
 
 
-def _scalar(client: httpx.Client, expr: str) -> float:
+def scalar(client: httpx.Client, expr: str) -> float:
     result = client.get("/api/v1/query", params={"query": expr}).json()["data"]["result"]
     return float(result[0]["value"][1]) if result else 0.0
 
 
-def _own_metric(client: httpx.Client, name: str) -> list[float]:
+def own_metric(client: httpx.Client, name: str) -> list[float]:
     """Every sample of one of Prometheus' own metrics, from its /metrics (not its TSDB: no self-scrape needed)."""
     text = client.get("/metrics").text
     return [sample.value for family in text_string_to_metric_families(text) for sample in family.samples
@@ -510,8 +517,12 @@ def report(result: Result) -> list[str]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--size", default="quick", choices=sorted(SIZES))
+    from bench import fleet_steady  # it builds on this module: imported on use
+
+    parser.add_argument("--size", default="quick", choices=sorted([*SIZES, *fleet_steady.SIZES]))
     args = parser.parse_args()
+    if args.size in fleet_steady.SIZES:
+        return fleet_steady.main(fleet_steady.SIZES[args.size])
     size = SIZES[args.size]
     print(size.describe(), flush=True)
     started = time.perf_counter()

@@ -9,7 +9,9 @@
                                                        # months of α 0.55 and a month of drops per rate)
     .venv/bin/python bench/run.py --only fleet         # 100, 500, 1000 simulated pods through one real Prometheus,
                                                        # the sidecar's page against vLLM's own (also: python -m
-                                                       # bench.fleet); --smoke: 5 and 10 pods, figures meaningless
+                                                       # bench.fleet), then 100 pods with 2 h of history backfilled:
+                                                       # the rules on full windows (bench.fleet --size steady);
+                                                       # --smoke: 5 and 10 pods, then 2, figures meaningless
 
 With --only, the sections that were not run are kept as they are in the output file (results.md), so one
 section can be measured again without the others.
@@ -38,7 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.append(str(ROOT))  # appended, so a PYTHONPATH with a patched src/specdecode_exporter/ still wins
 
-from bench import collect, corpus, fleet, footprint, paging, soak, whole_process  # noqa: E402
+from bench import collect, corpus, fleet, fleet_steady, footprint, paging, soak, whole_process  # noqa: E402
 from bench import serve as serve_bench  # noqa: E402
 from bench import tap as tap_bench  # noqa: E402
 from bench.common import fmt_ms, markdown_table  # noqa: E402
@@ -289,7 +291,7 @@ def run_paging(rep: Report, size: paging.Size) -> None:
         rep.add(line)
 
 
-def run_fleet(rep: Report, size: fleet.Size) -> None:
+def run_fleet(rep: Report, size: fleet.Size, steady: fleet.Size) -> None:
     rep.h("8. Fleet: N pods through one Prometheus")
     rep.add(f"bench/fleet.py (`python -m bench.fleet`), {size.describe()}. One pod's page is the real sidecar's "
             "/metrics (`specdecode-exporter run` with the request tap on, against `specdecode-exporter simulate`, "
@@ -307,6 +309,18 @@ def run_fleet(rep: Report, size: fleet.Size) -> None:
             "scrape times are context, the ratios against the baseline measured minutes apart are the figures.\n")
     result = fleet.run(size, log=lambda line: None)
     for line in fleet.report(result):
+        rep.add(line)
+    rep.add(f"\n### Rule evaluation at steady state\n\nbench/fleet_steady.py (`python -m bench.fleet --size "
+            f"{steady.name}`), {fleet_steady.describe(steady)}. The rows above ran each Prometheus for seconds, so the "
+            "rules' 1h and 2h windows held a few samples; here the pods' history over the rules' longest range is "
+            "written at the scrape interval (the same moving page and clock) and turned into TSDB blocks with "
+            "`promtool tsdb create-blocks-from openmetrics` before Prometheus starts, then the live pods go on from "
+            "it: every window is full from the first evaluation (the table shows the samples the longest window "
+            "holds). Only the series the rules read are backfilled; vLLM's page has none. Per group: "
+            "prometheus_rule_group_last_duration_seconds, the median of one sample per interval; a round = every "
+            "group once, summed (groups run concurrently: on a shared machine their times include waiting for CPU, "
+            "Prometheus' CPU is the other view). Figures beyond the measured pod count are extrapolated and said so.\n")
+    for line in fleet_steady.report(fleet_steady.run(steady, log=lambda line: None), result.measurements):
         rep.add(line)
 
 
@@ -407,7 +421,8 @@ def main() -> int:
     if "paging" in only:
         run_paging(rep, paging.LONG if args.long else paging.QUICK)
     if "fleet" in only:
-        run_fleet(rep, fleet.SMOKE if args.smoke else fleet.LONG if args.long else fleet.QUICK)
+        run_fleet(rep, fleet.SMOKE if args.smoke else fleet.LONG if args.long else fleet.QUICK,
+                  fleet_steady.STEADY_SMOKE if args.smoke else fleet_steady.STEADY)
     rep.add(f"\n_Total bench time {time.perf_counter() - started:.0f} s._")
     output = Path(args.output)
     lines = rep.lines

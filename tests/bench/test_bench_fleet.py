@@ -1,7 +1,8 @@
 """The fleet bench as `make bench` runs it (bench/run.py, section 8): at its smoke size the real sidecar's page and
 vLLM's go through a real Prometheus, the table comes out with figures that follow the fleet (series grow with pods,
 every target up, every rule group evaluated without failures, the rules produce samples from the sidecar's page),
-and only its own section of the results is rewritten. Correctness only: no timing is asserted."""
+the steady-state part's backfilled history fills the rules' longest window, and only its own section of the results
+is rewritten. Correctness only: no timing is asserted."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench import fleet
+from bench import fleet, fleet_steady
 from devtools.procs import in_ci, prometheus_binary
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,6 +42,37 @@ def test_the_page_moves_its_counters_and_keeps_its_gauges() -> None:
     # the pod's model: every model_name rewritten, nothing else
     assert {dict(labels).get("model_name") for _, labels in start} - {None} == {
         page.model_label.removeprefix('model_name="').removesuffix('"') + "-3"}
+
+
+def test_the_backfilled_history_is_what_the_pod_server_serves_at_that_second() -> None:
+    """The history continues the live series: the same values at the same second, the labels Prometheus gives
+    the live scrape (job, namespace, pod, instance), only the series the rules read."""
+    page = fleet.MovingPage.parse((ROOT / "tests" / "fixtures" / "captured_vllm_cpu_0.32.0_ngram.prom")
+                                  .read_text(encoding="utf-8"))
+    names = frozenset(sorted(fleet_steady.sample_names(page))[::3])  # a third of the page, whatever it holds
+    history = fleet_steady.History(page, names, fleet.JOBS[fleet.VLLM], pods=13, origin=1_000_000, step_s=15)
+    second = 1_000_000 + 20 * 15
+    pod_labels = {"job": fleet.JOBS[fleet.VLLM], **fleet.pod_labels(7)}
+    lines = history.block(second, 7 % fleet.MODELS).replace(fleet_steady.POD_SLOT, history.pod_labels()[7])
+    backfilled = _samples((lines + "# EOF\n").encode().replace(f" {second}\n".encode(), b"\n"))
+    live = {(name, tuple(sorted({**dict(labels), **pod_labels}.items()))): value
+            for (name, labels), value in _samples(page.render(second - history.origin, 7 % fleet.MODELS)).items()
+            if name in names}
+    assert backfilled == live and len(live) > 0
+    assert all(f" {second}\n" in line + "\n" for line in lines.splitlines())
+
+
+def test_the_rules_read_two_hours_of_the_sidecars_series_and_nothing_of_vllms_page() -> None:
+    rules = fleet.RULES.read_text(encoding="utf-8")
+    vllm = fleet_steady.rule_reads(rules, fleet_steady.sample_names(fleet.MovingPage.parse(
+        fleet.VLLM_PAGE.read_text(encoding="utf-8"))))
+    assert vllm.names == frozenset() and vllm.longest_s == 0
+    sidecar_names = frozenset({"specdecode_draft_tokens_total", "specdecode_accepted_tokens_total", "process_cpu"})
+    sidecar = fleet_steady.rule_reads(rules, sidecar_names)
+    assert sidecar.names == sidecar_names - {"process_cpu"}
+    assert sidecar.longest_s == 2 * 3600 and sidecar.longest_selector.endswith("[2h]")
+    assert any("[1d] offset 1h" in r for r in sidecar.record_ranges)  # the baseline's range over its own records
+    assert fleet_steady.duration_s("1h30m") == 5400
 
 
 def _rows(text: str) -> list[list[str]]:
@@ -86,6 +118,7 @@ def test_run_py_measures_the_fleet_and_keeps_the_other_sections(tmp_path: Path) 
     assert int(rows[(fleet.SIDECAR, fleet.SMOKE.pods[-1])]["rule samples"]) > 0
     assert re.search(r"\| head series \| \d+ \| \d+ \| \*\*\d+\.\d\d×\*\* \|", text)
     assert "every target up" in text
+    _assert_steady_rows(text)
     # Every other section is kept as it was, byte for byte, and said to be from its run.
     others = sorted(int(n) for n in re.findall(r"\n## (\d+)\. ", previous) if int(n) != 8)
     for number in others:
@@ -98,3 +131,22 @@ def test_python_m_bench_fleet_refuses_an_unknown_size() -> None:
     result = subprocess.run([sys.executable, "-m", "bench.fleet", "--size", "huge"], capture_output=True, text=True,
                             timeout=60, cwd=ROOT, check=False)
     assert result.returncode == 2 and "--size" in result.stderr
+
+
+def _assert_steady_rows(text: str) -> None:
+    """The steady-state rows: every target up and every group evaluated without failure on both pages, and the
+    sidecar's longest window full (without the backfill it would hold the few samples of a minute's run)."""
+    rows = {cells[1]: dict(zip(fleet_steady.STEADY_HEADER, cells, strict=True))
+            for cells in ([c.strip() for c in line.strip("|").split("|")]
+                          for line in text.splitlines() if re.match(r"\| \d+ \| (sidecar|vllm) \|", line))}
+    assert sorted(rows) == sorted((fleet.SIDECAR, fleet.VLLM)), rows
+    groups = fleet.rule_groups_in_file()
+    for row in rows.values():
+        assert int(row["pods"]) == int(row["targets up"]) == fleet_steady.STEADY_SMOKE.pods[-1], row
+        assert row["groups evaluated"] == f"{groups}/{groups}" and row["rule failures"] == "0", row
+    fewest, full = map(int, rows[fleet.SIDECAR]["longest window: samples per series (fewest / full)"].split(" / "))
+    assert full == 2 * 3600 / fleet_steady.STEADY_SMOKE.interval_s and fewest >= 0.95 * full, rows[fleet.SIDECAR]
+    assert int(rows[fleet.SIDECAR]["history backfilled (samples)"]) > 0
+    assert rows[fleet.VLLM]["history backfilled (samples)"] == "0"
+    assert re.search(r"The groups. evaluation times summed: \*\*\d+\.\d\d s per round\*\*", text)
+    assert "Extrapolated, not measured" in text and "cores" in text

@@ -1,0 +1,406 @@
+"""Rule evaluation at steady state: the fleet's rules evaluated on full windows, the sidecar's page against vLLM's.
+
+    .venv/bin/python -m bench.fleet --size steady          # 100 pods, scraped and evaluated every 15 s
+    .venv/bin/python -m bench.fleet --size steady-smoke    # 2 pods every 5 s (tests/bench): figures mean nothing
+
+bench.fleet holds each Prometheus 30 s (2 minutes with --size long), so the rules' 1h and 2h windows hold a few
+samples and the rule evaluation it measures is a fresh Prometheus' cost, not the one a user pays from the second
+hour on. Here every window the rules read over a page's series is full from the first evaluation: before
+Prometheus starts, the pods' history over the rules' longest range (offset included) is written at the scrape
+interval as OpenMetrics, from the same moving page and clock as the pod server (bench.fleet.PodServer), and turned
+into TSDB blocks by `promtool tsdb create-blocks-from openmetrics`. Prometheus then starts on those blocks with the
+generated rules and scrapes the live pods, whose series go on from the history's last sample (a gap of at most about
+one interval). Only the series the rules read are written: Prometheus selects by metric name first, so the others
+cannot change rule evaluation, and vLLM's page has none (the rules read the sidecar's series), so its run is the
+rules' fixed cost on a fleet of the same size.
+
+Figures, once every group has evaluated with every target up: each group's prometheus_rule_group_last_duration_seconds
+(the median of one sample per interval over the hold), summed over the groups (one evaluation round: wall times of
+groups that run concurrently, so on a busy machine they include waiting for CPU), Prometheus' CPU over the hold
+(process_cpu_seconds_total; the scrapes are the same for both pages, so the difference is the rules), the samples
+the longest window holds per series (query count_over_time, proof the history landed), compactions during the hold,
+missed iterations (prometheus_rule_group_iterations_missed_total) and rule failures. The figures at 1000 pods are
+extrapolated, and said so. Ranges over the rules' own records (the 1-day baseline reads a per-model record over
+[1d] offset 1h) are not backfilled: they hold this run's evaluations only; they are per model, not per pod.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import statistics
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import yaml
+
+from bench import fleet
+from bench.common import markdown_table
+from devtools.procs import Process, prometheus_binary, promtool_binary, start_process
+
+STEADY = fleet.Size("steady", (100,), 15.0, 60.0)
+STEADY_SMOKE = fleet.Size("steady-smoke", (2,), 5.0, 10.0)
+SIZES = {s.name: s for s in (STEADY, STEADY_SMOKE)}
+DURATION_UNITS_S = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
+RANGE = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{[^}]*\})?\[((?:\d+(?:ms|[smhdwy]))+)\]"
+                   r"(?:\s+offset\s+((?:\d+(?:ms|[smhdwy]))+))?")
+IDENTIFIER = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+POD_SLOT = "\x00"  # where a history line's pod labels go, filled per pod
+PROMTOOL_TIMEOUT_S = 600.0
+
+
+def duration_s(text: str) -> float:
+    """A PromQL duration (``2h``, ``1h30m``) in seconds."""
+    return sum(int(n) * DURATION_UNITS_S[unit] for n, unit in re.findall(r"(\d+)(ms|[smhdwy])", text))
+
+
+@dataclass(frozen=True, slots=True)
+class RuleReads:
+    """What the rules read of one page: the sample names, and the longest range over them (offset included)."""
+
+    names: frozenset[str]
+    longest_s: float
+    longest_selector: str  # as the rules write it, e.g. specdecode_draft_tokens_total[2h]
+    record_ranges: tuple[str, ...]  # ranges over the rules' own records, e.g. model:x:rate1h[1d] offset 1h
+
+
+def rule_reads(rules_yaml: str, page_names: frozenset[str]) -> RuleReads:
+    rules = [rule for group in yaml.safe_load(rules_yaml)["groups"] for rule in group["rules"]]
+    exprs = [rule["expr"] for rule in rules]
+    recorded = {rule["record"] for rule in rules if "record" in rule}
+    names = frozenset(name for expr in exprs for name in IDENTIFIER.findall(expr)) & page_names
+    longest, selector, records = 0.0, "", set()
+    for expr in exprs:
+        for match in RANGE.finditer(expr):
+            name, window, offset = match.groups()
+            if name in recorded:
+                records.add(f"{name}[{window}]" + (f" offset {offset}" if offset else ""))
+            elif name in page_names and duration_s(window) + duration_s(offset or "") > longest:
+                longest = duration_s(window) + duration_s(offset or "")
+                selector = f"{name}[{window}]" + (f" offset {offset}" if offset else "")
+    return RuleReads(names, longest, selector, tuple(sorted(records)))
+
+
+def sample_names(page: fleet.MovingPage) -> frozenset[str]:
+    return frozenset(prefix.split("{", 1)[0] for prefix, value, _ in page.lines if value is not None)
+
+
+# ----------------------------------------------------------------------------------------------- the history
+
+
+@dataclass(frozen=True, slots=True)
+class History:
+    """The pods' past as the pod server would have served it: every ``step_s`` from ``origin`` (the page's second 0)."""
+
+    page: fleet.MovingPage
+    names: frozenset[str]
+    job: str
+    pods: int
+    origin: int
+    step_s: int
+
+    def block(self, timestamp: int, model: int) -> str:
+        """One scrape of one model's page at ``timestamp``: the read series, OpenMetrics lines with a pod slot."""
+        factor = 1.0 + (timestamp - self.origin) / fleet.RAMP_S
+        renamed = self.page.model_label[:-1] + f'-{model}"'
+        lines = []
+        for prefix, value, grows in self.page.lines:
+            if value is None or prefix.split("{", 1)[0] not in self.names:
+                continue
+            labelled = (prefix[:-1].replace(self.page.model_label, renamed) + ("," if not prefix.endswith("{}") else "")
+                        if prefix.endswith("}") else prefix + "{")
+            lines.append(f"{labelled}{POD_SLOT}}} {value * factor if grows else value!r} {timestamp}\n")
+        return "".join(lines)
+
+    def pod_labels(self) -> list[str]:
+        return [",".join(f'{key}="{value}"' for key, value in {"job": self.job, **fleet.pod_labels(n)}.items())
+                for n in range(self.pods)]
+
+    def write(self, path: Path, steps: range) -> int:
+        """Write the scrapes at ``origin + k * step_s`` for k in ``steps``; return the samples written."""
+        labels = self.pod_labels()
+        written = 0
+        with path.open("w", encoding="utf-8") as out:
+            for k in steps:
+                for model in range(fleet.MODELS):
+                    block = self.block(self.origin + k * self.step_s, model)
+                    for pod in range(model, self.pods, fleet.MODELS):
+                        out.write(block.replace(POD_SLOT, labels[pod]))
+                        written += block.count("\n")
+            out.write("# EOF\n")
+        return written
+
+
+def backfill(history: History, tsdb: Path, workdir: Path) -> int:
+    """Blocks for the history from ``origin`` up to now, in rounds until the last one is less than one step old
+    (the first round takes minutes at 100 pods: the next ones close the gap it leaves); return the samples."""
+    promtool = promtool_binary()
+    if promtool is None:
+        raise RuntimeError("promtool not found: run scripts/install-tools.sh (Debian package prometheus)")
+    written, done = 0, 0
+    while (now := int((time.time() - history.origin) // history.step_s) + 1) > done and history.names:
+        openmetrics = workdir / f"history-{done}.om"
+        written += history.write(openmetrics, range(done, now))
+        result = subprocess.run([promtool, "tsdb", "create-blocks-from", "openmetrics", "--quiet", str(openmetrics),
+                                 str(tsdb)], capture_output=True, text=True, timeout=PROMTOOL_TIMEOUT_S, check=False)
+        openmetrics.unlink()
+        if result.returncode != 0:
+            raise RuntimeError(f"promtool tsdb create-blocks-from openmetrics failed: {result.stderr[-2000:]}")
+        done = now
+    return written
+
+
+# ------------------------------------------------------------------------------------------- one Prometheus
+
+
+@dataclass(frozen=True, slots=True)
+class SteadyMeasurement:
+    """One Prometheus on ``pods`` pods' history and live pages, evaluating the rules on full windows."""
+
+    page: str
+    pods: int
+    interval_s: float
+    targets_up: int
+    history_samples: int  # backfilled before Prometheus started
+    window_samples: float  # the fewest samples a read series holds in the longest window (nan: the rules read none)
+    window_expected: int  # what a full window holds at this interval
+    round_s: float  # all groups' evaluation, summed; median over the hold
+    groups: tuple[tuple[str, float], ...]  # each group's median evaluation, the slowest first
+    cpu_cores: float  # Prometheus' CPU seconds per second over the hold: the rules, the scrapes and the rest
+    compactions: int  # TSDB compactions during the hold (their CPU is in cpu_cores)
+    groups_evaluated: int
+    missed_iterations: int
+    rule_failures: int
+
+    def per_100(self, value: float) -> float:
+        return value * 100 / self.pods
+
+    def group_s(self, group: str) -> float:
+        return dict(self.groups).get(group, float("nan"))
+
+
+def measure(page_name: str, page: fleet.MovingPage, pods: int, size: fleet.Size, reads: RuleReads,
+            workdir: Path) -> SteadyMeasurement:
+    binary = prometheus_binary()
+    if binary is None:
+        raise RuntimeError("prometheus not found: run scripts/install-tools.sh (Debian package prometheus)")
+    run_dir = Path(tempfile.mkdtemp(prefix=f"steady-{page_name}-{pods}-", dir=workdir))
+    step = int(size.interval_s)
+    origin = int(time.time() - reads.longest_s) - 2 * step  # the window is full at the first evaluation
+    history = History(page, reads.names, fleet.JOBS[page_name], pods, origin, step)
+    samples = backfill(history, run_dir / "tsdb", run_dir)
+    with fleet.PodServer(page, origin) as server:
+        config = fleet.prometheus_config(f"127.0.0.1:{server.port}", fleet.JOBS[page_name], pods, size.interval_s)
+        (run_dir / "prometheus.yml").write_text(yaml.safe_dump(config), encoding="utf-8")
+        prom = start_process("prometheus", lambda port: [
+            binary, f"--config.file={run_dir / 'prometheus.yml'}", f"--storage.tsdb.path={run_dir / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"], run_dir, "/-/ready", timeout=120)
+        try:
+            return _observe(prom, page_name, pods, size, reads, samples)
+        finally:
+            prom.stop()
+
+
+def _observe(prom: Process, page_name: str, pods: int, size: fleet.Size, reads: RuleReads,
+             history_samples: int) -> SteadyMeasurement:
+    with httpx.Client(base_url=prom.url, timeout=120, trust_env=False) as client:
+        fleet.wait_until(lambda: fleet.scalar(client, "count(up)") >= pods, 3 * size.interval_s + fleet.UP_WAIT_S)
+        before, started = _cpu_and_compactions(client), time.monotonic()
+        rounds = _group_rounds(client, size, since=time.time())
+        cpu, compactions = (after - first for after, first in zip(_cpu_and_compactions(client), before, strict=True))
+        cpu_cores = cpu / (time.monotonic() - started)
+        per_group = {group.rsplit(";", 1)[-1]: statistics.median(r[group] for r in rounds)
+                     for group in rounds[-1]} if rounds else {}
+        window = (fleet.scalar(client, f"min(count_over_time({reads.longest_selector}))") if reads.names
+                  else float("nan"))
+        return SteadyMeasurement(
+            page=page_name, pods=pods, interval_s=size.interval_s,
+            targets_up=int(fleet.scalar(client, "count(up == 1)")), history_samples=history_samples,
+            window_samples=window, window_expected=int(reads.longest_s // size.interval_s),
+            round_s=statistics.median(sum(r.values()) for r in rounds) if rounds else float("nan"),
+            groups=tuple(sorted(per_group.items(), key=lambda item: -item[1])), cpu_cores=cpu_cores,
+            compactions=int(compactions),
+            groups_evaluated=sum(1 for t in _by_group(client, LAST_EVALUATION).values() if t > 0),
+            missed_iterations=int(sum(fleet.own_metric(client, "prometheus_rule_group_iterations_missed_total"))),
+            rule_failures=int(sum(fleet.own_metric(client, "prometheus_rule_evaluation_failures_total"))))
+
+
+def _cpu_and_compactions(client: httpx.Client) -> tuple[float, float]:
+    return (sum(fleet.own_metric(client, "process_cpu_seconds_total")),
+            sum(fleet.own_metric(client, "prometheus_tsdb_compactions_total")))
+
+
+LAST_EVALUATION = "prometheus_rule_group_last_evaluation_timestamp_seconds"
+LAST_DURATION = "prometheus_rule_group_last_duration_seconds"
+
+
+def _group_rounds(client: httpx.Client, size: fleet.Size, since: float) -> list[dict[str, float]]:
+    """Each group's last evaluation time, once per interval over the hold, counted only once every group has
+    evaluated after ``since`` (every target up); waits up to fleet.RULE_WAIT_S past the hold for that."""
+    rounds: list[dict[str, float]] = []
+    started = time.monotonic()
+    while True:
+        time.sleep(size.interval_s)
+        text = client.get("/metrics").text
+        if all(stamp > since for stamp in _by_group_in(text, LAST_EVALUATION).values()):
+            rounds.append(_by_group_in(text, LAST_DURATION))
+        elapsed = time.monotonic() - started
+        if (elapsed >= size.hold_s and len(rounds) >= 2) or elapsed >= size.hold_s + fleet.RULE_WAIT_S:
+            return rounds
+
+
+def _by_group(client: httpx.Client, name: str) -> dict[str, float]:
+    return _by_group_in(client.get("/metrics").text, name)
+
+
+def _by_group_in(metrics_text: str, name: str) -> dict[str, float]:
+    """One of Prometheus' own per-group metrics, by its rule_group label (``file;group``)."""
+    found = re.finditer(rf'^{name}\{{rule_group="([^"]*)"\}} (\S+)$', metrics_text, re.MULTILINE)
+    return {match.group(1): float(match.group(2)) for match in found}
+
+
+# -------------------------------------------------------------------------------------------------- the run
+
+
+@dataclass(frozen=True, slots=True)
+class SteadyResult:
+    size: fleet.Size
+    measurements: tuple[SteadyMeasurement, ...]
+    reads: RuleReads  # of the sidecar's page
+    groups_in_file: int
+
+    def at(self, page: str, pods: int) -> SteadyMeasurement:
+        return next(m for m in self.measurements if m.page == page and m.pods == pods)
+
+
+def run(size: fleet.Size, log: Callable[[str], None] = print) -> SteadyResult:
+    rules = fleet.RULES.read_text(encoding="utf-8")
+    with tempfile.TemporaryDirectory(prefix="fleet-steady-") as tmp:
+        workdir = Path(tmp)
+        pages = {fleet.SIDECAR: fleet.MovingPage.parse(fleet.sidecar_page(workdir).decode()),
+                 fleet.VLLM: fleet.MovingPage.parse(fleet.VLLM_PAGE.read_text(encoding="utf-8"))}
+        measurements: list[SteadyMeasurement] = []
+        for pods in size.pods:
+            for name in (fleet.VLLM, fleet.SIDECAR):  # the baseline first, the same machine minutes apart
+                started = time.perf_counter()
+                reads = rule_reads(rules, sample_names(pages[name]))
+                measurements.append(measure(name, pages[name], pods, size, reads, workdir))
+                log(f"fleet steady: {name} × {pods} pods measured in {time.perf_counter() - started:.0f} s")
+    return SteadyResult(size, tuple(measurements), rule_reads(rules, sample_names(pages[fleet.SIDECAR])),
+                        fleet.rule_groups_in_file())
+
+
+def describe(size: fleet.Size) -> str:
+    return (f"{size.name} size: {', '.join(map(str, size.pods))} pods, scrape and evaluation interval "
+            f"{size.interval_s:g} s (groups with their own interval keep it), the history over the rules' longest "
+            f"range backfilled at that interval, each Prometheus held {size.hold_s:g} s once every group has "
+            "evaluated with every target up")
+
+
+STEADY_HEADER = ["pods", "page", "targets up", "history backfilled (samples)",
+                 "longest window: samples per series (fewest / full)", "rule evaluation per round (all groups)",
+                 "per 100 pods", "share of the interval", "slowest group", "Prometheus CPU (cores)",
+                 "compactions in the hold", "missed iterations", "rule failures", "groups evaluated"]
+
+
+def table_rows(result: SteadyResult) -> Iterator[list[str]]:
+    for m in result.measurements:
+        window = ("— (none read)" if math.isnan(m.window_samples)
+                  else f"{m.window_samples:.0f} / {m.window_expected}")
+        yield [str(m.pods), m.page, str(m.targets_up), str(m.history_samples), window,
+               f"{1000 * m.round_s:.0f} ms", f"{m.per_100(1000 * m.round_s):.0f} ms",
+               f"{100 * m.round_s / m.interval_s:.1f} %",
+               f"{m.groups[0][0]} ({1000 * m.groups[0][1]:.0f} ms)" if m.groups else "—", f"{m.cpu_cores:.2f}",
+               str(m.compactions), str(m.missed_iterations), str(m.rule_failures),
+               f"{m.groups_evaluated}/{result.groups_in_file}"]
+
+
+def group_table(result: SteadyResult) -> list[str]:
+    """Each group's evaluation at the largest fleet, the sidecar's page against vLLM's: where the time goes."""
+    pods = max(m.pods for m in result.measurements)
+    sidecar, vllm = result.at(fleet.SIDECAR, pods), result.at(fleet.VLLM, pods)
+    rows = [[group, f"{1000 * vllm.group_s(group):.0f} ms", f"{1000 * seconds:.0f} ms",
+             f"{100 * seconds / sidecar.round_s:.0f} %"] for group, seconds in sidecar.groups]
+    return markdown_table([f"group ({pods} pods, median evaluation)", "vLLM's own page", "sidecar's page",
+                           "share of the sidecar's round"], rows)
+
+
+def summary(result: SteadyResult, short_hold: Sequence[fleet.Measurement] = ()) -> list[str]:
+    """The figures at the largest fleet whose Prometheus kept up (no missed iterations), the fleets it did not keep
+    up with, what the fresh-Prometheus figure missed, and a larger fleet extrapolated (said so)."""
+    sidecars = sorted((m for m in result.measurements if m.page == fleet.SIDECAR), key=lambda m: m.pods)
+    if not sidecars:
+        return ["No steady-state fleet was measured."]
+    kept_up = [m for m in sidecars if m.missed_iterations == 0] or sidecars[:1]
+    sidecar = kept_up[-1]
+    vllm = result.at(fleet.VLLM, sidecar.pods)
+    lines = [f"At {sidecar.pods} pods with the rules' longest window ({result.reads.longest_selector}) full, "
+             f"Prometheus' CPU (rules, scrapes and the rest) was **{sidecar.cpu_cores:.2f} cores** on the sidecar's "
+             f"page against {vllm.cpu_cores:.2f} on vLLM's own (**{_times(sidecar.cpu_cores, vllm.cpu_cores)}**; the "
+             f"same scrapes: the difference is the rules), {sidecar.cpu_cores * sidecar.interval_s:.1f} CPU seconds "
+             f"per {sidecar.interval_s:g} s, with {sidecar.missed_iterations} missed iterations. The groups' "
+             f"evaluation times summed: **{sidecar.round_s:.2f} s per round** against {vllm.round_s:.3f} s "
+             f"(**{_times(sidecar.round_s, vllm.round_s)}**; vLLM's page has no series the rules read, so its figure "
+             "is the rules' fixed cost); groups run concurrently, so on a busy machine their wall times include "
+             "waiting for CPU and vary from run to run."]
+    lines += [f"At {m.pods} pods Prometheus **did not keep up** on this machine: {m.missed_iterations} missed "
+              f"iterations, {m.groups[0][0]} took {m.groups[0][1]:.0f} s against a {m.interval_s:g} s interval, "
+              f"{m.round_s:.0f} s summed; its {m.cpu_cores:.2f} cores are what it got, not what it needed."
+              for m in sidecars if m.missed_iterations > 0 and m.groups]
+    short = next((m for m in short_hold if m.page == fleet.SIDECAR and m.pods == sidecar.pods), None)
+    if short is not None and short.rule_seconds > 0:
+        lines.append(f"A fresh Prometheus' figure for the same fleet (the table above, windows nearly empty): "
+                     f"{short.rule_seconds:.2f} s; full windows cost **{sidecar.round_s / short.rule_seconds:.1f}×** "
+                     "that.")
+    source = (f"the slope from {kept_up[0].pods} to {sidecar.pods} pods" if len(kept_up) > 1
+              else f"the {sidecar.pods}-pod figure, vLLM's as the fixed cost")
+    per_100, at_1000 = _extrapolate(kept_up, vllm, lambda m: m.round_s)
+    cores_per_100, cores_at_1000 = _extrapolate(kept_up, vllm, lambda m: m.cpu_cores)
+    lines.append(f"Extrapolated, not measured: linear in pods from {source}: {cores_per_100:.2f} cores and "
+                 f"{per_100:.2f} s of summed evaluation per 100 more pods, so about **{cores_at_1000:.1f} cores and "
+                 f"{at_1000:.0f} s per round at 1000 pods** ({at_1000 / sidecar.interval_s:.1f}× the "
+                 f"{sidecar.interval_s:g} s interval).")
+    if result.reads.record_ranges:
+        ranges = ", ".join(result.reads.record_ranges)
+        lines.append(f"Not backfilled: {ranges} (ranges over the rules' own records, one "
+                     "series per model, not per pod): they hold only this run's evaluations.")
+    return lines
+
+
+def _extrapolate(kept_up: Sequence[SteadyMeasurement], vllm: SteadyMeasurement,
+                 value: Callable[[SteadyMeasurement], float]) -> tuple[float, float]:
+    """The sidecar's figure per 100 more pods and at 1000 pods, linear: the slope between the smallest and the
+    largest fleet Prometheus kept up with, or with one such fleet from vLLM's page at its size (the rules' fixed
+    cost)."""
+    first, last = kept_up[0], kept_up[-1]
+    if last.pods > first.pods:
+        per_100 = (value(last) - value(first)) * 100 / (last.pods - first.pods)
+    else:
+        per_100 = (value(last) - value(vllm)) * 100 / last.pods
+    return per_100, value(last) + per_100 * (1000 - last.pods) / 100
+
+
+def _times(value: float, baseline: float) -> str:
+    return f"{value / baseline:.0f}×" if baseline > 0 else "—"
+
+
+def report(result: SteadyResult, short_hold: Sequence[fleet.Measurement] = ()) -> list[str]:
+    if not result.measurements:
+        return ["No steady-state fleet was measured."]
+    return [*markdown_table(STEADY_HEADER, list(table_rows(result))), "", *group_table(result), "",
+            *summary(result, short_hold)]
+
+
+def main(size: fleet.Size) -> int:
+    """`python -m bench.fleet --size steady` (bench.fleet's entry point hands the steady sizes here)."""
+    print(describe(size), flush=True)
+    started = time.perf_counter()
+    for line in report(run(size)):
+        print(line)
+    print(f"\n{time.perf_counter() - started:.0f} s")
+    return 0
