@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 import ssl
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Annotated, Any
 from urllib.parse import urlsplit
 
@@ -296,8 +296,8 @@ class RouteConfig(Section):
     prompt_length_bands: Annotated[tuple[int, ...], BeforeValidator(_bands)] = ()
 
     def settings(self) -> RouteSettings:
-        return RouteSettings(self.fallback_upstream, self.mode, self.min_requests, self.canary_share,
-                             self.prompt_length_bands)
+        """The same fields, by name (a field added to one and not the other fails here, not silently)."""
+        return RouteSettings(**{f.name: getattr(self, f.name) for f in fields(self)})
 
 
 @dataclass(frozen=True, slots=True)

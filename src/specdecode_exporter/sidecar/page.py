@@ -35,6 +35,7 @@ LINES_PER_STEP = 100  # sample lines formatted between two looks at the clock
 GZIP_LEVEL = 6
 _OPENMETRICS_ONLY = ("_created", "_gsum", "_gcount")  # the text format moves these to families of their own
 
+
 class Compressor(Protocol):
     """What zlib.compressobj returns, as far as the page uses it."""
 

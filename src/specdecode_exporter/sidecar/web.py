@@ -119,18 +119,18 @@ def build_app(exporter: Exporter, run_collection: bool = True, reloader: Reloade
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        if tap is not None:  # a process of its own: nothing this loop does delays a relayed token
+            try:
+                await tap.start()
+            except RuntimeError as exc:  # before anything else starts: nothing to undo
+                event(logging.ERROR, "cannot start the request tap", detail=str(exc))
+                app.state.startup_failed = True
+                raise
         task = asyncio.create_task(exporter.run(), name="collection") if run_collection else None
         # The page is rendered right after each collection, not by the scrape that follows it.
         fresh = asyncio.create_task(renderer.spec_decode.keep_fresh(PAGE_POLL_SECONDS, config.collect_interval / 2),
                                     name="metrics page")
         undo_sighup = _on_sighup(reloader)
-        if tap is not None:  # a process of its own: nothing this loop does delays a relayed token
-            try:
-                await tap.start()
-            except RuntimeError as exc:
-                event(logging.ERROR, "cannot start the request tap", detail=str(exc))
-                app.state.startup_failed = True
-                raise
         try:
             yield
         finally:

@@ -307,7 +307,6 @@ class TapProcess:
         except RuntimeError:  # it exited meanwhile
             return self.latest
         except TimeoutError:
-            self._unanswered_in_a_row += 1
             self._unanswered(timeout)
             return self.latest
         self._unanswered_in_a_row = 0
@@ -316,6 +315,7 @@ class TapProcess:
     def _unanswered(self, waited: float) -> None:
         """A snapshot not answered: say so; a tap process that answers none of UNANSWERED_LIMIT in a row is stuck
         (it relays nothing either), so it is killed and started again."""
+        self._unanswered_in_a_row += 1
         process, count = self._process, self._unanswered_in_a_row
         stuck = count >= UNANSWERED_LIMIT and process is not None and process.returncode is None
         event(logging.ERROR if stuck else logging.WARNING,
