@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Iterator
 
 import pytest
@@ -11,8 +12,17 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.openmetrics.exposition import generate_latest as openmetrics
 from prometheus_client.samples import Exemplar, Sample
 
+from specdecode_exporter.core import metrics as m
 from specdecode_exporter.core.slices import run_sliced
-from specdecode_exporter.sidecar.page import LINES_PER_STEP, Encoder, LineFormat, encode, page_pieces
+from specdecode_exporter.sidecar.expose import Families, SampleSink
+from specdecode_exporter.sidecar.page import (
+    LINES_PER_STEP,
+    Encoder,
+    LineFormat,
+    PageLines,
+    encode,
+    page_pieces,
+)
 
 
 def families() -> list[Metric]:
@@ -45,14 +55,25 @@ def test_pieces_are_the_encoders_bytes_render_after_render(encoder: Encoder) -> 
     assert line_format.eof == ("# EOF\n" if encoder is openmetrics else "")
 
 
-def test_prefixes_of_series_gone_are_forgotten() -> None:
+def test_prefixes_of_series_gone_are_dropped_once_they_outnumber_the_page() -> None:
     line_format = LineFormat(generate_latest)
     "".join(page_pieces(families(), line_format))
     remembered = len(line_format.prefixes)
     gauge = Metric("specdecode_acceptance_ratio", "α", "gauge")
     gauge.add_sample("specdecode_acceptance_ratio", {"target": "t"}, 0.5)
     assert "".join(page_pieces([gauge], line_format)) == encode(generate_latest, [gauge])
-    assert remembered > 1 and len(line_format.prefixes) == 1
+    assert remembered > 300 and line_format.prefixes == {}
+    gauge.samples[0] = gauge.samples[0]._replace(value=0.25)
+    assert "".join(page_pieces([gauge], line_format)) == encode(generate_latest, [gauge])  # learnt again
+    assert len(line_format.prefixes) == 1
+
+
+def test_a_page_that_keeps_its_series_keeps_its_prefixes() -> None:
+    line_format = LineFormat(generate_latest)
+    "".join(page_pieces(families(), line_format))
+    remembered = dict(line_format.prefixes)
+    "".join(page_pieces(families(), line_format))
+    assert line_format.prefixes == remembered
 
 
 def test_label_names_are_part_of_a_prefix() -> None:
@@ -100,3 +121,25 @@ def test_pages_are_rendered_ahead_only_for_the_scrape_that_will_read_them() -> N
     page.scraped(130.0)  # a scrape every 30 s, collections every 5 s
     assert not page.due(140.0, lead=5.0) and not page.due(154.0, lead=5.0)
     assert page.due(155.0, lead=5.0) and page.due(161.0, lead=5.0)  # the collection before the next scrape
+
+
+def _fill(sink: SampleSink, scale: float) -> None:
+    hostile = {"target": 'we"ird\\ va\nlue, ü', "pool": "b", "engine": "0"}
+    for position in range(3):
+        sink.add(m.POSITION_ACCEPTANCE_RATIO, {**hostile, "window": "5m", "position": str(position)}, scale / 3)
+    sink.add(m.ACCEPTANCE_RATIO, {"target": "t"}, None)  # unknown: no line
+    sink.add(m.DRAFT_TOKENS, {"target": "t"}, 1e22 * scale)
+    sink.add(m.UP, {}, math.inf)
+    sink.histogram(m.INTERVAL_ACCEPTANCE, hostile, [(0.5, 1.0 * scale), (math.inf, 3.0 * scale)], 1.5)
+    sink.histogram(m.INTERVAL_ACCEPTANCE, {"target": "n"}, [(-1.0, 1.0), (math.inf, 2.0)], 0.0)  # no _sum
+
+
+@pytest.mark.parametrize("encoder", [generate_latest, openmetrics])
+def test_page_lines_are_the_families_bytes_render_after_render(encoder: Encoder) -> None:
+    line_format = LineFormat(encoder)
+    for scale in (1.0, 2.5):  # the second render from the remembered prefixes
+        lines, families = PageLines(line_format), Families()
+        _fill(lines, scale)
+        _fill(families, scale)
+        assert "".join(lines.pieces()) == encode(encoder, families)
+    assert len(line_format.prefixes) == 3 + 1 + 1 + 4 + 2  # positions, counter, up, two histograms

@@ -5,6 +5,7 @@ from __future__ import annotations
 import platform
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from importlib.metadata import PackageNotFoundError, version
+from typing import Protocol
 
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector, CollectorRegistry
@@ -35,18 +36,35 @@ def bucket_label(bound: float) -> str:
     return go_float(bound)
 
 
-def add_histogram(family: Metric, labels: Labels, buckets: Iterable[tuple[float, float]], total: float) -> None:
+def histogram_samples(name: str, labels: Labels, buckets: Iterable[tuple[float, float]],
+                      total: float) -> Iterator[tuple[str, Labels, float]]:
     """One histogram's samples, each with its own labels (series of one family may carry different per-target
     labels): cumulative buckets, then _count (the +Inf bucket) and _sum. Like OpenMetrics, no _count or _sum
     where a bucket bound is negative (observations may then be negative, and their sum means nothing)."""
     lowest: float | None = None
     count = 0.0
+    bucket = name + "_bucket"
     for le, count in buckets:
         lowest = le if lowest is None else lowest
-        family.add_sample(family.name + "_bucket", {**labels, "le": bucket_label(le)}, count)
+        yield bucket, {**labels, "le": bucket_label(le)}, count
     if lowest is not None and lowest >= 0:
-        family.add_sample(family.name + "_count", labels, count)
-        family.add_sample(family.name + "_sum", labels, total)
+        yield name + "_count", labels, count
+        yield name + "_sum", labels, total
+
+
+def add_histogram(family: Metric, labels: Labels, buckets: Iterable[tuple[float, float]], total: float) -> None:
+    for name, sample_labels, value in histogram_samples(family.name, labels, buckets, total):
+        family.add_sample(name, sample_labels, value)
+
+
+class SampleSink(Protocol):
+    """Where fill_families puts the samples: prometheus_client families (Families), or the page's text lines
+    (sidecar/page.py's PageLines)."""
+
+    def add(self, spec: m.MetricSpec, labels: Labels, value: float | None) -> None: ...
+
+    def histogram(self, spec: m.MetricSpec, labels: Labels, buckets: Iterable[tuple[float, float]],
+                  total: float) -> None: ...
 
 
 class Families:
@@ -78,7 +96,7 @@ def series_labels(view: TargetView, series: SeriesView) -> Labels:
     return labels
 
 
-def add_acceptance(families: Families, w: Labels, stats: WindowStats, recommended_k: int | None) -> None:
+def add_acceptance(families: SampleSink, w: Labels, stats: WindowStats, recommended_k: int | None) -> None:
     families.add(m.ACCEPTANCE_RATIO, w, stats.acceptance_ratio)
     families.add(m.MEAN_ACCEPTANCE_LENGTH, w, stats.mean_acceptance_length)
     for position, ratio in enumerate(stats.position_acceptance_ratios):
@@ -92,7 +110,7 @@ def add_acceptance(families: Families, w: Labels, stats: WindowStats, recommende
     families.add(m.RECOMMENDED_K, w, recommended_k)
 
 
-def add_latency(families: Families, w: Labels, stats: LatencyStats) -> None:
+def add_latency(families: SampleSink, w: Labels, stats: LatencyStats) -> None:
     families.add(m.TIME_PER_OUTPUT_TOKEN, {**w, "statistic": "mean"}, stats.tpot_mean)
     for q in TPOT_QUANTILES:
         families.add(m.TIME_PER_OUTPUT_TOKEN, {**w, "statistic": quantile_name(q)}, stats.tpot(q))
@@ -103,7 +121,7 @@ def add_latency(families: Families, w: Labels, stats: LatencyStats) -> None:
     families.add(m.REQUESTS_WAITING, w, stats.waiting)
 
 
-def add_window(families: Families, labels: Labels, view: WindowView) -> None:
+def add_window(families: SampleSink, labels: Labels, view: WindowView) -> None:
     w = {**labels, "window": view.window.name}
     if view.acceptance is not None:
         add_acceptance(families, w, view.acceptance, view.recommended_k)
@@ -118,7 +136,7 @@ def add_window(families: Families, labels: Labels, view: WindowView) -> None:
         families.add(m.SPECULATIVE_TOKEN_SHARE, w, view.capacity.speculative_token_share)
 
 
-def add_capacity(families: Families, labels: Labels, series: SeriesView) -> None:
+def add_capacity(families: SampleSink, labels: Labels, series: SeriesView) -> None:
     """What generation produced and cost (against control pods: spec_decode=false), and the scheduled steps."""
     marked = {**labels, "spec_decode": "true" if series.spec_decode else "false"}
     totals = series.totals
@@ -129,7 +147,7 @@ def add_capacity(families: Families, labels: Labels, series: SeriesView) -> None
         families.add(m.SCHEDULED_STEPS, {**labels, "num_speculative_tokens": str(k)}, steps)
 
 
-def add_schedule(families: Families, labels: Labels, series: SeriesView) -> None:
+def add_schedule(families: SampleSink, labels: Labels, series: SeriesView) -> None:
     schedule = series.schedule
     if schedule is None:
         return
@@ -143,7 +161,7 @@ def add_schedule(families: Families, labels: Labels, series: SeriesView) -> None
     families.add(m.SCHEDULE_EXPECTED_GAIN, w, schedule.expected_gain)
 
 
-def add_series(families: Families, view: TargetView, series: SeriesView) -> None:
+def add_series(families: SampleSink, view: TargetView, series: SeriesView) -> None:
     labels = series_labels(view, series)
     k = series.num_speculative_tokens
     method = series.method or view.method if series.spec_decode else "off"
@@ -182,7 +200,7 @@ def add_series(families: Families, view: TargetView, series: SeriesView) -> None
     add_schedule(families, labels, series)
 
 
-def add_baseline_info(families: Families, view: TargetView, target: Labels) -> None:
+def add_baseline_info(families: SampleSink, view: TargetView, target: Labels) -> None:
     config = view.config
     if not config.spec_decode:
         families.add(m.BASELINE_INFO, {**target, "role": "control", "baseline": ""}, 1.0)
@@ -191,7 +209,7 @@ def add_baseline_info(families: Families, view: TargetView, target: Labels) -> N
                                        "baseline": config.baseline.target or "measured"}, 1.0)
 
 
-def fill_families(families: Families, views: Iterable[TargetView]) -> Iterator[None]:
+def fill_families(families: SampleSink, views: Iterable[TargetView]) -> Iterator[None]:
     """Add every view's samples to ``families``, pausing after each series (a step of well under a millisecond),
     so that a caller on the event loop can hand it back between steps."""
     families.add(m.BUILD_INFO, {"version": exporter_version(), "python_version": platform.python_version()}, 1.0)
