@@ -134,7 +134,8 @@ from bench import collect
 from bench.common import FakeClock, proc_rss_mb
 from specdecode_exporter.sidecar.collection import Exporter
 from specdecode_exporter.sidecar.config import Config, TargetConfig, parse_windows
-from specdecode_exporter.sidecar.web import MetricsRenderer, build_app, tune_gc
+from specdecode_exporter.sidecar.heap import collect_after_scrape, tune_gc
+from specdecode_exporter.sidecar.web import MetricsRenderer, build_app
 body, collections = open(sys.argv[1], "rb").read(), int(sys.argv[2])
 clock = FakeClock()
 config = Config(targets=(TargetConfig(name="vllm", url="http://127.0.0.1:1/metrics"),),
@@ -150,6 +151,7 @@ start = proc_rss_mb(os.getpid())
 for i in range(collections):
     collect.scrape_once(collector, clock, collect.scaled_body(body, 1.0 + 0.01 * (i + 1)))
     page = asyncio.run(scrape())
+    collect_after_scrape()  # as the sidecar does once a scrape is answered
 states = exporter.store.for_target("vllm")
 print(json.dumps({"series": len(states), "snapshots": max(len(s.times) for s in states), "start_mb": start,
                   "end_mb": proc_rss_mb(os.getpid()), "hwm_mb": proc_rss_mb(os.getpid(), "VmHWM"),

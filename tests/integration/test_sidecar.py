@@ -359,9 +359,17 @@ def test_a_sidecar_running_its_own_collection_serves_the_last_page_while_the_nex
     during, rendered = asyncio.run(scrape_during_render())
     assert during.startswith(before) and rendered == after
     assert asyncio.run(renderer.render(generate_latest)).startswith(after)
-    harness.step(5.0)  # no render under way: the scrape renders the new page and waits for it
-    assert asyncio.run(renderer.render(generate_latest)).startswith(
-        generate_latest(specdecode_registry(harness.exporter.views())))
+    harness.step(5.0)  # no render under way: the scrape starts it and gets the last page at once
+    newest = generate_latest(specdecode_registry(harness.exporter.views()))
+
+    async def scrapes_after_a_collection() -> tuple[bytes, bytes]:
+        at_once = await renderer.render(generate_latest)
+        await renderer.spec_decode.get(generate_latest, compress=False)  # the render it started, to its end
+        return at_once, await renderer.render(generate_latest)
+
+    at_once, next_scrape = asyncio.run(scrapes_after_a_collection())
+    assert at_once.startswith(after) and renderer.spec_decode.renders == 3  # one render for the new views
+    assert next_scrape.startswith(newest)
 
 
 def test_targets_share_one_default_tls_context() -> None:

@@ -246,7 +246,8 @@ class SpecDecodePage:
     async def get(self, encoder: Encoder, compress: bool, latest: bool = True) -> Rendered:
         """The part for the views published by now (gzipped too where ``compress``), rendered if need be. Views
         published while it renders wait for the next call: with many targets some view is always newer. Not
-        ``latest``: while the next page renders (started right after a collection), the last one at once."""
+        ``latest`` (a sidecar that collects by itself): when a newer page is due, the last one at once, its render
+        started if keep_fresh has not yet; a scrape never waits for a render (~130 ms at 1 MB) but the first."""
         encoder = self.encoder(encoder)
         if compress:
             self._wants_gzip.add(encoder)
@@ -255,18 +256,22 @@ class SpecDecodePage:
         if rendered is not None and rendered.current(views, compress):
             return rendered
         task = self._rendering.get(encoder)
-        if task is not None and not latest and rendered is not None and (rendered.gzipped or not compress):
+        if not latest and rendered is not None and (rendered.gzipped is not None or not compress):
+            if task is None:
+                self._start(encoder)
             return rendered  # the next page is on its way; this one is one collection old
         if task is not None:  # a render that began before this call: maybe of older views
             rendered = await asyncio.shield(task)  # a scrape that gives up must not cancel what others wait for
             if rendered.current(views, compress):
                 return rendered
             task = self._rendering.get(encoder)
-        if task is None:
-            task = self._rendering[encoder] = asyncio.ensure_future(
-                self._render(encoder, tuple(self._views()), self._rendered.get(encoder)))
-            task.add_done_callback(lambda _: self._rendering.pop(encoder, None))
-        return await asyncio.shield(task)
+        return await asyncio.shield(task if task is not None else self._start(encoder))
+
+    def _start(self, encoder: Encoder) -> asyncio.Task[Rendered]:
+        task = self._rendering[encoder] = asyncio.ensure_future(
+            self._render(encoder, tuple(self._views()), self._rendered.get(encoder)))
+        task.add_done_callback(lambda _: self._rendering.pop(encoder, None))
+        return task
 
     def scraped(self, now: float) -> None:
         """A scrape came: keep_fresh renders ahead of the next one it expects."""

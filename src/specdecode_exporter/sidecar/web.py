@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
 import signal
 import time
@@ -15,6 +14,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 from prometheus_client.exposition import choose_encoder
+from starlette.background import BackgroundTask
 
 from specdecode_exporter.core.httpserver import QuietServer, bind_socket
 from specdecode_exporter.core.log import event
@@ -22,6 +22,7 @@ from specdecode_exporter.core.slices import run_sliced
 from specdecode_exporter.sidecar.collection import Exporter
 from specdecode_exporter.sidecar.config import Config, split_listen_address
 from specdecode_exporter.sidecar.expose import RequestsCollector, exporter_version
+from specdecode_exporter.sidecar.heap import collect_after_response, tune_gc
 from specdecode_exporter.sidecar.page import Encoder, LineFormat, SpecDecodePage, page_pieces
 from specdecode_exporter.sidecar.proxy import TapRuntime, tap_runtime
 from specdecode_exporter.sidecar.reload import ReloadCollector, Reloader
@@ -164,7 +165,8 @@ def build_app(exporter: Exporter, run_collection: bool = True, reloader: Reloade
         if tap is not None:
             await tap.refresh()
         headers = {"Vary": "Accept-Encoding"} | ({"Content-Encoding": "gzip"} if compress else {})
-        return Response(await renderer.render(encoder, compress), media_type=content_type, headers=headers)
+        return Response(await renderer.render(encoder, compress), media_type=content_type, headers=headers,
+                        background=BackgroundTask(collect_after_response))  # once the response is sent
 
     @app.get("/healthz")
     def healthz() -> PlainTextResponse:
@@ -192,19 +194,6 @@ def build_app(exporter: Exporter, run_collection: bool = True, reloader: Reloade
     if security is not None and security.users:
         app.add_middleware(BasicAuthMiddleware, security=security)
     return app
-
-
-# Every collection builds thousands of short-lived view objects, so the cyclic GC ran dozens of times per
-# collection and walked the interpreter's startup objects each time: a third of a busy target's view time.
-# Nothing the sidecar builds is cyclic garbage in bulk, so it collects less often.
-GC_YOUNG_THRESHOLD = 10_000
-
-
-def tune_gc() -> None:
-    """Move everything alive at start (modules, config) out of the collector's way, and collect less often."""
-    gc.freeze()
-    _, older, oldest = gc.get_threshold()
-    gc.set_threshold(GC_YOUNG_THRESHOLD, older, oldest)
 
 
 def serve(config: Config, load: Callable[[], Config] | None = None, security: WebSecurity | None = None) -> int:
