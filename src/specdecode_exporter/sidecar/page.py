@@ -213,6 +213,11 @@ class Rendered:
     # families, so a response is one gzip stream without compressing the large part again.
     gzipped: tuple[bytes, Compressor] | None = None
 
+    def of_targets(self, views: tuple[TargetView, ...]) -> bool:
+        """Whether these views are of the same targets, configured the same (only their values moved)."""
+        return len(views) == len(self.views) and all(a.config == b.config for a, b in zip(views, self.views,
+                                                                                         strict=True))
+
     def current(self, views: tuple[TargetView, ...], compress: bool) -> bool:
         same = len(views) == len(self.views) and all(a is b for a, b in zip(views, self.views, strict=True))
         return same and (self.gzipped is not None or not compress)
@@ -246,8 +251,9 @@ class SpecDecodePage:
     async def get(self, encoder: Encoder, compress: bool, latest: bool = True) -> Rendered:
         """The part for the views published by now (gzipped too where ``compress``), rendered if need be. Views
         published while it renders wait for the next call: with many targets some view is always newer. Not
-        ``latest`` (a sidecar that collects by itself): when a newer page is due, the last one at once, its render
-        started if keep_fresh has not yet; a scrape never waits for a render (~130 ms at 1 MB) but the first."""
+        ``latest`` (a sidecar that collects by itself): when a newer page of the same targets is due, the last one
+        at once, its render started if keep_fresh has not yet; a scrape waits for a render (~130 ms at 1 MB) only
+        for the first page and after a reload that changed the targets."""
         encoder = self.encoder(encoder)
         if compress:
             self._wants_gzip.add(encoder)
@@ -256,7 +262,8 @@ class SpecDecodePage:
         if rendered is not None and rendered.current(views, compress):
             return rendered
         task = self._rendering.get(encoder)
-        if not latest and rendered is not None and (rendered.gzipped is not None or not compress):
+        if (not latest and rendered is not None and (rendered.gzipped is not None or not compress)
+                and rendered.of_targets(views)):  # after a reload that changed the targets, the new page
             if task is None:
                 self._start(encoder)
             return rendered  # the next page is on its way; this one is one collection old
