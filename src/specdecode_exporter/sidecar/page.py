@@ -88,7 +88,7 @@ def family_key(family: Metric) -> FamilyKey:
 class LineFormat:
     """One encoder's family headers and sample-line prefixes, kept from one render to the next. A series gone
     leaves its prefixes behind until they are more than half of what is kept: then all are dropped, and the next
-    render learns the ones it uses again (a render that tracked which it used cost a third more)."""
+    render learns the ones it uses again (tracking which ones each render used cost about as much as the lookup)."""
 
     encoder: Encoder
     eof: str = field(init=False)  # what closes a page: OpenMetrics' # EOF, or nothing
@@ -160,7 +160,7 @@ def page_pieces(families: Iterable[Metric], line_format: LineFormat) -> Iterator
 class PageLines:
     """The spec-decode families as text: each sample's line is written as fill_families adds it, with no
     prometheus_client family or sample in between (a 1 MB target's page is ~17k lines: building the families
-    and then formatting them cost ~4x as much). The same bytes as Families through the encoder (a test holds
+    and then formatting them cost ~3x as much). The same bytes as Families through the encoder (a test holds
     them equal)."""
 
     def __init__(self, line_format: LineFormat, specs: tuple[m.MetricSpec, ...] = m.COLLECTED) -> None:
