@@ -8,6 +8,8 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +17,8 @@ import httpx
 
 from devtools.procs import running
 
+PROMETHEUS_ACCEPT = ("application/openmetrics-text;version=1.0.0;q=0.5,application/openmetrics-text;"
+                     "version=0.0.1;q=0.4,text/plain;version=0.0.4;q=0.3,*/*;q=0.2")  # Prometheus 2.x's header
 ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
 EXPORTER_BIN = VENV_BIN / "specdecode-exporter"
@@ -66,3 +70,40 @@ def sidecar(urls: list[str], interval: str = "5s", windows: str = "1m,5m,15m,1h"
             "--log.level", "error",
         ], Path(tmp), "/healthz", timeout=20, env=_env()) as proc:
             yield proc.popen, proc.url
+
+
+class Scraper:
+    """GET /metrics every ``interval`` seconds as Prometheus does, while running."""
+
+    def __init__(self, url: str, interval: float) -> None:
+        self.url, self.interval = url, interval
+        self.latencies: list[float] = []
+        self.kib = 0.0
+        self.failures = 0  # timed out (10 s, Prometheus' default scrape_timeout) or refused
+        self.running = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        headers = {"Accept": PROMETHEUS_ACCEPT, "Accept-Encoding": "gzip"}
+        with httpx.Client(trust_env=False, timeout=10) as client:
+            while not self._stop.wait(self.interval):
+                if not self.running.is_set():
+                    continue
+                t0 = time.perf_counter()
+                try:
+                    with client.stream("GET", self.url, headers=headers) as response:
+                        size = sum(len(chunk) for chunk in response.iter_raw())
+                except httpx.HTTPError:
+                    self.failures += 1
+                    continue
+                self.latencies.append(time.perf_counter() - t0)
+                self.kib = size / 1024
+
+    def __enter__(self) -> Scraper:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(15)

@@ -23,7 +23,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -36,15 +35,13 @@ from prometheus_client.openmetrics.exposition import generate_latest as openmetr
 from bench import tap as tap_bench
 from bench.collect import INTERVAL, Pipeline, body_sequence
 from bench.common import proc_rss_mb, tree_cpu_seconds
-from bench.procs import EXPORTER_BIN, _env, static_server
+from bench.procs import EXPORTER_BIN, Scraper, _env, static_server
 from devtools.procs import child_pids, free_port, running
 from specdecode_exporter.sidecar.collection import Exporter
 from specdecode_exporter.sidecar.expose import specdecode_registry
 from specdecode_exporter.sidecar.page import new_gzip
 from specdecode_exporter.sidecar.web import MetricsRenderer
 
-PROMETHEUS_ACCEPT = ("application/openmetrics-text;version=1.0.0;q=0.5,application/openmetrics-text;"
-                     "version=0.0.1;q=0.4,text/plain;version=0.0.4;q=0.3,*/*;q=0.2")  # Prometheus 2.x's header
 LIVE_TARGET = (4, 20, 8)  # models, engines, k: a ~1 MB exposition
 
 
@@ -167,43 +164,6 @@ def _sidecar_with_tap(target: str, interval: str, upstream: str) -> Iterator[tup
             yield proc.popen, proc.url, tap_port
 
 
-class _Scraper:
-    """GET /metrics every ``interval`` seconds as Prometheus does, while running."""
-
-    def __init__(self, url: str, interval: float) -> None:
-        self.url, self.interval = url, interval
-        self.latencies: list[float] = []
-        self.kib = 0.0
-        self.failures = 0  # timed out (10 s, Prometheus' default scrape_timeout) or refused
-        self.running = threading.Event()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        headers = {"Accept": PROMETHEUS_ACCEPT, "Accept-Encoding": "gzip"}
-        with httpx.Client(trust_env=False, timeout=10) as client:
-            while not self._stop.wait(self.interval):
-                if not self.running.is_set():
-                    continue
-                t0 = time.perf_counter()
-                try:
-                    with client.stream("GET", self.url, headers=headers) as response:
-                        size = sum(len(chunk) for chunk in response.iter_raw())
-                except httpx.HTTPError:
-                    self.failures += 1
-                    continue
-                self.latencies.append(time.perf_counter() - t0)
-                self.kib = size / 1024
-
-    def __enter__(self) -> _Scraper:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        self._thread.join(15)
-
-
 def _load(port: int, streams: int, seconds: float) -> dict[str, Any]:
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         load = tap_bench._spawn("--role", "load", "--port", str(port), "--streams", str(streams), "--seconds",
@@ -221,9 +181,9 @@ def _p(values: list[float], q: float) -> float:
 SCRAPE_PHASE_INTERVAL = 1.0  # a scrape a second: every collection (5 s) has scrapes before, during and after it
 
 
-def _steady_scrapes(url: str, tap_port: int, streams: int, seconds: float) -> _Scraper:
+def _steady_scrapes(url: str, tap_port: int, streams: int, seconds: float) -> Scraper:
     """Scrapes every SCRAPE_PHASE_INTERVAL s for ``seconds`` while the tap is loaded and the sidecar collects."""
-    with _Scraper(url, SCRAPE_PHASE_INTERVAL) as scraper:
+    with Scraper(url, SCRAPE_PHASE_INTERVAL) as scraper:
         scraper.running.set()
         _load(tap_port, streams, seconds)
     return scraper
@@ -242,7 +202,7 @@ def tap_under_scrapes(rounds: int, seconds: float, streams: int = 64, scrape_sec
         with static_server(*bodies) as base, \
                 _sidecar_with_tap(base + "/metrics", "5s", up) as (busy, busy_url, busy_tap), \
                 _sidecar_with_tap(base + "/metrics", "1h", up) as (_, _, quiet_tap), \
-                _Scraper(busy_url + "/metrics", INTERVAL) as scraper:
+                Scraper(busy_url + "/metrics", INTERVAL) as scraper:
             before = len(httpx.get(base + "/-/stats", timeout=10, trust_env=False).json().get("/metrics", []))
             for _ in range(rounds):
                 for variant, port in (("direct", upstream_port), ("quiet", quiet_tap), ("busy", busy_tap)):

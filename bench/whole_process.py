@@ -2,12 +2,16 @@
 
 The baseline is what a user would write without the sidecar: a process that fetches the exposition with httpx
 every interval and parses all of it with prometheus_client's `text_string_to_metric_families`. The sidecar is
-the real process (`specdecode-exporter run`), collecting the same target at the same interval. The target moves:
-each path of the static server serves successive simulator renders in turn, so every fetch has new counters.
-Both processes run at the same time in each round (the same machine noise hits both), on paths of their own;
-CPU comes from /proc (utime + stime, threads included). Rounds start fresh processes and fresh paths.
+the real process (`specdecode-exporter run`), collecting the same target at the same interval and scraped as the
+shipped PodMonitor scrapes it (every 15 s, OpenMetrics, gzip), so its CPU includes the page it renders for each
+scrape. The floor is a process that only fetches (httpx, the body read, nothing parsed): no process that reads
+the exposition over HTTP can cost less, so baseline / floor is the most any sidecar could reach. The target
+moves: each path of the static server serves successive simulator renders in turn, so every fetch has new
+counters. The three processes run at the same time in each round (the same machine noise hits all), on paths of
+their own; CPU comes from /proc (utime + stime, threads included). Rounds start fresh processes and fresh paths.
 
     python -m bench.whole_process fetch-parse URL INTERVAL   # the baseline process itself
+    python -m bench.whole_process fetch-only URL INTERVAL    # the floor
 """
 
 from __future__ import annotations
@@ -21,7 +25,9 @@ from dataclasses import dataclass
 import httpx
 
 from bench.common import proc_cpu_seconds
-from bench.procs import ROOT, _env, sidecar, static_server
+from bench.procs import ROOT, Scraper, _env, sidecar, static_server
+
+SCRAPE_INTERVAL = 15.0  # deploy/base/podmonitor.yaml's
 
 
 @dataclass(frozen=True)
@@ -31,11 +37,19 @@ class Round:
     baseline_cpu: float
     sidecar_fetches: int  # fetches the server saw in the span
     baseline_fetches: int
+    floor_cpu: float
+    floor_fetches: int
+    scrapes: int  # of the sidecar, in the span
 
     @property
     def ratio(self) -> float:
         """Baseline CPU per fetch / sidecar CPU per collection."""
         return (self.baseline_cpu / max(self.baseline_fetches, 1)) / (self.sidecar_cpu / max(self.sidecar_fetches, 1))
+
+    @property
+    def ceiling(self) -> float:
+        """Baseline CPU per fetch / the floor's: the best ratio any process that fetches the body could reach."""
+        return (self.baseline_cpu / max(self.baseline_fetches, 1)) / (self.floor_cpu / max(self.floor_fetches, 1))
 
 
 @dataclass(frozen=True)
@@ -57,6 +71,14 @@ class Result:
     def baseline_ms(self) -> float:
         return statistics.median(1000 * r.baseline_cpu / max(r.baseline_fetches, 1) for r in self.rounds)
 
+    @property
+    def floor_ms(self) -> float:
+        return statistics.median(1000 * r.floor_cpu / max(r.floor_fetches, 1) for r in self.rounds)
+
+    @property
+    def ceiling(self) -> float:
+        return statistics.median(r.ceiling for r in self.rounds)
+
 
 def fetch_parse_loop(url: str, interval: float) -> None:
     """The baseline process: fetch and parse every ``interval`` on a fixed schedule, forever."""
@@ -73,37 +95,67 @@ def fetch_parse_loop(url: str, interval: float) -> None:
             time.sleep(max(0.0, start + n * interval - time.monotonic()))
 
 
+def fetch_only_loop(url: str, interval: float) -> None:
+    """The floor process: fetch every ``interval`` on a fixed schedule, forever; the body is read, not parsed."""
+    with httpx.Client(timeout=30, trust_env=False) as client:
+        start = time.monotonic()
+        n = 0
+        while True:
+            len(client.get(url).content)
+            n += 1
+            time.sleep(max(0.0, start + n * interval - time.monotonic()))
+
+
 def _fetches(base: str, path: str, since: float, until: float) -> int:
     times = httpx.get(base + "/-/stats", timeout=30, trust_env=False).json().get(path, [])
     return sum(1 for t in times if since <= t < until)
 
 
-def measure_round(base: str, name: str, interval: float, span: float, warmup: float) -> Round:
-    side_path, base_path = f"/metrics/{name}-sidecar", f"/metrics/{name}-fetch-parse"
-    cmd = [sys.executable, "-m", "bench.whole_process", "fetch-parse", base + base_path, str(interval)]
-    with sidecar([base + side_path], interval=f"{interval:g}s") as (side, _), \
-            subprocess.Popen(cmd, env=_env(), cwd=ROOT) as client:
+def measure_round(base: str, name: str, interval: float, span: float, warmup: float,
+                  scrape_interval: float = SCRAPE_INTERVAL) -> Round:
+    side_path, base_path, floor_path = (f"/metrics/{name}-{who}" for who in ("sidecar", "fetch-parse", "fetch-only"))
+    baseline = [sys.executable, "-m", "bench.whole_process", "fetch-parse", base + base_path, str(interval)]
+    floor = [sys.executable, "-m", "bench.whole_process", "fetch-only", base + floor_path, str(interval)]
+    with sidecar([base + side_path], interval=f"{interval:g}s") as (side, url), \
+            subprocess.Popen(baseline, env=_env(), cwd=ROOT) as client, \
+            subprocess.Popen(floor, env=_env(), cwd=ROOT) as fetcher, \
+            Scraper(url + "/metrics", scrape_interval) as scraper:
         try:
+            scraper.running.set()
             time.sleep(warmup)
-            side0, client0, t0 = proc_cpu_seconds(side.pid), proc_cpu_seconds(client.pid), time.monotonic()
+            scraped = len(scraper.latencies)
+            pids = (side.pid, client.pid, fetcher.pid)
+            cpu0, t0 = [proc_cpu_seconds(pid) for pid in pids], time.monotonic()
             time.sleep(span)
-            side1, client1, t1 = proc_cpu_seconds(side.pid), proc_cpu_seconds(client.pid), time.monotonic()
+            cpu1, t1 = [proc_cpu_seconds(pid) for pid in pids], time.monotonic()
+            scraped = len(scraper.latencies) - scraped
         finally:
             client.terminate()
-    return Round(t1 - t0, side1 - side0, client1 - client0, _fetches(base, side_path, t0, t1),
-                 _fetches(base, base_path, t0, t1))
+            fetcher.terminate()
+    used = [after - before for before, after in zip(cpu0, cpu1, strict=True)]
+    return Round(t1 - t0, used[0], used[1], _fetches(base, side_path, t0, t1), _fetches(base, base_path, t0, t1),
+                 used[2], _fetches(base, floor_path, t0, t1), scraped)
 
 
-def run(bodies: list[bytes], interval: float = 1.0, span: float = 20.0, rounds: int = 3,
-        warmup: float = 4.0) -> Result:
-    """``bodies``: successive renders, at least (warmup + span) / interval + a few of them."""
+def warmup_for(scrape_interval: float = SCRAPE_INTERVAL) -> float:
+    """Two scrapes before the measured span: from then on the sidecar renders its page ahead of each scrape, as in
+    a pod that has run a while (before its second scrape it cannot know when the next comes)."""
+    return 2 * scrape_interval + 1.0
+
+
+def run(bodies: list[bytes], interval: float = 1.0, span: float = 2 * SCRAPE_INTERVAL, rounds: int = 3,
+        warmup: float = warmup_for(), scrape_interval: float = SCRAPE_INTERVAL) -> Result:
+    """``bodies``: successive renders, at least (warmup + span) / interval + a few of them. ``span``: a multiple of
+    the scrape interval, so each round holds as many scrapes (and renders) as a pod's steady state does."""
     with static_server(*bodies) as base:
-        measured = tuple(measure_round(base, f"r{i}", interval, span, warmup) for i in range(rounds))
+        measured = tuple(measure_round(base, f"r{i}", interval, span, warmup, scrape_interval) for i in range(rounds))
     return Result(len(bodies[0]) / 1024, interval, measured)
 
 
 if __name__ == "__main__":
     if len(sys.argv) == 4 and sys.argv[1] == "fetch-parse":
         fetch_parse_loop(sys.argv[2], float(sys.argv[3]))
+    elif len(sys.argv) == 4 and sys.argv[1] == "fetch-only":
+        fetch_only_loop(sys.argv[2], float(sys.argv[3]))
     else:
         sys.exit(__doc__)

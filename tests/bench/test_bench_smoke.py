@@ -87,3 +87,17 @@ def test_page_costs_render_the_live_target_and_scrape_it() -> None:
     assert costs.page_kib > 1000 and 0 < costs.gzip_kib < costs.page_kib / 10  # the 1 MB target's page, gzipped
     assert costs.render_slices > 10  # the render handed the loop back
     assert min(costs.collect, costs.render, costs.scrape, costs.lazy_scrape) > 0
+
+
+def test_whole_process_round_scrapes_the_sidecar_and_measures_the_floor() -> None:
+    """One short round: the sidecar, the fetch+parse baseline and the fetch-only floor all fetch on schedule, the
+    sidecar is scraped in the measured span, and the floor costs less than the baseline (it parses nothing)."""
+    from bench import whole_process
+
+    bodies = collect.body_sequence(1, 2, 4, 16)
+    result = whole_process.run(bodies, interval=0.5, span=2.0, rounds=1, warmup=2.5, scrape_interval=1.0)
+    (round_,) = result.rounds
+    assert min(round_.sidecar_fetches, round_.baseline_fetches, round_.floor_fetches) >= 2
+    assert round_.scrapes >= 1
+    assert min(round_.sidecar_cpu, round_.baseline_cpu, round_.floor_cpu) > 0
+    assert result.floor_ms < result.baseline_ms and result.ceiling > 1
