@@ -43,6 +43,7 @@ from specdecode_exporter.sidecar.page import new_gzip
 from specdecode_exporter.sidecar.web import MetricsRenderer
 
 LIVE_TARGET = (4, 20, 8)  # models, engines, k: a ~1 MB exposition
+WARM_COLLECTIONS = 3  # the busy sidecar's, before the tap rounds start
 
 
 @dataclass
@@ -191,7 +192,8 @@ def _steady_scrapes(url: str, tap_port: int, streams: int, seconds: float) -> Sc
 
 def tap_under_scrapes(rounds: int, seconds: float, streams: int = 64, scrape_seconds: float = 60.0
                       ) -> TapUnderScrapes:
-    bodies = body_sequence(*LIVE_TARGET, int((rounds * 3 * (seconds + 4) + scrape_seconds) / INTERVAL) + 12)
+    bodies = body_sequence(*LIVE_TARGET, int((rounds * 3 * (seconds + 4) + scrape_seconds) / INTERVAL)
+                           + WARM_COLLECTIONS + 12)
     upstream_port = free_port()
     upstream = tap_bench._spawn("--role", "upstream", "--port", str(upstream_port))
     per: dict[str, list[dict[str, Any]]] = {"direct": [], "quiet": [], "busy": []}
@@ -203,6 +205,8 @@ def tap_under_scrapes(rounds: int, seconds: float, streams: int = 64, scrape_sec
                 _sidecar_with_tap(base + "/metrics", "5s", up) as (busy, busy_url, busy_tap), \
                 _sidecar_with_tap(base + "/metrics", "1h", up) as (_, _, quiet_tap), \
                 Scraper(busy_url + "/metrics", INTERVAL) as scraper:
+            # Three collections before the rounds: every window then has two snapshots, and the page its full size.
+            time.sleep(WARM_COLLECTIONS * INTERVAL)
             before = len(httpx.get(base + "/-/stats", timeout=10, trust_env=False).json().get("/metrics", []))
             for _ in range(rounds):
                 for variant, port in (("direct", upstream_port), ("quiet", quiet_tap), ("busy", busy_tap)):
