@@ -118,8 +118,8 @@ def run_whole_process(rep: Report, span: float, rounds: int) -> None:
             "is the most any process that reads the exposition over HTTP could reach. CPU from /proc per process; "
             "per fetch, as the baseline may not keep up with the interval on a loaded machine.\n")
     rows = [[f"round {i + 1}", f"{x.sidecar_fetches}", f"{x.scrapes}",
-             fmt_ms(x.sidecar_cpu / max(x.sidecar_fetches, 1)), fmt_ms(x.baseline_cpu / max(x.baseline_fetches, 1)),
-             fmt_ms(x.floor_cpu / max(x.floor_fetches, 1)), f"**{x.ratio:.1f}×**", f"{x.ceiling:.0f}×"]
+             fmt_ms(x.sidecar_per_fetch), fmt_ms(x.baseline_per_fetch), fmt_ms(x.floor_per_fetch),
+             f"**{x.ratio:.1f}×**", f"{x.ceiling:.0f}×"]
             for i, x in enumerate(r.rounds)]
     rows.append(["median", "", "", fmt_ms(r.sidecar_ms / 1000), fmt_ms(r.baseline_ms / 1000),
                  fmt_ms(r.floor_ms / 1000), f"**{r.ratio:.1f}×**", f"{r.ceiling:.0f}×"])

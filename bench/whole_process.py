@@ -42,14 +42,27 @@ class Round:
     scrapes: int  # of the sidecar, in the span
 
     @property
+    def sidecar_per_fetch(self) -> float:
+        """CPU seconds per collection."""
+        return self.sidecar_cpu / max(self.sidecar_fetches, 1)
+
+    @property
+    def baseline_per_fetch(self) -> float:
+        return self.baseline_cpu / max(self.baseline_fetches, 1)
+
+    @property
+    def floor_per_fetch(self) -> float:
+        return self.floor_cpu / max(self.floor_fetches, 1)
+
+    @property
     def ratio(self) -> float:
         """Baseline CPU per fetch / sidecar CPU per collection."""
-        return (self.baseline_cpu / max(self.baseline_fetches, 1)) / (self.sidecar_cpu / max(self.sidecar_fetches, 1))
+        return self.baseline_per_fetch / self.sidecar_per_fetch
 
     @property
     def ceiling(self) -> float:
         """Baseline CPU per fetch / the floor's: the best ratio any process that fetches the body could reach."""
-        return (self.baseline_cpu / max(self.baseline_fetches, 1)) / (self.floor_cpu / max(self.floor_fetches, 1))
+        return self.baseline_per_fetch / self.floor_per_fetch
 
 
 @dataclass(frozen=True)
@@ -65,22 +78,22 @@ class Result:
     @property
     def sidecar_ms(self) -> float:
         """Median sidecar CPU per collection, ms."""
-        return statistics.median(1000 * r.sidecar_cpu / max(r.sidecar_fetches, 1) for r in self.rounds)
+        return statistics.median(1000 * r.sidecar_per_fetch for r in self.rounds)
 
     @property
     def baseline_ms(self) -> float:
-        return statistics.median(1000 * r.baseline_cpu / max(r.baseline_fetches, 1) for r in self.rounds)
+        return statistics.median(1000 * r.baseline_per_fetch for r in self.rounds)
 
     @property
     def floor_ms(self) -> float:
-        return statistics.median(1000 * r.floor_cpu / max(r.floor_fetches, 1) for r in self.rounds)
+        return statistics.median(1000 * r.floor_per_fetch for r in self.rounds)
 
     @property
     def ceiling(self) -> float:
         return statistics.median(r.ceiling for r in self.rounds)
 
 
-def fetch_parse(body: str) -> None:
+def parse_all(body: str) -> None:
     """The baseline's work on each body: all of it parsed by prometheus_client."""
     from prometheus_client.parser import text_string_to_metric_families
 
@@ -96,7 +109,7 @@ def fetch_loop(url: str, interval: float, parse: bool) -> None:
         while True:
             response = client.get(url)
             if parse:
-                fetch_parse(response.text)
+                parse_all(response.text)
             else:
                 len(response.content)  # read, not parsed
             n += 1
