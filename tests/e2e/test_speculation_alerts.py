@@ -15,6 +15,7 @@ real rules built with the e2e profile (1m/2m windows, `for: 15s`).
 from __future__ import annotations
 
 import contextlib
+import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -99,7 +100,11 @@ def test_a_gate_that_stops_speculation_fires_for_that_engine_only(stack: Stack) 
     alert = stack.wait_firing(STOPPED, "gated")
     assert alert["labels"]["target"] == "vllm" and alert["labels"]["engine"] == "0"
     assert float(alert["value"]) == 0.0  # the share: nothing from speculative steps
-    assert "generated 200 tokens/s, of which speculative steps produced 0%" in alert["annotations"]["description"]
+    description = alert["annotations"]["description"]
+    # The rate is Prometheus' over a 1m window of a simulator on a shared machine: about 200, not exactly.
+    generated = re.search(r"generated (\d+) tokens/s, of which speculative steps produced 0%", description)
+    assert generated is not None, description
+    assert abs(int(generated.group(1)) - 200) <= 20, description
     assert stack.ever(STOPPED) == {"gated"}
 
 
