@@ -70,9 +70,30 @@ def test_a_windows_change_and_pooling_engines() -> None:
     assert latency.change(start, other) is None and latency.pooled([delta, other]) is None
 
 
+HISTOGRAM_COUNTS = st.lists(st.floats(min_value=0, max_value=1e9, allow_nan=False), min_size=5, max_size=5)
+
+
+@given(HISTOGRAM_COUNTS, HISTOGRAM_COUNTS, st.floats(0, 1e6), st.floats(0, 1e6))
+def test_a_change_worked_out_when_read_is_the_windows_change(start: list[float], end: list[float],
+                                                            start_total: float, end_total: float) -> None:
+    """A window's change is left to its first reader; it is change(), bit for bit, torn counts included."""
+    first, last = hist(tuple(start), start_total), hist(tuple(end), end_total)
+    lazy = latency.Change.between(first, last)
+    assert lazy is not None and lazy.histogram == latency.change(first, last)
+    assert lazy == latency.Change.known(lazy.histogram) and lazy.histogram is lazy.histogram  # worked out once
+
+
+def test_a_change_between_different_histograms_is_none_and_stats_read_through() -> None:
+    start, other = hist((1, 2, 3, 4, 4), 0.1), Histogram((0.5, INF), (1, 1), 0.1)
+    assert latency.Change.between(start, other) is None and latency.Change.between(None, start) is None
+    stats = LatencyStats(latency.Change.between(start, hist((2, 4, 6, 8, 8), 0.3)), None, 1.0, None)
+    assert stats.time_per_output_token == latency.change(start, hist((2, 4, 6, 8, 8), 0.3))
+    assert stats.time_to_first_token is None and stats.requests == 4 and stats.tpot_mean == pytest.approx(0.05)
+
+
 def test_observed_speedup_and_calibration() -> None:
     # Spec decode: TPOT mean 0.030; a baseline at 0.0393 → 1.31×.
-    current = LatencyStats(hist((0, 40, 90, 100, 100), 3.0), None, 8.0, 0.0)
+    current = LatencyStats.of(hist((0, 40, 90, 100, 100), 3.0), None, 8.0, 0.0)
     observed = latency.observed_speedup(BaselineLatency(0.0393, 0.0393, 0.087, "control target c"), current)
     assert observed is not None
     assert observed.mean == pytest.approx(1.31)

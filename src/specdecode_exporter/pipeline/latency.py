@@ -88,16 +88,65 @@ def accumulate(totals: Histogram | None, previous: Histogram | None, current: Hi
     return Histogram(current.bounds, counts, totals.total + max(0.0, current.total - previous.total))
 
 
+def same_histogram(start: Histogram, end: Histogram) -> bool:
+    """Whether two readings are of one histogram, so that a window's change of it is defined."""
+    return (start.bounds is end.bounds or start.bounds == end.bounds) and len(start.counts) == len(end.counts)
+
+
 def change(start: Histogram | None, end: Histogram | None) -> Histogram | None:
     """What a window added to the histogram, or None when the ends are not the same histogram."""
-    if start is None or end is None or (start.bounds is not end.bounds and start.bounds != end.bounds):
+    if start is None or end is None or not same_histogram(start, end):
         return None
-    if len(start.counts) != len(end.counts):
-        return None
+    return _difference(start, end)
+
+
+def _difference(start: Histogram, end: Histogram) -> Histogram:
     # Clamping each difference at 0 and then taking the running max is the running max from 0 of the differences.
     counts = monotonic(map(operator.sub, end.counts, start.counts))
     added = end.total - start.total
     return Histogram(end.bounds, counts, added if added > 0.0 else 0.0)  # max(0.0, added), without the call
+
+
+class Change:
+    """What a window added to a histogram (change()), worked out when first read. Every collection views each
+    series over each window, but only a render, the status API, the history's first window or a baseline reads
+    the buckets, and scrapes are rarer than collections: a 1 MB target has 640 of these per collection."""
+
+    __slots__ = ("_end", "_histogram", "_start")
+
+    def __init__(self, start: Histogram, end: Histogram, histogram: Histogram | None = None) -> None:
+        """``start`` and ``end`` are readings of the same histogram (same_histogram); ``histogram``, their
+        difference where it is known already."""
+        self._start, self._end, self._histogram = start, end, histogram
+
+    @classmethod
+    def between(cls, start: Histogram | None, end: Histogram | None) -> Change | None:
+        """The change from ``start`` to ``end``; None when they are not the same histogram."""
+        if start is None or end is None or not same_histogram(start, end):
+            return None
+        return cls(start, end)
+
+    @classmethod
+    def known(cls, histogram: Histogram) -> Change:
+        """A change already worked out (from no observations to ``histogram``)."""
+        return cls(Histogram(histogram.bounds, (0.0,) * len(histogram.counts), 0.0), histogram, histogram)
+
+    @property
+    def histogram(self) -> Histogram:
+        # Pure and idempotent: two readers that race both get the same histogram.
+        histogram = self._histogram
+        if histogram is None:
+            histogram = self._histogram = _difference(self._start, self._end)
+        return histogram
+
+    def __eq__(self, other: object) -> bool:
+        """Equal changes are equal histograms, however they were worked out."""
+        return isinstance(other, Change) and self.histogram == other.histogram
+
+    __hash__ = None  # type: ignore[assignment]  # as a Histogram's counts, unhashable
+
+    def __repr__(self) -> str:
+        return f"Change({self.histogram!r})"
 
 
 def pooled(histograms: Sequence[Histogram]) -> Histogram | None:
@@ -145,10 +194,25 @@ def ratio(numerator: float | None, denominator: float | None) -> float | None:
 class LatencyStats(NamedTuple):
     """One series' latency over one window."""
 
-    time_per_output_token: Histogram | None  # the window's change of vLLM's per-request TPOT histogram
-    time_to_first_token: Histogram | None
+    tpot_change: Change | None  # the window's change of vLLM's per-request TPOT histogram
+    ttft_change: Change | None
     running: float | None  # mean requests running over the window
     waiting: float | None
+
+    @classmethod
+    def of(cls, time_per_output_token: Histogram | None, time_to_first_token: Histogram | None,
+           running: float | None, waiting: float | None) -> LatencyStats:
+        """From changes already worked out."""
+        return cls(Change.known(time_per_output_token) if time_per_output_token is not None else None,
+                   Change.known(time_to_first_token) if time_to_first_token is not None else None, running, waiting)
+
+    @property
+    def time_per_output_token(self) -> Histogram | None:
+        return self.tpot_change.histogram if self.tpot_change is not None else None
+
+    @property
+    def time_to_first_token(self) -> Histogram | None:
+        return self.ttft_change.histogram if self.ttft_change is not None else None
 
     @property
     def tpot_mean(self) -> float | None:

@@ -105,8 +105,8 @@ class SeriesContext:
 
 def latency_stats(span: WindowSpan) -> LatencyStats | None:
     start, end = span.start, span.end
-    tpot = latency.change(start.time_per_output_token, end.time_per_output_token)
-    ttft = latency.change(start.time_to_first_token, end.time_to_first_token)
+    tpot = latency.Change.between(start.time_per_output_token, end.time_per_output_token)
+    ttft = latency.Change.between(start.time_to_first_token, end.time_to_first_token)
     running = optional_minus(end.running_seconds, start.running_seconds)
     waiting = optional_minus(end.waiting_seconds, start.waiting_seconds)
     if tpot is None and ttft is None and running is None:
