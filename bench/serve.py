@@ -132,6 +132,8 @@ class TapUnderScrapes:
     collections: int  # of the busy sidecar during its rounds
     steady_scrapes: list[float]  # wall seconds per scrape, every SCRAPE_PHASE_INTERVAL s with the tap loaded, after
     # the rounds (the busy rounds' few scrapes each follow the busy sidecar's SIGSTOP pause)
+    unloaded_scrapes: list[float]  # the same scrapes with no requests through the tap: the load generator, the fake
+    # vLLM and the tap process then leave the two cores to the sidecar and the scraper
     busy_cpu: float  # the busy sidecar's CPU seconds per second during its rounds (its tap process included)
     rss_mb: tuple[float, float]  # the busy sidecar's and its tap process' RSS at the end
 
@@ -145,6 +147,10 @@ class TapUnderScrapes:
     @property
     def steady_scrape_p99(self) -> float:
         return _p(self.steady_scrapes, 0.99) if self.steady_scrapes else float("nan")
+
+    @property
+    def unloaded_scrape_p99(self) -> float:
+        return _p(self.unloaded_scrapes, 0.99) if self.unloaded_scrapes else float("nan")
 
 
 @contextlib.contextmanager
@@ -183,16 +189,20 @@ SCRAPE_PHASE_INTERVAL = 1.0  # a scrape a second: every collection (5 s) has scr
 
 
 def _steady_scrapes(url: str, tap_port: int, streams: int, seconds: float) -> Scraper:
-    """Scrapes every SCRAPE_PHASE_INTERVAL s for ``seconds`` while the tap is loaded and the sidecar collects."""
+    """Scrapes every SCRAPE_PHASE_INTERVAL s for ``seconds`` while the sidecar collects and, with ``streams``, the
+    tap relays that many streams."""
     with Scraper(url, SCRAPE_PHASE_INTERVAL) as scraper:
         scraper.running.set()
-        _load(tap_port, streams, seconds)
+        if streams:
+            _load(tap_port, streams, seconds)
+        else:
+            time.sleep(seconds)
     return scraper
 
 
 def tap_under_scrapes(rounds: int, seconds: float, streams: int = 64, scrape_seconds: float = 60.0
                       ) -> TapUnderScrapes:
-    bodies = body_sequence(*LIVE_TARGET, int((rounds * 3 * (seconds + 4) + scrape_seconds) / INTERVAL)
+    bodies = body_sequence(*LIVE_TARGET, int((rounds * 3 * (seconds + 4) + 1.5 * scrape_seconds) / INTERVAL)
                            + WARM_COLLECTIONS + 12)
     upstream_port = free_port()
     upstream = tap_bench._spawn("--role", "upstream", "--port", str(upstream_port))
@@ -224,6 +234,7 @@ def tap_under_scrapes(rounds: int, seconds: float, streams: int = 64, scrape_sec
                         busy.send_signal(signal.SIGCONT)
             after = len(httpx.get(base + "/-/stats", timeout=10, trust_env=False).json().get("/metrics", []))
             steady = _steady_scrapes(busy_url + "/metrics", busy_tap, streams, scrape_seconds)
+            unloaded = _steady_scrapes(busy_url + "/metrics", busy_tap, 0, scrape_seconds / 2)
             rss = (proc_rss_mb(busy.pid), sum(proc_rss_mb(child) for child in child_pids(busy.pid)))
     finally:
         tap_bench._stop(upstream)
@@ -234,8 +245,8 @@ def tap_under_scrapes(rounds: int, seconds: float, streams: int = 64, scrape_sec
     return TapUnderScrapes(
         rounds, seconds, {v: median(v, 0.99) for v in per}, {v: median(v, 0.5) for v in per},
         {v: sum(s["requests"] for s in per[v]) for v in per}, {v: sum(s["stalls"] for s in per[v]) for v in per},
-        scraper.latencies, scraper.kib, scraper.failures + steady.failures, after - before, steady.latencies,
-        busy_cpu / busy_span if busy_span else float("nan"), rss)
+        scraper.latencies, scraper.kib, scraper.failures + steady.failures + unloaded.failures, after - before,
+        steady.latencies, unloaded.latencies, busy_cpu / busy_span if busy_span else float("nan"), rss)
 
 
 def main() -> None:
