@@ -346,7 +346,9 @@ def test_a_hanging_target_delays_neither_the_others_nor_metrics(hostile: Callabl
             response = httpx.get(sidecar.base_url + "/metrics", timeout=5)
             latencies.append(time.monotonic() - started)
         metrics = Exposition.parse(response.text)
-    assert max(latencies) < 0.5, latencies
+    # A scrape held by the hanging fetch would take its 3 s timeout; half of it leaves room for a loaded machine's
+    # stalls (one scrape of five took 0.59 s in a CI run while nothing hung it).
+    assert max(latencies) < 1.5, latencies
     assert len(good.requests) >= 5, "the good target kept its 0.2 s schedule while the other hung"
     assert len(hang.requests) == 1
     assert metrics.get("specdecode_up", target="good") == 1.0
