@@ -142,15 +142,15 @@ class TapUnderScrapes:
 
     @property
     def scrape_p99(self) -> float:
-        return _p(self.scrapes, 0.99) if self.scrapes else float("nan")
+        return _p99(self.scrapes)
 
     @property
     def steady_scrape_p99(self) -> float:
-        return _p(self.steady_scrapes, 0.99) if self.steady_scrapes else float("nan")
+        return _p99(self.steady_scrapes)
 
     @property
     def unloaded_scrape_p99(self) -> float:
-        return _p(self.unloaded_scrapes, 0.99) if self.unloaded_scrapes else float("nan")
+        return _p99(self.unloaded_scrapes)
 
 
 @contextlib.contextmanager
@@ -183,6 +183,11 @@ def _load(port: int, streams: int, seconds: float) -> dict[str, Any]:
 def _p(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[int(q * (len(ordered) - 1))]
+
+
+def _p99(values: list[float]) -> float:
+    """NaN without values (a phase that recorded no scrape)."""
+    return _p(values, 0.99) if values else float("nan")
 
 
 SCRAPE_PHASE_INTERVAL = 1.0  # a scrape a second: every collection (5 s) has scrapes before, during and after it

@@ -95,9 +95,8 @@ def same_histogram(start: Histogram, end: Histogram) -> bool:
 
 def change(start: Histogram | None, end: Histogram | None) -> Histogram | None:
     """What a window added to the histogram, or None when the ends are not the same histogram."""
-    if start is None or end is None or not same_histogram(start, end):
-        return None
-    return _difference(start, end)
+    window = Change.between(start, end)
+    return window.histogram if window is not None else None
 
 
 def _difference(start: Histogram, end: Histogram) -> Histogram:
