@@ -372,6 +372,64 @@ def test_a_sidecar_running_its_own_collection_serves_the_last_page_while_the_nex
     assert next_scrape.startswith(newest)
 
 
+def test_a_sidecar_scraped_less_often_than_it_collects_renders_once_per_scrape(harness: Harness) -> None:
+    """keep_fresh renders the views of the last collection before the scrape it expects, once: not views that
+    a later collection replaces before that scrape, and not again when the scrape comes (a sidecar collecting
+    every second, scraped every 15 s, rendered three times per scrape)."""
+    import asyncio
+
+    from prometheus_client import generate_latest
+
+    from specdecode_exporter.sidecar.expose import specdecode_registry
+    from specdecode_exporter.sidecar.page import SpecDecodePage
+
+    published = []
+    for _ in range(5):
+        harness.step(5.0)
+        published.append(harness.exporter.views())
+    current, now = published[0], 0.0
+    page = SpecDecodePage(lambda: current)
+
+    async def scrape(at: float) -> bytes:
+        nonlocal now
+        now = at
+        page.scraped(at)
+        return (await page.get(generate_latest, compress=False, latest=False)).text
+
+    async def collect(at: float, index: int) -> int:
+        """Views published (or none, the same again) at ``at``; keep_fresh's renders so far."""
+        nonlocal now, current
+        now, current = at, published[index]
+        await asyncio.sleep(0.05)  # keep_fresh looks every 1 ms: it renders now if it is to
+        return page.renders
+
+    async def main() -> list[bytes]:
+        nonlocal current
+        fresh = asyncio.create_task(page.keep_fresh(0.001, 5.0, clock=lambda: now, rest=0.001))
+        try:
+            pages = [await scrape(0.0)]  # no page yet: it waits for one
+            assert await collect(5.0, 1) == 2  # one scrape, the next unknown: rendered after every collection
+            pages.append(await scrape(30.0))  # a scrape every 30 s from here
+            assert await collect(35.0, 2) == 2  # long before the next scrape: not rendered
+            assert await collect(52.0, 3) == 2  # a collection is still due before the scrape: not rendered
+            assert await collect(56.0, 3) == 2  # within 5 s of the scrape now, but a newer collection comes
+            assert await collect(58.0, 4) == 3  # the last before the scrape: rendered
+            pages.append(await scrape(60.0))  # its page is ready: nothing rendered for or by it
+            assert await collect(61.0, 0) == 3
+            assert await collect(80.0, 1) == 3
+            assert await collect(89.999, 1) == 4  # no collection since 80 s (a late one): rendered before 90 s
+            current = published[2]  # a collection as the scrape comes: the page one collection old, at once,
+            pages.append(await scrape(90.0))
+            assert await collect(91.0, 2) == 4  # and no render started by the scrape: stale before the next
+            return pages
+        finally:
+            fresh.cancel()
+
+    pages = asyncio.run(main())
+    assert page.renders == 4
+    assert pages == [generate_latest(specdecode_registry(published[i])) for i in (0, 1, 4, 1)]
+
+
 def test_targets_share_one_default_tls_context() -> None:
     """Each default TLS context loads the CA bundle (~0.8 MB): 100 targets once cost 80 MB of RSS."""
     from specdecode_exporter.sidecar.collection import default_ssl_context, new_client

@@ -1,4 +1,4 @@
-"""The /metrics page, rendered once per collection in slices that yield to the event loop, served as bytes.
+"""The /metrics page, rendered once per scrape in slices that yield to the event loop, served as bytes.
 
 The sidecar's event loop also serves scrapes, so nothing on it may hold the interpreter for long: a 1 MB target's
 page (~2 MB, 20k samples) took prometheus_client ~100 ms to render in one piece, and a scrape arriving meanwhile
@@ -231,12 +231,18 @@ class Rendered:
         return self._each(views, lambda a, b: a.config == b.config)
 
     def current(self, views: tuple[TargetView, ...], compress: bool) -> bool:
-        return self._each(views, operator.is_) and (self.gzipped is not None or not compress)
+        return same_views(views, self.views) and (self.gzipped is not None or not compress)
+
+
+def same_views(views: tuple[TargetView, ...], others: tuple[TargetView, ...]) -> bool:
+    """The same published views (a collection publishes new view objects)."""
+    return len(views) == len(others) and all(map(operator.is_, views, others))
 
 
 class SpecDecodePage:
-    """The spec-decode part of /metrics, per encoder: rendered once per set of views (by ``keep_fresh`` right
-    after a collection publishes, or by the first scrape that finds it stale), in slices on the event loop."""
+    """The spec-decode part of /metrics, per encoder: rendered once per set of views at most, in slices on the
+    event loop: by ``keep_fresh``, for the scrape it expects next; by a scrape, when there is no page yet or
+    nothing renders ahead."""
 
     def __init__(self, views: Callable[[], list[TargetView]], gzipped: tuple[Encoder, ...] = ()) -> None:
         """``gzipped``: encoders rendered and gzipped after every collection from the start, before any scrape
@@ -248,6 +254,7 @@ class SpecDecodePage:
         self._rendering: dict[Encoder, asyncio.Task[Rendered]] = {}
         self._wants_gzip: set[Encoder] = {self.encoder(encoder) for encoder in gzipped}
         self.renders = 0  # spec-decode renders so far (one per set of views and encoder)
+        self._kept_fresh = False  # keep_fresh runs: it renders each scrape's page ahead of it
         self._scrapes: tuple[float, ...] = ()  # the last two scrapes' times (monotonic)
 
     def encoder(self, encoder: Encoder) -> Encoder:
@@ -263,8 +270,10 @@ class SpecDecodePage:
         """The part for the views published by now (gzipped too where ``compress``), rendered if need be. Views
         published while it renders wait for the next call: with many targets some view is always newer. Not
         ``latest`` (a sidecar that collects by itself): when a newer page of the same targets is due, the last one
-        at once, its render started if keep_fresh has not yet; a scrape waits for a render (~130 ms at 1 MB) only
-        for the first page and after a reload that changed the targets."""
+        at once, and its render started unless keep_fresh runs (it renders ahead of the next scrape; a render
+        started now would be stale by then whenever the sidecar collects more often than it is scraped); a scrape
+        waits for a render (~130 ms at 1 MB) only for the first page and after a reload that changed the
+        targets."""
         encoder = self.encoder(encoder)
         if compress:
             self._wants_gzip.add(encoder)
@@ -275,7 +284,7 @@ class SpecDecodePage:
         task = self._rendering.get(encoder)
         if (not latest and rendered is not None and (rendered.gzipped is not None or not compress)
                 and rendered.of_targets(views)):  # after a reload that changed the targets, the new page
-            if task is None:
+            if task is None and not self._kept_fresh:
                 self._start(encoder)
             return rendered  # the next page is on its way; this one is one collection old
         if task is not None:  # a render that began before this call: maybe of older views
@@ -317,17 +326,35 @@ class SpecDecodePage:
         rendered = self._rendered[encoder] = Rendered(views, text, gzipped)
         return rendered
 
-    async def keep_fresh(self, poll: float, rest: float, clock: Callable[[], float] = time.monotonic) -> None:
-        """Render again when a collection has published, for each encoder scraped so far, so that the next scrape
-        finds the page ready: looks every ``poll`` seconds, and rests ``rest`` seconds after a render (many targets
-        publish all the time; one render per rest then, as with one target one per collection). Only when due():
-        without scrapes, or long before the next, a scrape renders what it needs."""
+    async def keep_fresh(self, poll: float, interval: float, clock: Callable[[], float] = time.monotonic,
+                         rest: float | None = None) -> None:
+        """Render the page the next scrape will read, once, for each encoder scraped so far: looks every ``poll``
+        seconds at what the collections published (``interval``: the collection interval).
+
+        Views are rendered when they came within one collection interval of the next scrape (no newer views are
+        expected before it), or, when none came there, ``margin`` seconds before it (a late or failed collection).
+        Views that came earlier are not: the collection in that last interval replaces them before anyone reads
+        them. Before the second scrape its time is unknown: every collection is rendered. After a render it rests
+        ``rest`` seconds (interval / 2: many targets publish all the time; one render per rest then)."""
+        self._kept_fresh = True
+        try:
+            await self._keep_fresh(poll, interval, interval / 2 if rest is None else rest, clock)
+        finally:
+            self._kept_fresh = False
+
+    async def _keep_fresh(self, poll: float, interval: float, rest: float, clock: Callable[[], float]) -> None:
+        seen: tuple[TargetView, ...] = ()
+        came = render_seconds = 0.0
         while True:
             await asyncio.sleep(poll)
-            if not self.due(clock(), 2 * rest):
+            now, views = clock(), tuple(self._views())
+            if not same_views(views, seen):
+                seen, came = views, now
+            if not (self.due(came, interval) or self.due(now, max(2 * render_seconds, 2 * poll))):
                 continue
             renders = self.renders
             for encoder in list(self._rendered.keys() | self._wants_gzip):
                 await self.get(encoder, encoder in self._wants_gzip)
             if self.renders != renders:
+                render_seconds = clock() - now
                 await asyncio.sleep(rest)

@@ -45,8 +45,8 @@ class MetricsRenderer:
     def __init__(self, exporter: Exporter, reloader: Reloader | None = None, tap: TapRuntime | None = None,
                  latest: bool = True) -> None:
         """``latest``: a scrape waits for the page of the views published by then. Otherwise it gets the last
-        page rendered at once, even while the next renders (the page is at most one render behind a collection:
-        the sidecar's own collection loop starts a render right after each)."""
+        page rendered at once, even while the next renders (keep_fresh renders the last collection before each
+        scrape: the page is at most one collection behind)."""
         self.spec_decode = SpecDecodePage(exporter.views, gzipped=(choose_encoder(PROMETHEUS_ACCEPT)[0],))
         self._latest = latest
         self._live = CollectorRegistry(auto_describe=True)
@@ -114,8 +114,9 @@ def _on_sighup(reloader: Reloader | None) -> Callable[[], None]:
 def build_app(exporter: Exporter, run_collection: bool = True, reloader: Reloader | None = None,
               security: WebSecurity | None = None, tap: TapRuntime | None = None) -> FastAPI:
     config: Config = exporter.config  # what the listener was built with; a reload changes exporter.config
-    # Driven by its own loop, a scrape never waits for a render: what Prometheus scrapes is at most one render
-    # (~0.1 s for a 1 MB target) behind the collection. Driven from outside (tests), a scrape waits for it.
+    # Driven by its own loop, a scrape never waits for a render: what Prometheus scrapes is the last collection
+    # before it, or the one before that when a collection ends as the scrape comes. Driven from outside (tests),
+    # a scrape waits for it.
     renderer = MetricsRenderer(exporter, reloader, tap, latest=not run_collection)
 
     @contextlib.asynccontextmanager
@@ -128,8 +129,8 @@ def build_app(exporter: Exporter, run_collection: bool = True, reloader: Reloade
                 app.state.startup_failed = True
                 raise
         task = asyncio.create_task(exporter.run(), name="collection") if run_collection else None
-        # The page is rendered right after each collection, not by the scrape that follows it.
-        fresh = asyncio.create_task(renderer.spec_decode.keep_fresh(PAGE_POLL_SECONDS, config.collect_interval / 2),
+        # The page is rendered right after the collection that precedes each scrape, not by the scrape.
+        fresh = asyncio.create_task(renderer.spec_decode.keep_fresh(PAGE_POLL_SECONDS, config.collect_interval),
                                     name="metrics page")
         undo_sighup = _on_sighup(reloader)
         try:
