@@ -140,11 +140,17 @@ class Pods:
     def step(self, seconds: float) -> list[TargetView]:
         self.clock.advance(seconds)
 
-        async def once() -> list[TargetView]:
+        async def once() -> None:
             async with httpx.AsyncClient(trust_env=False) as client:
-                return await self.exporter.collect_all_once(client)
+                await self.exporter.collect_all_once(client)
 
-        return asyncio.run(once())
+        # Not asyncio.run's result: Python 3.11 writes the repr of its task (with the views in it) when it puts
+        # the SIGINT handler back, and a repr reads every part of a view.
+        asyncio.run(once())
+        return self.exporter.views()
+
+    def stop_control(self) -> None:
+        self._servers.pop(1).stop()
 
     def stop(self) -> None:
         for server in self._servers:
@@ -192,6 +198,37 @@ def test_what_spec_decode_costs_against_its_control_pod(starved: Pods) -> None:
     assert metrics.get("specdecode_kv_cache_usage_ratio", target="control", spec_decode="false") < 0.9
     page = httpx.get(starved.url + "/", timeout=5).text
     assert "Against the control target &quot;control&quot;:" in page and "preemptions per request" in page
+
+
+def rounded(parts: tuple[object, ...] | None) -> tuple[object, ...] | None:
+    return None if parts is None else tuple(round(x, 9) if isinstance(x, float) else x for x in parts)
+
+
+def test_a_window_read_later_compares_with_the_control_as_it_was_at_the_collection() -> None:
+    """A window's parts are worked out at their first read (a scrape's render, the status API): the control
+    target's view it compares with is the one published when its own collection published, not a newer one."""
+    spec = ModelSpec(draft_memory_share=0.5, kv_cache_capacity_tokens=30_000, drafts_per_second=600.0)
+    control = ModelSpec(spec_decode=False, kv_cache_capacity_tokens=30_000, drafts_per_second=600.0 * 3.25)
+    read_at_once, read_later = Pods(spec, control), Pods(spec, control)
+    try:
+        for _ in range(13):
+            at_once, later = read_at_once.step(5), read_later.step(5)
+        at_once_windows = at_once[0].series[0].windows
+        for window in at_once_windows:
+            window.parts()  # read as soon as it was published
+        read_later.stop_control()
+        for _ in range(24):  # the control target publishes newer views meanwhile: down for 2 minutes
+            read_later.step(5)
+        assert read_later.exporter.views()[1].up is False
+        later_windows = later[0].series[0].windows
+        # Two pods' simulations agree to the last digits only: equal to 9 decimals
+        assert [rounded(w.against_control) for w in at_once_windows] == [
+            rounded(w.against_control) for w in later_windows]
+        assert [rounded(w.observed) for w in at_once_windows] == [rounded(w.observed) for w in later_windows]
+        assert all(w.observed is not None and w.against_control is not None for w in later_windows)
+    finally:
+        read_at_once.stop()
+        read_later.stop()
 
 
 def test_tensorrt_llms_gate_is_seen_from_its_generation_and_drafted_tokens() -> None:

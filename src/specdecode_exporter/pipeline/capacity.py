@@ -50,14 +50,23 @@ def _per_second(amount: float | None, seconds: float) -> float | None:
     return amount / seconds if amount is not None and seconds > 0 else None
 
 
+def has_capacity(span: WindowSpan) -> bool:
+    """Whether the source counts generated tokens, preemptions or KV usage over the span (capacity_stats has
+    something to say), without working it out."""
+    start, end = span.start, span.end
+    return ((end.generated_tokens is not None and start.generated_tokens is not None)
+            or (end.preemptions is not None and start.preemptions is not None)
+            or (end.kv_cache_seconds is not None and start.kv_cache_seconds is not None))
+
+
 def capacity_stats(span: WindowSpan) -> CapacityStats | None:
     """None when the source counts neither generated tokens, preemptions nor KV usage."""
+    if not has_capacity(span):
+        return None
     start, end, seconds = span.start, span.end, span.seconds
     generated = optional_minus(end.generated_tokens, start.generated_tokens)
     preemptions = optional_minus(end.preemptions, start.preemptions)
     kv_seconds = optional_minus(end.kv_cache_seconds, start.kv_cache_seconds)
-    if generated is None and preemptions is None and kv_seconds is None:
-        return None
     finished = None
     if end.time_per_output_token is not None and start.time_per_output_token is not None:
         finished = end.time_per_output_token.observations - start.time_per_output_token.observations

@@ -214,15 +214,25 @@ class WindowStats(NamedTuple):
     mean_draft_length: float | None  # k̄: drafted tokens per draft
 
 
+def has_acceptance(span: WindowSpan) -> bool:
+    """Whether span_stats has statistics for the span (both token counters, drafted tokens, time), without
+    working them out: counts_stats' conditions, NaN included."""
+    start, end = span.start, span.end
+    drafted = optional_minus(end.draft_tokens, start.draft_tokens)
+    return (drafted is not None and not drafted <= 0 and end.accepted_tokens is not None
+            and start.accepted_tokens is not None and not span.seconds <= 0)
+
+
 def span_stats(span: WindowSpan, cost: CostModel, num_speculative_tokens: int | None) -> WindowStats | None:
     """Everything the sidecar reports for the window between two cumulative snapshots; None when it carried no
     drafted tokens. Computed from the snapshots directly, without building a delta (this runs for every
     series × window on every collection)."""
+    if not has_acceptance(span):
+        return None
     start, end = span.start, span.end
     drafted = optional_minus(end.draft_tokens, start.draft_tokens)
     accepted = optional_minus(end.accepted_tokens, start.accepted_tokens)
-    if drafted is None or accepted is None:
-        return None  # no token counters: nothing to say about acceptance
+    assert drafted is not None and accepted is not None
     return counts_stats(span.seconds, drafted, accepted, optional_minus(end.drafts, start.drafts),
                         positions_minus(end.accepted_by_position, start.accepted_by_position), cost,
                         num_speculative_tokens)

@@ -93,6 +93,11 @@ def same_histogram(start: Histogram, end: Histogram) -> bool:
     return (start.bounds is end.bounds or start.bounds == end.bounds) and len(start.counts) == len(end.counts)
 
 
+def defined(start: Histogram | None, end: Histogram | None) -> bool:
+    """Whether a window's change from ``start`` to ``end`` is defined (Change.between is not None)."""
+    return start is not None and end is not None and same_histogram(start, end)
+
+
 def change(start: Histogram | None, end: Histogram | None) -> Histogram | None:
     """What a window added to the histogram, or None when the ends are not the same histogram."""
     window = Change.between(start, end)

@@ -414,10 +414,18 @@ class TargetCollector:
         """Each series' view at ``now``, one at a time (the collection runs them in slices)."""
         interval = self.interval
         freshness = 2 * interval + self.config.timeout
-        context = SeriesContext(self.config, self.app, interval / 2, baseline_provider(self.config, self.peer_view),
-                                control_provider(self.config, self.peer_view))
+        peers = self._peers_as_now()
+        context = SeriesContext(self.config, self.app, interval / 2, baseline_provider(self.config, peers),
+                                control_provider(self.config, peers))
         for state in self.store.for_target(self.config.name):
             yield series_view(state, now, bool(state.times) and now - state.times[-1] <= freshness, context)
+
+    def _peers_as_now(self) -> Callable[[str], TargetView | None]:
+        """The peers' views as published now: a window view worked out later (its parts are, at their first
+        read) reads what this collection saw, not a newer collection of the control target."""
+        control = self.config.baseline.target if self.config.baseline is not None else None
+        view = self.peer_view(control) if control is not None else None
+        return lambda name: view if name == control else None
 
     def _assembled(self, now: float, series: tuple[SeriesView, ...], up: bool, duration: float,
                    error: str | None) -> TargetView:

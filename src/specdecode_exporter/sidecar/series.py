@@ -5,6 +5,7 @@ verdict."""
 
 from __future__ import annotations
 
+import enum
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,11 +16,18 @@ from specdecode_exporter.core.monitoring_config import SpeculationStopped
 from specdecode_exporter.core.validation import parse_duration
 from specdecode_exporter.core.verdict import Evidence, Judgement, judge
 from specdecode_exporter.pipeline import latency
-from specdecode_exporter.pipeline.capacity import AgainstControl, CapacityStats, against_control, capacity_stats
+from specdecode_exporter.pipeline.capacity import (
+    AgainstControl,
+    CapacityStats,
+    against_control,
+    capacity_stats,
+    has_capacity,
+)
 from specdecode_exporter.pipeline.derive import (
     CostModel,
     WindowStats,
     break_even_acceptance,
+    has_acceptance,
     recommended_num_speculative_tokens,
     span_stats,
     speedup_by_length,
@@ -35,16 +43,129 @@ BaselineFor = Callable[[str | None, Window], BaselineLatency | None]
 ControlFor = Callable[[str | None, Window], tuple[str, CapacityStats] | None]
 
 
-class WindowView(NamedTuple):  # built per series × window per collection: a NamedTuple is cheap
-    window: Window
-    acceptance: WindowStats | None  # None without drafts in the window, or without token counters
-    latency: LatencyStats | None  # None without latency families
-    observed: ObservedSpeedup | None = None  # against the baseline, when there is one and requests
-    calibrated_cost: float | None = None  # c = c_draft + c_verify that makes the model match the observed speedup
-    break_even_at_load: float | None = None  # the configured model's break-even at the window's mean running batch
-    recommended_k: int | None = None  # under the cost in force: calibrated when there is one, else configured
-    capacity: CapacityStats | None = None  # generation, preemptions, KV cache (None where the source counts none)
-    against_control: AgainstControl | None = None  # where a control target is configured and has data
+class _Unread(enum.Enum):
+    UNREAD = 0  # a part of a WindowView not worked out yet (None is a value: "nothing to say")
+
+
+UNREAD = _Unread.UNREAD
+
+
+class WindowView:
+    """One window of one series: acceptance, latency and capacity, and against a baseline and a control target.
+
+    Built for every series × window at every collection, but most of it is read only when the page renders (once
+    per scrape) or the status API asks: each part is worked out at its first read and kept. It reads the span and
+    the context the collection gave it (the peers' views as published then), so a later read gives what a read at
+    the collection would have. Immutable as far as its readers can tell; equal when every part is."""
+
+    __slots__ = (
+        "_acceptance",
+        "_advice",
+        "_against_control",
+        "_capacity",
+        "_ctx",
+        "_k",
+        "_latency",
+        "_model",
+        "_span",
+        "window",
+    )
+
+    def __init__(self, window: Window, span: WindowSpan, model: str | None, k: int | None,
+                 ctx: SeriesContext) -> None:
+        self.window = window
+        self._span, self._model, self._k, self._ctx = span, model, k, ctx
+        self._acceptance: WindowStats | _Unread | None = UNREAD
+        self._latency: LatencyStats | _Unread | None = UNREAD
+        self._capacity: CapacityStats | _Unread | None = UNREAD
+        self._advice: tuple[ObservedSpeedup | None, float | None, int | None] | _Unread = UNREAD
+        self._against_control: AgainstControl | _Unread | None = UNREAD
+
+    @property
+    def has_acceptance(self) -> bool:
+        """``acceptance is not None``, without working it out."""
+        known = self._acceptance
+        return has_acceptance(self._span) if known is UNREAD else known is not None
+
+    @property
+    def acceptance(self) -> WindowStats | None:
+        """None without drafts in the window, or without token counters."""
+        if self._acceptance is UNREAD:
+            self._acceptance = span_stats(self._span, self._ctx.config.cost, self._k)
+        return self._acceptance
+
+    @property
+    def latency(self) -> LatencyStats | None:
+        """None without latency families."""
+        if self._latency is UNREAD:
+            self._latency = latency_stats(self._span)
+        return self._latency
+
+    @property
+    def capacity(self) -> CapacityStats | None:
+        """Generation, preemptions, KV cache (None where the source counts none)."""
+        if self._capacity is UNREAD:
+            self._capacity = capacity_stats(self._span)
+        return self._capacity
+
+    @property
+    def observed(self) -> ObservedSpeedup | None:
+        """Against the baseline, when there is one and requests."""
+        return self._advised()[0]
+
+    @property
+    def calibrated_cost(self) -> float | None:
+        """c = c_draft + c_verify that makes the model match the observed speedup."""
+        return self._advised()[1]
+
+    @property
+    def recommended_k(self) -> int | None:
+        """Under the cost in force: calibrated when there is one, else configured."""
+        return self._advised()[2]
+
+    @property
+    def break_even_at_load(self) -> float | None:
+        """The configured model's break-even at the window's mean running batch."""
+        lat = self.latency
+        if self.acceptance is None or lat is None or lat.running is None:
+            return None
+        return break_even_acceptance(self._ctx.config.cost.per_draft_token_at(lat.running))
+
+    @property
+    def against_control(self) -> AgainstControl | None:
+        """Where a control target is configured and has data."""
+        if self._against_control is UNREAD:
+            capacity, ctx = self.capacity, self._ctx
+            control = ctx.control_for(self._model, self.window) if capacity is not None and ctx.config.spec_decode \
+                else None
+            self._against_control = (
+                against_control(capacity, control[1], control[0], ctx.app.verdict.capacity.min_waiting_requests)
+                if capacity is not None and control is not None else None)
+        return self._against_control
+
+    def _advised(self) -> tuple[ObservedSpeedup | None, float | None, int | None]:
+        if self._advice is UNREAD:
+            lat, ctx = self.latency, self._ctx
+            baseline = ctx.baseline_for(self._model, self.window) if lat is not None and ctx.config.spec_decode \
+                else None
+            observed = latency.observed_speedup(baseline, lat) if baseline is not None and lat is not None else None
+            self._advice = (observed, *_cost_advice(self.acceptance, observed))
+        return self._advice
+
+    def parts(self) -> tuple[object, ...]:
+        """Everything it says, worked out."""
+        return (self.window, self.acceptance, self.latency, self.observed, self.calibrated_cost,
+                self.break_even_at_load, self.recommended_k, self.capacity, self.against_control)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, WindowView) and self.parts() == other.parts()
+
+    __hash__ = None  # type: ignore[assignment]  # equal by value, mutable caches: not a dict key
+
+    def __repr__(self) -> str:
+        names = ("window", "acceptance", "latency", "observed", "calibrated_cost", "break_even_at_load",
+                 "recommended_k", "capacity", "against_control")
+        return "WindowView(" + ", ".join(f"{n}={v!r}" for n, v in zip(names, self.parts(), strict=True)) + ")"
 
 
 class Speculation(NamedTuple):
@@ -56,6 +177,64 @@ class Speculation(NamedTuple):
     reason: str
 
 
+class SeriesAdvice:
+    """What a series' windows add up to: the verdict over its verdict window, the calibrated break-even, whether it
+    still speculates, and the batch-size schedule. Worked out at the first read, like the windows' parts (only a
+    render, the status API or `check` reads them; the windows it reads are the collection's). Equal when every part
+    is."""
+
+    __slots__ = ("_computed", "_ctx", "_drafted_ever", "_has_tokens", "_judged", "_judgement", "_schedule",
+                 "_speculation")
+
+    def __init__(self, computed: tuple[tuple[WindowView, WindowSpan], ...], judged: WindowView | None,
+                 ctx: SeriesContext, has_tokens: bool, drafted_ever: bool) -> None:
+        self._computed, self._judged, self._ctx = computed, judged, ctx
+        self._has_tokens, self._drafted_ever = has_tokens, drafted_ever
+        self._judgement: Judgement | _Unread = UNREAD
+        self._speculation: Speculation | _Unread | None = UNREAD
+        self._schedule: tuple[LazySchedule | None, str | None] | _Unread = UNREAD
+
+    @property
+    def judgement(self) -> Judgement:
+        if self._judgement is UNREAD:
+            self._judgement = judge(evidence(self._judged), self._ctx.app.verdict)
+        return self._judgement
+
+    @property
+    def calibrated_break_even(self) -> float | None:
+        """From the cost that matches the observed speedup over the verdict window, where there is one."""
+        judged = self._judged
+        calibrated = judged.calibrated_cost if judged is not None and self._has_tokens else None
+        return break_even_acceptance(calibrated) if calibrated is not None else None
+
+    @property
+    def speculation(self) -> Speculation | None:
+        """None where the source counts no generated tokens (and for a control target's series)."""
+        if self._speculation is UNREAD:
+            self._speculation = (speculation(tuple(view for view, _ in self._computed), self._drafted_ever,
+                                             self._ctx.app.speculation_stopped)
+                                 if self._ctx.config.spec_decode else None)
+        return self._speculation
+
+    @property
+    def schedule(self) -> tuple[LazySchedule | None, str | None]:
+        """Batch-size advice, worked out when read, and the window it is over."""
+        if self._schedule is UNREAD:
+            self._schedule = schedule_of(self._computed, self._ctx) if self._ctx.config.spec_decode else (None, None)
+        return self._schedule
+
+    def parts(self) -> tuple[object, ...]:
+        return self.judgement, self.calibrated_break_even, self.speculation, self.schedule
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, SeriesAdvice) and self.parts() == other.parts()
+
+    __hash__ = None  # type: ignore[assignment]  # equal by value, mutable caches: not a dict key
+
+    def __repr__(self) -> str:
+        return f"SeriesAdvice{self.parts()!r}"
+
+
 class SeriesView(NamedTuple):
     key: SeriesKey
     totals: Totals
@@ -65,22 +244,35 @@ class SeriesView(NamedTuple):
     reported: tuple[tuple[MetricSpec, float], ...]  # the engine's own figures, passed through
     restarts: int
     verdict_window: str | None  # the window the judgement is for
-    judgement: Judgement
+    advice: SeriesAdvice  # the judgement, calibrated break-even, speculation and schedule, worked out when read
     method: str | None = None  # from config, else as the source states it (TensorRT-LLM)
     configured_break_even: float | None = None  # the configured cost per drafted token (None without tokens)
-    calibrated_break_even: float | None = None  # from the cost that matches the observed speedup, where there is one
     spec_decode: bool = True  # False for a control target's series
-    speculation: Speculation | None = None  # None where the source counts no generated tokens
-    lazy_schedule: LazySchedule | None = None  # batch-size advice over schedule_window, worked out when read
-    schedule_window: str | None = None
     kv_cache_usage: float | None = None  # at the last reading
+
+    @property
+    def judgement(self) -> Judgement:
+        return self.advice.judgement
+
+    @property
+    def calibrated_break_even(self) -> float | None:
+        return self.advice.calibrated_break_even
+
+    @property
+    def speculation(self) -> Speculation | None:
+        return self.advice.speculation
+
+    @property
+    def schedule_window(self) -> str | None:
+        return self.advice.schedule[1]
 
     def window(self, name: str | None) -> WindowView | None:
         return next((w for w in self.windows if w.window.name == name), None)
 
     @property
     def schedule(self) -> BatchSchedule | None:
-        return self.lazy_schedule.get() if self.lazy_schedule is not None else None
+        lazy = self.advice.schedule[0]
+        return lazy.get() if lazy is not None else None
 
     @property
     def break_even(self) -> float | None:
@@ -103,14 +295,22 @@ class SeriesContext:
     control_for: ControlFor = lambda model, window: None
 
 
+def has_latency(span: WindowSpan) -> bool:
+    """Whether latency_stats has something to say of the span, without working it out."""
+    start, end = span.start, span.end
+    return (latency.defined(start.time_per_output_token, end.time_per_output_token)
+            or latency.defined(start.time_to_first_token, end.time_to_first_token)
+            or (end.running_seconds is not None and start.running_seconds is not None))
+
+
 def latency_stats(span: WindowSpan) -> LatencyStats | None:
+    if not has_latency(span):
+        return None
     start, end = span.start, span.end
     tpot = latency.Change.between(start.time_per_output_token, end.time_per_output_token)
     ttft = latency.Change.between(start.time_to_first_token, end.time_to_first_token)
     running = optional_minus(end.running_seconds, start.running_seconds)
     waiting = optional_minus(end.waiting_seconds, start.waiting_seconds)
-    if tpot is None and ttft is None and running is None:
-        return None
     seconds = span.seconds
     return LatencyStats(tpot, ttft, running / seconds if running is not None and seconds > 0 else None,
                         waiting / seconds if waiting is not None and seconds > 0 else None)
@@ -130,23 +330,10 @@ def _cost_advice(stats: WindowStats | None, observed: ObservedSpeedup | None
 
 def window_view(window: Window, span: WindowSpan, model: str | None, k: int | None,
                 ctx: SeriesContext) -> WindowView | None:
-    cost = ctx.config.cost
-    stats = span_stats(span, cost, k)
-    lat = latency_stats(span)
-    capacity = capacity_stats(span)
-    if stats is None and lat is None and capacity is None:
+    """The window's view; None where the span says nothing of acceptance, latency or capacity."""
+    if not (has_acceptance(span) or has_latency(span) or has_capacity(span)):
         return None
-    spec = ctx.config.spec_decode
-    baseline = ctx.baseline_for(model, window) if lat is not None and spec else None
-    observed = latency.observed_speedup(baseline, lat) if baseline is not None and lat is not None else None
-    calibrated, recommended = _cost_advice(stats, observed)
-    at_load = (break_even_acceptance(cost.per_draft_token_at(lat.running))
-               if lat is not None and lat.running is not None else None)
-    control = ctx.control_for(model, window) if capacity is not None and spec else None
-    versus = (against_control(capacity, control[1], control[0], ctx.app.verdict.capacity.min_waiting_requests)
-              if capacity is not None and control is not None else None)
-    return WindowView(window, stats, lat, observed, calibrated, at_load if stats is not None else None, recommended,
-                      capacity, versus)
+    return WindowView(window, span, model, k, ctx)
 
 
 @functools.cache
@@ -157,7 +344,7 @@ def _seconds(duration: str) -> float:
 def verdict_window(windows: tuple[WindowView, ...], wanted_seconds: float) -> WindowView | None:
     """The window a verdict is given for: the first with acceptance data that is at least as long as the
     configured one (monitoring config windows.verdict), else the longest with acceptance data."""
-    with_data = [w for w in windows if w.acceptance is not None]
+    with_data = [w for w in windows if w.has_acceptance]
     return next((w for w in with_data if w.window.seconds >= wanted_seconds), with_data[-1] if with_data else None)
 
 
@@ -235,18 +422,13 @@ def series_view(state: SeriesState, now: float, fresh: bool, ctx: SeriesContext)
                 computed.append((view, span))
     windows = tuple(view for view, _ in computed)
     judged = verdict_window(windows, _seconds(ctx.app.verdict_window))
-    calibrated = judged.calibrated_cost if judged is not None else None
     has_tokens = state.totals.draft_tokens is not None
-    schedule, schedule_window = schedule_of(tuple(computed), ctx) if config.spec_decode else (None, None)
     return SeriesView(
         state.key, state.totals, state.histogram, windows, k, reading.reported if reading else (), state.restarts,
-        judged.window.name if judged else None, judge(evidence(judged), ctx.app.verdict),
+        judged.window.name if judged else None,
+        SeriesAdvice(tuple(computed), judged, ctx, has_tokens, bool(state.totals.draft_tokens)),
         config.method or (reading.method if reading else None),
         config.cost.break_even_acceptance_ratio if has_tokens else None,
-        break_even_acceptance(calibrated) if has_tokens and calibrated is not None else None,
         config.spec_decode,
-        speculation(windows, bool(state.totals.draft_tokens), ctx.app.speculation_stopped)
-        if config.spec_decode else None,
-        schedule, schedule_window,
         reading.latency.kv_cache_usage if reading is not None and reading.latency is not None else None,
     )
