@@ -152,10 +152,12 @@ class WindowView:
             self._advice = (observed, *_cost_advice(self.acceptance, observed))
         return self._advice
 
+    PARTS = ("window", "acceptance", "latency", "observed", "calibrated_cost", "break_even_at_load",
+             "recommended_k", "capacity", "against_control")
+
     def parts(self) -> tuple[object, ...]:
         """Everything it says, worked out."""
-        return (self.window, self.acceptance, self.latency, self.observed, self.calibrated_cost,
-                self.break_even_at_load, self.recommended_k, self.capacity, self.against_control)
+        return tuple(getattr(self, name) for name in self.PARTS)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, WindowView) and self.parts() == other.parts()
@@ -163,9 +165,7 @@ class WindowView:
     __hash__ = None  # type: ignore[assignment]  # equal by value, mutable caches: not a dict key
 
     def __repr__(self) -> str:
-        names = ("window", "acceptance", "latency", "observed", "calibrated_cost", "break_even_at_load",
-                 "recommended_k", "capacity", "against_control")
-        return "WindowView(" + ", ".join(f"{n}={v!r}" for n, v in zip(names, self.parts(), strict=True)) + ")"
+        return "WindowView(" + ", ".join(f"{n}={v!r}" for n, v in zip(self.PARTS, self.parts(), strict=True)) + ")"
 
 
 class Speculation(NamedTuple):
