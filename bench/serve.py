@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import signal
 import statistics
@@ -39,6 +40,7 @@ from bench.procs import EXPORTER_BIN, Scraper, _env, static_server
 from devtools.procs import child_pids, free_port, running
 from specdecode_exporter.sidecar.collection import Exporter
 from specdecode_exporter.sidecar.expose import specdecode_registry
+from specdecode_exporter.sidecar.heap import collect_after_scrape, tune_gc
 from specdecode_exporter.sidecar.page import new_gzip
 from specdecode_exporter.sidecar.web import MetricsRenderer
 
@@ -56,6 +58,7 @@ class PageCosts:
     lazy_scrape: float  # the scrape as it was: prometheus_client renders the page and it is gzipped, per scrape
     render_slices: int  # how many times a render handed the loop back
     longest_slice: float  # the longest stretch a render held the loop, seconds (all rounds)
+    gc_pass: float  # the cyclic GC's pass the sidecar makes after each scrape (sidecar/heap.py)
 
 
 class _Views:
@@ -69,10 +72,28 @@ class _Views:
         return [view] if view is not None else []
 
 
+@contextlib.contextmanager
+def sidecar_gc() -> Iterator[None]:
+    """The sidecar's GC schedule (sidecar/heap.py) for a while: the collector's passes come after each scrape, as
+    in the sidecar, not inside whatever allocated last."""
+    threshold = gc.get_threshold()
+    tune_gc()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*threshold)
+
+
 def page_costs(rounds: int) -> PageCosts:
+    with sidecar_gc():
+        return _page_costs(rounds)
+
+
+def _page_costs(rounds: int) -> PageCosts:
     pipeline = Pipeline(body_sequence(*LIVE_TARGET, rounds + 6), warm=4)
     renderer = MetricsRenderer(cast(Exporter, _Views(pipeline)))
-    collect, render, scrape, lazy, slices, longest = [], [], [], [], [], 0.0
+    collect, render, scrape, lazy, slices, passes, longest = [], [], [], [], [], [], 0.0
     page = gzipped = b""
 
     async def render_and_scrape() -> tuple[float, float, int, float, bytes, bytes]:
@@ -110,12 +131,16 @@ def page_costs(rounds: int) -> PageCosts:
         gzip.flush()
         lazy.append(time.process_time() - t0)
         r, s, n, gap, gzipped, page = asyncio.run(render_and_scrape())
+        t0 = time.process_time()
+        collect_after_scrape()
+        passes.append(time.process_time() - t0)
         render.append(r)
         scrape.append(s)
         slices.append(n)
         longest = max(longest, gap)
     return PageCosts(len(page) / 1024, len(gzipped) / 1024, statistics.median(collect), statistics.median(render),
-                     statistics.median(scrape), statistics.median(lazy), int(statistics.median(slices)), longest)
+                     statistics.median(scrape), statistics.median(lazy), int(statistics.median(slices)), longest,
+                     statistics.median(passes))
 
 
 @dataclass

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 from bench import collect, corpus, soak
 from bench.common import FakeClock
 from bench.render import _LAT, _RPS
@@ -83,7 +85,10 @@ def test_a_moving_target_serves_each_body_in_turn() -> None:
 def test_page_costs_render_the_live_target_and_scrape_it() -> None:
     from bench.serve import page_costs
 
+    threshold, frozen = gc.get_threshold(), gc.get_freeze_count()
     costs = page_costs(1)
+    assert (gc.get_threshold(), gc.get_freeze_count()) == (threshold, frozen)  # the sidecar's GC schedule undone
+    assert costs.gc_pass >= 0
     assert costs.page_kib > 1000 and 0 < costs.gzip_kib < costs.page_kib / 10  # the 1 MB target's page, gzipped
     assert costs.render_slices > 10  # the render handed the loop back
     assert min(costs.collect, costs.render, costs.scrape, costs.lazy_scrape) > 0

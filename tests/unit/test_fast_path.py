@@ -30,7 +30,8 @@ TIMING = FetchTiming(0.0, 0.01)
 
 # A series: (model_name, engine, k, with drafts counter, with _created, a missing position)
 SERIES = st.tuples(
-    st.sampled_from(["m", "org/m-2", 'we"ird']),
+    # Whitespace other than a space inside a label value: the known-layout check must still hold.
+    st.sampled_from(["m", "org/m-2", 'we"ird', "tab\tbed", "no\u00a0break"]),
     st.sampled_from(["0", "1", "7"]),
     st.integers(min_value=0, max_value=4),
     st.booleans(),
@@ -39,7 +40,7 @@ SERIES = st.tuples(
 )
 GOOD_VALUE = st.integers(min_value=0, max_value=10**9).map(float)
 ANY_VALUE = st.one_of(GOOD_VALUE, GOOD_VALUE, GOOD_VALUE,
-                      st.sampled_from(["NaN", "+Inf", "-Inf", "-1", "1e400", "x", "1_0"]))
+                      st.sampled_from(["NaN", "+Inf", "-Inf", "-1", "1e400", "x", "1_0", "1\t2", "3\x0b"]))
 
 
 def _escape(value: str) -> str:

@@ -227,7 +227,9 @@ class Selection:
         text = layout.text
         if text is not None and self.regions:
             joined = "\n".join([region for region, _ in self.regions])
-            tokens = joined.replace("\n", " ").split(" ")
+            # Split at any whitespace: no value token then holds a newline, so a text that the template rebuilds
+            # exactly has each value where the layout's line has it (a head with other whitespace fails the check).
+            tokens = joined.split()
             if len(tokens) == 2 * text.lines:
                 values = tokens[1::2]
                 if text.template % tuple(values) == joined:

@@ -255,12 +255,14 @@ class TargetCollector:
                                  sni_hostname=self.config.tls.server_name if self.config.tls else None)
             if result.failure is not None:
                 raise CollectionFailure(result.failure, result.detail)
+            text, selection = self.selected(result)
+            await asyncio.sleep(0)  # a scrape waiting meanwhile goes first: the decode is the next piece
             try:
-                decoded = self.decoded(result)
+                decoded = self.decode_selection(text, selection, result)
             except ModelNameNeeded:
                 await self._discover_model(client)
-                decoded = self.decoded(result)
-            await asyncio.sleep(0)  # a scrape waiting meanwhile goes first: the store update is the next piece
+                decoded = self.decode_selection(text, selection, result)
+            await asyncio.sleep(0)  # and again before the store update
             self.store_decoded(decoded)
         except CollectionFailure as failure:
             return self.fail(failure, time.perf_counter() - started)
@@ -292,10 +294,20 @@ class TargetCollector:
 
     def decoded(self, result: FetchResult) -> DecodeResult:
         """A fetched body's series: select, decode (raises as ingest does)."""
+        return self.decode_selection(*self.selected(result), result)
+
+    def selected(self, result: FetchResult) -> tuple[str, Selection]:
+        """A fetched body's text and the lines of the engine it speaks (raises CollectionFailure)."""
         text = body_text(result)
         try:
             # Only the known engine's lines: each other dialect's prefixes would cost one more pass over the text.
-            selection = select(text, self.engine.prefixes if self.engine else ALL_PREFIXES, self.line_cache)
+            return text, select(text, self.engine.prefixes if self.engine else ALL_PREFIXES, self.line_cache)
+        except ParseError as exc:
+            raise CollectionFailure(FailureReason.PARSE, str(exc)) from None
+
+    def decode_selection(self, text: str, selection: Selection, result: FetchResult) -> DecodeResult:
+        """The series of a body's selected lines (raises as ingest does)."""
+        try:
             # Same lines as last time: same engine, and the decoder needs no parsing.
             decoded = self.decoder.decode_known(selection, result.timing) if self.decoder else None
             if decoded is None:
