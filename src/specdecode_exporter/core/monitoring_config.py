@@ -93,6 +93,9 @@ class Windows(Section):
     sidecar: Annotated[tuple[PromDuration, ...], Field(min_length=1)]  # the sidecar's default windows
     verdict: PromDuration  # the window the verdict is given for
     sidecar_alert: PromDuration  # the sidecar window the k-advice alert reads
+    # How often the ruler evaluates the window records (not the page's and the alerts': statistics.evaluation_interval);
+    # None: the ruler's own default.
+    evaluation_interval: PromDuration | None = None
 
     def cross_check(self, context: Context) -> Windows:
         for key in ("verdict", "sidecar_alert"):
@@ -254,6 +257,10 @@ class MonitoringConfig(Section):
                                   BeforeValidator(_extra_labels)] = ()
     force_for: PromDurationOrZero | None = None  # every alert's `for:` (the end-to-end profile's short waits)
     profile: str | None = field(default=None, metadata={"key": False})
+
+    def with_window_interval(self, interval: str | None) -> MonitoringConfig:
+        """The same config with the window records evaluated every ``interval`` (None: at the ruler's default)."""
+        return replace(self, windows=replace(self.windows, evaluation_interval=interval))
 
     def cross_check(self, context: Context) -> MonitoringConfig:
         if self.alert_level not in dict(self.levels):

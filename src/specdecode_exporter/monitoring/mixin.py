@@ -45,6 +45,7 @@ TUNABLE: tuple[Tunable, ...] = (
     Tunable("selectors.metric", "metricSelector", "matchers"),
     Tunable("selectors.exporter_job", "exporterJobSelector", "text"),
     Tunable("windows.short", "shortWindow", "duration"),
+    Tunable("windows.evaluation_interval", "windowEvaluationInterval", "duration"),
     Tunable("baseline.offset", "baselineOffset", "duration"),
     Tunable("min_draft_tokens_per_second", "minDraftTokensPerSecond", "number"),
     Tunable("min_requests_per_hour", "minRequestsPerHour", "number"),

@@ -8,7 +8,7 @@ statistical test with its own minimum evidence (core.evidence; the statistics se
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -251,18 +251,22 @@ def recording_groups(cfg: MonitoringConfig) -> list[dict[str, Any]]:
     and reads them back from it, so a record chained on another of its own group would read the previous
     evaluation's value, or nothing until the write lands (docs/fleet.md)."""
     windows = list(dict.fromkeys([cfg.short_window, cfg.long_window]))
-    groups = [{"name": f"specdecode.rules.{level}",
-               "rules": [*(r for w in windows for r in _records(cfg, level, w)), *_quantile_records(cfg, level)]}
-              for level, _ in cfg.levels]
+    every = {"interval": cfg.windows.evaluation_interval} if cfg.windows.evaluation_interval else {}
+
+    def window_group(name: str, rules: Iterable[Rule]) -> dict[str, Any]:
+        return {"name": f"specdecode.rules.{name}", **every, "rules": list(rules)}
+
+    groups = [window_group(level, [*(r for w in windows for r in _records(cfg, level, w)),
+                                   *_quantile_records(cfg, level)]) for level, _ in cfg.levels]
     # A group per tested window, evaluated as often as the budgets assume (the page's timing must not depend on the
     # ruler's); one group for all would exceed Mimir's default of 20 rules per group.
     groups.extend({"name": evidence_group(window), "interval": cfg.statistics.evaluation_interval,
                    "rules": list(_evidence_rules(cfg, window))} for window in tested_windows(cfg))
-    groups.append({"name": "specdecode.rules.baseline", "rules": [_baseline_rule(cfg)]})
-    groups.append({"name": "specdecode.rules.latency", "rules": list(_latency_rules(cfg))})
-    groups.append({"name": "specdecode.rules.speedup", "rules": list(_speedup_rules(cfg))})
-    groups.append({"name": "specdecode.rules.requests", "rules": list(_request_rules(cfg))})
-    groups.append({"name": "specdecode.rules.capacity", "rules": list(_capacity_rules(cfg))})
+    groups.append(window_group("baseline", [_baseline_rule(cfg)]))
+    groups.append(window_group("latency", _latency_rules(cfg)))
+    groups.append(window_group("speedup", _speedup_rules(cfg)))
+    groups.append(window_group("requests", _request_rules(cfg)))
+    groups.append(window_group("capacity", _capacity_rules(cfg)))
     return groups
 
 
