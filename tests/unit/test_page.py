@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import math
+import random
+import zlib
 from collections.abc import Iterator
 
 import pytest
@@ -20,7 +22,9 @@ from specdecode_exporter.sidecar.page import (
     Encoder,
     LineFormat,
     PageLines,
+    compressed_steps,
     encode,
+    new_gzip,
     page_pieces,
 )
 
@@ -143,3 +147,17 @@ def test_page_lines_are_the_families_bytes_render_after_render(encoder: Encoder)
         _fill(families, scale)
         assert "".join(lines.pieces()) == encode(encoder, families)
     assert len(line_format.prefixes) == 3 + 1 + 1 + 4 + 2  # positions, counter, up, two histograms
+
+
+def test_the_pages_gzip_is_written_out_before_any_scrape() -> None:
+    """The rendered page's gzip decodes to the whole page by itself: its last block is flushed at the render, so a
+    scrape only codes the small live families after it (and the stream is still one gzip member that ends there)."""
+    rng = random.Random(7)
+    text = "".join(f'specdecode_x{{pod="{rng.random()}"}} {rng.random()}\n' for _ in range(40_000)).encode()
+    gzip = new_gzip()
+    head = b"".join(compressed_steps(text, gzip))
+    assert zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(head) == text
+    tail = gzip.copy()
+    whole = head + tail.compress(b"live 1\n") + tail.flush()
+    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    assert inflater.decompress(whole) == text + b"live 1\n" and inflater.eof and not inflater.unused_data

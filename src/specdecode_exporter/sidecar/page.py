@@ -198,9 +198,12 @@ class PageLines:
 
 
 def compressed_steps(text: bytes, gzip: Compressor, piece: int = 16 * 1024) -> Iterator[bytes]:
-    """gzip of ``text`` in pieces (~0.06 ms each at GZIP_LEVEL), leaving ``gzip`` open for what follows."""
+    """gzip of ``text`` in pieces (~0.06 ms each at GZIP_LEVEL), leaving ``gzip`` open for what follows. It ends
+    with a sync flush: the last block of the text is written out here, once, not by every scrape's final flush
+    (0.2 ms of Huffman coding a 2 MB page's last block each time); the stream stays one gzip member."""
     for start in range(0, len(text), piece):
         yield gzip.compress(text[start:start + piece])
+    yield gzip.flush(zlib.Z_SYNC_FLUSH)
 
 
 def spec_decode_steps(views: Iterable[TargetView], line_format: LineFormat) -> Iterator[str]:
