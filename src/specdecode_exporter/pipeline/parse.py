@@ -234,7 +234,11 @@ class Selection:
                 values = tokens[1::2]
                 if text.template % tuple(values) == joined:
                     return values if text.wanted is None else _picked(values, text.wanted)
-        return self.values if self.heads == layout.heads else None
+        if self.heads != layout.heads:
+            return None
+        # float() reads "3\v" or "\u20033" (it strips any whitespace), the strict parser does not: such a value
+        # must take the strict path and fail there, as it would on a first scrape.
+        return self.values if "".join(self.values).isprintable() else None
 
     def samples(self) -> list[Sample]:
         """Every selected line as a Sample; raises ParseError on the first malformed line."""
