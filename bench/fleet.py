@@ -53,6 +53,7 @@ if str(ROOT) not in sys.path:
     sys.path.append(str(ROOT))
 
 from bench.common import markdown_table  # noqa: E402
+from devtools.chain import write_shipped_rules  # noqa: E402
 from devtools.procs import (  # noqa: E402
     Process,
     exporter_command,
@@ -61,8 +62,6 @@ from devtools.procs import (  # noqa: E402
     running,
     start_process,
 )
-from specdecode_exporter.core import monitoring_config  # noqa: E402
-from specdecode_exporter.monitoring.rules import rule_groups  # noqa: E402
 
 RULES = ROOT / "alerts" / "specdecode.rules.yaml"
 VLLM_PAGE = ROOT / "tests" / "fixtures" / "captured_vllm_cpu_0.32.0_ngram.prom"
@@ -99,12 +98,9 @@ class Size:
                 f"{self.interval_s:g} s ({intervals}), each Prometheus held {self.hold_s:g} s after every target "
                 "is up")
 
-    def write_rules(self, out: Path) -> Path:
-        """The generated rules this size evaluates (see shipped_intervals)."""
-        cfg = monitoring_config.load()
-        out.write_text(yaml.safe_dump(rule_groups(cfg if self.shipped_intervals else cfg.with_window_interval(None)),
-                                      sort_keys=False), encoding="utf-8")
-        return out
+    def rules(self, out: Path) -> Path:
+        """The rules file this size evaluates (see shipped_intervals); ``out`` where it has to be written."""
+        return RULES if self.shipped_intervals else write_shipped_rules(out)
 
 
 SMOKE = Size("smoke", (5, 10), 1.0, 4.0)
@@ -309,7 +305,7 @@ def measure(page_name: str, page: MovingPage, pods: int, size: Size, workdir: Pa
     run_dir = Path(tempfile.mkdtemp(prefix=f"{page_name}-{pods}-", dir=workdir))
     with PodServer(page) as server:
         config = prometheus_config(f"127.0.0.1:{server.port}", JOBS[page_name], pods, size.interval_s,
-                                   size.write_rules(run_dir / "rules.yaml"))
+                                   size.rules(run_dir / "rules.yaml"))
         (run_dir / "prometheus.yml").write_text(yaml.safe_dump(config), encoding="utf-8")
         prom = start_process("prometheus", lambda port: [
             binary, f"--config.file={run_dir / 'prometheus.yml'}", f"--storage.tsdb.path={run_dir / 'tsdb'}",

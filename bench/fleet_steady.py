@@ -199,7 +199,7 @@ def measure(page_name: str, page: fleet.MovingPage, pods: int, size: fleet.Size,
     samples = backfill(history, run_dir / "tsdb", run_dir)
     with fleet.PodServer(page, origin) as server:
         config = fleet.prometheus_config(f"127.0.0.1:{server.port}", fleet.JOBS[page_name], pods, size.interval_s,
-                                         size.write_rules(run_dir / "rules.yaml"))
+                                         size.rules(run_dir / "rules.yaml"))
         (run_dir / "prometheus.yml").write_text(yaml.safe_dump(config), encoding="utf-8")
         prom = start_process("prometheus", lambda port: [
             binary, f"--config.file={run_dir / 'prometheus.yml'}", f"--storage.tsdb.path={run_dir / 'tsdb'}",

@@ -40,8 +40,9 @@ from devtools.stack import Prometheus
 from specdecode_exporter.core import monitoring_config
 from specdecode_exporter.core.monitoring_config import MonitoringConfig
 from specdecode_exporter.core.validation import parse_duration
-from specdecode_exporter.monitoring.build import render_rules, sources
-from specdecode_exporter.monitoring.rules import alpha_record
+from specdecode_exporter.monitoring.build import dump_yaml, render_rules, sources
+from specdecode_exporter.monitoring.mixin import with_value
+from specdecode_exporter.monitoring.rules import alpha_record, recording_groups, rule_groups
 
 AM_EXAMPLE = ROOT / "alerts" / "alertmanager.example.yml"
 PROFILE = "e2e"
@@ -183,6 +184,16 @@ def rules_settings() -> MonitoringConfig:
 
 def write_rules(out: Path) -> None:
     out.write_text(render_rules(sources(None, PROFILE)), encoding="utf-8")
+
+
+def write_shipped_rules(out: Path, recordings_only: bool = False) -> Path:
+    """The shipped rules (the default config) for a ruler that runs a minute or two: their window groups at the
+    ruler's own interval instead of their shipped windows.evaluation_interval (1m), so that every group evaluates
+    within the run; with ``recordings_only``, the recording groups alone."""
+    cfg = with_value(monitoring_config.shipped(), "windows.evaluation_interval", None)
+    out.write_text(dump_yaml({"groups": recording_groups(cfg)} if recordings_only else rule_groups(cfg)),
+                   encoding="utf-8")
+    return out
 
 
 def prometheus_config(sidecar: str, alertmanager: str, rules: Path) -> dict[str, Any]:

@@ -28,6 +28,7 @@ from devtools.chain import (
     seconds,
     start_alertmanager,
     write_rules,
+    write_shipped_rules,
 )
 from devtools.procs import (
     Process,
@@ -39,10 +40,7 @@ from devtools.procs import (
     start_process,
     tail,
 )
-from specdecode_exporter.core import monitoring_config
 from specdecode_exporter.core.monitoring_config import MonitoringConfig
-from specdecode_exporter.monitoring.build import dump_yaml
-from specdecode_exporter.monitoring.rules import recording_groups
 
 SHARDS = 2
 SCRAPE_INTERVAL_S = 1.0
@@ -261,14 +259,6 @@ def _vmalert_command(binary: str, rules: Path, victoria: str, port: int, alertma
     ]
 
 
-def write_shipped_recordings(out: Path) -> None:
-    """The recording groups of the shipped rules (the default config), which the dashboard reads; without the
-    alert group, so that the chain's only pager is the e2e profile's. Their window groups run at vmalert's
-    -evaluationInterval (1s) instead of their shipped 1m: the stack lives two minutes."""
-    cfg = monitoring_config.load().with_window_interval(None)
-    out.write_text(dump_yaml({"groups": recording_groups(cfg)}), encoding="utf-8")
-
-
 @contextlib.contextmanager
 def running_fleet(workdir: Path, specs: Sequence[PodSpec]) -> Iterator[Fleet]:
     """Start the pods and the VictoriaMetrics stack; stop all of it on exit, whatever happened."""
@@ -304,7 +294,7 @@ def running_fleet(workdir: Path, specs: Sequence[PodSpec]) -> Iterator[Fleet]:
             vmalert_bin, rules, victoria.url, port, alertmanager.url), workdir, "/health")
         stack.callback(vmalert.stop)
         shipped = workdir / "specdecode.shipped-recordings.yaml"
-        write_shipped_recordings(shipped)
+        write_shipped_rules(shipped, recordings_only=True)
         recorder = start_process("vmalert-recordings", lambda port: _vmalert_command(
             vmalert_bin, shipped, victoria.url, port, None), workdir, "/health")
         stack.callback(recorder.stop)

@@ -13,17 +13,15 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 import yaml
 
+from devtools.chain import write_shipped_rules
 from devtools.procs import Process, exporter_command, free_port, prometheus_binary, running, tail
-from specdecode_exporter.core import monitoring_config
 from specdecode_exporter.demo import send_traffic
-from specdecode_exporter.monitoring.rules import rule_groups
 from tests.grafana.grafana_dashboard_helpers import (
     all_selection,
     annotation_queries,
@@ -54,13 +52,6 @@ ALLOWED_EMPTY: dict[str, str] = {
     "Measured speedup of routed classes (randomized canary)": "routing observes only (no randomized split) and "
                                                               "no class is below break-even at α=0.7",
 }
-
-
-def write_rules(out: Path) -> None:
-    """The shipped rules, their window groups at Prometheus' global 1s instead of their shipped 1m (the stack lives
-    a minute or two; the rules' test checks the shipped file is this generator's output)."""
-    out.write_text(yaml.safe_dump(rule_groups(monitoring_config.load().with_window_interval(None)), sort_keys=False),
-                   encoding="utf-8")
 
 
 @dataclass
@@ -109,7 +100,6 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             *cli, "simulate", "--web.listen-address", f"127.0.0.1:{port}", "--acceptance-rate", str(ACCEPTANCE),
             "--spec-decode", "false"], tmp, "/health"))
         (tmp / "sidecar.yaml").write_text(yaml.safe_dump(sidecar_config(simulator.url, control.url)))
-        write_rules(tmp / "rules.yaml")
         sidecar = started.enter_context(running("sidecar", lambda port: [
             *cli, "run", "--config.file", str(tmp / "sidecar.yaml"), "--web.listen-address", f"127.0.0.1:{port}",
             "--proxy.listen-address", f"127.0.0.1:{tap_port}",
@@ -118,7 +108,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         sidecar_address = sidecar.url.removeprefix("http://")
         config = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "900ms"},
-            "rule_files": [str(tmp / "rules.yaml")],
+            "rule_files": [str(write_shipped_rules(tmp / "rules.yaml"))],
             "scrape_configs": [
                 {"job_name": SIDECAR_JOB, "static_configs": [{"targets": [sidecar_address], "labels": K8S_LABELS}]},
                 {"job_name": "vllm", "static_configs": [{"targets": [simulator.url.removeprefix("http://")],

@@ -21,7 +21,7 @@ import yaml
 from specdecode_exporter.core import monitoring_config
 from specdecode_exporter.core.evidence import expected_crossings
 from specdecode_exporter.core.validation import ConfigError, duration_seconds
-from specdecode_exporter.monitoring import build, rules
+from specdecode_exporter.monitoring import build, mixin, rules
 from specdecode_exporter.monitoring.rules import rule_groups
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -306,5 +306,5 @@ def test_every_group_carries_its_own_interval() -> None:
     assert {g["name"]: g.get("interval") for g in groups} == {
         g["name"]: cfg.statistics.evaluation_interval if g["name"] in budgeted else "1m" for g in groups}
     assert len(budgeted) < len(groups)
-    at_default = rule_groups(cfg.with_window_interval(None))["groups"]
+    at_default = rule_groups(mixin.with_value(cfg, "windows.evaluation_interval", None))["groups"]
     assert {g["name"] for g in at_default if "interval" not in g} == {g["name"] for g in groups} - budgeted

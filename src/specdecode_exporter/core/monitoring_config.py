@@ -258,10 +258,6 @@ class MonitoringConfig(Section):
     force_for: PromDurationOrZero | None = None  # every alert's `for:` (the end-to-end profile's short waits)
     profile: str | None = field(default=None, metadata={"key": False})
 
-    def with_window_interval(self, interval: str | None) -> MonitoringConfig:
-        """The same config with the window records evaluated every ``interval`` (None: at the ruler's default)."""
-        return replace(self, windows=replace(self.windows, evaluation_interval=interval))
-
     def cross_check(self, context: Context) -> MonitoringConfig:
         if self.alert_level not in dict(self.levels):
             raise fail(f"{self.alert_level!r} is not one of levels ({', '.join(dict(self.levels))})", "alert_level")
