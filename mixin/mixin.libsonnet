@@ -166,7 +166,7 @@
           },
           {
             "alert": "SpecDecodeTargetDown",
-            "expr": "specdecode_up%s == 0\nunless on (job, instance, target)\nincrease(specdecode_collect_errors_total{%sreason=~\"no_spec_metrics|no_latency_metrics\"}[%s]) > 0" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), $._config.shortWindow],
+            "expr": "specdecode_up%s == 0\nunless on (job, instance, target)\nsum_over_time(target:specdecode_collect_errors:stage_rate1m{reason=~\"no_spec_metrics|no_latency_metrics\"}[%s]) * 15 > 0" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.shortWindow],
             "for": $._config.alerts.SpecDecodeTargetDown["for"],
             "labels": {
               "severity": $._config.alerts.SpecDecodeTargetDown.severity
@@ -179,7 +179,7 @@
           },
           {
             "alert": "SpecDecodeMetricsMissing",
-            "expr": "increase(specdecode_collect_errors_total{%sreason=\"no_spec_metrics\"}[%s]) > 0" % [(if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), $._config.shortWindow],
+            "expr": "sum_over_time(target:specdecode_collect_errors:stage_rate1m{reason=\"no_spec_metrics\"}[%s]) * 15 > 0" % [$._config.shortWindow],
             "for": $._config.alerts.SpecDecodeMetricsMissing["for"],
             "labels": {
               "severity": $._config.alerts.SpecDecodeMetricsMissing.severity
@@ -231,7 +231,7 @@
           },
           {
             "alert": "SpecDecodeObservedSpeedupLow",
-            "expr": "((model:specdecode_observed_speedup:mean_rate1h < %s\nand on (namespace, model_name)\n((%s * model:specdecode_time_per_output_token_seconds:mean_rate1h{spec_decode=\"true\"} - ignoring (spec_decode) model:specdecode_time_per_output_token_seconds:mean_rate1h{spec_decode=\"false\"})\n/ ignoring (spec_decode)\nsqrt(\n%s * ((model:specdecode_time_per_output_token_seconds:p99_rate1h{spec_decode=\"true\"} - model:specdecode_time_per_output_token_seconds:p50_rate1h{spec_decode=\"true\"}) / 2.326) ^ 2 / model:specdecode_request_time_per_output_token_seconds_count:sampled_increase1h{spec_decode=\"true\"}\n+ ignoring (spec_decode)\n((model:specdecode_time_per_output_token_seconds:p99_rate1h{spec_decode=\"false\"} - model:specdecode_time_per_output_token_seconds:p50_rate1h{spec_decode=\"false\"}) / 2.326) ^ 2 / model:specdecode_request_time_per_output_token_seconds_count:sampled_increase1h{spec_decode=\"false\"}\n)\n> 3.96\nand on (namespace, model_name)\nmin by (namespace, model_name) (model:specdecode_request_time_per_output_token_seconds_count:sampled_increase1h) >= 20))\nor\n((max by (namespace, model_name) (specdecode_observed_speedup{%sstatistic=\"mean\", window=\"1h\"}) < %s\nand on (namespace, model_name)\nmin by (namespace, model_name) (\n(1 - max by (namespace, pod, instance, target, model_name) (specdecode_observed_speedup{%sstatistic=\"mean\", window=\"1h\"}) / %s)\n* sum by (namespace, pod, instance, target, model_name) (rate(specdecode_request_time_per_output_token_seconds_sum{%sspec_decode=\"true\"}[1h]))\n/\n(sum by (namespace, pod, instance, target, model_name) (rate(specdecode_request_time_per_output_token_seconds_count{%sspec_decode=\"true\"}[1h])) > 0)\n/ (((histogram_quantile(0.99, sum by (namespace, pod, instance, target, model_name, le) (rate(specdecode_request_time_per_output_token_seconds_bucket{%sspec_decode=\"true\"}[1h])))\nand on (namespace, pod, instance, target, model_name)\n(sum by (namespace, pod, instance, target, model_name) (rate(specdecode_request_time_per_output_token_seconds_count{%sspec_decode=\"true\"}[1h])) > 0) - histogram_quantile(0.5, sum by (namespace, pod, instance, target, model_name, le) (rate(specdecode_request_time_per_output_token_seconds_bucket{%sspec_decode=\"true\"}[1h])))\nand on (namespace, pod, instance, target, model_name)\n(sum by (namespace, pod, instance, target, model_name) (rate(specdecode_request_time_per_output_token_seconds_count{%sspec_decode=\"true\"}[1h])) > 0)) / 2.326) > 0)\n* sqrt(sum by (namespace, pod, instance, target, model_name) (increase(specdecode_request_time_per_output_token_seconds_count{%sspec_decode=\"true\"}[1h]) * (1 - 1 / count_over_time(specdecode_request_time_per_output_token_seconds_count{%sspec_decode=\"true\"}[1h]))))\nand on (namespace, pod, instance, target, model_name)\nsum by (namespace, pod, instance, target, model_name) (increase(specdecode_request_time_per_output_token_seconds_count{%sspec_decode=\"true\"}[1h]) * (1 - 1 / count_over_time(specdecode_request_time_per_output_token_seconds_count{%sspec_decode=\"true\"}[1h]))) >= 20\n) > 3.96)\nunless on (namespace, model_name)\nmodel:specdecode_observed_speedup:mean_rate1h))" % [std.format("%g", $._config.hurtingBelow), std.format("%g", $._config.hurtingBelow), std.format("%g", ($._config.hurtingBelow * $._config.hurtingBelow)), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), std.format("%g", $._config.hurtingBelow), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), std.format("%g", $._config.hurtingBelow), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', ')],
+            "expr": "((model:specdecode_observed_speedup:mean_rate1h < %s\nand on (namespace, model_name)\n((%s * model:specdecode_time_per_output_token_seconds:mean_rate1h{spec_decode=\"true\"} - ignoring (spec_decode) model:specdecode_time_per_output_token_seconds:mean_rate1h{spec_decode=\"false\"})\n/ ignoring (spec_decode)\nsqrt(\n%s * ((model:specdecode_time_per_output_token_seconds:p99_rate1h{spec_decode=\"true\"} - model:specdecode_time_per_output_token_seconds:p50_rate1h{spec_decode=\"true\"}) / 2.326) ^ 2 / model:specdecode_request_time_per_output_token_seconds_count:sampled_increase1h{spec_decode=\"true\"}\n+ ignoring (spec_decode)\n((model:specdecode_time_per_output_token_seconds:p99_rate1h{spec_decode=\"false\"} - model:specdecode_time_per_output_token_seconds:p50_rate1h{spec_decode=\"false\"}) / 2.326) ^ 2 / model:specdecode_request_time_per_output_token_seconds_count:sampled_increase1h{spec_decode=\"false\"}\n)\n> 3.96\nand on (namespace, model_name)\nmin by (namespace, model_name) (model:specdecode_request_time_per_output_token_seconds_count:sampled_increase1h) >= 20))\nor\n((max by (namespace, model_name) (specdecode_observed_speedup{%sstatistic=\"mean\", window=\"1h\"}) < %s\nand on (namespace, model_name)\nmin by (namespace, model_name) (\n(1 - max by (namespace, pod, instance, target, model_name) (specdecode_observed_speedup{%sstatistic=\"mean\", window=\"1h\"}) / %s)\n* max by (namespace, pod, instance, target, model_name) (specdecode_time_per_output_token_seconds{%sstatistic=\"mean\", window=\"1h\"})\n/ (((max by (namespace, pod, instance, target, model_name) (specdecode_time_per_output_token_seconds{%sstatistic=\"p99\", window=\"1h\"}) - max by (namespace, pod, instance, target, model_name) (specdecode_time_per_output_token_seconds{%sstatistic=\"p50\", window=\"1h\"})) / 2.326) > 0)\n* sqrt(sum_over_time(instance:specdecode_request_time_per_output_token_seconds_count:stage_rate1m[1h]) * 15)\nand on (namespace, pod, instance, target, model_name)\nsum_over_time(instance:specdecode_request_time_per_output_token_seconds_count:stage_rate1m[1h]) * 15 >= 20\n) > 3.96)\nunless on (namespace, model_name)\nmodel:specdecode_observed_speedup:mean_rate1h))" % [std.format("%g", $._config.hurtingBelow), std.format("%g", $._config.hurtingBelow), std.format("%g", ($._config.hurtingBelow * $._config.hurtingBelow)), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), std.format("%g", $._config.hurtingBelow), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), std.format("%g", $._config.hurtingBelow), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', ')],
             "for": $._config.alerts.SpecDecodeObservedSpeedupLow["for"],
             "labels": {
               "severity": $._config.alerts.SpecDecodeObservedSpeedupLow.severity
@@ -244,7 +244,7 @@
           },
           {
             "alert": "SpecDecodeTailRegression",
-            "expr": "((model:specdecode_observed_speedup:p99_rate1h < %s\nand on (namespace, model_name)\nmodel:specdecode_observed_speedup:p50_rate1h > %s\nand on (namespace, model_name)\n(max by (namespace, model_name) (\n((1 - model:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"true\"}\n/ ignoring (le) group_left\nmodel:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"true\", le=\"+Inf\"})\n- ignoring (spec_decode)\n(1 - model:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"false\"}\n/ ignoring (le) group_left\nmodel:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"false\", le=\"+Inf\"}))\n/ ignoring (spec_decode)\nsqrt(\n(1 - model:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"true\"}\n/ ignoring (le) group_left\nmodel:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"true\", le=\"+Inf\"}) * (1 - (1 - model:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"true\"}\n/ ignoring (le) group_left\nmodel:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"true\", le=\"+Inf\"})) / ignoring (le) group_left model:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"true\", le=\"+Inf\"}\n+ ignoring (spec_decode)\n(1 - model:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"false\"}\n/ ignoring (le) group_left\nmodel:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"false\", le=\"+Inf\"}) * (1 - (1 - model:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"false\"}\n/ ignoring (le) group_left\nmodel:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"false\", le=\"+Inf\"})) / ignoring (le) group_left model:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"false\", le=\"+Inf\"}\n)\nand ignoring (spec_decode)\n(1 - model:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"false\"}\n/ ignoring (le) group_left\nmodel:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"false\", le=\"+Inf\"}) <= 0.01\n) > 4.65\nand on (namespace, model_name)\nmin by (namespace, model_name) (model:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"true\", le=\"+Inf\"} or model:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"false\", le=\"+Inf\"}) >= 2000))\nor\n((max by (namespace, model_name) (specdecode_observed_speedup{%sstatistic=\"p99\", window=\"1h\"}) < %s\nand on (namespace, model_name)\nmax by (namespace, model_name) (specdecode_observed_speedup{%sstatistic=\"p50\", window=\"1h\"}) > %s\nand on (namespace, model_name)\nmax by (namespace, model_name) (sum by (namespace, pod, instance, target, model_name) (increase(specdecode_request_time_per_output_token_seconds_count{%sspec_decode=\"true\"}[1h]) * (1 - 1 / count_over_time(specdecode_request_time_per_output_token_seconds_count{%sspec_decode=\"true\"}[1h])))) >= 2000)\nunless on (namespace, model_name)\nmodel:specdecode_observed_speedup:p99_rate1h))" % [std.format("%g", $._config.hurtingBelow), std.format("%g", $._config.hurtingBelow), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), std.format("%g", $._config.hurtingBelow), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), std.format("%g", $._config.hurtingBelow), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', ')],
+            "expr": "((model:specdecode_observed_speedup:p99_rate1h < %s\nand on (namespace, model_name)\nmodel:specdecode_observed_speedup:p50_rate1h > %s\nand on (namespace, model_name)\n(max by (namespace, model_name) (\n((1 - model:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"true\"}\n/ ignoring (le) group_left\nmodel:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"true\", le=\"+Inf\"})\n- ignoring (spec_decode)\n(1 - model:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"false\"}\n/ ignoring (le) group_left\nmodel:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"false\", le=\"+Inf\"}))\n/ ignoring (spec_decode)\nsqrt(\n(1 - model:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"true\"}\n/ ignoring (le) group_left\nmodel:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"true\", le=\"+Inf\"}) * (1 - (1 - model:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"true\"}\n/ ignoring (le) group_left\nmodel:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"true\", le=\"+Inf\"})) / ignoring (le) group_left model:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"true\", le=\"+Inf\"}\n+ ignoring (spec_decode)\n(1 - model:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"false\"}\n/ ignoring (le) group_left\nmodel:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"false\", le=\"+Inf\"}) * (1 - (1 - model:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"false\"}\n/ ignoring (le) group_left\nmodel:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"false\", le=\"+Inf\"})) / ignoring (le) group_left model:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"false\", le=\"+Inf\"}\n)\nand ignoring (spec_decode)\n(1 - model:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"false\"}\n/ ignoring (le) group_left\nmodel:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"false\", le=\"+Inf\"}) <= 0.01\n) > 4.65\nand on (namespace, model_name)\nmin by (namespace, model_name) (model:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"true\", le=\"+Inf\"} or model:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"false\", le=\"+Inf\"}) >= 2000))\nor\n((max by (namespace, model_name) (specdecode_observed_speedup{%sstatistic=\"p99\", window=\"1h\"}) < %s\nand on (namespace, model_name)\nmax by (namespace, model_name) (specdecode_observed_speedup{%sstatistic=\"p50\", window=\"1h\"}) > %s\nand on (namespace, model_name)\nmax by (namespace, model_name) (sum_over_time(instance:specdecode_request_time_per_output_token_seconds_count:stage_rate1m[1h]) * 15) >= 2000)\nunless on (namespace, model_name)\nmodel:specdecode_observed_speedup:p99_rate1h))" % [std.format("%g", $._config.hurtingBelow), std.format("%g", $._config.hurtingBelow), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), std.format("%g", $._config.hurtingBelow), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), std.format("%g", $._config.hurtingBelow)],
             "for": $._config.alerts.SpecDecodeTailRegression["for"],
             "labels": {
               "severity": $._config.alerts.SpecDecodeTailRegression.severity
@@ -257,7 +257,7 @@
           },
           {
             "alert": "SpecDecodeLatencyMissing",
-            "expr": "((max by (job, instance, target) (specdecode_baseline_info%s)\nunless on (job, instance, target)\ngroup by (job, instance, target) (specdecode_request_time_per_output_token_seconds_count%s))\nand on (job, instance, target)\nspecdecode_up%s == 1)\nor\nmax by (job, instance, target) (increase(specdecode_collect_errors_total{%sreason=\"no_latency_metrics\"}[%s]) > 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), $._config.shortWindow],
+            "expr": "((max by (job, instance, target) (specdecode_baseline_info%s)\nunless on (job, instance, target)\ngroup by (job, instance, target) (specdecode_request_time_per_output_token_seconds_count%s))\nand on (job, instance, target)\nspecdecode_up%s == 1)\nor\nmax by (job, instance, target) (sum_over_time(target:specdecode_collect_errors:stage_rate1m{reason=\"no_latency_metrics\"}[%s]) * 15 > 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.shortWindow],
             "for": $._config.alerts.SpecDecodeLatencyMissing["for"],
             "labels": {
               "severity": $._config.alerts.SpecDecodeLatencyMissing.severity
@@ -296,7 +296,7 @@
           },
           {
             "alert": "SpecDecodeClassRouted",
-            "expr": "max by (namespace, model_name, workload, temperature, prompt_length) (specdecode_route_class_state%s) == 1\nand on (namespace, model_name, workload, temperature, prompt_length)\nsum by (namespace, model_name, workload, temperature, prompt_length) (rate(specdecode_route_requests_total%s[1h])) > 0" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')],
+            "expr": "max by (namespace, model_name, workload, temperature, prompt_length) (specdecode_route_class_state%s) == 1\nand on (namespace, model_name, workload, temperature, prompt_length)\nsum by (namespace, model_name, workload, temperature, prompt_length) (avg_over_time(model:specdecode_route_requests:stage_rate1m[1h])) > 0" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')],
             "for": $._config.alerts.SpecDecodeClassRouted["for"],
             "labels": {
               "severity": $._config.alerts.SpecDecodeClassRouted.severity
@@ -309,7 +309,7 @@
           },
           {
             "alert": "SpecDecodeSpeculationStopped",
-            "expr": "(\n(sum by (namespace, model_name, job, instance, target, engine) (rate(specdecode_emitted_tokens_total%s[%s]))\n/\n(sum by (namespace, model_name, job, instance, target, engine) (rate(specdecode_generated_tokens_total%s[%s])) > 0)) < %s\nor\nsum by (namespace, model_name, job, instance, target, engine) (rate(specdecode_draft_tokens_total%s[%s])) == 0\n)\nand on (namespace, model_name, job, instance, target, engine)\nsum by (namespace, model_name, job, instance, target, engine) (rate(specdecode_generated_tokens_total%s[%s])) >= %s\nand on (namespace, model_name, job, instance, target, engine)\nmax by (namespace, model_name, job, instance, target, engine) (specdecode_draft_tokens_total%s) > 0" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.shortWindow, (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.shortWindow, std.format("%g", $._config.speculationShareBelow), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.shortWindow, (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.shortWindow, std.format("%g", $._config.minGeneratedTokensPerSecond), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')],
+            "expr": "(\n(avg_over_time(engine:specdecode_emitted_tokens:stage_rate1m[%s])\n/\n(avg_over_time(engine:specdecode_generated_tokens:stage_rate1m[%s]) > 0)) < %s\nor\navg_over_time(engine:specdecode_draft_tokens:stage_rate1m[%s]) == 0\n)\nand on (namespace, model_name, job, instance, target, engine)\navg_over_time(engine:specdecode_generated_tokens:stage_rate1m[%s]) >= %s\nand on (namespace, model_name, job, instance, target, engine)\nmax by (namespace, model_name, job, instance, target, engine) (specdecode_draft_tokens_total%s) > 0" % [$._config.shortWindow, $._config.shortWindow, std.format("%g", $._config.speculationShareBelow), $._config.shortWindow, $._config.shortWindow, std.format("%g", $._config.minGeneratedTokensPerSecond), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')],
             "for": $._config.alerts.SpecDecodeSpeculationStopped["for"],
             "labels": {
               "severity": $._config.alerts.SpecDecodeSpeculationStopped.severity
@@ -322,7 +322,7 @@
           },
           {
             "alert": "SpecDecodePreemptionsRaised",
-            "expr": "model:specdecode_preemptions_per_request:ratio_rate1h{spec_decode=\"true\"}\n- ignoring (spec_decode)\nmodel:specdecode_preemptions_per_request:ratio_rate1h{spec_decode=\"false\"}\n> %s\nand on (namespace, model_name)\nsum by (namespace, model_name) (rate(specdecode_request_time_per_output_token_seconds_count{%sspec_decode=\"true\"}[1h])) * 3600 >= %s" % [std.format("%g", $._config.maxPreemptionsPerRequestIncrease), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), std.format("%g", $._config.minRequestsPerHour)],
+            "expr": "model:specdecode_preemptions_per_request:ratio_rate1h{spec_decode=\"true\"}\n- ignoring (spec_decode)\nmodel:specdecode_preemptions_per_request:ratio_rate1h{spec_decode=\"false\"}\n> %s\nand on (namespace, model_name)\nsum by (namespace, model_name) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_rate1m{spec_decode=\"true\"}[1h])) * 3600 >= %s" % [std.format("%g", $._config.maxPreemptionsPerRequestIncrease), std.format("%g", $._config.minRequestsPerHour)],
             "for": $._config.alerts.SpecDecodePreemptionsRaised["for"],
             "labels": {
               "severity": $._config.alerts.SpecDecodePreemptionsRaised.severity
@@ -335,7 +335,7 @@
           },
           {
             "alert": "SpecDecodeThroughputCut",
-            "expr": "model:specdecode_generated_tokens_per_second:avg_rate1h{spec_decode=\"true\"}\n/ ignoring (spec_decode)\n(model:specdecode_generated_tokens_per_second:avg_rate1h{spec_decode=\"false\"} > 0)\n< %s\nand on (namespace, model_name)\navg by (namespace, model_name) (specdecode_requests_waiting{%swindow=\"1h\"}\nand ignoring (window, api, method, num_speculative_tokens)\nspecdecode_info{%smethod!=\"off\"}) >= %s\nand on (namespace, model_name)\nsum by (namespace, model_name) (rate(specdecode_request_time_per_output_token_seconds_count{%sspec_decode=\"true\"}[1h])) * 3600 >= %s" % [std.format("%g", $._config.minThroughputRatio), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), std.format("%g", $._config.minWaitingRequests), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), std.format("%g", $._config.minRequestsPerHour)],
+            "expr": "model:specdecode_generated_tokens_per_second:avg_rate1h{spec_decode=\"true\"}\n/ ignoring (spec_decode)\n(model:specdecode_generated_tokens_per_second:avg_rate1h{spec_decode=\"false\"} > 0)\n< %s\nand on (namespace, model_name)\navg by (namespace, model_name) (specdecode_requests_waiting{%swindow=\"1h\"}\nand ignoring (window, api, method, num_speculative_tokens)\nspecdecode_info{%smethod!=\"off\"}) >= %s\nand on (namespace, model_name)\nsum by (namespace, model_name) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_rate1m{spec_decode=\"true\"}[1h])) * 3600 >= %s" % [std.format("%g", $._config.minThroughputRatio), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), std.format("%g", $._config.minWaitingRequests), std.format("%g", $._config.minRequestsPerHour)],
             "for": $._config.alerts.SpecDecodeThroughputCut["for"],
             "labels": {
               "severity": $._config.alerts.SpecDecodeThroughputCut.severity
@@ -353,110 +353,180 @@
   prometheusRules+:: {
     "groups": [
       {
+        "name": "specdecode.rules.stage.page",
+        "interval": "15s",
+        "rules": [
+          {
+            "record": "model:specdecode_drafts:stage_rate1m",
+            "expr": "sum by (namespace, model_name) (rate(specdecode_drafts_total%s[1m]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+          },
+          {
+            "record": "model:specdecode_draft_tokens:stage_rate1m",
+            "expr": "sum by (namespace, model_name) (rate(specdecode_draft_tokens_total%s[1m]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+          },
+          {
+            "record": "model:specdecode_accepted_tokens:stage_rate1m",
+            "expr": "sum by (namespace, model_name) (rate(specdecode_accepted_tokens_total%s[1m]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+          },
+          {
+            "record": "target:specdecode_collect_errors:stage_rate1m",
+            "expr": "sum by (job, instance, target, reason) (rate(specdecode_collect_errors_total%s[1m]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+          },
+          {
+            "record": "model:specdecode_route_requests:stage_rate1m",
+            "expr": "sum by (namespace, model_name, workload, temperature, prompt_length) (rate(specdecode_route_requests_total%s[1m]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+          },
+          {
+            "record": "model:specdecode_interval_acceptance_ratio_bucket:stage_rate1m",
+            "expr": "sum by (namespace, model_name, le) (rate(specdecode_interval_acceptance_ratio_bucket%s[1m]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+          },
+          {
+            "record": "model:specdecode_interval_acceptance_ratio_count:stage_rate1m",
+            "expr": "sum by (namespace, model_name) (rate(specdecode_interval_acceptance_ratio_count%s[1m]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+          }
+        ]
+      },
+      {
+        "name": "specdecode.rules.stage.latency",
+        "interval": "15s",
+        "rules": [
+          {
+            "record": "model:specdecode_request_time_per_output_token_seconds_sum:stage_rate1m",
+            "expr": "sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_sum%s[1m]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+          },
+          {
+            "record": "instance:specdecode_request_time_per_output_token_seconds_count:stage_rate1m",
+            "expr": "sum by (namespace, pod, instance, target, model_name) (rate(specdecode_request_time_per_output_token_seconds_count{%sspec_decode=\"true\"}[1m]))" % [(if $._config.metricSelector == '' then '' else $._config.metricSelector + ', ')]
+          },
+          {
+            "record": "model:specdecode_preemptions:stage_rate1m",
+            "expr": "sum by (namespace, model_name, spec_decode) (rate(specdecode_preemptions_total%s[1m]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+          },
+          {
+            "record": "model:specdecode_generated_tokens:stage_rate1m",
+            "expr": "sum by (namespace, model_name, spec_decode) (rate(specdecode_generated_tokens_total%s[1m]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+          },
+          {
+            "record": "model:specdecode_generating_engines:stage_count",
+            "expr": "count by (namespace, model_name, spec_decode) (specdecode_generated_tokens_total%s)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+          },
+          {
+            "record": "model:specdecode_kv_cache_usage_ratio:stage_avg",
+            "expr": "avg by (namespace, model_name, spec_decode) (specdecode_kv_cache_usage_ratio%s)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+          },
+          {
+            "record": "model:specdecode_request_time_per_output_token_seconds_bucket:stage_rate1m",
+            "expr": "sum by (namespace, model_name, spec_decode, le) (rate(specdecode_request_time_per_output_token_seconds_bucket%s[1m]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+          },
+          {
+            "record": "model:specdecode_request_time_per_output_token_seconds_count:stage_rate1m",
+            "expr": "sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_count%s[1m]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+          }
+        ]
+      },
+      {
+        "name": "specdecode.rules.stage.requests",
+        "interval": "15s",
+        "rules": [
+          {
+            "record": "model_band:specdecode_requests:stage_rate1m",
+            "expr": "sum by (namespace, model_name, workload, temperature) (rate(specdecode_requests_total%s[1m]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+          },
+          {
+            "record": "model_band:specdecode_request_accepted_tokens:stage_rate1m",
+            "expr": "sum by (namespace, model_name, workload, temperature) (rate(specdecode_request_accepted_tokens_total%s[1m]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+          },
+          {
+            "record": "model_band:specdecode_request_draft_tokens:stage_rate1m",
+            "expr": "sum by (namespace, model_name, workload, temperature) (rate(specdecode_request_draft_tokens_total%s[1m]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+          },
+          {
+            "record": "model:specdecode_request_acceptance_ratio_bucket:stage_rate1m",
+            "expr": "sum by (namespace, model_name, le) (rate(specdecode_request_acceptance_ratio_bucket%s[1m]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+          },
+          {
+            "record": "model:specdecode_request_acceptance_ratio_count:stage_rate1m",
+            "expr": "sum by (namespace, model_name) (rate(specdecode_request_acceptance_ratio_count%s[1m]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+          },
+          {
+            "record": "model:specdecode_engine_request_acceptance_ratio_bucket:stage_rate1m",
+            "expr": "sum by (namespace, model_name, le) (rate(specdecode_engine_request_acceptance_ratio_bucket%s[1m]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+          },
+          {
+            "record": "model:specdecode_engine_request_acceptance_ratio_count:stage_rate1m",
+            "expr": "sum by (namespace, model_name) (rate(specdecode_engine_request_acceptance_ratio_count%s[1m]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+          }
+        ]
+      },
+      {
+        "name": "specdecode.rules.stage.series",
+        "interval": "15s",
+        "rules": [
+          {
+            "record": "engine:specdecode_emitted_tokens:stage_rate1m",
+            "expr": "sum by (namespace, model_name, job, instance, target, engine) (rate(specdecode_emitted_tokens_total%s[1m]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+          },
+          {
+            "record": "engine:specdecode_generated_tokens:stage_rate1m",
+            "expr": "sum by (namespace, model_name, job, instance, target, engine) (rate(specdecode_generated_tokens_total%s[1m]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+          },
+          {
+            "record": "engine:specdecode_draft_tokens:stage_rate1m",
+            "expr": "sum by (namespace, model_name, job, instance, target, engine) (rate(specdecode_draft_tokens_total%s[1m]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+          }
+        ]
+      },
+      {
         "name": "specdecode.rules.model",
         "interval": $._config.windowEvaluationInterval,
         "rules": [
           {
             "record": "model:specdecode_draft_tokens:rate%s" % [$._config.shortWindow],
-            "expr": "sum by (namespace, model_name) (rate(specdecode_draft_tokens_total%s[%s]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.shortWindow]
+            "expr": "avg_over_time(model:specdecode_draft_tokens:stage_rate1m[%s])" % [$._config.shortWindow]
           },
           {
             "record": "model:specdecode_accepted_tokens:rate%s" % [$._config.shortWindow],
-            "expr": "sum by (namespace, model_name) (rate(specdecode_accepted_tokens_total%s[%s]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.shortWindow]
+            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_rate1m[%s])" % [$._config.shortWindow]
           },
           {
             "record": "model:specdecode_drafts:rate%s" % [$._config.shortWindow],
-            "expr": "sum by (namespace, model_name) (rate(specdecode_drafts_total%s[%s]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.shortWindow]
+            "expr": "avg_over_time(model:specdecode_drafts:stage_rate1m[%s])" % [$._config.shortWindow]
           },
           {
             "record": "model:specdecode_acceptance_ratio:rate%s" % [$._config.shortWindow],
-            "expr": "sum by (namespace, model_name) (rate(specdecode_accepted_tokens_total%s[%s]))\n/\n(sum by (namespace, model_name) (rate(specdecode_draft_tokens_total%s[%s])) > 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.shortWindow, (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.shortWindow]
+            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_rate1m[%s])\n/\n(avg_over_time(model:specdecode_draft_tokens:stage_rate1m[%s]) > 0)" % [$._config.shortWindow, $._config.shortWindow]
           },
           {
             "record": "model:specdecode_mean_acceptance_length:rate%s" % [$._config.shortWindow],
-            "expr": "1 + sum by (namespace, model_name) (rate(specdecode_accepted_tokens_total%s[%s]))\n/\n(sum by (namespace, model_name) (rate(specdecode_drafts_total%s[%s])) > 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.shortWindow, (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.shortWindow]
+            "expr": "1 + avg_over_time(model:specdecode_accepted_tokens:stage_rate1m[%s])\n/\n(avg_over_time(model:specdecode_drafts:stage_rate1m[%s]) > 0)" % [$._config.shortWindow, $._config.shortWindow]
           },
           {
             "record": "model:specdecode_draft_tokens:rate1h",
-            "expr": "sum by (namespace, model_name) (rate(specdecode_draft_tokens_total%s[1h]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+            "expr": "avg_over_time(model:specdecode_draft_tokens:stage_rate1m[1h])"
           },
           {
             "record": "model:specdecode_accepted_tokens:rate1h",
-            "expr": "sum by (namespace, model_name) (rate(specdecode_accepted_tokens_total%s[1h]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_rate1m[1h])"
           },
           {
             "record": "model:specdecode_drafts:rate1h",
-            "expr": "sum by (namespace, model_name) (rate(specdecode_drafts_total%s[1h]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+            "expr": "avg_over_time(model:specdecode_drafts:stage_rate1m[1h])"
           },
           {
             "record": "model:specdecode_acceptance_ratio:rate1h",
-            "expr": "sum by (namespace, model_name) (rate(specdecode_accepted_tokens_total%s[1h]))\n/\n(sum by (namespace, model_name) (rate(specdecode_draft_tokens_total%s[1h])) > 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_rate1m[1h])\n/\n(avg_over_time(model:specdecode_draft_tokens:stage_rate1m[1h]) > 0)"
           },
           {
             "record": "model:specdecode_mean_acceptance_length:rate1h",
-            "expr": "1 + sum by (namespace, model_name) (rate(specdecode_accepted_tokens_total%s[1h]))\n/\n(sum by (namespace, model_name) (rate(specdecode_drafts_total%s[1h])) > 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+            "expr": "1 + avg_over_time(model:specdecode_accepted_tokens:stage_rate1m[1h])\n/\n(avg_over_time(model:specdecode_drafts:stage_rate1m[1h]) > 0)"
           },
           {
             "record": "model:specdecode_interval_acceptance_ratio:p10_rate1h",
-            "expr": "histogram_quantile(0.1, sum by (namespace, model_name, le) (rate(specdecode_interval_acceptance_ratio_bucket%s[1h])))\nand on (namespace, model_name)\n(sum by (namespace, model_name) (rate(specdecode_interval_acceptance_ratio_count%s[1h])) > 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+            "expr": "histogram_quantile(0.1, avg_over_time(model:specdecode_interval_acceptance_ratio_bucket:stage_rate1m[1h]))\nand on (namespace, model_name)\n(avg_over_time(model:specdecode_interval_acceptance_ratio_count:stage_rate1m[1h]) > 0)"
           },
           {
             "record": "model:specdecode_interval_acceptance_ratio:p50_rate1h",
-            "expr": "histogram_quantile(0.5, sum by (namespace, model_name, le) (rate(specdecode_interval_acceptance_ratio_bucket%s[1h])))\nand on (namespace, model_name)\n(sum by (namespace, model_name) (rate(specdecode_interval_acceptance_ratio_count%s[1h])) > 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
-          }
-        ]
-      },
-      {
-        "name": "specdecode.rules.instance",
-        "interval": $._config.windowEvaluationInterval,
-        "rules": [
-          {
-            "record": "instance:specdecode_draft_tokens:rate%s" % [$._config.shortWindow],
-            "expr": "sum by (namespace, pod, instance, target, model_name) (rate(specdecode_draft_tokens_total%s[%s]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.shortWindow]
-          },
-          {
-            "record": "instance:specdecode_accepted_tokens:rate%s" % [$._config.shortWindow],
-            "expr": "sum by (namespace, pod, instance, target, model_name) (rate(specdecode_accepted_tokens_total%s[%s]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.shortWindow]
-          },
-          {
-            "record": "instance:specdecode_drafts:rate%s" % [$._config.shortWindow],
-            "expr": "sum by (namespace, pod, instance, target, model_name) (rate(specdecode_drafts_total%s[%s]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.shortWindow]
-          },
-          {
-            "record": "instance:specdecode_acceptance_ratio:rate%s" % [$._config.shortWindow],
-            "expr": "sum by (namespace, pod, instance, target, model_name) (rate(specdecode_accepted_tokens_total%s[%s]))\n/\n(sum by (namespace, pod, instance, target, model_name) (rate(specdecode_draft_tokens_total%s[%s])) > 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.shortWindow, (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.shortWindow]
-          },
-          {
-            "record": "instance:specdecode_mean_acceptance_length:rate%s" % [$._config.shortWindow],
-            "expr": "1 + sum by (namespace, pod, instance, target, model_name) (rate(specdecode_accepted_tokens_total%s[%s]))\n/\n(sum by (namespace, pod, instance, target, model_name) (rate(specdecode_drafts_total%s[%s])) > 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.shortWindow, (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.shortWindow]
-          },
-          {
-            "record": "instance:specdecode_draft_tokens:rate1h",
-            "expr": "sum by (namespace, pod, instance, target, model_name) (rate(specdecode_draft_tokens_total%s[1h]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
-          },
-          {
-            "record": "instance:specdecode_accepted_tokens:rate1h",
-            "expr": "sum by (namespace, pod, instance, target, model_name) (rate(specdecode_accepted_tokens_total%s[1h]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
-          },
-          {
-            "record": "instance:specdecode_drafts:rate1h",
-            "expr": "sum by (namespace, pod, instance, target, model_name) (rate(specdecode_drafts_total%s[1h]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
-          },
-          {
-            "record": "instance:specdecode_acceptance_ratio:rate1h",
-            "expr": "sum by (namespace, pod, instance, target, model_name) (rate(specdecode_accepted_tokens_total%s[1h]))\n/\n(sum by (namespace, pod, instance, target, model_name) (rate(specdecode_draft_tokens_total%s[1h])) > 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
-          },
-          {
-            "record": "instance:specdecode_mean_acceptance_length:rate1h",
-            "expr": "1 + sum by (namespace, pod, instance, target, model_name) (rate(specdecode_accepted_tokens_total%s[1h]))\n/\n(sum by (namespace, pod, instance, target, model_name) (rate(specdecode_drafts_total%s[1h])) > 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
-          },
-          {
-            "record": "instance:specdecode_interval_acceptance_ratio:p10_rate1h",
-            "expr": "histogram_quantile(0.1, sum by (namespace, pod, instance, target, model_name, le) (rate(specdecode_interval_acceptance_ratio_bucket%s[1h])))\nand on (namespace, pod, instance, target, model_name)\n(sum by (namespace, pod, instance, target, model_name) (rate(specdecode_interval_acceptance_ratio_count%s[1h])) > 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
-          },
-          {
-            "record": "instance:specdecode_interval_acceptance_ratio:p50_rate1h",
-            "expr": "histogram_quantile(0.5, sum by (namespace, pod, instance, target, model_name, le) (rate(specdecode_interval_acceptance_ratio_bucket%s[1h])))\nand on (namespace, pod, instance, target, model_name)\n(sum by (namespace, pod, instance, target, model_name) (rate(specdecode_interval_acceptance_ratio_count%s[1h])) > 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+            "expr": "histogram_quantile(0.5, avg_over_time(model:specdecode_interval_acceptance_ratio_bucket:stage_rate1m[1h]))\nand on (namespace, model_name)\n(avg_over_time(model:specdecode_interval_acceptance_ratio_count:stage_rate1m[1h]) > 0)"
           }
         ]
       },
@@ -466,27 +536,27 @@
         "rules": [
           {
             "record": "model:specdecode_draft_tokens:rate2m",
-            "expr": "sum by (namespace, model_name) (rate(specdecode_draft_tokens_total%s[2m]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+            "expr": "avg_over_time(model:specdecode_draft_tokens:stage_rate1m[2m])"
           },
           {
             "record": "model:specdecode_accepted_tokens:rate2m",
-            "expr": "sum by (namespace, model_name) (rate(specdecode_accepted_tokens_total%s[2m]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_rate1m[2m])"
           },
           {
             "record": "model:specdecode_drafts:rate2m",
-            "expr": "sum by (namespace, model_name) (rate(specdecode_drafts_total%s[2m]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+            "expr": "avg_over_time(model:specdecode_drafts:stage_rate1m[2m])"
           },
           {
             "record": "model:specdecode_acceptance_ratio:rate2m",
-            "expr": "sum by (namespace, model_name) (rate(specdecode_accepted_tokens_total%s[2m]))\n/\n(sum by (namespace, model_name) (rate(specdecode_draft_tokens_total%s[2m])) > 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_rate1m[2m])\n/\n(avg_over_time(model:specdecode_draft_tokens:stage_rate1m[2m]) > 0)"
           },
           {
             "record": "model:specdecode_mean_acceptance_length:rate2m",
-            "expr": "1 + sum by (namespace, model_name) (rate(specdecode_accepted_tokens_total%s[2m]))\n/\n(sum by (namespace, model_name) (rate(specdecode_drafts_total%s[2m])) > 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+            "expr": "1 + avg_over_time(model:specdecode_accepted_tokens:stage_rate1m[2m])\n/\n(avg_over_time(model:specdecode_drafts:stage_rate1m[2m]) > 0)"
           },
           {
             "record": "model:specdecode_draft_tokens:sampled_increase2m",
-            "expr": "sum by (namespace, model_name) (increase(specdecode_draft_tokens_total%s[2m]) * (1 - 1 / count_over_time(specdecode_draft_tokens_total%s[2m])))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+            "expr": "sum_over_time(model:specdecode_draft_tokens:stage_rate1m[2m]) * 15"
           }
         ]
       },
@@ -496,27 +566,27 @@
         "rules": [
           {
             "record": "model:specdecode_draft_tokens:rate3m",
-            "expr": "sum by (namespace, model_name) (rate(specdecode_draft_tokens_total%s[3m]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+            "expr": "avg_over_time(model:specdecode_draft_tokens:stage_rate1m[3m])"
           },
           {
             "record": "model:specdecode_accepted_tokens:rate3m",
-            "expr": "sum by (namespace, model_name) (rate(specdecode_accepted_tokens_total%s[3m]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_rate1m[3m])"
           },
           {
             "record": "model:specdecode_drafts:rate3m",
-            "expr": "sum by (namespace, model_name) (rate(specdecode_drafts_total%s[3m]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+            "expr": "avg_over_time(model:specdecode_drafts:stage_rate1m[3m])"
           },
           {
             "record": "model:specdecode_acceptance_ratio:rate3m",
-            "expr": "sum by (namespace, model_name) (rate(specdecode_accepted_tokens_total%s[3m]))\n/\n(sum by (namespace, model_name) (rate(specdecode_draft_tokens_total%s[3m])) > 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_rate1m[3m])\n/\n(avg_over_time(model:specdecode_draft_tokens:stage_rate1m[3m]) > 0)"
           },
           {
             "record": "model:specdecode_mean_acceptance_length:rate3m",
-            "expr": "1 + sum by (namespace, model_name) (rate(specdecode_accepted_tokens_total%s[3m]))\n/\n(sum by (namespace, model_name) (rate(specdecode_drafts_total%s[3m])) > 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+            "expr": "1 + avg_over_time(model:specdecode_accepted_tokens:stage_rate1m[3m])\n/\n(avg_over_time(model:specdecode_drafts:stage_rate1m[3m]) > 0)"
           },
           {
             "record": "model:specdecode_draft_tokens:sampled_increase3m",
-            "expr": "sum by (namespace, model_name) (increase(specdecode_draft_tokens_total%s[3m]) * (1 - 1 / count_over_time(specdecode_draft_tokens_total%s[3m])))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+            "expr": "sum_over_time(model:specdecode_draft_tokens:stage_rate1m[3m]) * 15"
           }
         ]
       },
@@ -526,27 +596,27 @@
         "rules": [
           {
             "record": "model:specdecode_draft_tokens:rate10m",
-            "expr": "sum by (namespace, model_name) (rate(specdecode_draft_tokens_total%s[10m]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+            "expr": "avg_over_time(model:specdecode_draft_tokens:stage_rate1m[10m])"
           },
           {
             "record": "model:specdecode_accepted_tokens:rate10m",
-            "expr": "sum by (namespace, model_name) (rate(specdecode_accepted_tokens_total%s[10m]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_rate1m[10m])"
           },
           {
             "record": "model:specdecode_drafts:rate10m",
-            "expr": "sum by (namespace, model_name) (rate(specdecode_drafts_total%s[10m]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+            "expr": "avg_over_time(model:specdecode_drafts:stage_rate1m[10m])"
           },
           {
             "record": "model:specdecode_acceptance_ratio:rate10m",
-            "expr": "sum by (namespace, model_name) (rate(specdecode_accepted_tokens_total%s[10m]))\n/\n(sum by (namespace, model_name) (rate(specdecode_draft_tokens_total%s[10m])) > 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_rate1m[10m])\n/\n(avg_over_time(model:specdecode_draft_tokens:stage_rate1m[10m]) > 0)"
           },
           {
             "record": "model:specdecode_mean_acceptance_length:rate10m",
-            "expr": "1 + sum by (namespace, model_name) (rate(specdecode_accepted_tokens_total%s[10m]))\n/\n(sum by (namespace, model_name) (rate(specdecode_drafts_total%s[10m])) > 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+            "expr": "1 + avg_over_time(model:specdecode_accepted_tokens:stage_rate1m[10m])\n/\n(avg_over_time(model:specdecode_drafts:stage_rate1m[10m]) > 0)"
           },
           {
             "record": "model:specdecode_draft_tokens:sampled_increase10m",
-            "expr": "sum by (namespace, model_name) (increase(specdecode_draft_tokens_total%s[10m]) * (1 - 1 / count_over_time(specdecode_draft_tokens_total%s[10m])))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+            "expr": "sum_over_time(model:specdecode_draft_tokens:stage_rate1m[10m]) * 15"
           }
         ]
       },
@@ -556,27 +626,27 @@
         "rules": [
           {
             "record": "model:specdecode_draft_tokens:rate30m",
-            "expr": "sum by (namespace, model_name) (rate(specdecode_draft_tokens_total%s[30m]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+            "expr": "avg_over_time(model:specdecode_draft_tokens:stage_rate1m[30m])"
           },
           {
             "record": "model:specdecode_accepted_tokens:rate30m",
-            "expr": "sum by (namespace, model_name) (rate(specdecode_accepted_tokens_total%s[30m]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_rate1m[30m])"
           },
           {
             "record": "model:specdecode_drafts:rate30m",
-            "expr": "sum by (namespace, model_name) (rate(specdecode_drafts_total%s[30m]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+            "expr": "avg_over_time(model:specdecode_drafts:stage_rate1m[30m])"
           },
           {
             "record": "model:specdecode_acceptance_ratio:rate30m",
-            "expr": "sum by (namespace, model_name) (rate(specdecode_accepted_tokens_total%s[30m]))\n/\n(sum by (namespace, model_name) (rate(specdecode_draft_tokens_total%s[30m])) > 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_rate1m[30m])\n/\n(avg_over_time(model:specdecode_draft_tokens:stage_rate1m[30m]) > 0)"
           },
           {
             "record": "model:specdecode_mean_acceptance_length:rate30m",
-            "expr": "1 + sum by (namespace, model_name) (rate(specdecode_accepted_tokens_total%s[30m]))\n/\n(sum by (namespace, model_name) (rate(specdecode_drafts_total%s[30m])) > 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+            "expr": "1 + avg_over_time(model:specdecode_accepted_tokens:stage_rate1m[30m])\n/\n(avg_over_time(model:specdecode_drafts:stage_rate1m[30m]) > 0)"
           },
           {
             "record": "model:specdecode_draft_tokens:sampled_increase30m",
-            "expr": "sum by (namespace, model_name) (increase(specdecode_draft_tokens_total%s[30m]) * (1 - 1 / count_over_time(specdecode_draft_tokens_total%s[30m])))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+            "expr": "sum_over_time(model:specdecode_draft_tokens:stage_rate1m[30m]) * 15"
           }
         ]
       },
@@ -586,27 +656,27 @@
         "rules": [
           {
             "record": "model:specdecode_draft_tokens:rate2h",
-            "expr": "sum by (namespace, model_name) (rate(specdecode_draft_tokens_total%s[2h]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+            "expr": "avg_over_time(model:specdecode_draft_tokens:stage_rate1m[2h])"
           },
           {
             "record": "model:specdecode_accepted_tokens:rate2h",
-            "expr": "sum by (namespace, model_name) (rate(specdecode_accepted_tokens_total%s[2h]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_rate1m[2h])"
           },
           {
             "record": "model:specdecode_drafts:rate2h",
-            "expr": "sum by (namespace, model_name) (rate(specdecode_drafts_total%s[2h]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+            "expr": "avg_over_time(model:specdecode_drafts:stage_rate1m[2h])"
           },
           {
             "record": "model:specdecode_acceptance_ratio:rate2h",
-            "expr": "sum by (namespace, model_name) (rate(specdecode_accepted_tokens_total%s[2h]))\n/\n(sum by (namespace, model_name) (rate(specdecode_draft_tokens_total%s[2h])) > 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_rate1m[2h])\n/\n(avg_over_time(model:specdecode_draft_tokens:stage_rate1m[2h]) > 0)"
           },
           {
             "record": "model:specdecode_mean_acceptance_length:rate2h",
-            "expr": "1 + sum by (namespace, model_name) (rate(specdecode_accepted_tokens_total%s[2h]))\n/\n(sum by (namespace, model_name) (rate(specdecode_drafts_total%s[2h])) > 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+            "expr": "1 + avg_over_time(model:specdecode_accepted_tokens:stage_rate1m[2h])\n/\n(avg_over_time(model:specdecode_drafts:stage_rate1m[2h]) > 0)"
           },
           {
             "record": "model:specdecode_draft_tokens:sampled_increase2h",
-            "expr": "sum by (namespace, model_name) (increase(specdecode_draft_tokens_total%s[2h]) * (1 - 1 / count_over_time(specdecode_draft_tokens_total%s[2h])))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+            "expr": "sum_over_time(model:specdecode_draft_tokens:stage_rate1m[2h]) * 15"
           }
         ]
       },
@@ -616,7 +686,7 @@
         "rules": [
           {
             "record": "model:specdecode_draft_tokens:sampled_increase1h",
-            "expr": "sum by (namespace, model_name) (increase(specdecode_draft_tokens_total%s[1h]) * (1 - 1 / count_over_time(specdecode_draft_tokens_total%s[1h])))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+            "expr": "sum_over_time(model:specdecode_draft_tokens:stage_rate1m[1h]) * 15"
           }
         ]
       },
@@ -636,35 +706,35 @@
         "rules": [
           {
             "record": "model:specdecode_time_per_output_token_seconds:mean_rate%s" % [$._config.shortWindow],
-            "expr": "sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_sum%s[%s]))\n/\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_count%s[%s])) > 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.shortWindow, (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.shortWindow]
+            "expr": "avg_over_time(model:specdecode_request_time_per_output_token_seconds_sum:stage_rate1m[%s])\n/\n(avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_rate1m[%s]) > 0)" % [$._config.shortWindow, $._config.shortWindow]
           },
           {
             "record": "model:specdecode_time_per_output_token_seconds:p50_rate%s" % [$._config.shortWindow],
-            "expr": "histogram_quantile(0.5, sum by (namespace, model_name, spec_decode, le) (rate(specdecode_request_time_per_output_token_seconds_bucket%s[%s])))\nand on (namespace, model_name, spec_decode)\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_count%s[%s])) > 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.shortWindow, (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.shortWindow]
+            "expr": "histogram_quantile(0.5, avg_over_time(model:specdecode_request_time_per_output_token_seconds_bucket:stage_rate1m[%s]))\nand on (namespace, model_name, spec_decode)\n(avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_rate1m[%s]) > 0)" % [$._config.shortWindow, $._config.shortWindow]
           },
           {
             "record": "model:specdecode_time_per_output_token_seconds:p99_rate%s" % [$._config.shortWindow],
-            "expr": "histogram_quantile(0.99, sum by (namespace, model_name, spec_decode, le) (rate(specdecode_request_time_per_output_token_seconds_bucket%s[%s])))\nand on (namespace, model_name, spec_decode)\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_count%s[%s])) > 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.shortWindow, (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.shortWindow]
+            "expr": "histogram_quantile(0.99, avg_over_time(model:specdecode_request_time_per_output_token_seconds_bucket:stage_rate1m[%s]))\nand on (namespace, model_name, spec_decode)\n(avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_rate1m[%s]) > 0)" % [$._config.shortWindow, $._config.shortWindow]
           },
           {
             "record": "model:specdecode_time_per_output_token_seconds:mean_rate1h",
-            "expr": "sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_sum%s[1h]))\n/\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_count%s[1h])) > 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+            "expr": "avg_over_time(model:specdecode_request_time_per_output_token_seconds_sum:stage_rate1m[1h])\n/\n(avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_rate1m[1h]) > 0)"
           },
           {
             "record": "model:specdecode_time_per_output_token_seconds:p50_rate1h",
-            "expr": "histogram_quantile(0.5, sum by (namespace, model_name, spec_decode, le) (rate(specdecode_request_time_per_output_token_seconds_bucket%s[1h])))\nand on (namespace, model_name, spec_decode)\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_count%s[1h])) > 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+            "expr": "histogram_quantile(0.5, avg_over_time(model:specdecode_request_time_per_output_token_seconds_bucket:stage_rate1m[1h]))\nand on (namespace, model_name, spec_decode)\n(avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_rate1m[1h]) > 0)"
           },
           {
             "record": "model:specdecode_time_per_output_token_seconds:p99_rate1h",
-            "expr": "histogram_quantile(0.99, sum by (namespace, model_name, spec_decode, le) (rate(specdecode_request_time_per_output_token_seconds_bucket%s[1h])))\nand on (namespace, model_name, spec_decode)\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_count%s[1h])) > 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+            "expr": "histogram_quantile(0.99, avg_over_time(model:specdecode_request_time_per_output_token_seconds_bucket:stage_rate1m[1h]))\nand on (namespace, model_name, spec_decode)\n(avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_rate1m[1h]) > 0)"
           },
           {
             "record": "model:specdecode_request_time_per_output_token_seconds_count:sampled_increase1h",
-            "expr": "sum by (namespace, model_name, spec_decode) (increase(specdecode_request_time_per_output_token_seconds_count%s[1h]) * (1 - 1 / count_over_time(specdecode_request_time_per_output_token_seconds_count%s[1h])))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+            "expr": "sum_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_rate1m[1h]) * 15"
           },
           {
             "record": "model:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h",
-            "expr": "sum by (namespace, model_name, spec_decode, le) (increase(specdecode_request_time_per_output_token_seconds_bucket%s[1h]) * (1 - 1 / count_over_time(specdecode_request_time_per_output_token_seconds_bucket%s[1h])))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+            "expr": "sum_over_time(model:specdecode_request_time_per_output_token_seconds_bucket:stage_rate1m[1h]) * 15"
           }
         ]
       },
@@ -704,35 +774,35 @@
         "rules": [
           {
             "record": "model:specdecode_request_acceptance_ratio:p10_rate1h",
-            "expr": "histogram_quantile(0.1, sum by (namespace, model_name, le) (rate(specdecode_request_acceptance_ratio_bucket%s[1h])))\nand on (namespace, model_name)\n(sum by (namespace, model_name) (rate(specdecode_request_acceptance_ratio_count%s[1h])) > 0)\nor\nhistogram_quantile(0.1, sum by (namespace, model_name, le) (rate(specdecode_engine_request_acceptance_ratio_bucket%s[1h])))\nand on (namespace, model_name)\n(sum by (namespace, model_name) (rate(specdecode_engine_request_acceptance_ratio_count%s[1h])) > 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+            "expr": "histogram_quantile(0.1, avg_over_time(model:specdecode_request_acceptance_ratio_bucket:stage_rate1m[1h]))\nand on (namespace, model_name)\n(avg_over_time(model:specdecode_request_acceptance_ratio_count:stage_rate1m[1h]) > 0)\nor\nhistogram_quantile(0.1, avg_over_time(model:specdecode_engine_request_acceptance_ratio_bucket:stage_rate1m[1h]))\nand on (namespace, model_name)\n(avg_over_time(model:specdecode_engine_request_acceptance_ratio_count:stage_rate1m[1h]) > 0)"
           },
           {
             "record": "model:specdecode_requests_below_page_threshold:ratio_rate1h",
-            "expr": "sum by (namespace, model_name) (rate(specdecode_request_acceptance_ratio_bucket{%sle=\"%s\"}[1h]))\n/\n(sum by (namespace, model_name) (rate(specdecode_request_acceptance_ratio_count%s[1h])) > 0)\nor\nsum by (namespace, model_name) (rate(specdecode_engine_request_acceptance_ratio_bucket{%sle=\"%s\"}[1h]))\n/\n(sum by (namespace, model_name) (rate(specdecode_engine_request_acceptance_ratio_count%s[1h])) > 0)" % [(if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), std.format("%g", std.foldl(function(best, b) if b <= $._config.pageAcceptanceRatio + 1e-9 then b else best, [0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1.0], null)), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), std.format("%g", std.foldl(function(best, b) if b <= $._config.pageAcceptanceRatio + 1e-9 then b else best, [0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1.0], null)), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+            "expr": "avg_over_time(model:specdecode_request_acceptance_ratio_bucket:stage_rate1m{le=\"%s\"}[1h])\n/\n(avg_over_time(model:specdecode_request_acceptance_ratio_count:stage_rate1m[1h]) > 0)\nor\navg_over_time(model:specdecode_engine_request_acceptance_ratio_bucket:stage_rate1m{le=\"%s\"}[1h])\n/\n(avg_over_time(model:specdecode_engine_request_acceptance_ratio_count:stage_rate1m[1h]) > 0)" % [std.format("%g", std.foldl(function(best, b) if b <= $._config.pageAcceptanceRatio + 1e-9 then b else best, [0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1.0], null)), std.format("%g", std.foldl(function(best, b) if b <= $._config.pageAcceptanceRatio + 1e-9 then b else best, [0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1.0], null))]
           },
           {
             "record": "model:specdecode_requests_below_request_threshold:ratio_rate1h",
-            "expr": "sum by (namespace, model_name) (rate(specdecode_request_acceptance_ratio_bucket{%sle=\"%s\"}[1h]))\n/\n(sum by (namespace, model_name) (rate(specdecode_request_acceptance_ratio_count%s[1h])) > 0)\nor\nsum by (namespace, model_name) (rate(specdecode_engine_request_acceptance_ratio_bucket{%sle=\"%s\"}[1h]))\n/\n(sum by (namespace, model_name) (rate(specdecode_engine_request_acceptance_ratio_count%s[1h])) > 0)" % [(if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), std.format("%g", std.foldl(function(best, b) if b <= $._config.requestAcceptanceRatio + 1e-9 then b else best, [0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1.0], null)), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), std.format("%g", std.foldl(function(best, b) if b <= $._config.requestAcceptanceRatio + 1e-9 then b else best, [0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1.0], null)), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+            "expr": "avg_over_time(model:specdecode_request_acceptance_ratio_bucket:stage_rate1m{le=\"%s\"}[1h])\n/\n(avg_over_time(model:specdecode_request_acceptance_ratio_count:stage_rate1m[1h]) > 0)\nor\navg_over_time(model:specdecode_engine_request_acceptance_ratio_bucket:stage_rate1m{le=\"%s\"}[1h])\n/\n(avg_over_time(model:specdecode_engine_request_acceptance_ratio_count:stage_rate1m[1h]) > 0)" % [std.format("%g", std.foldl(function(best, b) if b <= $._config.requestAcceptanceRatio + 1e-9 then b else best, [0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1.0], null)), std.format("%g", std.foldl(function(best, b) if b <= $._config.requestAcceptanceRatio + 1e-9 then b else best, [0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1.0], null))]
           },
           {
             "record": "model:specdecode_requests:sampled_increase1h",
-            "expr": "sum by (namespace, model_name) (increase(specdecode_request_acceptance_ratio_count%s[1h]) * (1 - 1 / count_over_time(specdecode_request_acceptance_ratio_count%s[1h])))\nor\nsum by (namespace, model_name) (increase(specdecode_engine_request_acceptance_ratio_count%s[1h]) * (1 - 1 / count_over_time(specdecode_engine_request_acceptance_ratio_count%s[1h])))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+            "expr": "sum_over_time(model:specdecode_request_acceptance_ratio_count:stage_rate1m[1h]) * 15\nor\nsum_over_time(model:specdecode_engine_request_acceptance_ratio_count:stage_rate1m[1h]) * 15"
           },
           {
             "record": "model_band:specdecode_requests:rate1h",
-            "expr": "sum by (namespace, model_name, workload, temperature) (rate(specdecode_requests_total%s[1h]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+            "expr": "avg_over_time(model_band:specdecode_requests:stage_rate1m[1h])"
           },
           {
             "record": "model_band:specdecode_request_acceptance_ratio:rate1h",
-            "expr": "sum by (namespace, model_name, workload, temperature) (rate(specdecode_request_accepted_tokens_total%s[1h]))\n/\n(sum by (namespace, model_name, workload, temperature) (rate(specdecode_request_draft_tokens_total%s[1h])) > 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+            "expr": "avg_over_time(model_band:specdecode_request_accepted_tokens:stage_rate1m[1h])\n/\n(avg_over_time(model_band:specdecode_request_draft_tokens:stage_rate1m[1h]) > 0)"
           },
           {
             "record": "model_band:specdecode_requests:sampled_increase1h",
-            "expr": "sum by (namespace, model_name, workload, temperature) (increase(specdecode_requests_total%s[1h]) * (1 - 1 / count_over_time(specdecode_requests_total%s[1h])))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+            "expr": "sum_over_time(model_band:specdecode_requests:stage_rate1m[1h]) * 15"
           },
           {
             "record": "model_band:specdecode_request_draft_tokens:sampled_increase1h",
-            "expr": "sum by (namespace, model_name, workload, temperature) (increase(specdecode_request_draft_tokens_total%s[1h]) * (1 - 1 / count_over_time(specdecode_request_draft_tokens_total%s[1h])))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+            "expr": "sum_over_time(model_band:specdecode_request_draft_tokens:stage_rate1m[1h]) * 15"
           }
         ]
       },
@@ -742,15 +812,15 @@
         "rules": [
           {
             "record": "model:specdecode_preemptions_per_request:ratio_rate1h",
-            "expr": "sum by (namespace, model_name, spec_decode) (rate(specdecode_preemptions_total%s[1h]))\n/\n(sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_count%s[1h])) > 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+            "expr": "avg_over_time(model:specdecode_preemptions:stage_rate1m[1h])\n/\n(avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_rate1m[1h]) > 0)"
           },
           {
             "record": "model:specdecode_generated_tokens_per_second:avg_rate1h",
-            "expr": "avg by (namespace, model_name, spec_decode) (rate(specdecode_generated_tokens_total%s[1h]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+            "expr": "avg_over_time(model:specdecode_generated_tokens:stage_rate1m[1h])\n/\n(avg_over_time(model:specdecode_generating_engines:stage_count[1h]) > 0)"
           },
           {
             "record": "model:specdecode_kv_cache_usage_ratio:avg_over_time1h",
-            "expr": "avg by (namespace, model_name, spec_decode) (avg_over_time(specdecode_kv_cache_usage_ratio%s[1h]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+            "expr": "avg_over_time(model:specdecode_kv_cache_usage_ratio:stage_avg[1h])"
           }
         ]
       }

@@ -17,6 +17,7 @@ from specdecode_exporter.core.evidence import critical_z
 from specdecode_exporter.core.metrics import quantile_name
 from specdecode_exporter.core.monitoring_config import MonitoringConfig
 from specdecode_exporter.core.validation import duration_seconds
+from specdecode_exporter.monitoring import stage
 from specdecode_exporter.monitoring.promql import (
     Scope,
     baseline_over_current,
@@ -24,20 +25,11 @@ from specdecode_exporter.monitoring.promql import (
     bucket_at_or_below,
     by,
     fmt_num,
-    generated_per_engine,
     guarded_ratio,
-    histogram_quantile,
-    kv_cache_usage,
-    per_request,
-    preemptions_per_request,
     proven_below,
-    rate_sum,
     record_name,
-    sampled_increase,
     selector,
-    share_below,
     spec_pods_waiting,
-    tpot_mean,
 )
 from specdecode_exporter.pipeline.scrape import FailureReason
 
@@ -66,11 +58,11 @@ class Alert:
 # ------------------------------------------------------------------------------------------- recording
 
 
-def _records(cfg: MonitoringConfig, level: str, window: str) -> Iterator[Rule]:
-    scope = Scope(cfg.metric_selector, cfg.level_labels(level))
-    op = f"rate{window}"
-    rates = {spec.name: rate_sum(spec.exposed_name, scope, window)
-             for spec in (m.DRAFT_TOKENS, m.ACCEPTED_TOKENS, m.DRAFTS)}
+def _records(cfg: MonitoringConfig, window: str) -> Iterator[Rule]:
+    """Per model over ``window``: the page's counters' rates, α and mean acceptance length, from the stage."""
+    level, op = cfg.alert_level, f"rate{window}"
+    rates = {spec.name: stage.rate(cfg, key, window) for key, spec in
+             (("draft_tokens", m.DRAFT_TOKENS), ("accepted_tokens", m.ACCEPTED_TOKENS), ("drafts", m.DRAFTS))}
     for name, expr in rates.items():
         yield {"record": record_name(level, name, op), "expr": expr}
     yield {"record": record_name(level, ACCEPTANCE, op),
@@ -79,11 +71,18 @@ def _records(cfg: MonitoringConfig, level: str, window: str) -> Iterator[Rule]:
            "expr": "1 + " + guarded_ratio(rates[m.ACCEPTED_TOKENS.name], rates[m.DRAFTS.name])}
 
 
-def _quantile_records(cfg: MonitoringConfig, level: str) -> Iterator[Rule]:
-    scope = Scope(cfg.metric_selector, cfg.level_labels(level))
+def staged_quantile(cfg: MonitoringConfig, q: float, histogram: str, window: str, *matchers: str) -> str:
+    """histogram_quantile over the stage's records of one histogram (``interval``, ``tpot``, ``request``, …), with
+    no sample (not NaN) when it saw nothing."""
+    labels = by(stage.family(cfg, f"{histogram}_count").by)
+    return (f"histogram_quantile({fmt_num(q)}, {stage.rate(cfg, f'{histogram}_bucket', window, *matchers)})\n"
+            f"and on ({labels})\n({stage.rate(cfg, f'{histogram}_count', window, *matchers)} > 0)")
+
+
+def _quantile_records(cfg: MonitoringConfig) -> Iterator[Rule]:
     for q in cfg.quantiles:
-        yield {"record": record_name(level, INTERVAL, f"{quantile_name(q)}_rate{cfg.long_window}"),
-               "expr": histogram_quantile(q, INTERVAL, scope, cfg.long_window)}
+        yield {"record": record_name(cfg.alert_level, INTERVAL, f"{quantile_name(q)}_rate{cfg.long_window}"),
+               "expr": staged_quantile(cfg, q, "interval", cfg.long_window)}
 
 
 def baseline_record(cfg: MonitoringConfig) -> str:
@@ -111,17 +110,16 @@ def latency_record(cfg: MonitoringConfig, metric: str, statistic: str, window: s
 
 def _latency_rules(cfg: MonitoringConfig) -> Iterator[Rule]:
     """Time per output token per model, apart for spec-decode and control pods (mean exact; p50 and p99 from the
-    histograms)."""
-    scope = Scope(cfg.metric_selector, (*cfg.level_labels(), "spec_decode"))
+    histograms), from the stage."""
     for window in dict.fromkeys([cfg.short_window, cfg.long_window]):
         for statistic, q in LATENCY_STATISTICS:
-            expr = tpot_mean(scope, window) if q is None else histogram_quantile(q, m.REQUEST_TPOT.name, scope, window)
+            expr = (guarded_ratio(stage.rate(cfg, "tpot_sum", window), stage.rate(cfg, "tpot_count", window))
+                    if q is None else staged_quantile(cfg, q, "tpot", window))
             yield {"record": latency_record(cfg, TPOT, statistic, window), "expr": expr}
     # The evidence of the latency tests: requests per side, and per bucket (the tail's two-proportion tests).
     long_w = cfg.long_window
-    yield {"record": tpot_requests_record(cfg), "expr": sampled_increase(f"{m.REQUEST_TPOT.name}_count", scope, long_w)}
-    yield {"record": tpot_buckets_record(cfg),
-           "expr": sampled_increase(f"{m.REQUEST_TPOT.name}_bucket", Scope(scope.matchers, (*scope.by, "le")), long_w)}
+    yield {"record": tpot_requests_record(cfg), "expr": stage.count(cfg, "tpot_count", long_w)}
+    yield {"record": tpot_buckets_record(cfg), "expr": stage.count(cfg, "tpot_bucket", long_w)}
 
 
 def _speedup_rules(cfg: MonitoringConfig) -> Iterator[Rule]:
@@ -142,7 +140,7 @@ def tpot_buckets_record(cfg: MonitoringConfig) -> str:
 
 
 REQUEST_ACCEPTANCE = m.REQUEST_ACCEPTANCE.name
-BAND_LABELS = ("workload", "temperature")
+BAND_LABELS = stage.BAND_LABELS
 
 
 def below_page_bound(cfg: MonitoringConfig) -> float:
@@ -175,31 +173,36 @@ def requests_record(cfg: MonitoringConfig, level: str | None = None) -> str:
     return record_name(level, m.REQUESTS.name, f"sampled_increase{cfg.long_window}")
 
 
+def _per_request(cfg: MonitoringConfig, query: Callable[[str], str]) -> str:
+    """``query`` over the per-request α histogram's stage records: the request tap's where it has data for a
+    result's labels, else the engine's own (vLLM's proposed vllm:request_spec_decode_acceptance_rate)."""
+    return f"{query('request')}\nor\n{query('engine_request')}"
+
+
 def _request_rules(cfg: MonitoringConfig) -> Iterator[Rule]:
     """The request tap's distribution per model, and exact α per workload and temperature band; the requests each
     of them counts (their evidence)."""
     w = cfg.long_window
-    scope = Scope(cfg.metric_selector, cfg.level_labels())
-    band = Scope(cfg.metric_selector, (*cfg.level_labels(), *BAND_LABELS))
     q, bound = cfg.thresholds.request_quantile, below_page_bound(cfg)
+
+    def share(bound: float) -> Callable[[str], str]:
+        return lambda h: guarded_ratio(stage.rate(cfg, f"{h}_bucket", w, f'le="{fmt_num(bound)}"'),
+                                       stage.rate(cfg, f"{h}_count", w))
+
     yield {"record": request_quantile_record(cfg),
-           "expr": per_request(lambda histogram: histogram_quantile(q, histogram, scope, w))}
+           "expr": _per_request(cfg, lambda h: staged_quantile(cfg, q, h, w))}
     yield {"record": record_name(cfg.alert_level, "specdecode_requests_below_page_threshold", f"ratio_rate{w}"),
-           "expr": per_request(lambda histogram: share_below(histogram, bound, scope, w))}
+           "expr": _per_request(cfg, share(bound))}
     # Its own record even where the two thresholds share a bucket: which rules exist must not depend on a value
     # the mixin's _config may change.
-    yield {"record": request_share_record(cfg),
-           "expr": per_request(lambda histogram: share_below(histogram, request_bound(cfg), scope, w))}
-    yield {"record": requests_record(cfg),
-           "expr": per_request(lambda histogram: sampled_increase(f"{histogram}_count", scope, w))}
-    yield {"record": band_record(cfg, m.REQUESTS.name), "expr": rate_sum(m.REQUESTS.exposed_name, band, w)}
+    yield {"record": request_share_record(cfg), "expr": _per_request(cfg, share(request_bound(cfg)))}
+    yield {"record": requests_record(cfg), "expr": _per_request(cfg, lambda h: stage.count(cfg, f"{h}_count", w))}
+    yield {"record": band_record(cfg, m.REQUESTS.name), "expr": stage.rate(cfg, "requests", w)}
     yield {"record": band_record(cfg, REQUEST_ACCEPTANCE),
-           "expr": guarded_ratio(rate_sum(m.REQUEST_ACCEPTED_TOKENS.exposed_name, band, w),
-                                 rate_sum(m.REQUEST_DRAFT_TOKENS.exposed_name, band, w))}
-    yield {"record": requests_record(cfg, f"{cfg.alert_level}_band"),
-           "expr": sampled_increase(m.REQUESTS.exposed_name, band, w)}
+           "expr": guarded_ratio(stage.rate(cfg, "request_accepted", w), stage.rate(cfg, "request_drafted", w))}
+    yield {"record": requests_record(cfg, f"{cfg.alert_level}_band"), "expr": stage.count(cfg, "requests", w)}
     yield {"record": record_name(f"{cfg.alert_level}_band", m.REQUEST_DRAFT_TOKENS.name, f"sampled_increase{w}"),
-           "expr": sampled_increase(m.REQUEST_DRAFT_TOKENS.exposed_name, band, w)}
+           "expr": stage.count(cfg, "request_drafted", w)}
 
 
 CAPACITY = "specdecode_capacity"
@@ -213,12 +216,12 @@ def _capacity_rules(cfg: MonitoringConfig) -> Iterator[Rule]:
     """What spec decode costs against the control pods, per model and spec_decode: preemptions per finished
     request, generated tokens per second per engine, mean KV-cache usage."""
     w = cfg.long_window
-    scope = Scope(cfg.metric_selector, (*cfg.level_labels(), "spec_decode"))
     yield {"record": capacity_record(cfg, "specdecode_preemptions_per_request", "ratio_rate"),
-           "expr": preemptions_per_request(scope, w)}
+           "expr": guarded_ratio(stage.rate(cfg, "preemptions", w), stage.rate(cfg, "tpot_count", w))}
     yield {"record": capacity_record(cfg, "specdecode_generated_tokens_per_second", "avg_rate"),
-           "expr": generated_per_engine(scope, w)}
-    yield {"record": capacity_record(cfg, m.KV_CACHE_USAGE.name, "avg_over_time"), "expr": kv_cache_usage(scope, w)}
+           "expr": guarded_ratio(stage.rate(cfg, "generated", w), stage.rate(cfg, "engines", w))}
+    yield {"record": capacity_record(cfg, m.KV_CACHE_USAGE.name, "avg_over_time"),
+           "expr": stage.rate(cfg, "kv_cache", w)}
 
 
 def evidence_record(cfg: MonitoringConfig, window: str) -> str:
@@ -238,11 +241,9 @@ def tested_windows(cfg: MonitoringConfig) -> list[str]:
 def _evidence_rules(cfg: MonitoringConfig, window: str) -> Iterator[Rule]:
     """Per model, for one tested window: the rates and α (where the level group does not record them already) and
     the drafted tokens the samples cover (the evidence)."""
-    level, scope = cfg.alert_level, Scope(cfg.metric_selector, cfg.level_labels())
     if window not in (cfg.short_window, cfg.long_window):
-        yield from _records(cfg, level, window)
-    yield {"record": evidence_record(cfg, window),
-           "expr": sampled_increase(m.DRAFT_TOKENS.exposed_name, scope, window)}
+        yield from _records(cfg, window)
+    yield {"record": evidence_record(cfg, window), "expr": stage.count(cfg, "draft_tokens", window)}
 
 
 def recording_groups(cfg: MonitoringConfig) -> list[dict[str, Any]]:
@@ -256,8 +257,10 @@ def recording_groups(cfg: MonitoringConfig) -> list[dict[str, Any]]:
     def window_group(name: str, rules: Iterable[Rule]) -> dict[str, Any]:
         return {"name": f"specdecode.rules.{name}", **every, "rules": list(rules)}
 
-    groups = [window_group(level, [*(r for w in windows for r in _records(cfg, level, w)),
-                                   *_quantile_records(cfg, level)]) for level, _ in cfg.levels]
+    # The stage first: the only groups that read the pods' raw series over a range. Per-pod windows are the
+    # sidecar's own windowed gauges; the rules keep none.
+    groups = [*stage.stage_groups(cfg),
+              window_group(cfg.alert_level, [*(r for w in windows for r in _records(cfg, w)), *_quantile_records(cfg)])]
     # A group per tested window, evaluated as often as the budgets assume (the page's timing must not depend on the
     # ruler's); one group for all would exceed Mimir's default of 20 rules per group.
     groups.extend({"name": evidence_group(window), "interval": cfg.statistics.evaluation_interval,
@@ -432,8 +435,7 @@ NO_SPEC, NO_LATENCY = FailureReason.NO_SPEC_METRICS.value, FailureReason.NO_LATE
 def _errors_increasing(cfg: MonitoringConfig, *reasons: str) -> str:
     window = cfg.window(cfg.alert("SpecDecodeMetricsMissing").window or "short")
     reason = f'reason="{reasons[0]}"' if len(reasons) == 1 else f'reason=~"{"|".join(reasons)}"'
-    errors = selector(m.COLLECT_ERRORS.exposed_name, ", ".join(p for p in (cfg.metric_selector, reason) if p))
-    return f"increase({errors}[{window}]) > 0"
+    return f"{stage.count(cfg, 'collect_errors', window, reason)} > 0"
 
 
 def _no_spec_metrics(cfg: MonitoringConfig) -> str:
@@ -551,12 +553,15 @@ def _slower_proven_pods(cfg: MonitoringConfig, h: str) -> str:
     over the sidecar's window, z = (1 − S/h) · mean · √n / spread. The model is slower where even its best pod's
     speedup is below h, and proven so where every pod with min_requests requests is."""
     pod, w = cfg.level_labels("instance"), cfg.sidecar_alert_window
-    scope = Scope(", ".join(p for p in (cfg.metric_selector, 'spec_decode="true"') if p), pod)
     speedup = _per_pod_speedup(cfg, "mean", pod)
-    spread = TPOT_SD.format(p99=histogram_quantile(0.99, m.REQUEST_TPOT.name, scope, w),
-                            p50=histogram_quantile(0.5, m.REQUEST_TPOT.name, scope, w))
-    n = sampled_increase(f"{m.REQUEST_TPOT.name}_count", scope, w)
-    z = f"(1 - {speedup} / {h})\n* {tpot_mean(scope, w)}\n/ ({spread} > 0)\n* sqrt({n})"
+
+    def tpot(statistic: str) -> str:  # the sidecar's own window of the pod's TPOT
+        matchers = ", ".join(p for p in (cfg.metric_selector, f'statistic="{statistic}"', f'window="{w}"') if p)
+        return f"max by ({by(pod)}) ({selector(TPOT, matchers)})"
+
+    spread = TPOT_SD.format(p99=tpot("p99"), p50=tpot("p50"))
+    n = stage.count(cfg, "pod_tpot_count", w)
+    z = f"(1 - {speedup} / {h})\n* {tpot('mean')}\n/ ({spread} > 0)\n* sqrt({n})"
     return (f"{_per_pod_speedup(cfg, 'mean')} < {h}\nand on ({by(cfg.level_labels())})\n"
             f"min by ({by(cfg.level_labels())}) (\n{z}\nand on ({by(pod)})\n{n} >= "
             f"{fmt_num(cfg.statistics.min_requests)}\n) > {ticket_z(cfg, w):.2f}")
@@ -610,10 +615,8 @@ def tail_regression(cfg: MonitoringConfig) -> Alert:
     on = f"and on ({by(cfg.level_labels())})"
     fleet = (f"{latency_record(cfg, OBSERVED, 'p99', w)} < {hurting}\n{on}\n"
              f"{latency_record(cfg, OBSERVED, 'p50', w)} > {hurting}\n{on}\n({_tail_proven_fleet(cfg, w)})")
-    pod = cfg.level_labels("instance")
-    scope = Scope(", ".join(p for p in (cfg.metric_selector, 'spec_decode="true"') if p), pod)
     tail_requests = (f"max by ({by(cfg.level_labels())}) ("
-                     f"{sampled_increase(f'{m.REQUEST_TPOT.name}_count', scope, cfg.sidecar_alert_window)})")
+                     f"{stage.count(cfg, 'pod_tpot_count', cfg.sidecar_alert_window)})")
     pods = (f"{_per_pod_speedup(cfg, 'p99')} < {hurting}\n{on}\n{_per_pod_speedup(cfg, 'p50')} > {hurting}\n{on}\n"
             f"{tail_requests} >= {fmt_num(cfg.statistics.min_requests / 0.01)}")
     return Alert(
@@ -694,7 +697,7 @@ def band_acceptance_low(cfg: MonitoringConfig) -> Alert:
         "requests down. Route them to replicas without spec decode, or lower k.")
 
 
-ROUTE_CLASS_LABELS = ("workload", "temperature", "prompt_length")  # prompt_length only where its bands are set
+ROUTE_CLASS_LABELS = stage.ROUTE_CLASS_LABELS
 
 
 def class_routed(cfg: MonitoringConfig) -> Alert:
@@ -702,11 +705,11 @@ def class_routed(cfg: MonitoringConfig) -> Alert:
     w = cfg.window(cfg.alert(name).window or "long")
     labels = by((*cfg.level_labels(), *ROUTE_CLASS_LABELS))
     state = selector(m.ROUTE_CLASS_STATE.name, cfg.metric_selector)
-    requests = selector(m.ROUTE_REQUESTS.exposed_name, cfg.metric_selector)
     routed_for = cfg.alert(name).for_
     return Alert(
         name,
-        f"max by ({labels}) ({state}) == 1\nand on ({labels})\nsum by ({labels}) (rate({requests}[{w}])) > 0",
+        f"max by ({labels}) ({state}) == 1\nand on ({labels})\n"
+        f"sum by ({labels}) ({stage.rate(cfg, 'route_requests', w)}) > 0",
         "Requests of {{ $labels.model_name }} in workload {{ $labels.workload }}, temperature "
         "{{ $labels.temperature }} are routed away from speculative decoding",
         f"For {routed_for} the request tap has sent the requests of {WHERE} with workload "
@@ -727,9 +730,9 @@ def speculation_stopped(cfg: MonitoringConfig) -> Alert:
     w = cfg.window(cfg.alert(name).window or "short")
     scope = Scope(cfg.metric_selector, _series_labels(cfg))
     on = f"on ({scope.by_clause})"
-    generated = rate_sum(m.GENERATED_TOKENS.exposed_name, scope, w)
-    share = guarded_ratio(rate_sum(m.EMITTED_TOKENS.exposed_name, scope, w), generated)
-    drafted = rate_sum(m.DRAFT_TOKENS.exposed_name, scope, w)
+    generated = stage.rate(cfg, "series_generated", w)
+    share = guarded_ratio(stage.rate(cfg, "series_emitted", w), generated)
+    drafted = stage.rate(cfg, "series_drafted", w)
     speculated = f"max by ({scope.by_clause}) ({selector(m.DRAFT_TOKENS.exposed_name, cfg.metric_selector)}) > 0"
     args = [f"$labels.{label}" for label in scope.by]
     series_match = ", ".join(f"{label}=%q" for label in scope.by)
@@ -814,9 +817,8 @@ def runbook_url(cfg: MonitoringConfig, alert: str) -> str:
 def _traffic_guard(cfg: MonitoringConfig, alert: Alert) -> str:
     assert alert.guard_window is not None
     if alert.guard == "requests":
-        requests = rate_sum(f"{m.REQUEST_TPOT.name}_count", Scope(cfg.metric_selector, cfg.level_labels()),
-                            alert.guard_window, 'spec_decode="true"')
-        return f"{requests} * 3600 >= {fmt_num(cfg.min_requests_per_hour)}"
+        requests = stage.rate(cfg, "tpot_count", alert.guard_window, 'spec_decode="true"')
+        return f"sum by ({by(cfg.level_labels())}) ({requests}) * 3600 >= {fmt_num(cfg.min_requests_per_hour)}"
     traffic = record_name(cfg.alert_level, m.DRAFT_TOKENS.name, f"rate{alert.guard_window}")
     return f"{traffic} >= {fmt_num(cfg.min_draft_tokens_per_second)}"
 
