@@ -43,6 +43,8 @@ import yaml
 from bench import fleet
 from bench.common import markdown_table
 from devtools.procs import Process, prometheus_binary, promtool_binary, start_process
+from specdecode_exporter.core import monitoring_config
+from specdecode_exporter.monitoring import stage
 
 STEADY = fleet.Size("steady", (100,), 15.0, 120.0, shipped_intervals=True)  # two evaluations of the 1m groups
 # The same with every window group at the 15 s interval too (what the rules cost before they carried their own).
@@ -139,6 +141,82 @@ class History:
         return written
 
 
+LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+@dataclass(frozen=True, slots=True)
+class RecordHistory:
+    """The past of the records the rules read over a range (the stage's, the 1-day baseline's), as the ruler would
+    have written them over the fleet: each record's label sets from the pods' pages, one sample per evaluation. The
+    values do not change what a range over them costs; the series and samples do."""
+
+    series: tuple[tuple[str, int, float], ...]  # (record{labels}, evaluation interval s, range s) per series
+    origin: int
+
+    @classmethod
+    def of(cls, page: fleet.MovingPage, job: str, pods: int, rules_yaml: str, now: int) -> RecordHistory:
+        cfg = monitoring_config.shipped()
+        reads = {match.group(1): duration_s(match.group(2)) + duration_s(match.group(3) or "")
+                 for match in RANGE.finditer(rules_yaml)}
+        intervals = {rule["record"]: duration_s(group.get("interval") or "1m")
+                     for group in yaml.safe_load(rules_yaml)["groups"] for rule in group["rules"] if "record" in rule}
+        pages = [[(prefix.split("{", 1)[0], dict(LABEL.findall(prefix.replace(page.model_label, page.model_label[:-1]
+                                                                          + f'-{pod % fleet.MODELS}"'))))
+                  for prefix, value, _ in page.lines if value is not None] for pod in range(pods)]
+        series: dict[str, tuple[int, float]] = {}
+        for key, family in stage.families(cfg).items():
+            name = stage.record(cfg, key)
+            if name not in reads:
+                continue
+            for pod, lines in enumerate(pages):
+                pod_labels = {"job": job, **fleet.pod_labels(pod)}
+                for sample, labels in lines:
+                    if sample == family.exposed and all(_matches(m, labels) for m in family.matchers):
+                        kept = {k: v for k, v in {**labels, **pod_labels}.items() if k in family.by}
+                        series[name + "{" + ",".join(f'{k}="{v}"' for k, v in sorted(kept.items())) + "}"] = (
+                            int(intervals[name]), reads[name])
+        for name, rng in reads.items():  # the baseline's: per model, from the window groups
+            if ":" in name and name not in {s.split("{", 1)[0] for s in series} and name in intervals:
+                for model in range(min(pods, fleet.MODELS)):
+                    model_labels = f'namespace="fleet",model_name="{page.model_label.split(chr(34))[1]}-{model}"'
+                    series[f"{name}{{{model_labels}}}"] = (int(intervals[name]), rng)
+        return cls(tuple((k, step, rng) for k, (step, rng) in series.items()), now)
+
+    @property
+    def longest_s(self) -> float:
+        return max((rng for _, _, rng in self.series), default=0.0)
+
+    def write(self, path: Path) -> int:
+        written = 0
+        with path.open("w", encoding="utf-8") as out:
+            for name, step, rng in sorted(self.series):
+                first = self.origin - int(rng) - 2 * step
+                for t in range(first, self.origin, step):
+                    out.write(f"{name} 1.0 {t}\n")
+                    written += 1
+            out.write("# EOF\n")
+        return written
+
+
+def _matches(matcher: str, labels: dict[str, str]) -> bool:
+    key, _, value = matcher.partition("=")
+    return labels.get(key) == value.strip('"')
+
+
+def backfill_records(records: RecordHistory, tsdb: Path, workdir: Path) -> int:
+    promtool = promtool_binary()
+    if promtool is None or not records.series:
+        return 0
+    openmetrics = workdir / "records.om"
+    written = records.write(openmetrics)
+    result = subprocess.run([promtool, "tsdb", "create-blocks-from", "openmetrics", "--quiet", str(openmetrics),
+                             str(tsdb)], capture_output=True, text=True, timeout=PROMTOOL_TIMEOUT_S, check=False)
+    openmetrics.unlink()
+    if result.returncode != 0:
+        raise RuntimeError(f"promtool tsdb create-blocks-from openmetrics failed: {result.stderr[-2000:]}")
+    return written
+
+
 def backfill(history: History, tsdb: Path, workdir: Path) -> int:
     """Blocks for the history from ``origin`` up to now, in rounds until the last one is less than one step old
     (the first round takes minutes at 100 pods: the next ones close the gap it leaves); return the samples."""
@@ -196,7 +274,9 @@ def measure(page_name: str, page: fleet.MovingPage, pods: int, size: fleet.Size,
     step = int(size.interval_s)
     origin = int(time.time() - reads.longest_s) - 2 * step  # the window is full at the first evaluation
     history = History(page, reads.names, fleet.JOBS[page_name], pods, origin, step)
-    samples = backfill(history, run_dir / "tsdb", run_dir)
+    records = RecordHistory.of(page, fleet.JOBS[page_name], pods, fleet.RULES.read_text(encoding="utf-8"),
+                               int(time.time()))
+    samples = backfill_records(records, run_dir / "tsdb", run_dir) + backfill(history, run_dir / "tsdb", run_dir)
     with fleet.PodServer(page, origin) as server:
         config = fleet.prometheus_config(f"127.0.0.1:{server.port}", fleet.JOBS[page_name], pods, size.interval_s,
                                          size.rules(run_dir / "rules.yaml"))
@@ -368,9 +448,10 @@ def summary(result: SteadyResult, short_hold: Sequence[fleet.Measurement] = ()) 
                  f"{at_1000:.0f} s per round at 1000 pods** ({at_1000 / sidecar.interval_s:.1f}× the "
                  f"{sidecar.interval_s:g} s interval).")
     if result.reads.record_ranges:
-        ranges = ", ".join(result.reads.record_ranges)
-        lines.append(f"Not backfilled: {ranges} (ranges over the rules' own records, one "
-                     "series per model, not per pod): they hold only this run's evaluations.")
+        lines.append(f"The {len(result.reads.record_ranges)} ranges over the rules' own records (the short stage's "
+                     "over the long windows, the 1-day baseline's) are full too: each record's series over the fleet "
+                     "(its label sets from the pods' pages) is backfilled at its group's interval over its longest "
+                     "range (RecordHistory), with the pods' raw history.")
     return lines
 
 
