@@ -60,6 +60,9 @@ class SeriesReading(NamedTuple):  # a NamedTuple, not a frozen dataclass: built 
     generated_tokens: float | None = None  # every token the engine generated, speculative steps or not
     preemptions: float | None = None  # requests preempted for want of KV-cache blocks
     scheduled_steps: tuple[float, ...] = ()  # scheduler steps by the k a batch-size schedule chose (index = k)
+    # Drafts that reached each position (drafted tokens per position: TensorRT-LLM's token_position family): with
+    # them the mean draft length and the per-position curve are measured even when the draft length varies.
+    drafted_by_position: tuple[float, ...] = ()
 
 
 @dataclass(slots=True)
