@@ -4,11 +4,13 @@ sidecar exports is what can be computed exactly from that engine's exposition (a
 from __future__ import annotations
 
 import dataclasses
+import io
 from collections.abc import Iterator
 
 import httpx
 import pytest
 
+from specdecode_exporter.check.command import run_check
 from specdecode_exporter.pipeline.engines import ALL_PREFIXES
 from specdecode_exporter.pipeline.parse import select_samples
 from specdecode_exporter.sidecar.config import TargetConfig
@@ -31,7 +33,7 @@ def run(harness: Harness, url: str, minutes: float = 2.0) -> dict[float, dict[st
 
 
 def name_of(name: str, labels: tuple[tuple[str, str], ...]) -> str:
-    position = dict(labels).get("position")
+    position = dict(labels).get("position", dict(labels).get("token_position"))
     return name if position is None else f"{name}[{position}]"
 
 
@@ -126,10 +128,47 @@ def test_trtllm_alpha_is_exact_and_method_and_k_come_from_the_engine(trtllm: Har
         start["trtllm_spec_decode_num_accepted_tokens_total"]
     w = {**labels, "window": "1m"}
     assert metrics.get("specdecode_acceptance_ratio", **w) == pytest.approx(accepted / drafted, rel=1e-12)
-    assert metrics.get("specdecode_mean_acceptance_length", **w) == pytest.approx(1 + 3 * accepted / drafted)
-    assert metrics.get("specdecode_drafts_total", **labels) is None  # TensorRT-LLM has no drafts counter
-    assert metrics.all("specdecode_position_acceptance_ratio") == {}
+    # Drafts, their length and the accepted tokens per draft: from the per-position family (one clock).
+    d = [end[f"trtllm_spec_decode_drafted_tokens_total[{i}]"] - start[f"trtllm_spec_decode_drafted_tokens_total[{i}]"]
+         for i in range(3)]
+    a = [end[f"trtllm_spec_decode_accepted_tokens_total[{i}]"] - start[f"trtllm_spec_decode_accepted_tokens_total[{i}]"]
+         for i in range(3)]
+    assert metrics.get("specdecode_mean_draft_length", **w) == pytest.approx(sum(d) / d[0], rel=1e-12)
+    assert metrics.get("specdecode_mean_acceptance_length", **w) == pytest.approx(1 + sum(a) / d[0], rel=1e-12)
+    for i in range(3):
+        assert metrics.get("specdecode_position_acceptance_ratio", **w, position=str(i)) == pytest.approx(
+            a[i] / d[i], rel=1e-12)
+    assert metrics.get("specdecode_drafts_total", **labels) is None  # no drafts counter on the iteration clock
     assert metrics.get("specdecode_reported_acceptance_length", **labels) == pytest.approx(1 + 0.65 * 3)
+
+
+def test_trtllm_draft_len_schedule_is_measured_not_taken_from_k() -> None:
+    """k = 4 (max_draft_len), and at this load the schedule drafts 2: the sidecar's mean draft length, mean
+    acceptance length and per-position curve follow what was drafted, where drafted tokens / k would say 4."""
+    spec = ModelSpec(acceptance_rate=0.8, method="eagle3", num_speculative_tokens=4, drafts_per_second=400,
+                     num_speculative_tokens_per_batch_size=((1, 8, 4), (9, 1024, 2)))
+    harness = start_harness(steady_scenario(spec, fmt="trtllm"), url_path="/prometheus/metrics")
+    try:
+        raw = run(harness, harness.simulator_url + "/prometheus/metrics")
+        start, end = one_minute(raw)
+        d = [end.get(f"trtllm_spec_decode_drafted_tokens_total[{i}]", 0.0)
+             - start.get(f"trtllm_spec_decode_drafted_tokens_total[{i}]", 0.0) for i in range(4)]
+        a = [end.get(f"trtllm_spec_decode_accepted_tokens_total[{i}]", 0.0)
+             - start.get(f"trtllm_spec_decode_accepted_tokens_total[{i}]", 0.0) for i in range(4)]
+        assert d[0] > 0 and d[2] == d[3] == 0  # nothing drafted beyond position 1 at this batch size
+        w = {"target": "vllm", "model_name": MODEL, "window": "1m"}
+        metrics = harness.metrics()
+        assert metrics.get("specdecode_info", target="vllm", model_name=MODEL, num_speculative_tokens="4") == 1
+        assert metrics.get("specdecode_mean_draft_length", **w) == pytest.approx(2.0, rel=1e-9)
+        length = metrics.get("specdecode_mean_acceptance_length", **w)
+        assert length == pytest.approx(1 + sum(a) / d[0], rel=1e-12)
+        alpha = metrics.get("specdecode_acceptance_ratio", **w)
+        assert alpha is not None and length < 1 + 4 * alpha - 1.0  # far from what k = 4 would make of α
+        assert metrics.get("specdecode_position_acceptance_ratio", **w, position="1") == pytest.approx(
+            a[1] / d[1], rel=1e-12)
+        assert metrics.get("specdecode_position_acceptance_ratio", **w, position="2") is None
+    finally:
+        harness.stop()
 
 
 def test_trtllm_method_from_config_wins_and_plain_metrics_path_is_json(trtllm: Harness) -> None:
@@ -168,5 +207,34 @@ def test_a_target_that_changes_dialect_is_followed() -> None:
                 assert view.api == api
             else:
                 assert error in (view.last_error or ""), (fmt, view.last_error)
+    finally:
+        harness.stop()
+
+
+def test_a_diffusion_model_is_up_without_spec_figures_and_says_why() -> None:
+    """vLLM serving a diffusion LLM: recognised (api vllm-diffusion), collected (up 1, no no_spec_metrics error, so
+    SpecDecodeMetricsMissing cannot fire), no α; the status API, the page and `check` say the figures do not
+    apply."""
+    harness = start_harness(steady_scenario(ModelSpec(), fmt="vllm-diffusion"))
+    try:
+        for _ in range(3):
+            view = harness.step(STEP)
+            assert view.up, view.last_error
+        metrics = harness.metrics()
+        assert metrics.get("specdecode_up", target="vllm") == 1
+        assert metrics.get("specdecode_info", target="vllm", model_name=MODEL, engine="0", api="vllm-diffusion") == 1
+        assert metrics.get("specdecode_collect_errors_total", target="vllm", reason="no_spec_metrics") in (None, 0)
+        for name in ("specdecode_acceptance_ratio", "specdecode_mean_acceptance_length",
+                     "specdecode_mean_draft_length", "specdecode_expected_speedup", "specdecode_verdict"):
+            assert metrics.all(name) == {}, name
+        (target,) = harness.status()["targets"]  # type: ignore[attr-defined]
+        assert target["api"] == "vllm-diffusion"
+        assert target["not_applicable"] == "diffusion model: speculative decoding metrics do not apply"
+        page = httpx.get(harness.sidecar_url + "/", timeout=5).text
+        assert "diffusion model: speculative decoding metrics do not apply" in page
+        out, err = io.StringIO(), io.StringIO()
+        assert run_check(harness.simulator_url + "/metrics", 0.1, 2.0, out, err) == 0, err.getvalue()
+        assert "api      vllm-diffusion" in out.getvalue()
+        assert "diffusion model: speculative decoding metrics do not apply" in out.getvalue()
     finally:
         harness.stop()
