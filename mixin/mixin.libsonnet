@@ -3452,7 +3452,7 @@
           },
           "gridPos": {
             "h": 8,
-            "w": 16,
+            "w": 8,
             "x": 0,
             "y": 80
           },
@@ -3547,7 +3547,7 @@
           "gridPos": {
             "h": 8,
             "w": 8,
-            "x": 16,
+            "x": 8,
             "y": 80
           },
           "id": 37,
@@ -3586,6 +3586,67 @@
           "type": "timeseries"
         },
         {
+          "datasource": {
+            "type": "prometheus",
+            "uid": "${datasource}"
+          },
+          "description": "specdecode_mean_draft_length{window=\"$window\"}: drafted tokens per draft as the engine counted them, never assumed equal to k. Below k when a batch-size schedule (vLLM's num_speculative_tokens_per_batch_size, TensorRT-LLM's draft_len_schedule), adaptive verification or short ngram lookups draft fewer tokens; absent where the engine counts no drafts.",
+          "fieldConfig": {
+            "defaults": {
+              "custom": {
+                "fillOpacity": 10,
+                "lineWidth": 2,
+                "showPoints": "never",
+                "spanNulls": false
+              },
+              "min": 0,
+              "noValue": "No traffic",
+              "unit": "suffix: tok/step"
+            },
+            "overrides": []
+          },
+          "gridPos": {
+            "h": 8,
+            "w": 8,
+            "x": 16,
+            "y": 80
+          },
+          "id": 38,
+          "options": {
+            "legend": {
+              "calcs": [
+                "lastNotNull",
+                "min",
+                "mean"
+              ],
+              "displayMode": "table",
+              "placement": "bottom",
+              "showLegend": true
+            },
+            "tooltip": {
+              "mode": "multi",
+              "sort": "desc"
+            }
+          },
+          "repeatDirection": "h",
+          "targets": [
+            {
+              "datasource": {
+                "type": "prometheus",
+                "uid": "${datasource}"
+              },
+              "expr": "specdecode_mean_draft_length{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", window=\"$window\"}",
+              "instant": false,
+              "legendFormat": "{{model_name}} {{pod}}{{instance}} engine {{engine}}",
+              "range": true,
+              "refId": "A"
+            }
+          ],
+          "title": "Mean draft length (k̄, sidecar gauge)",
+          "transparent": false,
+          "type": "timeseries"
+        },
+        {
           "collapsed": false,
           "gridPos": {
             "h": 1,
@@ -3593,7 +3654,7 @@
             "x": 0,
             "y": 88
           },
-          "id": 38,
+          "id": 39,
           "panels": [],
           "title": "Latency beside it (vLLM)",
           "type": "row"
@@ -3624,7 +3685,7 @@
             "x": 0,
             "y": 89
           },
-          "id": 39,
+          "id": 40,
           "options": {
             "legend": {
               "calcs": [
@@ -3696,7 +3757,7 @@
             "x": 8,
             "y": 89
           },
-          "id": 40,
+          "id": 41,
           "options": {
             "legend": {
               "calcs": [
@@ -3785,7 +3846,7 @@
             "x": 16,
             "y": 89
           },
-          "id": 41,
+          "id": 42,
           "options": {
             "legend": {
               "calcs": [
@@ -3839,7 +3900,7 @@
             "x": 0,
             "y": 97
           },
-          "id": 42,
+          "id": 43,
           "panels": [],
           "title": "Is it still speculating? Which k at which batch size?",
           "type": "row"
@@ -3887,7 +3948,7 @@
             "x": 0,
             "y": 98
           },
-          "id": 43,
+          "id": 44,
           "options": {
             "legend": {
               "calcs": [
@@ -3951,7 +4012,7 @@
             "x": 6,
             "y": 98
           },
-          "id": 44,
+          "id": 45,
           "options": {
             "legend": {
               "calcs": [
@@ -4009,7 +4070,7 @@
             "x": 12,
             "y": 98
           },
-          "id": 45,
+          "id": 46,
           "options": {
             "cellHeight": "sm",
             "footer": {
@@ -4104,7 +4165,7 @@
             "x": 16,
             "y": 98
           },
-          "id": 46,
+          "id": 47,
           "options": {
             "legend": {
               "calcs": [
@@ -4169,7 +4230,7 @@
             "x": 0,
             "y": 106
           },
-          "id": 47,
+          "id": 48,
           "panels": [],
           "title": "What it costs against the control pods: memory and throughput (window $window)",
           "type": "row"
@@ -4224,7 +4285,7 @@
             "x": 0,
             "y": 107
           },
-          "id": 48,
+          "id": 49,
           "options": {
             "legend": {
               "calcs": [
@@ -4319,7 +4380,7 @@
             "x": 8,
             "y": 107
           },
-          "id": 49,
+          "id": 50,
           "options": {
             "legend": {
               "calcs": [
@@ -4430,7 +4491,7 @@
             "x": 16,
             "y": 107
           },
-          "id": 50,
+          "id": 51,
           "options": {
             "legend": {
               "calcs": [
@@ -4495,7 +4556,7 @@
             "x": 0,
             "y": 115
           },
-          "id": 51,
+          "id": 52,
           "panels": [],
           "title": "What the alerts see",
           "type": "row"
@@ -4588,7 +4649,7 @@
             "x": 0,
             "y": 116
           },
-          "id": 52,
+          "id": 53,
           "options": {
             "legend": {
               "calcs": [
@@ -4683,7 +4744,7 @@
             "x": 12,
             "y": 116
           },
-          "id": 53,
+          "id": 54,
           "options": {
             "legend": {
               "calcs": [
@@ -4737,7 +4798,7 @@
             "x": 0,
             "y": 124
           },
-          "id": 54,
+          "id": 55,
           "panels": [],
           "title": "Health",
           "type": "row"
@@ -4791,7 +4852,7 @@
             "x": 0,
             "y": 125
           },
-          "id": 55,
+          "id": 56,
           "options": {
             "colorMode": "background",
             "graphMode": "none",
@@ -4876,7 +4937,7 @@
             "x": 4,
             "y": 125
           },
-          "id": 56,
+          "id": 57,
           "options": {
             "colorMode": "background",
             "graphMode": "none",
@@ -4938,7 +4999,7 @@
             "x": 8,
             "y": 125
           },
-          "id": 57,
+          "id": 58,
           "options": {
             "legend": {
               "calcs": [
@@ -4999,7 +5060,7 @@
             "x": 14,
             "y": 125
           },
-          "id": 58,
+          "id": 59,
           "options": {
             "legend": {
               "calcs": [
@@ -5057,7 +5118,7 @@
             "x": 18,
             "y": 125
           },
-          "id": 59,
+          "id": 60,
           "options": {
             "cellHeight": "sm",
             "footer": {
@@ -5130,7 +5191,7 @@
             "x": 0,
             "y": 131
           },
-          "id": 60,
+          "id": 61,
           "options": {
             "cellHeight": "sm",
             "footer": {
