@@ -238,3 +238,34 @@ def test_a_diffusion_model_is_up_without_spec_figures_and_says_why() -> None:
         assert "diffusion model: speculative decoding metrics do not apply" in out.getvalue()
     finally:
         harness.stop()
+
+
+def test_vllm_adaptive_verification_withholds_alpha_rather_than_guessing() -> None:
+    """With adaptive verification declared, vLLM's drafted-token count has no settled meaning (proposed or
+    verified?): the sidecar exports the drafts and accepted tokens, but no drafted tokens, no α and nothing built
+    on it, so no rule can page on a guess; the status API and the page say why. Declared off again, α is back."""
+    harness = start_harness(steady_scenario(ModelSpec(acceptance_rate=0.7)))
+    try:
+        plain = TargetConfig(name="vllm", url=harness.simulator_url + "/metrics", timeout=2.0)
+        adaptive = dataclasses.replace(plain, adaptive_verification=True)
+        harness.exporter.apply_config(dataclasses.replace(harness.exporter.config, targets=(adaptive,)))
+        for _ in range(14):
+            assert harness.step(STEP).up
+        metrics = harness.metrics()
+        series = {"target": "vllm", "model_name": MODEL, "engine": "0"}
+        assert metrics.get("specdecode_drafts_total", **series)
+        assert metrics.get("specdecode_accepted_tokens_total", **series)
+        for name in ("specdecode_draft_tokens_total", "specdecode_acceptance_ratio", "specdecode_mean_draft_length",
+                     "specdecode_expected_speedup", "specdecode_position_acceptance_ratio"):
+            assert metrics.all(name) == {}, name
+        (target,) = harness.status()["targets"]  # type: ignore[attr-defined]
+        assert "not settled by vLLM's source" in target["withheld"]
+        assert "not settled by vLLM&#x27;s source" in httpx.get(harness.sidecar_url + "/", timeout=5).text
+        harness.exporter.apply_config(dataclasses.replace(harness.exporter.config, targets=(plain,)))
+        for _ in range(3):
+            harness.step(STEP)
+        assert harness.metrics().get("specdecode_draft_tokens_total", **series)
+        (target,) = harness.status()["targets"]  # type: ignore[attr-defined]
+        assert target["withheld"] is None
+    finally:
+        harness.stop()

@@ -10,6 +10,7 @@ from specdecode_exporter.pipeline import latency, ratio_test
 from specdecode_exporter.pipeline.capacity import AgainstControl, CapacityStats
 from specdecode_exporter.pipeline.derive import WindowStats
 from specdecode_exporter.pipeline.engines import NOT_APPLICABLE
+from specdecode_exporter.pipeline.engines.vllm_v1 import ADAPTIVE_VERIFICATION_WHY
 from specdecode_exporter.pipeline.latency import LatencyStats, MeasuredSpeedup, ObservedSpeedup
 from specdecode_exporter.pipeline.schedule import (
     BatchSchedule,
@@ -196,6 +197,8 @@ def status_json(views: list[TargetView], ready: tuple[bool, str], version: str, 
                 "up": view.up,
                 "api": view.api,
                 "not_applicable": NOT_APPLICABLE.get(view.api or ""),
+                "withheld": ADAPTIVE_VERIFICATION_WHY if view.config.adaptive_verification and view.api == "vllm-v1"
+                else None,
                 "method": view.method,
                 "interval_seconds": view.interval,
                 "collect_duration_seconds": _round(view.collect_duration, 6),

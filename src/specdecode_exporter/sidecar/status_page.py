@@ -95,6 +95,8 @@ def series_rows(target: dict[str, Any], series: dict[str, Any], page_threshold: 
         speedup_chart(series, target["baseline"] is not None)]
     colour = VERDICT_COLOURS.get(series["verdict"], "#57606a")
     verdict = "control (spec decode off)" if not series["spec_decode"] else e(series["verdict"])
+    if target.get("withheld"):
+        state += f"; {e(target['withheld'])}"
     return [
         "<tr>"
         f"<td>{e(target['name'])}<br><small>{state}, {e(target['api'] or '?')}</small></td>"
