@@ -14,7 +14,7 @@ from specdecode_exporter.check.command import run_check
 from specdecode_exporter.pipeline.engines import ALL_PREFIXES
 from specdecode_exporter.pipeline.parse import select_samples
 from specdecode_exporter.sidecar.config import TargetConfig
-from specdecode_exporter.simulator import ModelSpec, steady_scenario
+from specdecode_exporter.simulator import ModelSpec, default_scenario, steady_scenario
 from tests.helpers import Harness, harness_fixture, start_harness
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"  # ModelSpec's default name
@@ -267,5 +267,23 @@ def test_vllm_adaptive_verification_withholds_alpha_rather_than_guessing() -> No
         assert harness.metrics().get("specdecode_draft_tokens_total", **series)
         (target,) = harness.status()["targets"]  # type: ignore[attr-defined]
         assert target["withheld"] is None
+    finally:
+        harness.stop()
+
+
+def test_the_packaged_trtllm_schedule_scenario_shows_the_draft_length_moving() -> None:
+    """scenarios/trtllm-schedule.yaml: light load drafts 4 (max_draft_len), busy drafts 2; the 1m mean draft length
+    follows, while k (spec_num_tokens) stays 4."""
+    harness = start_harness(default_scenario("trtllm-schedule"), url_path="/prometheus/metrics")
+    try:
+        w = {"target": "vllm", "model_name": "meta-llama/Llama-3.1-70B-Instruct", "window": "1m"}
+        lengths = []
+        for _ in range(2):  # the end of each phase: light, busy
+            for _ in range(int(120 / STEP)):
+                assert harness.step(STEP).up
+            lengths.append(harness.metrics().get("specdecode_mean_draft_length", **w))
+        assert lengths == [pytest.approx(4.0), pytest.approx(2.0)]
+        assert harness.metrics().get("specdecode_info", target="vllm", model_name=w["model_name"], api="trtllm",
+                                     num_speculative_tokens="4") == 1
     finally:
         harness.stop()
