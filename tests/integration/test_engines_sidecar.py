@@ -287,3 +287,36 @@ def test_the_packaged_trtllm_schedule_scenario_shows_the_draft_length_moving() -
                                      num_speculative_tokens="4") == 1
     finally:
         harness.stop()
+
+
+@pytest.mark.parametrize(("counts", "alpha", "draft_length"), [("proposed", 1.376 / 3, 3.0), ("verified", 0.688, 2.0)])
+def test_vllm_adaptive_verification_worked_example(counts: str, alpha: float, draft_length: float) -> None:
+    """The issue's example: per-token acceptance 0.8, k = 3, half the steps trimmed to 1 before verification. If
+    vLLM counts proposed tokens, α reads 0.46 and the model says 0.95× (hurting); if it counts verified ones, 0.69.
+    The sidecar cannot tell which from the exposition: undeclared it shows whatever the counter says, declared
+    (adaptive_verification: true) it withholds α rather than pick one."""
+    spec = ModelSpec(num_speculative_tokens=3, position_acceptance=(0.8, 0.8, 0.8), adaptive_verification_share=0.5,
+                     verified_draft_length=1, draft_tokens_count=counts)
+    harness = start_harness(steady_scenario(spec))
+    try:
+        for _ in range(14):
+            assert harness.step(STEP).up
+        w = {"target": "vllm", "model_name": MODEL, "engine": "0", "window": "1m"}
+        metrics = harness.metrics()
+        assert metrics.get("specdecode_acceptance_ratio", **w) == pytest.approx(alpha, rel=2e-3)
+        assert metrics.get("specdecode_mean_acceptance_length", **w) == pytest.approx(2.376, rel=2e-3)
+        assert metrics.get("specdecode_mean_draft_length", **w) == pytest.approx(draft_length, rel=1e-3)
+        if counts == "proposed":  # every draft counted 3 long: nothing tells the sidecar the trim happened
+            assert metrics.get("specdecode_expected_speedup", **w) == pytest.approx(2.376 / 2.5, rel=2e-3)
+        else:  # the length varies and vLLM counts no drafted tokens per position
+            assert metrics.all("specdecode_position_acceptance_ratio") == {}
+        target = TargetConfig(name="vllm", url=harness.simulator_url + "/metrics", timeout=2.0,
+                              adaptive_verification=True)
+        harness.exporter.apply_config(dataclasses.replace(harness.exporter.config, targets=(target,)))
+        for _ in range(14):
+            harness.step(STEP)
+        metrics = harness.metrics()
+        assert metrics.get("specdecode_acceptance_ratio", **w) is None
+        assert metrics.get("specdecode_expected_speedup", **w) is None
+    finally:
+        harness.stop()

@@ -591,7 +591,8 @@ class Simulator:
 
     def _engine_snapshot(self, spec: ModelSpec, e: _Engine) -> EngineSnapshot:
         drafts = exposed(e.drafts)
-        fixed_k = spec.draft_fill == 1.0 and not spec.num_speculative_tokens_per_batch_size
+        fixed_k = (spec.draft_fill == 1.0 and not spec.num_speculative_tokens_per_batch_size
+                   and not (spec.adaptive_verification_share and spec.draft_tokens_count == "verified"))
         draft_tokens = drafts * e.k if fixed_k else exposed(e.draft_tokens)
         per_pos = tuple(exposed(x) for x in e.per_pos)
         v0 = None
