@@ -39,6 +39,8 @@ EXPECTED_API = {
     "sglang_spec.prom": "sglang",
     "trtllm_spec.prom": "trtllm",
     "tgi_spec.prom": None,
+    "trtllm_draft_len_schedule.prom": "trtllm",
+    "vllm_diffusion.prom": "vllm-diffusion",
 }
 
 
@@ -75,7 +77,8 @@ def test_each_exposition_is_taken_by_its_own_engine_and_no_other(name: str, api:
 
 
 SIMULATED_API = {"v1": "vllm-v1", "v1-multiproc": "vllm-v1", "v1-openmetrics": "vllm-v1", "v0": "vllm-v0",
-                 "llamacpp": "llamacpp", "sglang": "sglang", "trtllm": "trtllm", "tgi": None}
+                 "llamacpp": "llamacpp", "sglang": "sglang", "trtllm": "trtllm", "tgi": None,
+                 "vllm-diffusion": "vllm-diffusion"}
 
 
 def test_every_simulator_format_is_checked() -> None:
