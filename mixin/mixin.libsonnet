@@ -3522,7 +3522,7 @@
           },
           "gridPos": {
             "h": 8,
-            "w": 16,
+            "w": 8,
             "x": 0,
             "y": 80
           },
@@ -3617,7 +3617,7 @@
           "gridPos": {
             "h": 8,
             "w": 8,
-            "x": 16,
+            "x": 8,
             "y": 80
           },
           "id": 37,
@@ -3656,6 +3656,67 @@
           "type": "timeseries"
         },
         {
+          "datasource": {
+            "type": "prometheus",
+            "uid": "${datasource}"
+          },
+          "description": "specdecode_mean_draft_length{window=\"$window\"}: drafted tokens per draft as the engine counted them, never assumed equal to k. Below k when a batch-size schedule (vLLM's num_speculative_tokens_per_batch_size, TensorRT-LLM's draft_len_schedule), adaptive verification or short ngram lookups draft fewer tokens; absent where the engine counts no drafts.",
+          "fieldConfig": {
+            "defaults": {
+              "custom": {
+                "fillOpacity": 10,
+                "lineWidth": 2,
+                "showPoints": "never",
+                "spanNulls": false
+              },
+              "min": 0,
+              "noValue": "No traffic",
+              "unit": "suffix: tok/step"
+            },
+            "overrides": []
+          },
+          "gridPos": {
+            "h": 8,
+            "w": 8,
+            "x": 16,
+            "y": 80
+          },
+          "id": 38,
+          "options": {
+            "legend": {
+              "calcs": [
+                "lastNotNull",
+                "min",
+                "mean"
+              ],
+              "displayMode": "table",
+              "placement": "bottom",
+              "showLegend": true
+            },
+            "tooltip": {
+              "mode": "multi",
+              "sort": "desc"
+            }
+          },
+          "repeatDirection": "h",
+          "targets": [
+            {
+              "datasource": {
+                "type": "prometheus",
+                "uid": "${datasource}"
+              },
+              "expr": "specdecode_mean_draft_length{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", window=\"$window\"}",
+              "instant": false,
+              "legendFormat": "{{model_name}} {{pod}}{{instance}} engine {{engine}}",
+              "range": true,
+              "refId": "A"
+            }
+          ],
+          "title": "Mean draft length (k̄, sidecar gauge)",
+          "transparent": false,
+          "type": "timeseries"
+        },
+        {
           "collapsed": false,
           "gridPos": {
             "h": 1,
@@ -3663,7 +3724,7 @@
             "x": 0,
             "y": 88
           },
-          "id": 38,
+          "id": 39,
           "panels": [],
           "title": "Latency beside it (vLLM)",
           "type": "row"
@@ -3694,7 +3755,7 @@
             "x": 0,
             "y": 89
           },
-          "id": 39,
+          "id": 40,
           "options": {
             "legend": {
               "calcs": [
@@ -3766,7 +3827,7 @@
             "x": 8,
             "y": 89
           },
-          "id": 40,
+          "id": 41,
           "options": {
             "legend": {
               "calcs": [
@@ -3855,7 +3916,7 @@
             "x": 16,
             "y": 89
           },
-          "id": 41,
+          "id": 42,
           "options": {
             "legend": {
               "calcs": [
@@ -3909,7 +3970,7 @@
             "x": 0,
             "y": 97
           },
-          "id": 42,
+          "id": 43,
           "panels": [],
           "title": "Is it still speculating? Which k at which batch size?",
           "type": "row"
@@ -3957,7 +4018,7 @@
             "x": 0,
             "y": 98
           },
-          "id": 43,
+          "id": 44,
           "options": {
             "legend": {
               "calcs": [
@@ -4021,7 +4082,7 @@
             "x": 6,
             "y": 98
           },
-          "id": 44,
+          "id": 45,
           "options": {
             "legend": {
               "calcs": [
@@ -4079,7 +4140,7 @@
             "x": 12,
             "y": 98
           },
-          "id": 45,
+          "id": 46,
           "options": {
             "cellHeight": "sm",
             "footer": {
@@ -4174,7 +4235,7 @@
             "x": 16,
             "y": 98
           },
-          "id": 46,
+          "id": 47,
           "options": {
             "legend": {
               "calcs": [
@@ -4239,7 +4300,7 @@
             "x": 0,
             "y": 106
           },
-          "id": 47,
+          "id": 48,
           "panels": [],
           "title": "What it costs against the control pods: memory and throughput (window $window)",
           "type": "row"
@@ -4294,7 +4355,7 @@
             "x": 0,
             "y": 107
           },
-          "id": 48,
+          "id": 49,
           "options": {
             "legend": {
               "calcs": [
@@ -4389,7 +4450,7 @@
             "x": 8,
             "y": 107
           },
-          "id": 49,
+          "id": 50,
           "options": {
             "legend": {
               "calcs": [
@@ -4500,7 +4561,7 @@
             "x": 16,
             "y": 107
           },
-          "id": 50,
+          "id": 51,
           "options": {
             "legend": {
               "calcs": [
@@ -4565,7 +4626,7 @@
             "x": 0,
             "y": 115
           },
-          "id": 51,
+          "id": 52,
           "panels": [],
           "title": "What the alerts see",
           "type": "row"
@@ -4658,7 +4719,7 @@
             "x": 0,
             "y": 116
           },
-          "id": 52,
+          "id": 53,
           "options": {
             "legend": {
               "calcs": [
@@ -4753,7 +4814,7 @@
             "x": 12,
             "y": 116
           },
-          "id": 53,
+          "id": 54,
           "options": {
             "legend": {
               "calcs": [
@@ -4807,7 +4868,7 @@
             "x": 0,
             "y": 124
           },
-          "id": 54,
+          "id": 55,
           "panels": [],
           "title": "Health",
           "type": "row"
@@ -4861,7 +4922,7 @@
             "x": 0,
             "y": 125
           },
-          "id": 55,
+          "id": 56,
           "options": {
             "colorMode": "background",
             "graphMode": "none",
@@ -4946,7 +5007,7 @@
             "x": 4,
             "y": 125
           },
-          "id": 56,
+          "id": 57,
           "options": {
             "colorMode": "background",
             "graphMode": "none",
@@ -5008,7 +5069,7 @@
             "x": 8,
             "y": 125
           },
-          "id": 57,
+          "id": 58,
           "options": {
             "legend": {
               "calcs": [
@@ -5069,7 +5130,7 @@
             "x": 14,
             "y": 125
           },
-          "id": 58,
+          "id": 59,
           "options": {
             "legend": {
               "calcs": [
@@ -5127,7 +5188,7 @@
             "x": 18,
             "y": 125
           },
-          "id": 59,
+          "id": 60,
           "options": {
             "cellHeight": "sm",
             "footer": {
@@ -5200,7 +5261,7 @@
             "x": 0,
             "y": 131
           },
-          "id": 60,
+          "id": 61,
           "options": {
             "cellHeight": "sm",
             "footer": {

@@ -4,15 +4,17 @@ sidecar exports is what can be computed exactly from that engine's exposition (a
 from __future__ import annotations
 
 import dataclasses
+import io
 from collections.abc import Iterator
 
 import httpx
 import pytest
 
+from specdecode_exporter.check.command import run_check
 from specdecode_exporter.pipeline.engines import ALL_PREFIXES
 from specdecode_exporter.pipeline.parse import select_samples
 from specdecode_exporter.sidecar.config import TargetConfig
-from specdecode_exporter.simulator import ModelSpec, steady_scenario
+from specdecode_exporter.simulator import ModelSpec, default_scenario, steady_scenario
 from tests.helpers import Harness, harness_fixture, start_harness
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"  # ModelSpec's default name
@@ -31,7 +33,7 @@ def run(harness: Harness, url: str, minutes: float = 2.0) -> dict[float, dict[st
 
 
 def name_of(name: str, labels: tuple[tuple[str, str], ...]) -> str:
-    position = dict(labels).get("position")
+    position = dict(labels).get("position", dict(labels).get("token_position"))
     return name if position is None else f"{name}[{position}]"
 
 
@@ -126,10 +128,47 @@ def test_trtllm_alpha_is_exact_and_method_and_k_come_from_the_engine(trtllm: Har
         start["trtllm_spec_decode_num_accepted_tokens_total"]
     w = {**labels, "window": "1m"}
     assert metrics.get("specdecode_acceptance_ratio", **w) == pytest.approx(accepted / drafted, rel=1e-12)
-    assert metrics.get("specdecode_mean_acceptance_length", **w) == pytest.approx(1 + 3 * accepted / drafted)
-    assert metrics.get("specdecode_drafts_total", **labels) is None  # TensorRT-LLM has no drafts counter
-    assert metrics.all("specdecode_position_acceptance_ratio") == {}
+    # Drafts, their length and the accepted tokens per draft: from the per-position family (one clock).
+    d = [end[f"trtllm_spec_decode_drafted_tokens_total[{i}]"] - start[f"trtllm_spec_decode_drafted_tokens_total[{i}]"]
+         for i in range(3)]
+    a = [end[f"trtllm_spec_decode_accepted_tokens_total[{i}]"] - start[f"trtllm_spec_decode_accepted_tokens_total[{i}]"]
+         for i in range(3)]
+    assert metrics.get("specdecode_mean_draft_length", **w) == pytest.approx(sum(d) / d[0], rel=1e-12)
+    assert metrics.get("specdecode_mean_acceptance_length", **w) == pytest.approx(1 + sum(a) / d[0], rel=1e-12)
+    for i in range(3):
+        assert metrics.get("specdecode_position_acceptance_ratio", **w, position=str(i)) == pytest.approx(
+            a[i] / d[i], rel=1e-12)
+    assert metrics.get("specdecode_drafts_total", **labels) is None  # no drafts counter on the iteration clock
     assert metrics.get("specdecode_reported_acceptance_length", **labels) == pytest.approx(1 + 0.65 * 3)
+
+
+def test_trtllm_draft_len_schedule_is_measured_not_taken_from_k() -> None:
+    """k = 4 (max_draft_len), and at this load the schedule drafts 2: the sidecar's mean draft length, mean
+    acceptance length and per-position curve follow what was drafted, where drafted tokens / k would say 4."""
+    spec = ModelSpec(acceptance_rate=0.8, method="eagle3", num_speculative_tokens=4, drafts_per_second=400,
+                     num_speculative_tokens_per_batch_size=((1, 8, 4), (9, 1024, 2)))
+    harness = start_harness(steady_scenario(spec, fmt="trtllm"), url_path="/prometheus/metrics")
+    try:
+        raw = run(harness, harness.simulator_url + "/prometheus/metrics")
+        start, end = one_minute(raw)
+        d = [end.get(f"trtllm_spec_decode_drafted_tokens_total[{i}]", 0.0)
+             - start.get(f"trtllm_spec_decode_drafted_tokens_total[{i}]", 0.0) for i in range(4)]
+        a = [end.get(f"trtllm_spec_decode_accepted_tokens_total[{i}]", 0.0)
+             - start.get(f"trtllm_spec_decode_accepted_tokens_total[{i}]", 0.0) for i in range(4)]
+        assert d[0] > 0 and d[2] == d[3] == 0  # nothing drafted beyond position 1 at this batch size
+        w = {"target": "vllm", "model_name": MODEL, "window": "1m"}
+        metrics = harness.metrics()
+        assert metrics.get("specdecode_info", target="vllm", model_name=MODEL, num_speculative_tokens="4") == 1
+        assert metrics.get("specdecode_mean_draft_length", **w) == pytest.approx(2.0, rel=1e-9)
+        length = metrics.get("specdecode_mean_acceptance_length", **w)
+        assert length == pytest.approx(1 + sum(a) / d[0], rel=1e-12)
+        alpha = metrics.get("specdecode_acceptance_ratio", **w)
+        assert alpha is not None and length < 1 + 4 * alpha - 1.0  # far from what k = 4 would make of α
+        assert metrics.get("specdecode_position_acceptance_ratio", **w, position="1") == pytest.approx(
+            a[1] / d[1], rel=1e-12)
+        assert metrics.get("specdecode_position_acceptance_ratio", **w, position="2") is None
+    finally:
+        harness.stop()
 
 
 def test_trtllm_method_from_config_wins_and_plain_metrics_path_is_json(trtllm: Harness) -> None:
@@ -168,5 +207,116 @@ def test_a_target_that_changes_dialect_is_followed() -> None:
                 assert view.api == api
             else:
                 assert error in (view.last_error or ""), (fmt, view.last_error)
+    finally:
+        harness.stop()
+
+
+def test_a_diffusion_model_is_up_without_spec_figures_and_says_why() -> None:
+    """vLLM serving a diffusion LLM: recognised (api vllm-diffusion), collected (up 1, no no_spec_metrics error, so
+    SpecDecodeMetricsMissing cannot fire), no α; the status API, the page and `check` say the figures do not
+    apply."""
+    harness = start_harness(steady_scenario(ModelSpec(), fmt="vllm-diffusion"))
+    try:
+        for _ in range(3):
+            view = harness.step(STEP)
+            assert view.up, view.last_error
+        metrics = harness.metrics()
+        assert metrics.get("specdecode_up", target="vllm") == 1
+        assert metrics.get("specdecode_info", target="vllm", model_name=MODEL, engine="0", api="vllm-diffusion") == 1
+        assert metrics.get("specdecode_collect_errors_total", target="vllm", reason="no_spec_metrics") in (None, 0)
+        for name in ("specdecode_acceptance_ratio", "specdecode_mean_acceptance_length",
+                     "specdecode_mean_draft_length", "specdecode_expected_speedup", "specdecode_verdict"):
+            assert metrics.all(name) == {}, name
+        (target,) = harness.status()["targets"]  # type: ignore[attr-defined]
+        assert target["api"] == "vllm-diffusion"
+        assert target["not_applicable"] == "diffusion model: speculative decoding metrics do not apply"
+        page = httpx.get(harness.sidecar_url + "/", timeout=5).text
+        assert "diffusion model: speculative decoding metrics do not apply" in page
+        out, err = io.StringIO(), io.StringIO()
+        assert run_check(harness.simulator_url + "/metrics", 0.1, 2.0, out, err) == 0, err.getvalue()
+        assert "api      vllm-diffusion" in out.getvalue()
+        assert "diffusion model: speculative decoding metrics do not apply" in out.getvalue()
+    finally:
+        harness.stop()
+
+
+def test_vllm_adaptive_verification_withholds_alpha_rather_than_guessing() -> None:
+    """With adaptive verification declared, vLLM's drafted-token count has no settled meaning (proposed or
+    verified?): the sidecar exports the drafts and accepted tokens, but no drafted tokens, no α and nothing built
+    on it, so no rule can page on a guess; the status API and the page say why. Declared off again, α is back."""
+    harness = start_harness(steady_scenario(ModelSpec(acceptance_rate=0.7)))
+    try:
+        plain = TargetConfig(name="vllm", url=harness.simulator_url + "/metrics", timeout=2.0)
+        adaptive = dataclasses.replace(plain, adaptive_verification=True)
+        harness.exporter.apply_config(dataclasses.replace(harness.exporter.config, targets=(adaptive,)))
+        for _ in range(14):
+            assert harness.step(STEP).up
+        metrics = harness.metrics()
+        series = {"target": "vllm", "model_name": MODEL, "engine": "0"}
+        assert metrics.get("specdecode_drafts_total", **series)
+        assert metrics.get("specdecode_accepted_tokens_total", **series)
+        for name in ("specdecode_draft_tokens_total", "specdecode_acceptance_ratio", "specdecode_mean_draft_length",
+                     "specdecode_expected_speedup", "specdecode_position_acceptance_ratio"):
+            assert metrics.all(name) == {}, name
+        (target,) = harness.status()["targets"]  # type: ignore[attr-defined]
+        assert "not settled by vLLM's source" in target["withheld"]
+        assert "not settled by vLLM&#x27;s source" in httpx.get(harness.sidecar_url + "/", timeout=5).text
+        harness.exporter.apply_config(dataclasses.replace(harness.exporter.config, targets=(plain,)))
+        for _ in range(3):
+            harness.step(STEP)
+        assert harness.metrics().get("specdecode_draft_tokens_total", **series)
+        (target,) = harness.status()["targets"]  # type: ignore[attr-defined]
+        assert target["withheld"] is None
+    finally:
+        harness.stop()
+
+
+def test_the_packaged_trtllm_schedule_scenario_shows_the_draft_length_moving() -> None:
+    """scenarios/trtllm-schedule.yaml: light load drafts 4 (max_draft_len), busy drafts 2; the 1m mean draft length
+    follows, while k (spec_num_tokens) stays 4."""
+    harness = start_harness(default_scenario("trtllm-schedule"), url_path="/prometheus/metrics")
+    try:
+        w = {"target": "vllm", "model_name": "meta-llama/Llama-3.1-70B-Instruct", "window": "1m"}
+        lengths = []
+        for _ in range(2):  # the end of each phase: light, busy
+            for _ in range(int(120 / STEP)):
+                assert harness.step(STEP).up
+            lengths.append(harness.metrics().get("specdecode_mean_draft_length", **w))
+        assert lengths == [pytest.approx(4.0), pytest.approx(2.0)]
+        assert harness.metrics().get("specdecode_info", target="vllm", model_name=w["model_name"], api="trtllm",
+                                     num_speculative_tokens="4") == 1
+    finally:
+        harness.stop()
+
+
+@pytest.mark.parametrize(("counts", "alpha", "draft_length"), [("proposed", 1.376 / 3, 3.0), ("verified", 0.688, 2.0)])
+def test_vllm_adaptive_verification_worked_example(counts: str, alpha: float, draft_length: float) -> None:
+    """The issue's example: per-token acceptance 0.8, k = 3, half the steps trimmed to 1 before verification. If
+    vLLM counts proposed tokens, α reads 0.46 and the model says 0.95× (hurting); if it counts verified ones, 0.69.
+    The sidecar cannot tell which from the exposition: undeclared it shows whatever the counter says, declared
+    (adaptive_verification: true) it withholds α rather than pick one."""
+    spec = ModelSpec(num_speculative_tokens=3, position_acceptance=(0.8, 0.8, 0.8), adaptive_verification_share=0.5,
+                     verified_draft_length=1, draft_tokens_count=counts)
+    harness = start_harness(steady_scenario(spec))
+    try:
+        for _ in range(14):
+            assert harness.step(STEP).up
+        w = {"target": "vllm", "model_name": MODEL, "engine": "0", "window": "1m"}
+        metrics = harness.metrics()
+        assert metrics.get("specdecode_acceptance_ratio", **w) == pytest.approx(alpha, rel=2e-3)
+        assert metrics.get("specdecode_mean_acceptance_length", **w) == pytest.approx(2.376, rel=2e-3)
+        assert metrics.get("specdecode_mean_draft_length", **w) == pytest.approx(draft_length, rel=1e-3)
+        if counts == "proposed":  # every draft counted 3 long: nothing tells the sidecar the trim happened
+            assert metrics.get("specdecode_expected_speedup", **w) == pytest.approx(2.376 / 2.5, rel=2e-3)
+        else:  # the length varies and vLLM counts no drafted tokens per position
+            assert metrics.all("specdecode_position_acceptance_ratio") == {}
+        target = TargetConfig(name="vllm", url=harness.simulator_url + "/metrics", timeout=2.0,
+                              adaptive_verification=True)
+        harness.exporter.apply_config(dataclasses.replace(harness.exporter.config, targets=(target,)))
+        for _ in range(14):
+            harness.step(STEP)
+        metrics = harness.metrics()
+        assert metrics.get("specdecode_acceptance_ratio", **w) is None
+        assert metrics.get("specdecode_expected_speedup", **w) is None
     finally:
         harness.stop()

@@ -114,3 +114,21 @@ def test_the_demo_sends_each_workload_at_three_temperatures_streamed_and_not() -
     rounds = [traffic(i) for i in range(12)]
     assert sorted(rounds) == sorted((w, t, s) for w in ("chat", "code") for t in (0.0, 0.5, 1.0)
                                     for s in (False, True))
+
+
+def test_check_says_why_the_per_position_curve_is_absent_when_the_draft_length_varies() -> None:
+    """Drafts 80 % full (ngram lookups coming up short) and vLLM counts no drafted tokens per position: `check`
+    prints the measured mean draft length and the reason instead of a per-position curve and a best k."""
+    spec = ModelSpec(acceptance_rate=0.75, drafts_per_second=300, draft_fill=0.8)
+    server, url = serve_in_thread(Simulator(steady_scenario(spec)))
+    try:
+        result = run_cli("check", url + "/metrics", "--duration", "3s")
+    finally:
+        server.stop()
+    assert result.returncode == 0, result.stderr
+    header, row = [line for line in result.stdout.splitlines() if line.startswith(("meta-llama ", "model "))
+                   or line.startswith("meta-llama/Llama-3.1-8B-Instruct  ")][:2]
+    assert "draft len" in header
+    assert "2.40" in row.split()  # 0.8 of k = 3, measured
+    assert ("Per position, meta-llama/Llama-3.1-8B-Instruct 0: the draft length varies (drafts averaged 2.40 of "
+            "k = 3 tokens)") in result.stdout

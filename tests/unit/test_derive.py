@@ -114,13 +114,25 @@ def test_recommendation_keeps_the_current_k_unless_a_shorter_one_gains_2_percent
 
 
 def test_window_stats_from_the_window_counts() -> None:
+    # The capture's ngram drafts averaged 857/308 = 2.78 of k = 3 tokens: the per-position curve over all drafts is
+    # then not the curve a 3-token draft would show, and vLLM counts no drafted tokens per position (absent).
     stats = counts_stats(60.0, DRAFTED, ACCEPTED, DRAFTS, PER_POS, CostModel(0.0, 0.2), None)
     assert stats is not None
     assert stats.acceptance_ratio == pytest.approx(211 / 857)
     assert stats.mean_acceptance_length == pytest.approx(1 + 211 / 308)
+    assert stats.mean_draft_length == pytest.approx(857 / 308)
     assert stats.draft_tokens_per_second == pytest.approx(857 / 60)
     assert stats.accepted_tokens_per_second == pytest.approx(211 / 60)
     assert stats.expected_speedup == pytest.approx((1 + 211 / 308) / (1 + 857 / 308 * 0.2))
+    assert stats.position_acceptance_ratios == () and stats.speedup_by_length == ()
+    assert stats.recommended_num_speculative_tokens is None
+    assert stats.unproven is not None and "2.78 of k = 3" in stats.unproven
+
+
+def test_window_stats_with_every_draft_k_tokens_long() -> None:
+    # The same drafts and acceptance, every draft 3 tokens long: the per-position curve holds.
+    stats = counts_stats(60.0, 3 * DRAFTS, ACCEPTED, DRAFTS, PER_POS, CostModel(0.0, 0.2), None)
+    assert stats is not None and stats.unproven is None and stats.mean_draft_length == pytest.approx(3.0)
     # c = 0.2: S(1) = (1 + 152/308)/1.2 = 1.2446; S(2) = (1 + 189/308)/1.4 = 1.1527; S(3) = (1 + 211/308)/1.6 = 1.0532
     assert stats.speedup_by_length == pytest.approx((1.24459, 1.15260, 1.05317), abs=1e-4)
     assert stats.recommended_num_speculative_tokens == 1

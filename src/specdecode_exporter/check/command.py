@@ -10,6 +10,7 @@ import httpx
 
 from specdecode_exporter.check import per_request as check_per_request
 from specdecode_exporter.pipeline.derive import acceptance_ratio
+from specdecode_exporter.pipeline.engines import NOT_APPLICABLE
 from specdecode_exporter.pipeline.schedule import schedule_summary, trtllm_draft_len_schedule, vllm_speculative_config
 from specdecode_exporter.sidecar.collection import Exporter, TargetView
 from specdecode_exporter.sidecar.config import Config, TargetConfig, Window
@@ -36,7 +37,11 @@ async def collect_for(exporter: Exporter, duration: float) -> TargetView:
 def render(view: TargetView, duration: float) -> str:
     cost = view.config.cost
     lines = [f"target   {view.config.url}", f"api      {view.api}", ""]
-    header = ("model", "engine", "α", "α since start", "mean len", "k", "speedup", "break-even", "best k", "verdict")
+    not_applicable = NOT_APPLICABLE.get(view.api or "")
+    if not_applicable is not None:
+        return "\n".join([*lines, not_applicable]) + "\n"
+    header = ("model", "engine", "α", "α since start", "mean len", "draft len", "k", "speedup", "break-even", "best k",
+              "verdict")
     rows = [header]
     for series in view.series:
         stats = verdict_stats(series)
@@ -46,6 +51,7 @@ def render(view: TargetView, duration: float) -> str:
             _fmt(stats.acceptance_ratio if stats else None),
             _fmt(acceptance_ratio(totals.accepted_tokens or 0.0, totals.draft_tokens or 0.0)),
             _fmt(stats.mean_acceptance_length if stats else None, ".2f"),
+            _fmt(stats.mean_draft_length if stats else None, ".2f"),
             _fmt(series.num_speculative_tokens, "d"),
             _fmt(stats.expected_speedup if stats else None, ".2f"),
             _fmt(cost.break_even_acceptance_ratio, ".2f"),
@@ -58,6 +64,9 @@ def render(view: TargetView, duration: float) -> str:
         lines += ["", f"No drafted tokens in the last {duration:g}s: send traffic, or check for longer (--duration)."]
     lines += [""] + [f"{series.key.model_name or ''} {series.key.engine or ''}".strip()
                      + f": {series.judgement.verdict.value} ({series.judgement.reason})" for series in view.series]
+    lines += [f"Per position, {series.key.model_name or ''} {series.key.engine or ''}".rstrip()
+              + f": {stats.unproven}" for series in view.series
+              if (stats := verdict_stats(series)) is not None and stats.unproven]
     lines += speculation_lines(view)
     lines += ["", f"Cost model: c_draft={cost.c_draft:g} c_verify={cost.c_verify:g} (break-even α = their sum); "
                   "speedup is modelled, not measured."]

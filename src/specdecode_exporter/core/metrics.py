@@ -107,8 +107,16 @@ MEAN_ACCEPTANCE_LENGTH = _windowed(
 )
 POSITION_ACCEPTANCE_RATIO = _windowed(
     "specdecode_position_acceptance_ratio",
-    "Share of drafts whose accepted prefix is longer than position, over the window.",
+    "Share of drafts whose accepted prefix is longer than position, over the window: among the drafts that "
+    "reached the position where the engine counts drafted tokens per position (TensorRT-LLM), else among all "
+    "drafts; absent when the draft length varies and the engine counts no drafted tokens per position.",
     ("position",),
+)
+MEAN_DRAFT_LENGTH = _windowed(
+    "specdecode_mean_draft_length",
+    "Drafted tokens per draft over the window (k̄), measured from the engine's counters (drafts, or drafted "
+    "tokens per position), never assumed equal to k: below k when a batch-size schedule, adaptive verification "
+    "or a short lookup drafts fewer tokens. Absent where the engine counts no drafts.",
 )
 TOKEN_ACCEPTANCE_PROBABILITY = _windowed(
     "specdecode_token_acceptance_probability",
@@ -122,8 +130,9 @@ ACCEPTED_TOKENS_PER_SECOND = _windowed(
 )
 EXPECTED_SPEEDUP = _windowed(
     "specdecode_expected_speedup",
-    "Modelled speedup over plain decoding: mean acceptance length / (1 + k̄·(c_draft + c_verify)); "
-    "below 1 spec decode costs more than it saves.",
+    "Modelled speedup over plain decoding: mean acceptance length / (1 + k̄_proposed·c_draft + "
+    "k̄_verified·c_verify), k̄ measured (k where the engine counts no drafts); below 1 spec decode costs more "
+    "than it saves.",
 )
 EXPECTED_SPEEDUP_BY_LENGTH = _windowed(
     "specdecode_expected_speedup_by_length",
@@ -394,7 +403,8 @@ TAP: tuple[MetricSpec, ...] = (
 COLLECTED: tuple[MetricSpec, ...] = (
     UP, COLLECT_DURATION, COLLECT_ERRORS, INFO,
     DRAFTS, DRAFT_TOKENS, ACCEPTED_TOKENS, EMITTED_TOKENS, ACCEPTED_BY_POSITION,
-    ACCEPTANCE_RATIO, MEAN_ACCEPTANCE_LENGTH, POSITION_ACCEPTANCE_RATIO, TOKEN_ACCEPTANCE_PROBABILITY,
+    ACCEPTANCE_RATIO, MEAN_ACCEPTANCE_LENGTH, MEAN_DRAFT_LENGTH, POSITION_ACCEPTANCE_RATIO,
+    TOKEN_ACCEPTANCE_PROBABILITY,
     DRAFT_TOKENS_PER_SECOND, ACCEPTED_TOKENS_PER_SECOND, INTERVAL_ACCEPTANCE,
     BREAK_EVEN, EXPECTED_SPEEDUP, EXPECTED_SPEEDUP_BY_LENGTH, RECOMMENDED_K, VERDICT,
     TIME_PER_OUTPUT_TOKEN, TIME_PER_OUTPUT_TOKEN_TAIL, TIME_TO_FIRST_TOKEN, REQUESTS_RUNNING, REQUESTS_WAITING,

@@ -515,6 +515,18 @@ def mean_length_over_time(ctx: Context) -> Any:
     ).override_by_query("B", override_props(unit="percentunit", min=0, max=1, custom__axisPlacement="right"))
 
 
+def mean_draft_length_over_time(ctx: Context) -> Any:
+    return ts_panel(
+        "Mean draft length (k̄, sidecar gauge)",
+        f'{m.MEAN_DRAFT_LENGTH.name}{{window="$window"}}: drafted tokens per draft as the engine counted them, '
+        "never assumed equal to k. Below k when a batch-size schedule (vLLM's num_speculative_tokens_per_batch_size, "
+        "TensorRT-LLM's draft_len_schedule), adaptive verification or short ngram lookups draft fewer tokens; "
+        "absent where the engine counts no drafts.",
+        queries((ctx.windowed(m.MEAN_DRAFT_LENGTH.name), "{{model_name}} {{pod}}{{instance}} engine {{engine}}")),
+        UNIT_TOKENS_PER_STEP, w=8,
+    ).min(0)
+
+
 # ------------------------------------------------------------------------------ row: how is α distributed?
 
 
@@ -639,7 +651,7 @@ def token_flow(ctx: Context) -> Any:
         queries((drafted, "drafted " + ctx.legend), (accepted, "accepted " + ctx.legend),
                 (f"{drafted}\n-\n{accepted}", "rejected " + ctx.legend),
                 (ctx.rate(m.EMITTED_TOKENS.exposed_name), "emitted " + ctx.legend)),
-        UNIT_TOKENS_PER_S, w=16)
+        UNIT_TOKENS_PER_S, w=8)
         .min(0).override_by_query("C", override_props(color={"mode": "fixed", "fixedColor": RED}))
         .override_by_query("B", override_props(color={"mode": "fixed", "fixedColor": GREEN})))
 
@@ -918,7 +930,7 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
      (routed_classes, routed_requests, routed_speedup)),
     ("Where along the draft does acceptance fall off, and which k is better?",
      (position_curve, position_curve_over_time, speedup_by_length)),
-    ("Token flow", (token_flow, drafts_rate)),
+    ("Token flow", (token_flow, drafts_rate, mean_draft_length_over_time)),
     ("Latency beside it (vLLM)", (tpot_quantiles, itl_quantiles, load_panel)),
     ("Is it still speculating? Which k at which batch size?",
      (speculative_share, scheduled_steps, schedule_table, schedule_gain)),

@@ -167,6 +167,26 @@ def expected_speedup(mean_length: float | None, draft_length: float | None, cost
     return mean_length / (1.0 + draft_length * cost.per_draft_token)
 
 
+def expected_speedup_split(mean_length: float | None, proposed_per_draft: float | None,
+                           verified_per_draft: float | None, cost: CostModel) -> float | None:
+    """S = L / (1 + k̄_p·c_draft + k̄_v·c_verify): drafting is paid per proposed token, verification per verified
+    token (they differ where the engine trims a draft before verifying it: vLLM's adaptive verification). None when
+    either length is unknown: a proposed length standing in for an unknown verified one is a guess."""
+    if mean_length is None or proposed_per_draft is None or verified_per_draft is None:
+        return None
+    return mean_length / (1.0 + proposed_per_draft * cost.c_draft + verified_per_draft * cost.c_verify)
+
+
+def break_even_acceptance_split(proposed_per_draft: float | None, verified_per_draft: float | None,
+                                cost: CostModel) -> float | None:
+    """The α (over verified tokens) at which S = 1: 1 + k̄_v·α = 1 + k̄_p·c_draft + k̄_v·c_verify, so
+    α = c_verify + c_draft·k̄_p / k̄_v, capped at 1; c_draft + c_verify when nothing is trimmed. None when either
+    length is unknown or nothing was verified."""
+    if proposed_per_draft is None or verified_per_draft is None or not verified_per_draft > 0:
+        return None
+    return break_even_acceptance(cost.c_verify + cost.c_draft * proposed_per_draft / verified_per_draft)
+
+
 @functools.lru_cache(maxsize=64)
 def _step_costs(per_draft_token: float, k: int) -> tuple[float, ...]:
     """1 + k'·c for k' = 1..k: the cost of one verification step at each draft length."""
@@ -211,7 +231,8 @@ class WindowStats(NamedTuple):
     expected_speedup: float | None
     speedup_by_length: tuple[float, ...]
     recommended_num_speculative_tokens: int | None
-    mean_draft_length: float | None  # k̄: drafted tokens per draft
+    mean_draft_length: float | None  # k̄: drafted tokens per draft, measured (None where drafts are not counted)
+    unproven: str | None = None  # why the per-position curve (and what builds on it) is absent, when it is
 
 
 def has_acceptance(span: WindowSpan) -> bool:
@@ -235,31 +256,118 @@ def span_stats(span: WindowSpan, cost: CostModel, num_speculative_tokens: int | 
     assert drafted is not None and accepted is not None
     return counts_stats(span.seconds, drafted, accepted, optional_minus(end.drafts, start.drafts),
                         positions_minus(end.accepted_by_position, start.accepted_by_position), cost,
-                        num_speculative_tokens)
+                        num_speculative_tokens,
+                        positions_minus(end.drafted_by_position, start.drafted_by_position))
+
+
+# A mean draft length this far below k (relative) means the drafts were not all k tokens long.
+DRAFT_LENGTH_TOLERANCE = 1e-6
+
+
+def draft_length_varies(mean_draft: float | None, k: int) -> bool:
+    """Whether drafts of mean length ``mean_draft`` cannot all have been ``k`` tokens long."""
+    return mean_draft is not None and mean_draft < k * (1.0 - DRAFT_LENGTH_TOLERANCE)
+
+
+def per_position_over_drafted(accepted_by_position: tuple[float, ...],
+                              drafted_by_position: tuple[float, ...]) -> tuple[float, ...]:
+    """accepted[i] / drafted[i]: among the drafts that reached position i, the share whose accepted prefix is
+    longer than i. Where the draft length is cut independently of acceptance (a batch-size schedule), that is the
+    curve a full-length draft would show; it stops at the first position no draft reached."""
+    ratios: list[float] = []
+    for accepted, drafted in zip(accepted_by_position, drafted_by_position, strict=False):
+        if not drafted > 0:
+            break
+        ratios.append(_unit(accepted / drafted))
+    return tuple(ratios)
+
+
+def token_probability_over_drafted(accepted_by_position: tuple[float, ...],
+                                   drafted_by_position: tuple[float, ...]) -> float | None:
+    """Leviathan's p from per-position drafted counts: successes Σ a_i over trials Σ d_i·r_(i−1) (the drafts that
+    reached position i with every earlier token accepted; r_(−1) = 1, r_i = a_i / d_i). With every draft k tokens
+    long this is token_acceptance_probability's successes / (successes + rejections)."""
+    ratios = per_position_over_drafted(accepted_by_position, drafted_by_position)
+    if not ratios:
+        return None
+    trials = sum(map(operator.mul, drafted_by_position, (1.0, *ratios[:-1])))
+    return None if trials <= 0 else _unit(sum(accepted_by_position[:len(ratios)]) / trials)
+
+
+class DraftCounts(NamedTuple):
+    """What a window's counts say about its drafts: how many (None: not counted), of what mean length (None: not
+    measured), accepted tokens per draft on the same clock as the drafts, the per-position curve, and why that
+    curve is absent when it is."""
+
+    drafts: float | None
+    mean_draft_length: float | None
+    accepted_per_draft: float | None
+    positions: tuple[float, ...]
+    unproven: str | None
+
+
+def draft_counts(draft_tokens: float, accepted_tokens: float, drafts: float | None,
+                 accepted_by_position: tuple[float, ...], drafted_by_position: tuple[float, ...]) -> DraftCounts:
+    """Drafts and their length from the counters that count them, never from k. Per-position drafted counts
+    (TensorRT-LLM) give the drafts (position 0), the length and the accepted tokens per draft from one family, so
+    on one clock (they move at request completion, the token counters every iteration)."""
+    if drafted_by_position and drafted_by_position[0] > 0:
+        first = drafted_by_position[0]
+        accepted = sum(accepted_by_position) if accepted_by_position else None
+        return DraftCounts(first, per_draft(sum(drafted_by_position), first),
+                           None if accepted is None else per_draft(accepted, first),
+                           per_position_over_drafted(accepted_by_position, drafted_by_position), None)
+    mean_draft = mean_draft_length(draft_tokens, drafts)
+    accepted_per_draft = per_draft(accepted_tokens, drafts)
+    k = len(accepted_by_position)
+    if k and draft_length_varies(mean_draft, k):
+        assert mean_draft is not None
+        return DraftCounts(drafts, mean_draft, accepted_per_draft, (),
+                           f"the draft length varies (drafts averaged {mean_draft:.2f} of k = {k} tokens) and the "
+                           "engine counts no drafted tokens per position: per-position acceptance unproven")
+    return DraftCounts(drafts, mean_draft, accepted_per_draft, position_acceptance_ratios(accepted_by_position, drafts),
+                       None)
 
 
 def counts_stats(seconds: float, draft_tokens: float, accepted_tokens: float, drafts: float | None,
                  accepted_by_position: tuple[float, ...], cost: CostModel,
-                 num_speculative_tokens: int | None) -> WindowStats | None:
-    """The window's statistics from its counts (increases over ``seconds``)."""
+                 num_speculative_tokens: int | None,
+                 drafted_by_position: tuple[float, ...] = ()) -> WindowStats | None:
+    """The window's statistics from its counts (increases over ``seconds``). α is over the drafted (= verified:
+    every engine's drafted-token counter counts the tokens sent to verification, docs/engines.md) tokens."""
     alpha = acceptance_ratio(accepted_tokens, draft_tokens)
     if alpha is None or seconds <= 0:
         return None
-    if drafts is None and num_speculative_tokens:
-        drafts = draft_tokens / num_speculative_tokens
-    length = mean_acceptance_length(accepted_tokens, drafts)
-    positions = position_acceptance_ratios(accepted_by_position, drafts)
+    counts = draft_counts(draft_tokens, accepted_tokens, drafts, accepted_by_position, drafted_by_position)
+    draft_length, accepted_per_draft = counts.mean_draft_length, counts.accepted_per_draft
+    if counts.drafts is None and num_speculative_tokens:
+        # No drafts counter (TensorRT-LLM before its per-position family): drafts = drafted tokens / k, exact only
+        # when every draft is k tokens long. The length is assumed, so it is used but not reported as measured.
+        assumed = draft_tokens / num_speculative_tokens
+        length_for_model: float | None = float(num_speculative_tokens)
+        accepted_per_draft = per_draft(accepted_tokens, assumed)
+        drafts_for_fit: float | None = assumed
+    else:
+        length_for_model, drafts_for_fit = draft_length, counts.drafts
+    length = None if accepted_per_draft is None else 1.0 + (accepted_per_draft if accepted_per_draft > 0 else 0.0)
+    positions = counts.positions
     by_length = speedup_by_length(positions, cost)
-    draft_length = mean_draft_length(draft_tokens, drafts)
+    probability = (token_probability_over_drafted(accepted_by_position, drafted_by_position)
+                   if drafted_by_position and positions else
+                   token_acceptance_probability(accepted_tokens, drafts_for_fit,
+                                                accepted_by_position if positions else (), length_for_model))
     return WindowStats(
         alpha,
         length,
         positions,
-        token_acceptance_probability(accepted_tokens, drafts, accepted_by_position, draft_length),
+        probability,
         draft_tokens / seconds,
         accepted_tokens / seconds,
-        expected_speedup(length, draft_length, cost),
+        # Every engine's drafted-token counter counts the tokens it verified, and none counts tokens proposed and
+        # trimmed apart from them (docs/engines.md): the two lengths are the one measured.
+        expected_speedup_split(length, length_for_model, length_for_model, cost),
         by_length,
         recommended_num_speculative_tokens(by_length),
         draft_length,
+        counts.unproven,
     )

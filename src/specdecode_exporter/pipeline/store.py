@@ -42,6 +42,7 @@ class Totals(NamedTuple):
     preemptions: float | None = None
     scheduled_steps: tuple[float, ...] = ()  # by the k a batch-size schedule chose (index = k)
     kv_cache_seconds: float | None = None  # ∫ KV-cache usage dt
+    drafted_by_position: tuple[float, ...] = ()  # drafts that reached each position, where the engine counts them
     batch_bins: tuple[BatchBin, ...] = NO_BINS  # drafts, acceptance and time by batch-size range
 
 
@@ -84,6 +85,7 @@ def is_restart(previous: SeriesReading, current: SeriesReading) -> bool:
         or _decreased(previous.preemptions, current.preemptions)
         or any(map(operator.lt, current.accepted_by_position, previous.accepted_by_position))
         or any(map(operator.lt, current.scheduled_steps, previous.scheduled_steps))
+        or any(map(operator.lt, current.drafted_by_position, previous.drafted_by_position))
         or (previous.latency is not None and current.latency is not None
             and _decreased(previous.latency.observations, current.latency.observations))
     )
@@ -157,6 +159,9 @@ def add_reading(totals: Totals, previous: SeriesReading | None, current: SeriesR
         scheduled_steps=_positions_increase(totals.scheduled_steps, previous.scheduled_steps if previous else (),
                                             current.scheduled_steps, restarted),
         kv_cache_seconds=time_integral(totals.kv_cache_seconds, before.kv_cache_usage, now.kv_cache_usage, seconds),
+        drafted_by_position=_positions_increase(totals.drafted_by_position,
+                                                previous.drafted_by_position if previous else (),
+                                                current.drafted_by_position, restarted),
         batch_bins=totals.batch_bins,
     )
 

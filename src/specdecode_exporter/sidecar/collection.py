@@ -331,7 +331,8 @@ class TargetCollector:
         if model is None and not engine.labels_model and self.clock() >= self.next_model_lookup:
             raise ModelNameNeeded()
         return DecoderOptions(num_speculative_tokens=self.config.num_speculative_tokens,
-                              model_name=model if not engine.labels_model else None)
+                              model_name=model if not engine.labels_model else None,
+                              adaptive_verification=self.config.adaptive_verification)
 
     async def _discover_model(self, client: httpx.AsyncClient) -> None:
         model, detail = await served_model(client, self.config.url, self.config.timeout, self._bearer_token(),
@@ -413,8 +414,10 @@ class TargetCollector:
             self.engine = self.decoder = None
             self.discovered_model = None
             self.next_model_lookup = float("-inf")
-        elif previous.model_name != target.model_name:
-            self.decoder = None  # it names the series (llama.cpp): a new one, from the slow path
+        elif (previous.model_name, previous.adaptive_verification) != (target.model_name, target.adaptive_verification):
+            # The decoder names the series (llama.cpp) or withholds the drafted tokens (vLLM's adaptive
+            # verification): a new one, from the slow path, which builds it from the options.
+            self.decoder = None
         return Reconfigured(changed=True, new_source=new_source,
                             reconnect=(previous.url, previous.tls) != (target.url, target.tls))
 

@@ -257,6 +257,10 @@ class TargetConfig(Section):
     model_name: Annotated[str, words("the served model's name")] | None = None  # for engines whose metrics
     # carry no model label (llama.cpp)
     spec_decode: Bool = True  # False: a control target (spec decode off), collected for its latency only
+    # vLLM with enable_adaptive_verification: whether vllm:spec_decode_num_draft_tokens then counts proposed or
+    # verified tokens is not settled by vLLM's source (docs/engines.md), so the drafted-token count, and α and
+    # everything built on it, are withheld rather than guessed. vLLM does not export the setting: say it here.
+    adaptive_verification: Bool = False
     baseline: BaselineConfig | None = None
     cost: Annotated[CostModel, Field(alias="cost_model"), _CostModel()] = field(default_factory=CostModel)
     bearer_token_file: FilePath | None = None

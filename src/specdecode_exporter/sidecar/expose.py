@@ -99,6 +99,7 @@ def series_labels(view: TargetView, series: SeriesView) -> Labels:
 def add_acceptance(families: SampleSink, w: Labels, stats: WindowStats, recommended_k: int | None) -> None:
     families.add(m.ACCEPTANCE_RATIO, w, stats.acceptance_ratio)
     families.add(m.MEAN_ACCEPTANCE_LENGTH, w, stats.mean_acceptance_length)
+    families.add(m.MEAN_DRAFT_LENGTH, w, stats.mean_draft_length)
     for position, ratio in enumerate(stats.position_acceptance_ratios):
         families.add(m.POSITION_ACCEPTANCE_RATIO, {**w, "position": str(position)}, ratio)
     families.add(m.TOKEN_ACCEPTANCE_PROBABILITY, w, stats.token_acceptance_probability)

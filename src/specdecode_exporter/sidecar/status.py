@@ -9,6 +9,8 @@ from typing import Any
 from specdecode_exporter.pipeline import latency, ratio_test
 from specdecode_exporter.pipeline.capacity import AgainstControl, CapacityStats
 from specdecode_exporter.pipeline.derive import WindowStats
+from specdecode_exporter.pipeline.engines import NOT_APPLICABLE
+from specdecode_exporter.pipeline.engines.vllm_v1 import ADAPTIVE_VERIFICATION_WHY
 from specdecode_exporter.pipeline.latency import LatencyStats, MeasuredSpeedup, ObservedSpeedup
 from specdecode_exporter.pipeline.schedule import (
     BatchSchedule,
@@ -37,7 +39,9 @@ def acceptance_json(stats: WindowStats) -> dict[str, Any]:
     return {
         "acceptance_ratio": _round(stats.acceptance_ratio),
         "mean_acceptance_length": _round(stats.mean_acceptance_length),
+        "mean_draft_length": _round(stats.mean_draft_length),
         "position_acceptance_ratios": [_round(r) for r in stats.position_acceptance_ratios],
+        "position_acceptance_unproven": stats.unproven,
         "token_acceptance_probability": _round(stats.token_acceptance_probability),
         "draft_tokens_per_second": _round(stats.draft_tokens_per_second, 3),
         "accepted_tokens_per_second": _round(stats.accepted_tokens_per_second, 3),
@@ -192,6 +196,9 @@ def status_json(views: list[TargetView], ready: tuple[bool, str], version: str, 
                 "url": view.config.url,
                 "up": view.up,
                 "api": view.api,
+                "not_applicable": NOT_APPLICABLE.get(view.api or ""),
+                "withheld": ADAPTIVE_VERIFICATION_WHY if view.config.adaptive_verification and view.api == "vllm-v1"
+                else None,
                 "method": view.method,
                 "interval_seconds": view.interval,
                 "collect_duration_seconds": _round(view.collect_duration, 6),

@@ -85,11 +85,18 @@ def series_rows(target: dict[str, Any], series: dict[str, Any], page_threshold: 
                         if w.get("acceptance_ratio") is not None)
     speedup = speedup_cell(window, target["baseline"] is not None)
     state = "up" if target["up"] else f"down ({e(target['last_error'] or '')})"
+    if target.get("not_applicable"):
+        return ["<tr>"
+                f"<td>{e(target['name'])}<br><small>{state}, {e(target['api'] or '?')}</small></td>"
+                f"<td>{e(series['model_name'] or '')}</td><td>{e(series['engine'] or '')}</td>"
+                f"<td colspan={len(HEADER) - 3}>{e(target['not_applicable'])}</td></tr>"]
     charts = [tpot_chart(series)] if not series["spec_decode"] else [
         alpha_chart(series, page_threshold), tpot_chart(series),
         speedup_chart(series, target["baseline"] is not None)]
     colour = VERDICT_COLOURS.get(series["verdict"], "#57606a")
     verdict = "control (spec decode off)" if not series["spec_decode"] else e(series["verdict"])
+    if target.get("withheld"):
+        state += f"; {e(target['withheld'])}"
     return [
         "<tr>"
         f"<td>{e(target['name'])}<br><small>{state}, {e(target['api'] or '?')}</small></td>"
@@ -117,6 +124,9 @@ def speculation_row(series: dict[str, Any]) -> str:
         parts.append(f"<p class='speculation' style='color:{colour}'><b>Speculation:</b> {e(speculation['reason'])}"
                      "</p>")
     window = series["windows"].get(series["verdict_window"] or "", {})
+    if window.get("position_acceptance_unproven"):
+        parts.append(f"<p class='unproven'><b>Per position:</b> {e(window['position_acceptance_unproven'])} "
+                     f"(mean draft length {_cell(window.get('mean_draft_length'), '{:.2f}')})</p>")
     versus = window.get("against_control")
     if versus is not None:
         parts.append(f"<p class='cost'><b>Against {e(versus['control'])}:</b> {e(_cost_words(versus))}</p>")

@@ -7,7 +7,8 @@ the facts, tests/fixtures/{llamacpp,sglang,trtllm,tgi}_spec.prom the reference s
   scheduler's (``dp_rank`` only with several engines); the spec gauges are the engine's last-window figures;
 - ``trtllm``: trtllm-serve's ``/prometheus/metrics``: multiprocess text, every gauge with ``pid``, config info
   gauges, the iteration token counters and per-position counters only once something was drafted;
-- ``tgi``: text-generation-inference: unlabelled counters without ``_total`` and the skipped-tokens summary.
+- ``tgi``: text-generation-inference: unlabelled counters without ``_total`` and the skipped-tokens summary;
+- ``vllm-diffusion``: vLLM serving a diffusion LLM: the spec-decode counters under ``vllm:diffusion_*`` names.
 
 The families that only describe load (throughput, batch, KV cache) carry plausible values; the speculative ones
 carry the snapshot's exact counts, as the vLLM formats do.
@@ -38,7 +39,7 @@ def render_engine_format(fmt: str, models: tuple[ModelSnapshot, ...], drop_spec:
 
 
 def _is_spec_family(name: str) -> bool:
-    return "spec" in name or name == "tgi_request_skipped_tokens"
+    return "spec" in name or "diffusion" in name or name == "tgi_request_skipped_tokens"
 
 
 def _hand_written(name: str, kind: str, help_: str, samples: Iterable[tuple[str, str]]) -> Block:
@@ -195,8 +196,9 @@ def trtllm_blocks(models: tuple[ModelSnapshot, ...]) -> list[Block]:
                 ("spec_num_tokens", str(m.spec.num_speculative_tokens)))
 
     def drafted(m: ModelSnapshot, e: EngineSnapshot) -> list[float]:
-        full = math.floor(e.drafts * m.spec.draft_fill)  # the simulator drafts evenly short, not per position
-        return [full] * m.spec.num_speculative_tokens
+        """Drafts that reached each position: with a schedule (draft_len_schedule, the model's
+        num_speculative_tokens_per_batch_size) the positions beyond the k of a step are not drafted at it."""
+        return [float(n) for n in e.drafted_per_pos]
 
     families = [
         gauge("trtllm_speculative_config_info", "Speculative decoding configuration info", lambda m, e: 1.0,
@@ -262,7 +264,26 @@ def tgi_blocks(models: tuple[ModelSnapshot, ...]) -> list[Block]:
     ]
 
 
+# ----- vLLM serving a diffusion LLM (vllm/v1/spec_decode/metrics.py, SpecDecodingProm with is_diffusion) -----
+def diffusion_blocks(models: tuple[ModelSnapshot, ...]) -> list[Block]:
+    """The spec-decode counters under their diffusion names (denoising steps, canvas positions evaluated, committed
+    tokens: drafts, drafted and accepted tokens of the same data path), labelled model_name and engine, each with
+    its _created sample; no per-position family and no vllm:spec_decode_* family."""
+    def counter(name: str, help_: str, value: Callable[[EngineSnapshot], float]) -> Block:
+        series = tuple(Series((("engine", str(e.engine)), ("model_name", m.spec.name)), float(value(e)), e.created)
+                       for m in models for e in m.engines)
+        return name + "_total", write_text((Family(name, "counter", help_, series),), created=True, sum_first=False)
+
+    return [
+        counter("vllm:diffusion_num_denoising_steps", "Number of denoising steps.", lambda e: e.drafts),
+        counter("vllm:diffusion_num_canvas_positions", "Number of canvas positions evaluated.",
+                lambda e: e.draft_tokens),
+        counter("vllm:diffusion_num_committed_tokens", "Number of committed (finalized) tokens.", lambda e: e.accepted),
+    ]
+
+
 WRITERS: dict[str, Callable[[tuple[ModelSnapshot, ...]], list[Block]]] = {
+    "vllm-diffusion": diffusion_blocks,
     "llamacpp": llamacpp_blocks,
     "sglang": sglang_blocks,
     "trtllm": trtllm_blocks,

@@ -17,7 +17,7 @@ from typing import Annotated, NamedTuple
 
 from pydantic import BeforeValidator
 
-from specdecode_exporter.core.validation import Bool, Context, Int, Number, Range, Section, Text, fail, show
+from specdecode_exporter.core.validation import Bool, Choice, Context, Int, Number, Range, Section, Text, fail, show
 from specdecode_exporter.pipeline.derive import geometric_prefix_mean, solve_geometric_probability
 
 # Deterministic spread of latency observations around their mean (multiplier, weight): gives histograms
@@ -136,6 +136,13 @@ class ModelSpec(Section):
     # vllm:spec_decode_scheduled_steps, scheduler steps by the k the schedule chose (proposed upstream, vllm#54748):
     # off, as in every vLLM released so far.
     spec_decode_scheduled_steps: Bool = False
+    # vLLM's adaptive verification (enable_adaptive_verification, vllm#47808/#52228): this share of the steps has its
+    # draft trimmed to verified_draft_length tokens before verification (independently of what it would accept, a
+    # simplification). Which count vllm:spec_decode_num_draft_tokens then carries is not settled by vLLM's source
+    # (docs/engines.md), so the simulator serves either: draft_tokens_count proposed (k per step) or verified.
+    adaptive_verification_share: Ratio = 0.0
+    verified_draft_length: Annotated[Int, Range(0, 64)] = 1
+    draft_tokens_count: Annotated[str, Choice("proposed", "verified")] = "proposed"
     # Memory: the KV cache holds this many tokens, less draft_memory_share of it on a spec-decode pod (the draft
     # model's weights and KV); a request holds its prompt, half its output on average, and k lookahead slots while
     # speculating. Requests run while they fit; beyond, they wait, and the excess demand preempts.
@@ -155,6 +162,9 @@ class ModelSpec(Section):
         problem = curve_problem(curve, self)
         if problem:
             raise fail(problem, "position_acceptance")
+        if self.adaptive_verification_share and self.verified_draft_length >= self.num_speculative_tokens:
+            raise fail(f"expected fewer than num_speculative_tokens ({self.num_speculative_tokens}) tokens, got "
+                       f"{self.verified_draft_length}", "verified_draft_length")
         return self
 
 
@@ -343,6 +353,21 @@ def memory(spec: ModelSpec, offered_running: float, k: int) -> Memory:
                   running / offered_running if offered_running > 0 else 1.0)
 
 
+def adaptive_trim(spec: ModelSpec, k: int) -> tuple[float, int]:
+    """(share of steps trimmed, tokens they verify) under adaptive verification at a step drafting k; (0, k) without
+    it, or when the trim would not shorten the draft."""
+    share, verified = spec.adaptive_verification_share, spec.verified_draft_length
+    return (share, verified) if share > 0 and verified < k else (0.0, k)
+
+
+def counted_draft_length(spec: ModelSpec, k: int) -> float:
+    """The draft tokens per step the exposition counts: k proposed, or the mean verified under the trim."""
+    trimmed, verified = adaptive_trim(spec, k)
+    if spec.draft_tokens_count == "proposed":
+        return float(k)
+    return (1.0 - trimmed) * k + trimmed * verified
+
+
 def compute_rates(spec: ModelSpec, live: LiveParams, fractions: tuple[float, ...], k: int | None = None) -> Rates:
     """One engine's production per second; ``k``: the k its steps run with (0: not speculating), else the
     configured. Steps beyond what fits in the batch (running_limit) wait instead of running."""
@@ -356,6 +381,8 @@ def compute_rates(spec: ModelSpec, live: LiveParams, fractions: tuple[float, ...
     mix = workload_mix(spec, fractions[:k], k) if speculating else ((1.0, (0.0,) * k_max),)
     mixed = tuple(sum(share * f[i] for share, f in mix) for i in range(min(k, k_max)))
     fractions = (mixed if spec.workloads else fractions[:k]) if speculating else ()
+    trimmed, verified = adaptive_trim(spec, k)
+    fractions = tuple(f * (1.0 - trimmed) if i >= verified else f for i, f in enumerate(fractions))
     per_pos = tuple(steps * f for f in fractions)
     mean_length = 1.0 + sum(fractions)
     groups = tuple((steps * share * (1.0 + sum(f)) / spec.output_tokens, step / (1.0 + sum(f))) for share, f in mix)
@@ -366,7 +393,7 @@ def compute_rates(spec: ModelSpec, live: LiveParams, fractions: tuple[float, ...
     alpha_v0 = effective_acceptance_rate(spec, fractions) if speculating else 0.0
     return Rates(
         drafts=steps if speculating or not spec.spec_decode else 0.0,
-        draft_tokens=steps * k * spec.draft_fill if speculating else 0.0,
+        draft_tokens=steps * counted_draft_length(spec, k) * spec.draft_fill if speculating else 0.0,
         per_pos=per_pos,
         accepted=sum(per_pos),
         generation_tokens=generation,

@@ -33,7 +33,8 @@ from specdecode_exporter.core.validation import (
 )
 from specdecode_exporter.simulator.model import ModelSpec, Probabilities, Ratio, curve_problem
 
-ENGINE_FORMATS: tuple[str, ...] = ("llamacpp", "sglang", "trtllm", "tgi")  # written by engine_formats.py
+# Written by engine_formats.py.
+ENGINE_FORMATS: tuple[str, ...] = ("llamacpp", "sglang", "trtllm", "tgi", "vllm-diffusion")
 FORMATS: tuple[str, ...] = ("v1", "v1-multiproc", "v1-openmetrics", "v0", *ENGINE_FORMATS)
 # Formats whose exposition has no engine (data-parallel rank) label, and those that name no model at all.
 SINGLE_ENGINE_FORMATS: tuple[str, ...] = ("v0", "llamacpp", "trtllm", "tgi")

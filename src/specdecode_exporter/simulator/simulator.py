@@ -150,6 +150,7 @@ class EngineSnapshot:
     preemptions: int = 0
     scheduled_steps: tuple[int, ...] = ()  # scheduler steps by the k they ran with (index = k)
     speculating: bool = True  # False once an acceptance gate switched speculation off
+    drafted_per_pos: tuple[int, ...] = ()  # drafts that reached each position (the k of their step > position)
 
 
 @dataclass(frozen=True)
@@ -169,6 +170,7 @@ class _Engine:
     drafts: float = 0.0
     draft_tokens: float = 0.0
     per_pos: list[float] = field(default_factory=list)
+    drafted_per_pos: list[float] = field(default_factory=list)  # a batch-size schedule drafts < k at some steps
     generation: float = 0.0
     prompt: float = 0.0
     requests: dict[str, float] = field(default_factory=dict)
@@ -193,6 +195,7 @@ class _Engine:
 
     def __post_init__(self) -> None:
         self.per_pos = [0.0] * self.k
+        self.drafted_per_pos = [0.0] * self.k
         self.scheduled = [0.0] * (self.k + 1)
         self.gate = RollingMean(float(self.gate_window))
         self.requests = {reason: 0.0 for reason, _ in FINISH_REASON_SHARES}
@@ -207,6 +210,10 @@ def _integrate(e: _Engine, r: Rates, dt: float) -> None:
     e.draft_tokens += r.draft_tokens * dt
     for i, rate in enumerate(r.per_pos):
         e.per_pos[i] += rate * dt
+    if r.drafts > 0:  # the steps drafted r.k tokens, each position evenly short by the fill (as draft_tokens are)
+        per_position = r.draft_tokens / r.k * dt if r.k else 0.0
+        for i in range(min(r.k, e.k)):
+            e.drafted_per_pos[i] += per_position
     e.generation += r.generation_tokens * dt
     e.prompt += r.prompt_tokens * dt
     for reason, share in FINISH_REASON_SHARES:
@@ -277,6 +284,8 @@ def _account(e: _Engine, g: Generation, prompt_tokens: int) -> None:
     for prefix in g.accepted_per_step:
         for i in range(prefix):
             e.per_pos[i] += 1
+    for i in range(min(g.drafted_per_step, e.k)):
+        e.drafted_per_pos[i] += g.spec_steps
     e.v0_accepted += g.accepted
     e.v0_emitted += g.accepted + g.spec_steps
     e.generation += g.tokens
@@ -582,7 +591,8 @@ class Simulator:
 
     def _engine_snapshot(self, spec: ModelSpec, e: _Engine) -> EngineSnapshot:
         drafts = exposed(e.drafts)
-        fixed_k = spec.draft_fill == 1.0 and not spec.num_speculative_tokens_per_batch_size
+        fixed_k = (spec.draft_fill == 1.0 and not spec.num_speculative_tokens_per_batch_size
+                   and not (spec.adaptive_verification_share and spec.draft_tokens_count == "verified"))
         draft_tokens = drafts * e.k if fixed_k else exposed(e.draft_tokens)
         per_pos = tuple(exposed(x) for x in e.per_pos)
         v0 = None
@@ -612,6 +622,7 @@ class Simulator:
             preemptions=exposed(e.preemptions),
             scheduled_steps=tuple(exposed(x) for x in e.scheduled),
             speculating=e.speculating,
+            drafted_per_pos=tuple(exposed(x) for x in e.drafted_per_pos),
         )
 
     def state(self) -> dict[str, Any]:

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from specdecode_exporter.pipeline.engines import llamacpp, sglang, tgi, trtllm, vllm_v0, vllm_v1
+from specdecode_exporter.pipeline.engines import (
+    llamacpp,
+    sglang,
+    tgi,
+    trtllm,
+    vllm_diffusion,
+    vllm_v0,
+    vllm_v1,
+)
 from specdecode_exporter.pipeline.engines.base import (
     Decoder,
     DecodeResult,
@@ -17,7 +25,12 @@ from specdecode_exporter.pipeline.parse import Sample
 
 # Order matters: the first engine whose detect() accepts the samples wins. Each one detects by names only its
 # own dialect has, so the order only decides an exposition that mixes dialects.
-ENGINES: tuple[Engine, ...] = (vllm_v1.ENGINE, vllm_v0.ENGINE, llamacpp.ENGINE, sglang.ENGINE, trtllm.ENGINE)
+ENGINES: tuple[Engine, ...] = (vllm_v1.ENGINE, vllm_v0.ENGINE, llamacpp.ENGINE, sglang.ENGINE, trtllm.ENGINE,
+                              vllm_diffusion.ENGINE)
+
+# Dialects recognised and collected whose models do not speculate: why speculative-decoding figures do not apply
+# (shown by the status page, /api/v1/status and `check`), by api.
+NOT_APPLICABLE: dict[str, str] = {vllm_diffusion.API: vllm_diffusion.NOT_APPLICABLE}
 
 # Dialects recognised only to say why they cannot be monitored: (prefixes, why_not(samples) -> reason or None).
 UNSUPPORTED: tuple[tuple[tuple[str, ...], Callable[[Sequence[Sample]], str | None]], ...] = (
@@ -44,6 +57,7 @@ def no_engine_detail(samples: Sequence[Sample]) -> str:
 __all__ = [
     "ALL_PREFIXES",
     "ENGINES",
+    "NOT_APPLICABLE",
     "NO_SPEC_METRICS",
     "DecodeResult",
     "Decoder",

@@ -60,6 +60,9 @@ class SeriesReading(NamedTuple):  # a NamedTuple, not a frozen dataclass: built 
     generated_tokens: float | None = None  # every token the engine generated, speculative steps or not
     preemptions: float | None = None  # requests preempted for want of KV-cache blocks
     scheduled_steps: tuple[float, ...] = ()  # scheduler steps by the k a batch-size schedule chose (index = k)
+    # Drafts that reached each position (drafted tokens per position: TensorRT-LLM's token_position family): with
+    # them the mean draft length and the per-position curve are measured even when the draft length varies.
+    drafted_by_position: tuple[float, ...] = ()
 
 
 @dataclass(slots=True)
@@ -77,6 +80,7 @@ class DecoderOptions:
 
     num_speculative_tokens: int | None = None  # k from config, where the source cannot prove it
     model_name: str | None = None  # for sources without a model label: from config, or the server's /v1/models
+    adaptive_verification: bool = False  # vLLM's enable_adaptive_verification, from config (vLLM does not export it)
 
 
 class Decoder(Protocol):
@@ -86,6 +90,26 @@ class Decoder(Protocol):
         """The fast path: what decode() would return, without parsing, when the selection has the layout
         (the same heads) of the last one decoded; None when it does not, and decode() must run."""
         ...
+
+
+class WithheldDraftTokens:
+    """A decoder whose readings keep every count but the drafted tokens, which are withheld (None) with a reason:
+    where the source's drafted-token counter has no settled meaning, α and everything built on it stay absent
+    rather than computed from a count that may not be what they divide by."""
+
+    def __init__(self, inner: Decoder, why: str) -> None:
+        self._inner, self.why = inner, why
+
+    def _withheld(self, result: DecodeResult) -> DecodeResult:
+        series = [reading._replace(draft_tokens=None) for reading in result.series]
+        return DecodeResult(series, result.pending, result.warnings)
+
+    def decode(self, selection: Selection, timing: FetchTiming) -> DecodeResult:
+        return self._withheld(self._inner.decode(selection, timing))
+
+    def decode_known(self, selection: Selection, timing: FetchTiming) -> DecodeResult | None:
+        result = self._inner.decode_known(selection, timing)
+        return None if result is None else self._withheld(result)
 
 
 class Engine(Protocol):

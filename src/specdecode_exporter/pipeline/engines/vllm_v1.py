@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from specdecode_exporter.pipeline.engines.base import (
+    Decoder,
     DecodeResult,
     DecoderOptions,
     FetchTiming,
@@ -15,11 +16,16 @@ from specdecode_exporter.pipeline.engines.base import (
     PositionLines,
     SeriesGrouper,
     SeriesReading,
+    WithheldDraftTokens,
     known_layout_values,
 )
 from specdecode_exporter.pipeline.latency import Histogram, monotonic
 from specdecode_exporter.pipeline.parse import Layout, Sample, Selection, is_finite_count
 
+ADAPTIVE_VERIFICATION_WHY = (
+    "adaptive verification: whether vllm:spec_decode_num_draft_tokens counts the proposed or the verified draft "
+    "tokens is not settled by vLLM's source, so α, the draft length, the per-position curve and the modelled "
+    "speedup are withheld, not guessed")
 DRAFTS = "vllm:spec_decode_num_drafts_total"
 DRAFTS_CREATED = "vllm:spec_decode_num_drafts_created"
 DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
@@ -268,7 +274,9 @@ class VllmV1:
         """vLLM without spec decode (a control target): its TPOT histogram is there, spec counters are not."""
         return any(s.name == f"{TPOT}_count" for s in samples)
 
-    def new_decoder(self, options: DecoderOptions) -> V1Decoder:
+    def new_decoder(self, options: DecoderOptions) -> Decoder:
+        if options.adaptive_verification:
+            return WithheldDraftTokens(V1Decoder(), ADAPTIVE_VERIFICATION_WHY)
         return V1Decoder()  # V1 exports k (the number of position series): the config's k is only shown
 
 
