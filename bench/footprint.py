@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import httpx
 
 from bench.common import proc_cpu_seconds, proc_rss_mb
-from bench.procs import ROOT, _env, fetch_stats, sidecar, static_server
+from bench.procs import ROOT, child_env, fetch_stats, sidecar, static_server
 
 
 @dataclass
@@ -47,7 +47,7 @@ def baseline_rss_mb() -> float:
     """RSS of a bare interpreter that imports what the sidecar imports (the part we cannot shrink)."""
     code = ("import specdecode_exporter.sidecar.web, specdecode_exporter.cli, uvicorn, httpx, sys;"
             "print(open('/proc/self/status').read().split('VmRSS:')[1].split()[0])")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env(), cwd=ROOT,
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=child_env(), cwd=ROOT,
                          check=True, timeout=60).stdout
     return int(out.strip()) / 1024
 
@@ -122,7 +122,7 @@ def ring_fill(models: int, engines: int, k: int, collections: int = 780) -> Ring
     """The memory the series' state takes once the 1h window has filled (65 min of collections at 5 s on a fake
     clock, in a child process so the figure is the state's alone)."""
     out = subprocess.run([sys.executable, "-c", _RING_FILL, str(models), str(engines), str(k), str(collections)],
-                         capture_output=True, text=True, env=_env(), cwd=ROOT, check=True, timeout=600).stdout
+                         capture_output=True, text=True, env=child_env(), cwd=ROOT, check=True, timeout=600).stdout
     data = json.loads(out.strip().splitlines()[-1])
     return RingFill(data["series"], data["snapshots"], data["end_mb"] - data["first_mb"])
 
@@ -179,7 +179,7 @@ def sidecar_after_hour(body: bytes, collections: int = 780) -> HourFilled:
         f.write(body)
         f.flush()
         out = subprocess.run([sys.executable, "-c", _SIDECAR_HOUR, f.name, str(collections)], capture_output=True,
-                             text=True, env=_env(), cwd=ROOT, check=True, timeout=1200).stdout
+                             text=True, env=child_env(), cwd=ROOT, check=True, timeout=1200).stdout
     data = json.loads(out.strip().splitlines()[-1])
     return HourFilled(data["series"], data["snapshots"], data["start_mb"], data["end_mb"], data["hwm_mb"],
                       data["page_kib"])

@@ -24,7 +24,7 @@ VENV_BIN = Path(sys.executable).parent
 EXPORTER_BIN = VENV_BIN / "specdecode-exporter"
 
 
-def _env() -> dict[str, str]:
+def child_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPECDECODE_")}
     # The child must import the same exporter package as this process (PYTHONPATH may point at a patched tree).
     env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH", ""), str(ROOT)) if p)
@@ -43,7 +43,7 @@ def static_server(*bodies: bytes) -> Iterator[str]:
             files += ["--file", str(path)]
         with running("static-server", lambda port: [
             sys.executable, "-m", "bench.static_server", *files, "--port", str(port),
-        ], Path(tmp), "/-/stats", timeout=20, env=_env()) as proc:
+        ], Path(tmp), "/-/stats", timeout=20, env=child_env()) as proc:
             yield proc.url
 
 
@@ -68,7 +68,7 @@ def sidecar(urls: list[str], interval: str = "5s", windows: str = "1m,5m,15m,1h"
         with running("sidecar", lambda port: [
             str(EXPORTER_BIN), "run", "--config.file", str(path), "--web.listen-address", f"127.0.0.1:{port}",
             "--log.level", "error",
-        ], Path(tmp), "/healthz", timeout=20, env=_env()) as proc:
+        ], Path(tmp), "/healthz", timeout=20, env=child_env()) as proc:
             yield proc.popen, proc.url
 
 

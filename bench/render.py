@@ -57,8 +57,8 @@ def bench_render(rounds: int) -> RenderResult:
     return RenderResult(samples, len(text) / 1024, m["render"], m["baseline"])
 
 
-_LAT = re.compile(r"^\s+(50|99)(?:\.000)?%\s+([\d.]+)(us|ms|s)\s*$", re.M)
-_RPS = re.compile(r"Requests/sec:\s+([\d.]+)")
+WRK_LATENCY = re.compile(r"^\s+(50|99)(?:\.000)?%\s+([\d.]+)(us|ms|s)\s*$", re.M)
+WRK_RPS = re.compile(r"Requests/sec:\s+([\d.]+)")
 _UNIT = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
 
 
@@ -73,8 +73,8 @@ def wrk(url: str, seconds: int, connections: int = 8, threads: int = 2, headers:
     flags = [arg for header in headers for arg in ("-H", header)]
     out = subprocess.run(["wrk", f"-t{threads}", f"-c{connections}", f"-d{seconds}s", "--latency", *flags, url],
                          capture_output=True, text=True, timeout=seconds + 30, check=True).stdout
-    lat = {p: float(v) * _UNIT[u] for p, v, u in _LAT.findall(out)}
-    rps = _RPS.search(out)
+    lat = {p: float(v) * _UNIT[u] for p, v, u in WRK_LATENCY.findall(out)}
+    rps = WRK_RPS.search(out)
     nan = float("nan")
     return WrkRun(float(rps.group(1)) if rps else nan, lat.get("50", nan), lat.get("99", nan))
 

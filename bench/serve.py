@@ -36,7 +36,7 @@ from prometheus_client.openmetrics.exposition import generate_latest as openmetr
 from bench import tap as tap_bench
 from bench.collect import INTERVAL, Pipeline, body_sequence
 from bench.common import proc_rss_mb, tree_cpu_seconds
-from bench.procs import EXPORTER_BIN, Scraper, _env, static_server
+from bench.procs import EXPORTER_BIN, Scraper, child_env, static_server
 from devtools.procs import child_pids, free_port, running
 from specdecode_exporter.sidecar.collection import Exporter
 from specdecode_exporter.sidecar.expose import specdecode_registry
@@ -191,14 +191,14 @@ def _sidecar_with_tap(target: str, interval: str, upstream: str) -> Iterator[tup
         with running("sidecar", lambda port: [
             str(EXPORTER_BIN), "run", "--config.file", str(path), "--web.listen-address", f"127.0.0.1:{port}",
             "--log.level", "error",
-        ], Path(tmp), "/healthz", timeout=30, env=_env()) as proc:
-            tap_bench._wait_port(tap_port)
+        ], Path(tmp), "/healthz", timeout=30, env=child_env()) as proc:
+            tap_bench.wait_port(tap_port)
             yield proc.popen, proc.url, tap_port
 
 
 def _load(port: int, streams: int, seconds: float) -> dict[str, Any]:
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
-        load = tap_bench._spawn("--role", "load", "--port", str(port), "--streams", str(streams), "--seconds",
+        load = tap_bench.spawn("--role", "load", "--port", str(port), "--streams", str(streams), "--seconds",
                                 str(seconds), "--out", out.name)
         load.wait(seconds + 60)
         stats: dict[str, Any] = json.loads(Path(out.name).read_text())
@@ -235,11 +235,11 @@ def tap_under_scrapes(rounds: int, seconds: float, streams: int = 64, scrape_sec
     bodies = body_sequence(*LIVE_TARGET, int((rounds * 3 * (seconds + 4) + 1.5 * scrape_seconds) / INTERVAL)
                            + WARM_COLLECTIONS + 12)
     upstream_port = free_port()
-    upstream = tap_bench._spawn("--role", "upstream", "--port", str(upstream_port))
+    upstream = tap_bench.spawn("--role", "upstream", "--port", str(upstream_port))
     per: dict[str, list[dict[str, Any]]] = {"direct": [], "quiet": [], "busy": []}
     busy_cpu = busy_span = 0.0
     try:
-        tap_bench._wait_port(upstream_port)
+        tap_bench.wait_port(upstream_port)
         up = f"http://127.0.0.1:{upstream_port}"
         with static_server(*bodies) as base, \
                 _sidecar_with_tap(base + "/metrics", "5s", up) as (busy, busy_url, busy_tap), \
@@ -267,7 +267,7 @@ def tap_under_scrapes(rounds: int, seconds: float, streams: int = 64, scrape_sec
             unloaded = _steady_scrapes(busy_url + "/metrics", busy_tap, 0, scrape_seconds / 2)
             rss = (proc_rss_mb(busy.pid), sum(proc_rss_mb(child) for child in child_pids(busy.pid)))
     finally:
-        tap_bench._stop(upstream)
+        tap_bench.stop(upstream)
 
     def median(variant: str, q: float) -> float:
         return statistics.median(_p(stats["ttfb"], q) for stats in per[variant])

@@ -382,12 +382,12 @@ async def _load(port: int, streams: int, seconds: float) -> dict[str, Any]:
 # ---- orchestration -----------------------------------------------------------------------------------------------
 
 
-def _spawn(*args: str) -> subprocess.Popen[bytes]:
+def spawn(*args: str) -> subprocess.Popen[bytes]:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     return subprocess.Popen([sys.executable, __file__, *args], env=env)
 
 
-def _wait_port(port: int, timeout: float = 20.0) -> None:
+def wait_port(port: int, timeout: float = 20.0) -> None:
     import socket
 
     deadline = time.monotonic() + timeout
@@ -399,7 +399,7 @@ def _wait_port(port: int, timeout: float = 20.0) -> None:
     raise RuntimeError(f"nothing listens on {port}")
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
+def stop(proc: subprocess.Popen[bytes]) -> None:
     proc.terminate()
     try:
         proc.wait(10)
@@ -432,7 +432,7 @@ def _measure(
     port = upstream_port
     if variant != "direct":
         port = free_port()
-        proxy = _spawn(
+        proxy = spawn(
             "--role",
             "proxy",
             "--variant",
@@ -442,13 +442,13 @@ def _measure(
             "--upstream",
             f"http://127.0.0.1:{upstream_port}",
         )
-        _wait_port(port)
+        wait_port(port)
     _wait_for_quiet(quiet_wait)
     ours = [upstream, *([proxy] if proxy else [])]
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         before = [proc_cpu_seconds(p.pid) for p in ours]
         busy_before, started = _busy_cpu_seconds(), time.monotonic()
-        load = _spawn(
+        load = spawn(
             "--role",
             "load",
             "--port",
@@ -473,7 +473,7 @@ def _measure(
         stats = json.loads(Path(out.name).read_text())
     rss_peak = proc_rss_mb(proxy.pid, "VmHWM") if proxy else 0.0
     if proxy:
-        _stop(proxy)
+        stop(proxy)
     ttfb = sorted(stats["ttfb"])
     return {
         "variant": variant,
@@ -547,10 +547,10 @@ def run(size: BenchSize, report: Callable[[dict[str, Any]], None] = lambda row: 
     """Every measurement of ``size`` (direct first, then each variant, per streams and round), one row each."""
     variants = [v for v in size.variants if _available(v)]
     upstream_port = free_port()
-    upstream = _spawn("--role", "upstream", "--port", str(upstream_port))
+    upstream = spawn("--role", "upstream", "--port", str(upstream_port))
     rows: list[dict[str, Any]] = []
     try:
-        _wait_port(upstream_port)
+        wait_port(upstream_port)
         for streams in size.streams:
             for round_index in range(size.rounds):
                 for variant in (BASELINE, *variants):
@@ -559,7 +559,7 @@ def run(size: BenchSize, report: Callable[[dict[str, Any]], None] = lambda row: 
                     report(row)
                     rows.append(row)
     finally:
-        _stop(upstream)
+        stop(upstream)
     return rows
 
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import httpx
 
 from bench.common import proc_cpu_seconds
-from bench.procs import ROOT, Scraper, _env, sidecar, static_server
+from bench.procs import ROOT, Scraper, child_env, sidecar, static_server
 
 SCRAPE_INTERVAL = 15.0  # deploy/base/podmonitor.yaml's
 
@@ -127,8 +127,8 @@ def measure_round(base: str, name: str, interval: float, span: float, warmup: fl
     baseline = [sys.executable, "-m", "bench.whole_process", "fetch-parse", base + base_path, str(interval)]
     floor = [sys.executable, "-m", "bench.whole_process", "fetch-only", base + floor_path, str(interval)]
     with sidecar([base + side_path], interval=f"{interval:g}s") as (side, url), \
-            subprocess.Popen(baseline, env=_env(), cwd=ROOT) as client, \
-            subprocess.Popen(floor, env=_env(), cwd=ROOT) as fetcher, \
+            subprocess.Popen(baseline, env=child_env(), cwd=ROOT) as client, \
+            subprocess.Popen(floor, env=child_env(), cwd=ROOT) as fetcher, \
             Scraper(url + "/metrics", scrape_interval) as scraper:
         try:
             scraper.running.set()

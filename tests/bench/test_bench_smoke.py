@@ -6,7 +6,7 @@ import gc
 
 from bench import collect, corpus, soak
 from bench.common import FakeClock
-from bench.render import _LAT, _RPS
+from bench.render import WRK_LATENCY, WRK_RPS
 from specdecode_exporter.pipeline.engines import ALL_PREFIXES
 from specdecode_exporter.pipeline.parse import select_samples
 
@@ -68,8 +68,8 @@ def test_wrk_output_parsing() -> None:
   881 requests in 5.00s, 1.00MB read
 Requests/sec:    176.12
 """
-    assert dict((p, (v, u)) for p, v, u in _LAT.findall(out)) == {"50": ("44.04", "ms"), "99": ("1.52", "s")}
-    assert _RPS.search(out).group(1) == "176.12"  # type: ignore[union-attr]
+    assert dict((p, (v, u)) for p, v, u in WRK_LATENCY.findall(out)) == {"50": ("44.04", "ms"), "99": ("1.52", "s")}
+    assert WRK_RPS.search(out).group(1) == "176.12"  # type: ignore[union-attr]
 
 
 def test_a_moving_target_serves_each_body_in_turn() -> None:

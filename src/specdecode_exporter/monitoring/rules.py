@@ -14,6 +14,7 @@ from typing import Any
 
 from specdecode_exporter.core import metrics as m
 from specdecode_exporter.core.evidence import critical_z
+from specdecode_exporter.core.failure import FailureReason
 from specdecode_exporter.core.metrics import quantile_name
 from specdecode_exporter.core.monitoring_config import MonitoringConfig
 from specdecode_exporter.core.validation import duration_seconds
@@ -31,7 +32,6 @@ from specdecode_exporter.monitoring.promql import (
     selector,
     spec_pods_waiting,
 )
-from specdecode_exporter.pipeline.scrape import FailureReason
 
 Rule = dict[str, Any]
 ALERT_NAME_PREFIX = "SpecDecode"  # every alert's name starts with it (the dashboard selects ALERTS by it)

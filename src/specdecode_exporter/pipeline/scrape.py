@@ -8,10 +8,10 @@ import time
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import StrEnum
 
 import httpx
 
+from specdecode_exporter.core.failure import FailureReason as FailureReason  # re-exported: its old home
 from specdecode_exporter.pipeline.engines.base import FetchTiming
 
 ACCEPT = (
@@ -19,16 +19,6 @@ ACCEPT = (
 )
 USER_AGENT = "specdecode-exporter"
 _DECODE_CHUNK = 256 * 1024
-
-
-class FailureReason(StrEnum):
-    CONNECT = "connect"
-    TIMEOUT = "timeout"
-    HTTP_STATUS = "http_status"
-    TOO_LARGE = "too_large"
-    PARSE = "parse"
-    NO_SPEC_METRICS = "no_spec_metrics"
-    NO_LATENCY_METRICS = "no_latency_metrics"  # a control target (spec_decode: false) without TPOT histograms
 
 
 @dataclass(frozen=True, slots=True)

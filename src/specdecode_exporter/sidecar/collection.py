@@ -20,6 +20,7 @@ from typing import NamedTuple
 import certifi
 import httpx
 
+from specdecode_exporter.core.failure import FailureReason
 from specdecode_exporter.core.log import event
 from specdecode_exporter.core.slices import run_sliced
 from specdecode_exporter.pipeline import capacity, latency
@@ -37,7 +38,7 @@ from specdecode_exporter.pipeline.engines import (
 )
 from specdecode_exporter.pipeline.latency import BaselineLatency
 from specdecode_exporter.pipeline.parse import LineCache, ParseError, Sample, Selection, select
-from specdecode_exporter.pipeline.scrape import FailureReason, FetchResult, fetch, valid_bearer_token
+from specdecode_exporter.pipeline.scrape import FetchResult, fetch, valid_bearer_token
 from specdecode_exporter.pipeline.store import SeriesKey, Store
 from specdecode_exporter.sidecar.config import Config, TargetConfig, Window
 from specdecode_exporter.sidecar.discover import served_model

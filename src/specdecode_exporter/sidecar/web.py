@@ -111,16 +111,14 @@ def _on_sighup(reloader: Reloader | None) -> Callable[[], None]:
     return undo
 
 
-def build_app(exporter: Exporter, run_collection: bool = True, reloader: Reloader | None = None,
-              security: WebSecurity | None = None, tap: TapRuntime | None = None) -> FastAPI:
+def _lifespan(exporter: Exporter, renderer: MetricsRenderer, reloader: Reloader | None, tap: TapRuntime | None,
+              run_collection: bool) -> Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]:
+    """What runs beside the app, started and stopped with it: the tap's process, the collection loops, the page
+    kept fresh after each collection, and SIGHUP."""
     config: Config = exporter.config  # what the listener was built with; a reload changes exporter.config
-    # Driven by its own loop, a scrape never waits for a render: what Prometheus scrapes is the last collection
-    # before it, or the one before that when a collection ends as the scrape comes. Driven from outside (tests),
-    # a scrape waits for it.
-    renderer = MetricsRenderer(exporter, reloader, tap, latest=not run_collection)
 
     @contextlib.asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if tap is not None:  # a process of its own: nothing this loop does delays a relayed token
             try:
                 await tap.start()
@@ -145,7 +143,18 @@ def build_app(exporter: Exporter, run_collection: bool = True, reloader: Reloade
                     with contextlib.suppress(asyncio.CancelledError):
                         await running
 
-    app = FastAPI(title="specdecode-exporter", version=exporter_version(), lifespan=lifespan,
+    return lifespan
+
+
+def build_app(exporter: Exporter, run_collection: bool = True, reloader: Reloader | None = None,
+              security: WebSecurity | None = None, tap: TapRuntime | None = None) -> FastAPI:
+    config: Config = exporter.config  # what the listener was built with; a reload changes exporter.config
+    # Driven by its own loop, a scrape never waits for a render: what Prometheus scrapes is the last collection
+    # before it, or the one before that when a collection ends as the scrape comes. Driven from outside (tests),
+    # a scrape waits for it.
+    renderer = MetricsRenderer(exporter, reloader, tap, latest=not run_collection)
+    app = FastAPI(title="specdecode-exporter", version=exporter_version(),
+                  lifespan=_lifespan(exporter, renderer, reloader, tap, run_collection),
                   docs_url=None, redoc_url=None, openapi_url=None)
     app.state.startup_failed = False
 
