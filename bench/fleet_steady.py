@@ -172,7 +172,7 @@ class RecordHistory:
                 pod_labels = {"job": job, **fleet.pod_labels(pod)}
                 for sample, labels in lines:
                     if sample == family.exposed and all(_matches(m, labels) for m in family.matchers):
-                        kept = {k: v for k, v in {**labels, **pod_labels}.items() if k in family.by}
+                        kept = {k: v for k, v in {**labels, **pod_labels}.items() if k in family.by or not family.by}
                         series[name + "{" + ",".join(f'{k}="{v}"' for k, v in sorted(kept.items())) + "}"] = (
                             int(intervals[name]), reads[name])
         for name, rng in reads.items():  # the baseline's: per model, from the window groups

@@ -60,7 +60,7 @@ from specdecode_exporter.core import metrics as m  # noqa: E402
 from specdecode_exporter.core import monitoring_config  # noqa: E402
 from specdecode_exporter.core.monitoring_config import MonitoringConfig  # noqa: E402
 from specdecode_exporter.core.validation import duration_seconds  # noqa: E402
-from specdecode_exporter.monitoring import rules  # noqa: E402
+from specdecode_exporter.monitoring import rules, stage  # noqa: E402
 from specdecode_exporter.monitoring.promql import Scope, acceptance_ratio, rate_sum  # noqa: E402
 from specdecode_exporter.monitoring.rules import rule_groups  # noqa: E402
 
@@ -350,7 +350,9 @@ def generated_page(cfg: MonitoringConfig) -> Rule:
     ``proof or (holds and ALERTS{firing})``; the two parts are evaluated apart and ALERTS is the bench's own state,
     after checking that they make up the generated expression."""
     doc = rule_groups(cfg)
-    records = {r["record"]: r["expr"] for g in doc["groups"] for r in g["rules"] if "record" in r}
+    staged = stage.record_names(cfg)  # recorded into the bench's TSDB first (record_stage), as a ruler records them
+    records = {r["record"]: r["expr"] for g in doc["groups"] for r in g["rules"]
+               if "record" in r and r["record"] not in staged}
     group = next(g for g in doc["groups"] if any(r.get("alert") == PAGE for r in g["rules"]))
     rule = next(r for r in group["rules"] if r.get("alert") == PAGE)
     proof, holds = rules.page_proof(cfg), rules.page_holds(cfg)
@@ -359,6 +361,24 @@ def generated_page(cfg: MonitoringConfig) -> Rule:
     return Rule(PAGE, inline_records(proof, records), duration_seconds(rule["for"], allow_zero=True),
                 duration_seconds(group.get("interval") or "1m"),
                 max(duration_seconds(w) for w in cfg.statistics.page_windows), inline_records(holds, records))
+
+
+def record_stage(promtool: str, url: str, cfg: MonitoringConfig, workdir: Path, data: Path, days: float) -> None:
+    """The short stage's records over the whole span, as the ruler would have written them (its groups at their
+    interval, through `promtool tsdb create-blocks-from rules` against the Prometheus on the raw samples), moved into
+    ``data``; Prometheus must be restarted to read them."""
+    from specdecode_exporter.monitoring.build import dump_yaml
+
+    stage_rules, out = workdir / "stage.rules.yaml", workdir / "stage-blocks"
+    stage_rules.write_text(dump_yaml({"groups": stage.stage_groups(cfg)}))
+    proc = subprocess.run([promtool, "tsdb", "create-blocks-from", "rules", "--quiet", f"--url={url}",
+                           f"--start={T0}", f"--end={T0 + int(days * DAY)}", f"--output-dir={out}",
+                           str(stage_rules)], capture_output=True, text=True, timeout=3600, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"promtool create-blocks-from rules failed: {proc.stderr[-2000:]}")
+    for block in out.iterdir():
+        if block.is_dir():
+            shutil.move(str(block), str(data / block.name))
 
 
 def baseline_page(step_s: float) -> Rule:
@@ -561,7 +581,7 @@ Runs = dict[str, list[tuple[float, float]]]  # by model: when the alert fired
 
 
 def _evaluate(checked: Sequence[Rule], scens: Sequence[Scenario], series: dict[str, list[PodSeries]],
-              workdir: Path, seconds: dict[str, float]) -> tuple[list[Runs], int]:
+              workdir: Path, seconds: dict[str, float], cfg: MonitoringConfig) -> tuple[list[Runs], int]:
     """Backfill the samples, start Prometheus on them, evaluate each rule's expressions over every scenario's
     span; returns each rule's firing stretches per model and the number of samples."""
     promtool, prometheus = promtool_binary(), prometheus_binary()
@@ -573,8 +593,15 @@ def _evaluate(checked: Sequence[Rule], scens: Sequence[Scenario], series: dict[s
     (workdir / "samples.om").unlink()
     seconds["backfill"] = time.perf_counter() - t
     t = time.perf_counter()
-    proc = start_prometheus(prometheus, workdir, workdir / "tsdb")
     days, empty, out = max(s.days for s in scens), np.zeros(0), []
+    proc = start_prometheus(prometheus, workdir, workdir / "tsdb")
+    try:
+        record_stage(promtool, proc.url, cfg, workdir, workdir / "tsdb", days)
+    finally:
+        proc.stop()
+    seconds["stage"] = time.perf_counter() - t
+    t = time.perf_counter()
+    proc = start_prometheus(prometheus, workdir, workdir / "tsdb")
     try:
         with httpx.Client(trust_env=False, timeout=1200) as client:
             for rule in checked:
@@ -602,7 +629,7 @@ def run(size: Size, cfg: MonitoringConfig | None = None, log: Any = print) -> Re
     before = baseline_page(page.step_s)
     with tempfile.TemporaryDirectory(prefix="specdecode-paging-") as tmp:
         workdir = Path(tmp)
-        (runs, before_runs), samples = _evaluate([page, before], scens, series, workdir, seconds)
+        (runs, before_runs), samples = _evaluate([page, before], scens, series, workdir, seconds, cfg)
         t = time.perf_counter()
         rules_file = workdir / "specdecode.rules.yaml"
         rules_file.write_text(dump_yaml(rule_groups(cfg)))

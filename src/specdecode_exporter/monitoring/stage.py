@@ -39,7 +39,7 @@ class Staged:
     level: str  # the record's level (its name's first part)
     name: str  # the metric part of the record's name
     exposed: str  # the raw series it reads
-    by: tuple[str, ...]
+    by: tuple[str, ...]  # empty: not aggregated (each series keeps its labels)
     matchers: tuple[str, ...] = ()
     how: How = "rate"
 
@@ -52,7 +52,8 @@ def _record(cfg: MonitoringConfig, s: Staged) -> str:
 def _expr(cfg: MonitoringConfig, s: Staged) -> str:
     raw = selector(s.exposed, ", ".join(p for p in (cfg.metric_selector, *s.matchers) if p))
     if s.how == "rate":
-        return f"sum by ({by(s.by)}) (rate({raw}[{cfg.windows.stage}]))"
+        rate = f"rate({raw}[{cfg.windows.stage}])"
+        return f"sum by ({by(s.by)}) ({rate})" if s.by else rate  # no labels: each series as it is
     return f"{s.how} by ({by(s.by)}) ({raw})"
 
 
@@ -73,8 +74,8 @@ def families(cfg: MonitoringConfig) -> dict[str, Staged]:
         "drafts": Staged("page", level, m.DRAFTS.name, m.DRAFTS.exposed_name, model),
         "draft_tokens": Staged("page", level, m.DRAFT_TOKENS.name, m.DRAFT_TOKENS.exposed_name, model),
         "accepted_tokens": Staged("page", level, m.ACCEPTED_TOKENS.name, m.ACCEPTED_TOKENS.exposed_name, model),
-        "collect_errors": Staged("page", "target", m.COLLECT_ERRORS.name, m.COLLECT_ERRORS.exposed_name,
-                                 (*cfg.target_labels, "reason")),
+        # Per series: the health alerts name the pod and the target.
+        "collect_errors": Staged("page", "target", m.COLLECT_ERRORS.name, m.COLLECT_ERRORS.exposed_name, ()),
         "route_requests": Staged("page", level, m.ROUTE_REQUESTS.name, m.ROUTE_REQUESTS.exposed_name,
                                  (*model, *ROUTE_CLASS_LABELS)),
         "tpot_sum": Staged("latency", level, f"{tpot}_sum", f"{tpot}_sum", sides),
