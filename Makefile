@@ -6,6 +6,7 @@ STAMP := $(VENV)/.installed
 # The package is installed from a wheel built from these (scripts/install-package.sh), never editable.
 PACKAGE_SOURCES := pyproject.toml README.md $(shell find src -type f ! -name '*.pyc' ! -path '*/__pycache__/*' 2>/dev/null)
 PACKAGE_STAMP := $(VENV)/.installed-package
+DEMO_PORT ?= 9877
 export VENV
 
 .PHONY: install demo see-it-work test test-unit test-e2e test-vllm tools lint generate image bench fuzz soak clean
@@ -20,8 +21,8 @@ $(PACKAGE_STAMP): $(STAMP) $(PACKAGE_SOURCES)
 
 install: $(PACKAGE_STAMP)  ## the package (built as sdist and wheel, the wheel installed) and its test tools, in .venv
 
-demo: install  ## the sidecar against the embedded vLLM simulator; open the printed URLs
-	$(VENV)/bin/specdecode-exporter demo
+demo: install  ## the sidecar against the embedded vLLM simulator; open the printed URLs (DEMO_PORT=9877)
+	$(VENV)/bin/specdecode-exporter demo --web.listen-address 127.0.0.1:$(DEMO_PORT)
 
 see-it-work: install  ## the whole alert chain on loopback, one scripted incident (page + resolve), ~2½ min
 	bash scripts/install-tools.sh

@@ -113,7 +113,8 @@ def _run_demo(listen_address: str, duration: float | None, scenario: Scenario) -
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM (stop_on_signals), also while starting
         pass
     except OSError as exc:
-        event(logging.ERROR, "cannot listen", listen_address=listen_address, detail=exc.strerror or str(exc))
+        event(logging.ERROR, "cannot listen", listen_address=listen_address, detail=exc.strerror or str(exc),
+              change_with="--web.listen-address (make demo: DEMO_PORT=...)")
         return 1
     finally:
         stop.set()

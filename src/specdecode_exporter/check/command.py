@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from typing import TextIO
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
@@ -31,6 +32,15 @@ async def collect_for(exporter: Exporter, duration: float) -> TargetView:
             await asyncio.sleep(min(CHECK_STEP_SECONDS, max(0.0, deadline - time.monotonic())))
             (view,) = await exporter.collect_all_once(client)
     return view
+
+
+def metrics_hint(url: str, error: str | None) -> str:
+    """A 404 from a URL whose path is not /metrics: most likely the server's base URL (what `probe --url` takes),
+    so the hint names the same server's /metrics."""
+    parts = urlsplit(url)
+    if error is None or not error.startswith("http_status: HTTP 404") or parts.path == "/metrics":
+        return ""
+    return f" (did you mean {urlunsplit((parts.scheme, parts.netloc, '/metrics', '', ''))}?)"
 
 
 def render(view: TargetView, duration: float) -> str:
@@ -103,7 +113,7 @@ def run_check(url: str, duration: float, timeout: float, out: TextIO, err: TextI
     exporter = Exporter(config)
     view = asyncio.run(collect_for(exporter, duration))
     if not view.up:
-        err.write(f"{PROG}: cannot collect {url}: {view.last_error}\n")
+        err.write(f"{PROG}: cannot collect {url}: {view.last_error}{metrics_hint(url, view.last_error)}\n")
         return 1
     out.write(render(view, duration))
     out.flush()

@@ -202,7 +202,8 @@ def serve(config: Config, load: Callable[[], Config] | None = None, security: We
         tap = tap_runtime(config, exporter.views)
     except OSError as exc:
         event(logging.ERROR, "cannot listen", listen_address=config.proxy.listen_address if config.proxy else "",
-              detail=exc.strerror or str(exc), what="request tap")
+              detail=exc.strerror or str(exc), what="request tap",
+              change_with="--proxy.listen-address (proxy.listen_address in the config file)")
         return 1
     # uvloop where installed (the tap's relay is a few µs a chunk cheaper on it), else asyncio's own loop.
     # The TLS context is ours, so that a reload can swap the certificate in place.
@@ -224,7 +225,8 @@ def serve(config: Config, load: Callable[[], Config] | None = None, security: We
     try:
         sock = bind_socket(host, port)
     except OSError as exc:
-        event(logging.ERROR, "cannot listen", listen_address=config.listen_address, detail=exc.strerror or str(exc))
+        event(logging.ERROR, "cannot listen", listen_address=config.listen_address, detail=exc.strerror or str(exc),
+              change_with="--web.listen-address (web.listen_address in the config file)")
         return 1
     # uvicorn re-raises a captured SIGTERM once it has shut down gracefully, with the handler found before it
     # started: with this one that means "stop" (also before uvicorn listens) and the process exits 0.
