@@ -11,4 +11,4 @@ def test_the_readme_shows_what_check_prints() -> None:
     start, end = readme_block(text)
     shown, ran = shape(text[start:end]), shape(check_output("3s"))
     assert shown == ran, ("the README's check example is out of date: run .venv/bin/python -m devtools.readme_check"
-                          f"\nREADME:\n" + "\n".join(shown) + "\nrun:\n" + "\n".join(ran))
+                          "\nREADME:\n" + "\n".join(shown) + "\nrun:\n" + "\n".join(ran))
