@@ -227,7 +227,10 @@ def config_from_args(args: argparse.Namespace) -> Config:
     timeout_text, timeout_source = _given(args, "collect_timeout", "--collect.timeout")
     timeout = parse_duration(timeout_text, timeout_source) if timeout_text else 3.0
     urls = args.target or [u for u in (os.environ.get("SPECDECODE_TARGET") or "").split(",") if u]
-    flagged_targets = targets_from_flags(urls, timeout) if urls else None
+    try:
+        flagged_targets = targets_from_flags(urls, timeout) if urls else None
+    except ConfigError as exc:
+        raise exc if args.target else _named(exc, {"--target": "SPECDECODE_TARGET"}) from None
     proxy_flags = {"listen_address": _from_env(args, "proxy_listen_address", "--proxy.listen-address"),
                    "upstream": _from_env(args, "proxy_upstream", "--proxy.upstream"),
                    "class_histograms": _switch(_from_env(args, "proxy_class_histograms", "--proxy.class-histograms")),

@@ -61,6 +61,7 @@ def test_env_var_is_validated_like_the_flag_and_named() -> None:
     ("env", "message"),
     [
         ({"SPECDECODE_COLLECT_TIMEOUT": "soon"}, "SPECDECODE_COLLECT_TIMEOUT: expected a duration"),
+        ({"SPECDECODE_TARGET": "localhost:8000"}, "SPECDECODE_TARGET: expected an http(s) URL"),
         ({"SPECDECODE_PROXY_LISTEN_ADDRESS": "tap"}, "SPECDECODE_PROXY_LISTEN_ADDRESS: expected host:port"),
         ({"SPECDECODE_PROXY_LISTEN_ADDRESS": ":0", "SPECDECODE_PROXY_ROUTE_FALLBACK_UPSTREAM": "http://127.0.0.1:9",
           "SPECDECODE_PROXY_ROUTE_MODE": "always"}, "SPECDECODE_PROXY_ROUTE_MODE: expected one of observe, enforce"),
