@@ -179,11 +179,15 @@ def _proxy_sources(args: argparse.Namespace) -> dict[str, str]:
 
 
 def _named(exc: ConfigError, sources: Mapping[str, str]) -> ConfigError:
-    """The error with the config key it names replaced by the flag or variable that gave the value."""
+    """The error with the config key it names replaced by the flag or variable that gave the value (and without
+    the config file's path before it: the value did not come from the file)."""
     message = str(exc)
     for key, source in sources.items():
-        if message.startswith(key + ":") or f": {key}:" in message:  # after the config file's path, if any
-            return ConfigError(message.replace(key + ":", source + ":", 1))
+        if message.startswith(key + ":"):
+            return ConfigError(source + message[len(key):])
+        at = message.find(f": {key}:")  # after the file's path
+        if at >= 0:
+            return ConfigError(source + message[at + 2 + len(key):])
     return exc
 
 
