@@ -3,25 +3,33 @@ SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+RUNTIME_STAMP := $(VENV)/.installed-runtime
 # The package is installed from a wheel built from these (scripts/install-package.sh), never editable.
 PACKAGE_SOURCES := pyproject.toml README.md $(shell find src -type f ! -name '*.pyc' ! -path '*/__pycache__/*' 2>/dev/null)
 PACKAGE_STAMP := $(VENV)/.installed-package
+DEMO_PORT ?= 9877
 export VENV
 
 .PHONY: install demo see-it-work test test-unit test-e2e test-vllm tools lint generate image bench fuzz soak clean
 
-$(STAMP): pyproject.toml scripts/bootstrap-venv.sh
+# The venv with the runtime dependencies (all `make demo` needs), then the test extras on top; the package is
+# built and installed once, by its own rule, after the runtime dependencies (never rebuilt for the test extras).
+$(RUNTIME_STAMP): pyproject.toml scripts/bootstrap-venv.sh
+	bash scripts/bootstrap-venv.sh --runtime
+	touch $(RUNTIME_STAMP)
+
+$(STAMP): $(RUNTIME_STAMP)
 	bash scripts/bootstrap-venv.sh
 	touch $(STAMP)
 
-$(PACKAGE_STAMP): $(STAMP) $(PACKAGE_SOURCES)
+$(PACKAGE_STAMP): $(RUNTIME_STAMP) $(PACKAGE_SOURCES)
 	bash scripts/install-package.sh
 	touch $(PACKAGE_STAMP)
 
-install: $(PACKAGE_STAMP)  ## the package (built as sdist and wheel, the wheel installed) and its test tools, in .venv
+install: $(STAMP) $(PACKAGE_STAMP)  ## the package (built as sdist and wheel, the wheel installed) and its test tools, in .venv
 
-demo: install  ## the sidecar against the embedded vLLM simulator; open the printed URLs
-	$(VENV)/bin/specdecode-exporter demo
+demo: $(PACKAGE_STAMP)  ## the sidecar against the embedded vLLM simulator (only what it needs); open the printed URLs (DEMO_PORT=9877)
+	$(VENV)/bin/specdecode-exporter demo --web.listen-address 127.0.0.1:$(DEMO_PORT)
 
 see-it-work: install  ## the whole alert chain on loopback, one scripted incident (page + resolve), ~2½ min
 	bash scripts/install-tools.sh

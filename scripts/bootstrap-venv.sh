@@ -1,12 +1,22 @@
 #!/usr/bin/env bash
-# Create the project's virtual environment (.venv, or $VENV) with the package's dependencies and its test
-# extras, then install the package itself from a freshly built wheel (scripts/install-package.sh): the tests
-# always run against what users install, never against src/.
+# Create the project's virtual environment (.venv, or $VENV) with the tools that build the wheel and the
+# package's dependencies, read from pyproject.toml: its runtime ones and its test extras, or with --runtime the
+# runtime ones alone (what `make demo` needs). The package itself is installed by scripts/install-package.sh,
+# from a freshly built wheel, once: the tests always run against what users install, never against src/.
 # On a fresh Debian, python3 lacks ensurepip until python3-venv is installed: do that first when needed.
+#
+#   scripts/bootstrap-venv.sh             # runtime dependencies and the test extras
+#   scripts/bootstrap-venv.sh --runtime   # runtime dependencies only
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 VENV="${VENV:-$ROOT/.venv}"
 PYTHON="${PYTHON:-python3}"
+EXTRAS="test"
+case "${1:-}" in
+  --runtime) EXTRAS="" ;;
+  "") ;;
+  *) echo "bootstrap-venv: unknown argument $1" >&2; exit 2 ;;
+esac
 
 if ! "$PYTHON" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)'; then
   echo "bootstrap-venv: $PYTHON is $("$PYTHON" --version 2>&1); specdecode-exporter needs Python 3.11 or newer" >&2
@@ -28,5 +38,8 @@ if [ ! -x "$VENV/bin/python" ]; then
   fi
 fi
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip "setuptools>=77" "build>=1.2"
-VENV="$VENV" bash "$ROOT/scripts/install-package.sh" --extras test
-echo "bootstrap-venv: $VENV ready ($("$VENV/bin/python" --version))"
+requirements="$(mktemp)"
+trap 'rm -f "$requirements"' EXIT
+"$VENV/bin/python" "$ROOT/scripts/requirements.py" "$ROOT/pyproject.toml" $EXTRAS >"$requirements"
+"$VENV/bin/python" -m pip install -q --disable-pip-version-check -r "$requirements"
+echo "bootstrap-venv: $VENV ready ($("$VENV/bin/python" --version)), dependencies: runtime${EXTRAS:+ and $EXTRAS}"

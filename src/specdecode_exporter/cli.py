@@ -8,10 +8,11 @@ underscores, upper case), e.g. SPECDECODE_WEB_LISTEN_ADDRESS. Precedence: flag >
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, NoReturn
 
@@ -50,6 +51,36 @@ def env_name(flag: str) -> str:
     return "SPECDECODE_" + flag.lstrip("-").replace(".", "_").replace("-", "_").upper()
 
 
+def did_you_mean(word: str, choices: Sequence[str]) -> str:
+    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.75)
+    return f"; did you mean {close[0]}?" if close else ""
+
+
+def unknown_flags(parser: argparse.ArgumentParser, extras: Sequence[str]) -> str:
+    """The message for arguments a (sub)command does not take, the closest of its flags named."""
+    flags = [name for action in parser._actions for name in action.option_strings if name.startswith("--")]
+    first = next((extra.split("=", 1)[0] for extra in extras if extra.startswith("-")), "")
+    return f"unrecognized arguments: {' '.join(extras)}{did_you_mean(first, flags) if first else ''}"
+
+
+# The project's other tools share the prefix: simulate's flags (SPECDECODE_SIMULATE_*) and the variables the test,
+# bench and real-engine harnesses read (tests/vllm, tests/llamacpp, the soak, fuzz and e2e reports). `run` leaves
+# them alone; any other SPECDECODE_* variable it does not know stops the start.
+OTHER_TOOLS_PREFIXES = tuple(f"SPECDECODE_{name}_" for name in (
+    "SIMULATE", "VLLM", "LLAMA", "GGUF", "SOAK", "FUZZ", "ATHERIS", "E2E", "REQUIRE", "WRITE", "TORCH"))
+
+
+def check_environment(run: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
+    """Every SPECDECODE_* variable is one of `run`'s (or another tool's): a misspelt one is an error, not ignored."""
+    known = sorted({env_name(name) for action in run._actions for name in action.option_strings
+                    if name.startswith("--") and name != "--help"})
+    for variable in sorted(environ):
+        if variable.startswith("SPECDECODE_") and variable not in known and not variable.startswith(
+                OTHER_TOOLS_PREFIXES):
+            raise ConfigError(f"{variable}: not a variable of {PROG} run{did_you_mean(variable, known)} "
+                              f"(see {PROG} run --help)")
+
+
 @dataclass(frozen=True)
 class Flag:
     """A flag of `run` that sets one Config field; its value is checked as the config file's key is (``kind``)."""
@@ -59,9 +90,6 @@ class Flag:
     kind: Any  # the annotated type of the config file's key
     help: str
     default_text: str
-
-    def convert(self, value: str) -> Any:
-        return validate(self.kind, value, self.flag)
 
 
 def _listen(value: str) -> str:
@@ -128,10 +156,39 @@ def _switch(value: bool | str | None) -> bool | str | None:
 
 
 def _from_env(args: argparse.Namespace, dest: str, flag: str) -> Any:
+    return _given(args, dest, flag)[0]
+
+
+def _given(args: argparse.Namespace, dest: str, flag: str) -> tuple[Any, str]:
+    """A flag's value and what gave it: the flag, else its environment variable (named in an error about it)."""
     value = getattr(args, dest, None)
-    if value is None:
-        value = os.environ.get(env_name(flag))
-    return value
+    if value is not None:
+        return value, flag
+    return os.environ.get(env_name(flag)), env_name(flag)
+
+
+def _proxy_sources(args: argparse.Namespace) -> dict[str, str]:
+    """proxy.<key> → the flag or variable that set it, for the errors the config validation raises about it."""
+    flags = ["--proxy.listen-address", "--proxy.upstream", "--proxy.class-histograms", *(f for f, _, _ in ROUTE_FLAGS)]
+    sources = {}
+    for flag in flags:
+        value, source = _given(args, _dest(flag), flag)
+        if value is not None:
+            sources["proxy." + flag.removeprefix("--proxy.").replace("-", "_")] = source
+    return sources
+
+
+def _named(exc: ConfigError, sources: Mapping[str, str]) -> ConfigError:
+    """The error with the config key it names replaced by the flag or variable that gave the value (and without
+    the config file's path before it: the value did not come from the file)."""
+    message = str(exc)
+    for key, source in sources.items():
+        if message.startswith(key + ":"):
+            return ConfigError(source + message[len(key):])
+        at = message.find(f": {key}:")  # after the file's path
+        if at >= 0:
+            return ConfigError(source + message[at + 2 + len(key):])
+    return exc
 
 
 def _dest(flag: str) -> str:
@@ -171,23 +228,29 @@ def config_from_args(args: argparse.Namespace) -> Config:
     """Flags > env > config file > defaults."""
     config_file = _from_env(args, "config_file", "--config.file")
     monitoring_file = _from_env(args, "monitoring_config_file", "--monitoring.config-file")
-    timeout_text = _from_env(args, "collect_timeout", "--collect.timeout")
-    timeout = parse_duration(timeout_text, "--collect.timeout") if timeout_text else 3.0
+    timeout_text, timeout_source = _given(args, "collect_timeout", "--collect.timeout")
+    timeout = parse_duration(timeout_text, timeout_source) if timeout_text else 3.0
     urls = args.target or [u for u in (os.environ.get("SPECDECODE_TARGET") or "").split(",") if u]
-    flagged_targets = targets_from_flags(urls, timeout) if urls else None
+    try:
+        flagged_targets = targets_from_flags(urls, timeout) if urls else None
+    except ConfigError as exc:
+        raise exc if args.target else _named(exc, {"--target": "SPECDECODE_TARGET"}) from None
     proxy_flags = {"listen_address": _from_env(args, "proxy_listen_address", "--proxy.listen-address"),
                    "upstream": _from_env(args, "proxy_upstream", "--proxy.upstream"),
                    "class_histograms": _switch(_from_env(args, "proxy_class_histograms", "--proxy.class-histograms")),
                    **_route_flags(args)}
-    config = (load_config_file(config_file, monitoring_file, flagged_targets, proxy_flags) if config_file
-              else config_from_mapping({}, "defaults", monitoring_file,
-                                       flagged_targets or targets_from_flags([DEFAULT_TARGET_URL], timeout),
-                                       proxy_flags))
+    try:
+        config = (load_config_file(config_file, monitoring_file, flagged_targets, proxy_flags) if config_file
+                  else config_from_mapping({}, "defaults", monitoring_file,
+                                           flagged_targets or targets_from_flags([DEFAULT_TARGET_URL], timeout),
+                                           proxy_flags))
+    except ConfigError as exc:
+        raise _named(exc, _proxy_sources(args)) from None
     overrides: dict[str, Any] = {}
     for flag in RUN_FLAGS:
-        value = _from_env(args, _dest(flag.flag), flag.flag)
+        value, source = _given(args, _dest(flag.flag), flag.flag)
         if value is not None:
-            overrides[flag.field] = flag.convert(value)
+            overrides[flag.field] = validate(flag.kind, value, source)
     return check_config(replace(config, **overrides))
 
 
@@ -282,6 +345,11 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    (commands,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return dict(commands.choices)
+
+
 def _version() -> str:
     from specdecode_exporter.sidecar.expose import exporter_version
 
@@ -290,8 +358,13 @@ def _version() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser(argv)
-    args = parser.parse_args(argv)
+    args, extras = parser.parse_known_args(argv)
+    if extras:  # reported by the command's own parser: its flags, its --help (the top level lists none of them)
+        command = _subcommands(parser)[args.command]
+        command.error(unknown_flags(command, extras))
     try:
+        if args.command == "run":
+            check_environment(_subcommands(parser)["run"], os.environ)
         return int(args.handler(args) or 0)
     except ConfigError as exc:
         sys.stderr.write(f"{PROG}: config error: {exc}\n")

@@ -43,6 +43,7 @@ from specdecode_exporter.simulator.server import serve_in_thread
 from specdecode_exporter.tap.route import ENFORCE
 
 DEMO_INTERVAL_SECONDS = 2.0
+DEMO_VERDICT_WINDOW = "1m"
 TRAFFIC_EVERY_SECONDS = 0.25
 # (workload header, temperature): both workloads at 0, 0.5 and 1, so each fills the three temperature bands of
 # the default edges (0-0.3, 0.3-0.7, 0.7+); the simulator accepts less the hotter a request is sampled
@@ -59,6 +60,9 @@ def demo_config(listen_address: str, spec_url: str, control_url: str) -> Config:
         targets=(spec, control),
         windows=parse_windows("1m,5m,15m,1h", "windows"),
         collect_interval=DEMO_INTERVAL_SECONDS,
+        # The verdict over 1m (5m by default): the degraded phase turns it to "hurting" within about half a minute,
+        # until the acceptance gate stops speculation; over 5m its 150 s are diluted by the healthy phase before.
+        verdict_window=DEMO_VERDICT_WINDOW,
         listen_address=listen_address,
         proxy=ProxyConfig(listen_address="127.0.0.1:0", upstream=spec_url, target=spec.name, drain_timeout=1.0,
                           route=RouteConfig(control_url, mode=ENFORCE, min_requests=20, canary_share=0.2)),
@@ -113,7 +117,8 @@ def _run_demo(listen_address: str, duration: float | None, scenario: Scenario) -
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM (stop_on_signals), also while starting
         pass
     except OSError as exc:
-        event(logging.ERROR, "cannot listen", listen_address=listen_address, detail=exc.strerror or str(exc))
+        event(logging.ERROR, "cannot listen", listen_address=listen_address, detail=exc.strerror or str(exc),
+              change_with="--web.listen-address (make demo: DEMO_PORT=...)")
         return 1
     finally:
         stop.set()
@@ -141,7 +146,8 @@ specdecode-exporter demo is running (Ctrl-C to stop).
   control pod      {control}/metrics   (the same model, spec decode off: the baseline)
   request tap      {tap}/v1/completions   (the demo sends traffic through it; it routes classes whose α is
                    below break-even to the control pod: Routing on the status page, specdecode_route_* metrics)
-Watch α drop below 0.5 in the 'degraded' phase, and the observed speedup with it; then an acceptance gate
-stops speculation silently (the status page says so, the speculative token share falls to 0):
+Watch α drop below 0.5 in the 'degraded' phase (90 s in), the observed speedup with it and the verdict (over 1m
+here) turn to 'hurting'; then an acceptance gate stops speculation silently (the status page says so, the
+speculative token share falls to 0). A backgrounded `make demo &` stops with `kill %1` (SIGTERM):
   curl -s {sidecar}/metrics | grep -E 'specdecode_(acceptance_ratio|observed_speedup|speculative_token_share)\\{{'
 """, flush=True)

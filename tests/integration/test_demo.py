@@ -4,10 +4,13 @@ the traffic it sends through the tap — and Ctrl-C or SIGTERM must stop all of 
 
 from __future__ import annotations
 
+import contextlib
 import re
 import signal
 import subprocess
 import time
+from importlib import resources
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -104,3 +107,40 @@ def test_sigterm_stops_the_demo_as_ctrl_c_does() -> None:
     for url in (base, *urls.values()):
         with pytest.raises(httpx.ConnectError):
             httpx.get(url, timeout=5)
+
+
+def test_the_verdict_turns_to_hurting_in_the_degraded_phase(tmp_path: Path) -> None:
+    """What the README says the demo shows: in the degraded phase the verdict turns to hurting (over the demo's 1m
+    verdict window; over 5m the phase was diluted by the healthy one, and the gate stopped speculation first).
+    The packaged scenario with a 20 s healthy phase, so that the degraded one comes sooner."""
+    import yaml
+
+    packaged = resources.files("specdecode_exporter.simulator") / "scenarios" / "demo.yaml"
+    scenario = yaml.safe_load(packaged.read_text(encoding="utf-8"))
+    assert scenario["phases"][0]["name"] == "healthy" and scenario["phases"][1]["name"] == "degraded"
+    scenario["phases"][0]["duration"] = "20s"
+    path = tmp_path / "demo.yaml"
+    path.write_text(yaml.safe_dump(scenario), encoding="utf-8")
+    port = free_port()
+    proc = subprocess.Popen([*exporter_command(), "demo", "--web.listen-address", f"127.0.0.1:{port}",
+                             "--scenario", str(path), "--duration", "3m"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env())
+    verdicts: list[tuple[float, str]] = []
+    try:
+        started = time.monotonic()
+        while time.monotonic() - started < 100 and not any(v == "hurting" for _, v in verdicts):
+            assert proc.poll() is None, proc.communicate()[0]
+            time.sleep(2)
+            with contextlib.suppress(httpx.HTTPError):
+                status = httpx.get(f"http://127.0.0.1:{port}/api/v1/status", timeout=5).json()
+                spec = next(t for t in status["targets"] if t["name"] == "simulated-vllm")
+                if spec["series"]:
+                    series = spec["series"][0]
+                    assert series["verdict_window"] == "1m"
+                    verdicts.append((time.monotonic() - started, series["verdict"]))
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=20)
+    hurting = [at for at, verdict in verdicts if verdict == "hurting"]
+    assert hurting, verdicts
+    assert hurting[0] > 20, "not before the degraded phase"

@@ -54,7 +54,11 @@ def test_a_gate_that_stops_speculation_is_seen_said_and_exported() -> None:
         assert stopped["state"] == "stopped" and stopped["window"] == "1m" and stopped["share"] == 0.0
         assert "stopped speculating: 200 generated tokens/s over 1m" in stopped["reason"]
         assert "acceptance gate" in stopped["reason"]
-        assert "stopped speculating" in httpx.get(harness.sidecar_url + "/", timeout=5).text
+        page = httpx.get(harness.sidecar_url + "/", timeout=5).text
+        assert "stopped speculating" in page
+        # α by window: the 1m window says why it has no α (it used to drop out, leaving the 5m α in its place)
+        five = series_status(harness.status())["windows"]["5m"]["acceptance_ratio"]
+        assert f"1m – <small>(nothing drafted (speculation stopped))</small> · 5m {five:.2f}" in page
     finally:
         harness.stop()
 
@@ -198,6 +202,16 @@ def test_what_spec_decode_costs_against_its_control_pod(starved: Pods) -> None:
     assert metrics.get("specdecode_kv_cache_usage_ratio", target="control", spec_decode="false") < 0.9
     page = httpx.get(starved.url + "/", timeout=5).text
     assert "Against the control target &quot;control&quot;:" in page and "preemptions per request" in page
+    # The control pod's row counts what it served (it said "no traffic")
+    control = series_status(status, "control")
+    served = {name: window["latency"]["requests"] for name, window in control["windows"].items()}
+    assert served["1m"] > 0 and "no traffic" not in page
+    assert (f"spec decode off; requests finished: 1m {served['1m']:.0f} · 5m {served['5m']:.0f}; "
+            f"{control['totals']['generated_tokens']:.0f} tokens generated since start") in page
+    # One break-even, said with its basis in words
+    assert verdict["cost_basis"] == "calibrated"
+    assert verdict["cost_basis_words"].startswith("calibrated: the cost per drafted token at which")
+    assert f"{verdict['break_even_acceptance_ratio']:.2f}<br><small>calibrated: the cost per drafted" in page
 
 
 def rounded(parts: tuple[object, ...] | None) -> tuple[object, ...] | None:

@@ -50,10 +50,69 @@ def test_bad_config_file_exits_2(tmp_path: Path) -> None:
                                      "(did you mean 'interval'?)")
 
 
-def test_env_var_is_validated_like_the_flag() -> None:
+def test_env_var_is_validated_like_the_flag_and_named() -> None:
     result = run_cli("run", env={"SPECDECODE_COLLECT_INTERVAL": "never"})
     assert result.returncode == 2
-    assert "--collect.interval: expected a duration" in result.stderr
+    assert result.stderr == ("specdecode-exporter: config error: SPECDECODE_COLLECT_INTERVAL: expected a duration "
+                             "like 5s, 1m or 500ms, got 'never'\n")
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"SPECDECODE_COLLECT_TIMEOUT": "soon"}, "SPECDECODE_COLLECT_TIMEOUT: expected a duration"),
+        ({"SPECDECODE_TARGET": "localhost:8000"}, "SPECDECODE_TARGET: expected an http(s) URL"),
+        ({"SPECDECODE_PROXY_LISTEN_ADDRESS": "tap"}, "SPECDECODE_PROXY_LISTEN_ADDRESS: expected host:port"),
+        ({"SPECDECODE_PROXY_LISTEN_ADDRESS": ":0", "SPECDECODE_PROXY_ROUTE_FALLBACK_UPSTREAM": "http://127.0.0.1:9",
+          "SPECDECODE_PROXY_ROUTE_MODE": "always"}, "SPECDECODE_PROXY_ROUTE_MODE: expected one of observe, enforce"),
+    ],
+)
+def test_a_bad_value_in_a_variable_names_the_variable(env: dict[str, str], message: str) -> None:
+    result = run_cli("run", env=env)
+    assert result.returncode == 2
+    [line] = result.stderr.splitlines()
+    assert message in line, line
+
+
+def test_a_bad_value_in_a_proxy_flag_names_the_flag() -> None:
+    result = run_cli("run", "--proxy.listen-address", ":0", "--proxy.route.fallback-upstream", "http://127.0.0.1:9",
+                     "--proxy.route.mode", "always")
+    assert result.returncode == 2
+    assert "config error: --proxy.route.mode: expected one of observe, enforce, got 'always'" in result.stderr
+
+
+def test_an_unknown_variable_stops_the_start_naming_it() -> None:
+    result = run_cli("run", env={"SPECDECODE_COLECT_INTERVAL": "1s"})
+    assert result.returncode == 2
+    assert result.stderr == ("specdecode-exporter: config error: SPECDECODE_COLECT_INTERVAL: not a variable of "
+                             "specdecode-exporter run; did you mean SPECDECODE_COLLECT_INTERVAL? "
+                             "(see specdecode-exporter run --help)\n")
+
+
+def test_the_other_tools_variables_are_left_to_them() -> None:
+    """simulate's and the test harnesses' variables share the prefix: `run` goes on to read its own (here a bad
+    one, so that it stops)."""
+    result = run_cli("run", env={"SPECDECODE_SIMULATE_FORMAT": "v1", "SPECDECODE_VLLM_HOME": "/nowhere",
+                                 "SPECDECODE_LOG_LEVEL": "loud"})
+    assert result.returncode == 2
+    assert "SPECDECODE_LOG_LEVEL: expected one of" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["run", "--collect.intervl", "5s"], "specdecode-exporter run: error: unrecognized arguments: "
+         "--collect.intervl 5s; did you mean --collect.interval? (see specdecode-exporter run --help)"),
+        (["run", "--web.listen-adress=:1"], "specdecode-exporter run: error: unrecognized arguments: "
+         "--web.listen-adress=:1; did you mean --web.listen-address? (see specdecode-exporter run --help)"),
+        (["check", "http://127.0.0.1:9/metrics", "--duraton", "1s"], "specdecode-exporter check: error: "
+         "unrecognized arguments: --duraton 1s; did you mean --duration? (see specdecode-exporter check --help)"),
+    ],
+)
+def test_a_wrong_flag_gets_did_you_mean_and_the_commands_help(args: list[str], line: str) -> None:
+    result = run_cli(*args)
+    assert result.returncode == 2
+    assert result.stderr == line + "\n"
 
 
 def test_listen_address_in_use_is_one_line_exit_1() -> None:
@@ -66,6 +125,7 @@ def test_listen_address_in_use_is_one_line_exit_1() -> None:
         result = run_cli("run", "--web.listen-address", f"127.0.0.1:{port}", "--target", "http://127.0.0.1:9/metrics")
     assert result.returncode == 1
     assert "cannot listen" in result.stderr
+    assert 'change_with="--web.listen-address (web.listen_address in the config file)"' in result.stderr
     assert "Traceback" not in result.stderr
 
 
@@ -97,6 +157,26 @@ def test_check_prints_a_verdict_against_the_simulator() -> None:
     pasted = json.loads(vllm.split("--speculative-config ", 1)[1].strip("'"))
     assert pasted["num_speculative_tokens_per_batch_size"][0][0] == 1
     assert any(line.startswith("  TensorRT-LLM: speculative_config: {max_draft_len: ") for line in lines)
+    # The break-even in the table is the one in force (as on the status page), its basis said in words
+    assert cells[7] == "0.50"
+    assert ("Break-even α 0.50, meta-llama/Llama-3.1-8B-Instruct 0: from the configured cost model (c_draft + "
+            "c_verify per drafted token); no measured speedup calibrates it.") in lines
+    # best k 3 (the table) against k = 2 at the only batch size seen (the schedule): the difference in one line
+    assert cells[8] == "3" and "5-16: k=2" in result.stdout
+    (why,) = [line for line in lines if line.startswith("  best k 3 in the table is at the configured cost per")]
+    assert why.endswith(": k = 2 at batch size 5-16 (cost 0.64)")
+
+
+def test_check_given_the_base_url_suggests_its_metrics() -> None:
+    """`probe --url` takes the server's base URL; `check` takes its /metrics: a 404 from a base URL says so."""
+    server, url = serve_in_thread(Simulator(steady_scenario(ModelSpec())))
+    try:
+        result = run_cli("check", url, "--duration", "1s")
+    finally:
+        server.stop()
+    assert result.returncode == 1
+    assert result.stderr == (f"specdecode-exporter check: cannot collect {url}: http_status: HTTP 404 "
+                             f"(did you mean {url}/metrics?)\n")
 
 
 def test_check_unreachable_is_one_line_exit_1() -> None:

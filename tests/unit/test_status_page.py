@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from specdecode_exporter.core.charts import Axis, Frame, Rule, Series, line_chart
+from specdecode_exporter.core.charts import Axis, Frame, Rule, Series, fit, line_chart, nice_ticks, tick_format
 from specdecode_exporter.sidecar.collection import HISTORY_SECONDS, HISTORY_STEP_SECONDS, HistoryPoint, extended
 from specdecode_exporter.sidecar.status_page import ago, minutes_axis, speedup_cell
 
@@ -27,11 +27,28 @@ def test_history_keeps_about_one_point_a_step_and_always_the_latest() -> None:
     assert len(points) <= HISTORY_SECONDS / (HISTORY_STEP_SECONDS - interval) + 2
 
 
-@pytest.mark.parametrize(("oldest_seconds", "span"), [(0.0, 1.0), (50.0, 1.0), (60.0, 1.0), (61.0, 2.0),
-                                                      (1000.0, 17.0), (3600.0, 60.0), (9000.0, 60.0)])
-def test_the_x_axis_spans_the_history_there_is_up_to_the_hour(oldest_seconds: float, span: float) -> None:
+@pytest.mark.parametrize(("oldest_seconds", "span", "ticks"), [
+    (0.0, 1.0, (-1.0, -0.5, 0.0)), (50.0, 1.0, (-1.0, -0.5, 0.0)), (60.0, 1.0, (-1.0, -0.5, 0.0)),
+    (61.0, 2.0, (-2.0, -1.5, -1.0, -0.5, 0.0)), (1000.0, 17.0, (-15.0, -10.0, -5.0, 0.0)),
+    (3600.0, 60.0, (-60.0, -40.0, -20.0, 0.0)), (9000.0, 60.0, (-60.0, -40.0, -20.0, 0.0))])
+def test_the_x_axis_spans_the_history_there_is_up_to_the_hour(oldest_seconds: float, span: float,
+                                                              ticks: tuple[float, ...]) -> None:
+    """Its ticks at round minutes (17 minutes of history were -17 / -8.5 / 0)."""
     history = [{"seconds_ago": oldest_seconds}, {"seconds_ago": 0.0}]
-    assert minutes_axis({"history": history}) == Axis(-span, 0.0, "{:g} min", (-span, -span / 2, 0.0))
+    assert minutes_axis({"history": history}) == Axis(-span, 0.0, "{:g} min", ticks)
+
+
+@pytest.mark.parametrize(("values", "floor", "include", "ticks", "labels"), [
+    ([0.62, 1.38], 0.0, (1.0,), (0.0, 0.5, 1.0, 1.5, 2.0), ["0.0", "0.5", "1.0", "1.5", "2.0"]),  # was 0.69 / 1.38
+    ([8.0, 19.2], 0.0, (), (0.0, 10.0, 20.0, 30.0), ["0", "10", "20", "30"]),  # was 0 / 10 / 21
+    ([0.31, 0.42], None, (), (0.25, 0.3, 0.35, 0.4, 0.45), ["0.25", "0.30", "0.35", "0.40", "0.45"]),
+])
+def test_a_fitted_axis_ticks_at_round_values(values: list[float], floor: float | None, include: tuple[float, ...],
+                                             ticks: tuple[float, ...], labels: list[str]) -> None:
+    low, high = fit(values, floor=floor, include=include)
+    assert (low, high) == (ticks[0], ticks[-1])
+    assert nice_ticks(low, high) == pytest.approx(ticks)
+    assert [tick_format(low, high).format(t) for t in nice_ticks(low, high)] == labels
 
 
 def test_reference_line_labels_lie_right_of_the_plot_and_apart() -> None:
@@ -59,3 +76,25 @@ def test_the_speedup_cell_labels_both() -> None:
                                                 (50 * 3600, "2 d 2 h")])
 def test_ago(seconds: float, words: str) -> None:
     assert ago(seconds) == words
+
+
+def test_the_routing_table_explains_its_bound_and_what_decides() -> None:
+    """The decision names which bound it compared (upper to route, lower to bring back) and the break-even in force
+    then; the note says that α decides, not the measured speedups, and why TPOT and end to end can disagree."""
+    from specdecode_exporter.sidecar.status_page import routing_rows
+
+    def route(routed: bool, bound: float) -> dict[str, object]:
+        return {"model_name": "m", "workload": "code", "temperature": "0", "routed": routed, "seconds_in_state": 60.0,
+                "requests": [{"upstream": "speculative", "reason": "x", "requests": 50}],
+                "last_decision": {"acceptance_ratio": 0.41, "bound": bound, "break_even_acceptance_ratio": 0.58,
+                                  "requests": 50, "routed": routed},
+                "measured_speedup": None, "last_episode_measured_speedup": None}
+
+    routing = {"mode": "enforce", "fallback_upstream": "http://f:1", "fallback_available": True, "min_requests": 50,
+               "canary_share": 0.05, "statistics": {"route_level": 0.01, "return_level": 0.01},
+               "classes": [route(True, 0.47), route(False, 0.61)]}
+    html = routing_rows({"routing": routing})
+    assert "α 0.41, upper bound 0.47 &lt; break-even 0.58 in force then, 50 requests" in html
+    assert "α 0.41, lower bound 0.61 ≥ break-even 0.58 in force then, 50 requests" in html
+    assert "its 99% one-sided upper bound" in html
+    assert "Only α decides routing: the measured speedups" in html and "are not used to decide" in html

@@ -5,15 +5,22 @@ from __future__ import annotations
 import asyncio
 import time
 from typing import TextIO
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
 from specdecode_exporter.check import per_request as check_per_request
 from specdecode_exporter.pipeline.derive import acceptance_ratio
 from specdecode_exporter.pipeline.engines import NOT_APPLICABLE
-from specdecode_exporter.pipeline.schedule import schedule_summary, trtllm_draft_len_schedule, vllm_speculative_config
+from specdecode_exporter.pipeline.schedule import (
+    BatchSchedule,
+    schedule_summary,
+    trtllm_draft_len_schedule,
+    vllm_speculative_config,
+)
 from specdecode_exporter.sidecar.collection import Exporter, TargetView
 from specdecode_exporter.sidecar.config import Config, TargetConfig, Window
+from specdecode_exporter.sidecar.series import SeriesView
 from specdecode_exporter.sidecar.status import verdict_stats
 
 PROG = "specdecode-exporter check"
@@ -32,6 +39,15 @@ async def collect_for(exporter: Exporter, duration: float) -> TargetView:
             await asyncio.sleep(min(CHECK_STEP_SECONDS, max(0.0, deadline - time.monotonic())))
             (view,) = await exporter.collect_all_once(client)
     return view
+
+
+def metrics_hint(url: str, error: str | None) -> str:
+    """A 404 from a URL whose path is not /metrics: most likely the server's base URL (what `probe --url` takes),
+    so the hint names the same server's /metrics."""
+    parts = urlsplit(url)
+    if error is None or not error.startswith("http_status: HTTP 404") or parts.path == "/metrics":
+        return ""
+    return f" (did you mean {urlunsplit((parts.scheme, parts.netloc, '/metrics', '', ''))}?)"
 
 
 def render(view: TargetView, duration: float) -> str:
@@ -54,7 +70,7 @@ def render(view: TargetView, duration: float) -> str:
             _fmt(stats.mean_draft_length if stats else None, ".2f"),
             _fmt(series.num_speculative_tokens, "d"),
             _fmt(stats.expected_speedup if stats else None, ".2f"),
-            _fmt(cost.break_even_acceptance_ratio, ".2f"),
+            _fmt(series.break_even, ".2f"),
             _fmt(stats.recommended_num_speculative_tokens if stats else None, "d"),
             series.judgement.verdict.value,
         ))
@@ -68,8 +84,10 @@ def render(view: TargetView, duration: float) -> str:
               + f": {stats.unproven}" for series in view.series
               if (stats := verdict_stats(series)) is not None and stats.unproven]
     lines += speculation_lines(view)
-    lines += ["", f"Cost model: c_draft={cost.c_draft:g} c_verify={cost.c_verify:g} (break-even α = their sum); "
-                  "speedup is modelled, not measured."]
+    lines += ["", f"Cost model: c_draft={cost.c_draft:g} c_verify={cost.c_verify:g}; speedup is modelled, not "
+                  "measured."]
+    lines += [f"Break-even α {_fmt(series.break_even, '.2f')}, {series.key.model_name or ''} "
+              f"{series.key.engine or ''}: {series.cost_basis_words}." for series in view.series if series.spec_decode]
     return "\n".join(lines) + "\n"
 
 
@@ -84,11 +102,25 @@ def speculation_lines(view: TargetView) -> list[str]:
         if schedule is None:
             continue
         lines += ["", f"Batch-size schedule, {name} (over {series.schedule_window}): {schedule_summary(schedule)}"]
+        lines += best_k_line(series, schedule, view.config.cost.per_draft_token)
         pastes = (("vLLM", vllm_speculative_config(schedule, series.method or view.method)),
                   ("TensorRT-LLM", trtllm_draft_len_schedule(schedule)))
         lines += [f"  {tool + ':':<14}{text}" for tool, text in pastes if text is not None] or [
             "  no batch size pays: turn speculation off"]
     return lines
+
+
+def best_k_line(series: SeriesView, schedule: BatchSchedule, cost: float) -> list[str]:
+    """Why the table's best k differs from the schedule's k at the batch sizes seen, in one line (none when not)."""
+    stats = verdict_stats(series)
+    best = stats.recommended_num_speculative_tokens if stats is not None else None
+    differs = [r for r in schedule.ranges if r.observed_seconds > 0 and r.recommended != best]
+    if best is None or not differs:
+        return []
+    at = ", ".join(f"k = {r.recommended} at batch size {r.label} (cost {r.cost_per_draft_token:.2f})" for r in differs)
+    return [f"  best k {best} in the table is at the configured cost per drafted token ({cost:.2f}) whatever the "
+            f"batch; the schedule charges each batch size its own (verification costs more as the batch grows) "
+            f"and, with enough drafts, takes its own acceptance: {at}"]
 
 
 def per_request_line(view: TargetView, send_completion: bool, timeout: float) -> tuple[str | None, bool]:
@@ -112,7 +144,7 @@ def run_check(url: str, duration: float, timeout: float, out: TextIO, err: TextI
     exporter = Exporter(config)
     view = asyncio.run(collect_for(exporter, duration))
     if not view.up:
-        err.write(f"{PROG}: cannot collect {url}: {view.last_error}\n")
+        err.write(f"{PROG}: cannot collect {url}: {view.last_error}{metrics_hint(url, view.last_error)}\n")
         return 1
     out.write(render(view, duration))
     out.flush()

@@ -62,7 +62,8 @@ class Axis:
 
 def fit(values: Sequence[float], floor: float | None = 0.0, pad: float = 0.1,
         include: Sequence[float] = ()) -> tuple[float, float]:
-    """A y range that shows every value (and the reference lines), padded a little."""
+    """A y range that shows every value (and the reference lines), padded a little, its ends on round values
+    (nice_step), so that the ticks are too."""
     finite = [v for v in (*values, *include) if math.isfinite(v)]
     if not finite:
         return 0.0, 1.0
@@ -70,11 +71,45 @@ def fit(values: Sequence[float], floor: float | None = 0.0, pad: float = 0.1,
     if floor is not None:
         low = min(low, floor)
     margin = (high - low) * pad or abs(high) * pad or 1.0
-    return (low if floor is not None and low == floor else low - margin), high + margin
+    low, high = (low if floor is not None and low == floor else low - margin), high + margin
+    step = nice_step(low, high)
+    return math.floor(low / step + 1e-9) * step, math.ceil(high / step - 1e-9) * step
+
+
+NICE_MULTIPLES = (1.0, 2.0, 5.0)  # a tick step is one of these times a power of ten
+MAX_TICK_INTERVALS = 4
+
+
+def nice_step(low: float, high: float) -> float:
+    """The smallest round step (1, 2 or 5 × 10ⁿ) that covers [low, high] in at most MAX_TICK_INTERVALS steps
+    from a multiple of itself."""
+    span = high - low
+    if not span > 0 or not math.isfinite(span):
+        return 1.0
+    exponent = math.floor(math.log10(span / MAX_TICK_INTERVALS))
+    for power in (exponent, exponent + 1, exponent + 2):
+        for multiple in NICE_MULTIPLES:
+            step = multiple * 10.0 ** power
+            if math.ceil(high / step - 1e-9) - math.floor(low / step + 1e-9) <= MAX_TICK_INTERVALS:
+                return step
+    return 10.0 ** (exponent + 3)
+
+
+def nice_ticks(low: float, high: float) -> tuple[float, ...]:
+    """Every multiple of nice_step between low and high (both ends included when they are multiples)."""
+    step = nice_step(low, high)
+    first, last = math.ceil(low / step - 1e-9), math.floor(high / step + 1e-9)
+    return tuple(round(i * step, 12) for i in range(first, last + 1))
+
+
+def tick_format(low: float, high: float, suffix: str = "") -> str:
+    """A format with as many decimals as the round step between ticks needs."""
+    decimals = max(0, -math.floor(math.log10(nice_step(low, high)) + 1e-9))
+    return "{:." + str(decimals) + "f}" + suffix
 
 
 def _ticks(axis: Axis) -> tuple[float, ...]:
-    return axis.ticks or (axis.low, (axis.low + axis.high) / 2, axis.high)
+    return axis.ticks or nice_ticks(axis.low, axis.high)
 
 
 LABEL_CHAR_WIDTH = 5.5  # px per character of a 9 px label, generous (an estimate: the SVG is laid out by the browser)

@@ -226,13 +226,6 @@ class Rendered:
     # families, so a response is one gzip stream without compressing the large part again.
     gzipped: tuple[bytes, Compressor] | None = None
 
-    def _each(self, views: tuple[TargetView, ...], same: Callable[[TargetView, TargetView], bool]) -> bool:
-        return len(views) == len(self.views) and all(same(a, b) for a, b in zip(views, self.views, strict=True))
-
-    def of_targets(self, views: tuple[TargetView, ...]) -> bool:
-        """Whether these views are of the same targets, configured the same (only their values moved)."""
-        return self._each(views, lambda a, b: a.config == b.config)
-
     def current(self, views: tuple[TargetView, ...], compress: bool) -> bool:
         return same_views(views, self.views) and (self.gzipped is not None or not compress)
 
@@ -244,8 +237,8 @@ def same_views(views: tuple[TargetView, ...], others: tuple[TargetView, ...]) ->
 
 class SpecDecodePage:
     """The spec-decode part of /metrics, per encoder: rendered once per set of views at most, in slices on the
-    event loop: by ``keep_fresh``, for the scrape it expects next; by a scrape, when there is no page yet or
-    nothing renders ahead."""
+    event loop: by ``keep_fresh``, ahead of the scrape it expects next; by a scrape that finds no page of the
+    views published by then (and no render of them under way)."""
 
     def __init__(self, views: Callable[[], list[TargetView]], gzipped: tuple[Encoder, ...] = ()) -> None:
         """``gzipped``: encoders rendered and gzipped after every collection from the start, before any scrape
@@ -257,7 +250,6 @@ class SpecDecodePage:
         self._rendering: dict[Encoder, asyncio.Task[Rendered]] = {}
         self._wants_gzip: set[Encoder] = {self.encoder(encoder) for encoder in gzipped}
         self.renders = 0  # spec-decode renders so far (one per set of views and encoder)
-        self._kept_fresh = False  # keep_fresh runs: it renders each scrape's page ahead of it
         self._scrapes: tuple[float, ...] = ()  # the last two scrapes' times (monotonic)
 
     def encoder(self, encoder: Encoder) -> Encoder:
@@ -269,14 +261,13 @@ class SpecDecodePage:
             line_format = self._formats[encoder] = LineFormat(encoder)
         return line_format
 
-    async def get(self, encoder: Encoder, compress: bool, latest: bool = True) -> Rendered:
-        """The part for the views published by now (gzipped too where ``compress``), rendered if need be. Views
-        published while it renders wait for the next call: with many targets some view is always newer. Not
-        ``latest`` (a sidecar that collects by itself): when a newer page of the same targets is due, the last one
-        at once, and its render started unless keep_fresh runs (it renders ahead of the next scrape; a render
-        started now would be stale by then whenever the sidecar collects more often than it is scraped); a scrape
-        waits for a render (~130 ms at 1 MB) only for the first page and after a reload that changed the
-        targets."""
+    async def get(self, encoder: Encoder, compress: bool) -> Rendered:
+        """The part for the views published by the time of the call (gzipped too where ``compress``): a scrape
+        never reads a page older than the last collection completed before it came, whoever scrapes and whenever.
+        Rendered if need be: keep_fresh renders ahead of the scrape it expects, which then finds its page ready;
+        any other scrape (the second replica of a Prometheus HA pair, curl) that comes after a collection the page
+        does not have yet waits for its render (~130 ms at 1 MB), or joins the one under way. Views published while
+        it renders wait for the next call: with many targets some view is always newer."""
         encoder = self.encoder(encoder)
         if compress:
             self._wants_gzip.add(encoder)
@@ -285,16 +276,11 @@ class SpecDecodePage:
         if rendered is not None and rendered.current(views, compress):
             return rendered
         task = self._rendering.get(encoder)
-        if (not latest and rendered is not None and (rendered.gzipped is not None or not compress)
-                and rendered.of_targets(views)):  # after a reload that changed the targets, the new page
-            if task is None and not self._kept_fresh:
-                self._start(encoder)
-            return rendered  # the next page is on its way; this one is one collection old
         if task is not None:  # a render that began before this call: maybe of older views
             rendered = await asyncio.shield(task)  # a scrape that gives up must not cancel what others wait for
             if rendered.current(views, compress):
                 return rendered
-            task = self._rendering.get(encoder)
+            task = self._rendering.get(encoder)  # begun since this call: of these views or newer ones
         return await asyncio.shield(task if task is not None else self._start(encoder))
 
     def _start(self, encoder: Encoder) -> asyncio.Task[Rendered]:
@@ -339,11 +325,7 @@ class SpecDecodePage:
         Views that came earlier are not: the collection in that last interval replaces them before anyone reads
         them. Before the second scrape its time is unknown: every collection is rendered. After a render it rests
         ``rest`` seconds (interval / 2: many targets publish all the time; one render per rest then)."""
-        self._kept_fresh = True
-        try:
-            await self._keep_fresh(poll, interval, interval / 2 if rest is None else rest, clock)
-        finally:
-            self._kept_fresh = False
+        await self._keep_fresh(poll, interval, interval / 2 if rest is None else rest, clock)
 
     async def _keep_fresh(self, poll: float, interval: float, rest: float, clock: Callable[[], float]) -> None:
         seen: tuple[TargetView, ...] = ()

@@ -283,6 +283,19 @@ class SeriesView(NamedTuple):
     def cost_basis(self) -> str:
         return "calibrated" if self.calibrated_break_even is not None else "configured"
 
+    @property
+    def cost_basis_words(self) -> str:
+        return COST_BASIS_WORDS[self.cost_basis]
+
+
+# What the break-even α in force is based on, as the status page, /api/v1/status and `check` say it.
+COST_BASIS_WORDS = {
+    "configured": "from the configured cost model (c_draft + c_verify per drafted token); no measured speedup "
+                  "calibrates it",
+    "calibrated": "calibrated: the cost per drafted token at which the modelled speedup matches the speedup "
+                  "measured against the baseline",
+}
+
 
 @dataclass(frozen=True)
 class SeriesContext:

@@ -9,7 +9,17 @@ import html
 import math
 from typing import Any
 
-from specdecode_exporter.core.charts import Axis, Frame, Rule, Series, bar_chart, fit, line_chart
+from specdecode_exporter.core.charts import (
+    Axis,
+    Frame,
+    Rule,
+    Series,
+    bar_chart,
+    fit,
+    line_chart,
+    nice_ticks,
+    tick_format,
+)
 
 VERDICT_COLOURS = {"paying off": "#1a7f37", "marginal": "#9a6700", "hurting": "#cf222e", "no traffic": "#57606a"}
 HISTORY_MINUTES = 60  # what the charts show at most; the sidecar keeps an hour of history
@@ -34,7 +44,7 @@ def minutes_axis(series: dict[str, Any]) -> Axis:
     HISTORY_MINUTES), so a sidecar started a minute ago fills the chart instead of its last sixtieth."""
     oldest = max((point["seconds_ago"] for point in series["history"]), default=0.0)
     span = float(min(HISTORY_MINUTES, max(1, math.ceil(oldest / 60.0 - 1e-9))))
-    return Axis(-span, 0.0, "{:g} min", (-span, -span / 2, 0.0))
+    return Axis(-span, 0.0, "{:g} min", nice_ticks(-span, 0.0))
 
 
 def _last(axis: Axis) -> str:
@@ -55,7 +65,7 @@ def tpot_chart(series: dict[str, Any]) -> str:
     low, high = fit([y for _, y in points])
     x = minutes_axis(series)
     return line_chart(f"time per output token (ms), {_last(x)}", [Series("TPOT mean", points, "#8250df")], x,
-                      Axis(low, high, "{:.0f}" if high >= 10 else "{:.1f}"), empty="no requests yet")
+                      Axis(low, high, tick_format(low, high)), empty="no requests yet")
 
 
 def speedup_chart(series: dict[str, Any], has_baseline: bool) -> str:
@@ -77,12 +87,42 @@ def speedup_cell(window: dict[str, Any], has_baseline: bool) -> str:
             f"{_cell(window.get('expected_speedup'), '{:.2f}×')} modelled")
 
 
-def series_rows(target: dict[str, Any], series: dict[str, Any], page_threshold: float) -> list[str]:
+def alpha_by_window(series: dict[str, Any], names: list[str]) -> str:
+    """α over every configured window, each one without a value saying why (never left out: a window that
+    drops out would leave a longer one's α in its place)."""
+    if not series["spec_decode"]:
+        return served(series, names)
+    stopped = (series.get("speculation") or {}).get("state") == "stopped"
+    cells = []
+    for name in names:
+        window = series["windows"].get(name)
+        if window is None:
+            why = "no data yet"
+        elif window.get("acceptance_ratio") is None:
+            why = "nothing drafted (speculation stopped)" if stopped else "nothing drafted"
+        else:
+            cells.append(f"{html.escape(name)} {_cell(window['acceptance_ratio'], '{:.2f}')}")
+            continue
+        cells.append(f"{html.escape(name)} – <small>({why})</small>")
+    return " · ".join(cells)
+
+
+def served(series: dict[str, Any], names: list[str]) -> str:
+    """What a control series (spec decode off) served, by window: it has no α, but it has traffic."""
+    requests = [(name, (series["windows"].get(name, {}).get("latency") or {}).get("requests")) for name in names]
+    generated = series["totals"]["generated_tokens"]
+    if not generated and not any(count for _, count in requests):
+        return "no traffic"
+    by_window = " · ".join(f"{html.escape(name)} {_cell(count, '{:.0f}')}" for name, count in requests)
+    return f"spec decode off; requests finished: {by_window}; {_cell(generated, '{:.0f}')} tokens generated since start"
+
+
+def series_rows(target: dict[str, Any], series: dict[str, Any], page_threshold: float,
+                window_names: list[str]) -> list[str]:
     e = html.escape
     windows = series["windows"]
     window = windows.get(series["verdict_window"] or "", {})
-    alphas = " · ".join(f"{e(name)} {_cell(w.get('acceptance_ratio'), '{:.2f}')}" for name, w in windows.items()
-                        if w.get("acceptance_ratio") is not None)
+    alphas = alpha_by_window(series, window_names)
     speedup = speedup_cell(window, target["baseline"] is not None)
     state = "up" if target["up"] else f"down ({e(target['last_error'] or '')})"
     if target.get("not_applicable"):
@@ -101,9 +141,10 @@ def series_rows(target: dict[str, Any], series: dict[str, Any], page_threshold: 
         "<tr>"
         f"<td>{e(target['name'])}<br><small>{state}, {e(target['api'] or '?')}</small></td>"
         f"<td>{e(series['model_name'] or '')}</td><td>{e(series['engine'] or '')}</td>"
-        f"<td>{alphas or 'no traffic'}</td>"
+        f"<td>{alphas or 'no windows'}</td>"
         f"<td>{_cell(window.get('mean_acceptance_length'), '{:.2f}')}</td><td>{speedup}</td>"
-        f"<td>{_cell(series['break_even_acceptance_ratio'], '{:.2f}')}<br><small>{e(series['cost_basis'])}</small></td>"
+        f"<td>{_cell(series['break_even_acceptance_ratio'], '{:.2f}')}<br>"
+        f"<small>{e(series['cost_basis_words'])}</small></td>"
         f"<td>{_cell(window.get('recommended_num_speculative_tokens'), '{}')} "
         f"/ {_cell(series['num_speculative_tokens'], '{}')}</td>"
         f"<td class='verdict' style='color:{colour}'>{verdict}<br><small>{e(series['verdict_reason'])}</small></td>"
@@ -172,7 +213,7 @@ def target_rows(status: dict[str, Any]) -> list[str]:
             state = "up" if target["up"] else f"down ({html.escape(target['last_error'] or '')})"
             rows.append(f"<tr><td>{html.escape(target['name'])}</td><td colspan={len(HEADER) - 1}>{state}</td></tr>")
         for series in target["series"]:
-            rows += series_rows(target, series, status["page_threshold"])
+            rows += series_rows(target, series, status["page_threshold"], status["windows"])
             rows.append(speculation_row(series))
         rows.append(requests_rows(target, status["page_threshold"], status["uptime_seconds"]))
         rows.append(routing_rows(target))
@@ -268,8 +309,9 @@ def _routing_row(route: dict[str, Any]) -> str:
         sent[item["upstream"]] += item["requests"]
     last = route["last_decision"]
     decision = "–" if last is None else (
-        f"α {_cell(last['acceptance_ratio'], '{:.2f}')} (bound {_cell(last['bound'], '{:.2f}')}) vs break-even "
-        f"{_cell(last['break_even_acceptance_ratio'], '{:.2f}')}, {last['requests']} requests")
+        f"α {_cell(last['acceptance_ratio'], '{:.2f}')}, {'upper' if last['routed'] else 'lower'} bound "
+        f"{_cell(last['bound'], '{:.2f}')} {'&lt;' if last['routed'] else '≥'} break-even "
+        f"{_cell(last['break_even_acceptance_ratio'], '{:.2f}')} in force then, {last['requests']} requests")
     state = (f"<b style='color:#cf222e'>routed</b> for {_duration(route['seconds_in_state'])}" if route["routed"]
              else "speculative")
     experiment = route["measured_speedup"] or route["last_episode_measured_speedup"]
@@ -301,6 +343,11 @@ def routing_rows(target: dict[str, Any]) -> str:
     return (f"<tr class='charts'><td colspan={len(HEADER)}><b>Routing</b> ({e(routing['mode'])}; fallback "
             f"{e(routing['fallback_upstream'])}, {available[routing['fallback_available']]})"
             f"<p><small>A class is routed when a block of {routing['min_requests']} of its requests shows α below "
-            f"the break-even; {routing['canary_share']:.0%} of it stays on speculative decoding (the canary) and "
-            f"brings it back when it shows α above.{observe} The measured speedup is fallback latency / canary "
-            f"latency, a randomized split of the class's traffic.</small></p>{table}</td></tr>")
+            f"the break-even: its {1 - routing['statistics']['route_level']:.0%} one-sided upper bound (from a "
+            f"request-level standard error) is below it. {routing['canary_share']:.0%} of it stays on speculative "
+            f"decoding (the canary) and brings it back when a block's lower bound is above the break-even. The "
+            f"break-even is the one in force when the block was judged (it moves as calibration does).{observe} "
+            f"Only α decides routing: the measured speedups (fallback latency / canary latency, a randomized "
+            f"split of the class's traffic) say what routing did and are not used to decide. TPOT is per output "
+            f"token, what the break-even models; end to end adds queueing and prefill, so the two can point "
+            f"opposite ways under load.</small></p>{table}</td></tr>")

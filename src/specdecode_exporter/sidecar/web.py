@@ -42,13 +42,10 @@ class MetricsRenderer:
     (sidecar/page.py), and every scrape until the next collection reuses it. The live families (the tap's,
     process, platform, GC, reload) are small and rendered fresh each time, after it."""
 
-    def __init__(self, exporter: Exporter, reloader: Reloader | None = None, tap: TapRuntime | None = None,
-                 latest: bool = True) -> None:
-        """``latest``: a scrape waits for the page of the views published by then. Otherwise it gets the last
-        page rendered at once, even while the next renders (keep_fresh renders the last collection before each
-        scrape: the page is at most one collection behind)."""
+    def __init__(self, exporter: Exporter, reloader: Reloader | None = None, tap: TapRuntime | None = None) -> None:
+        """A scrape reads the page of the views published by the time it came, never an older one (keep_fresh
+        renders it ahead of the scrape it expects; any other scrape waits for its render)."""
         self.spec_decode = SpecDecodePage(exporter.views, gzipped=(choose_encoder(PROMETHEUS_ACCEPT)[0],))
-        self._latest = latest
         self._live = CollectorRegistry(auto_describe=True)
         if reloader is not None:
             self._live.register(ReloadCollector(reloader))
@@ -66,7 +63,7 @@ class MetricsRenderer:
         """The exposition; with ``compress``, gzipped."""
         encoder = self.spec_decode.encoder(encoder)
         self.spec_decode.scraped(time.monotonic())
-        cached = await self.spec_decode.get(encoder, compress, self._latest)
+        cached = await self.spec_decode.get(encoder, compress)
         live_format = self._live_formats.get(encoder)
         if live_format is None:
             live_format = self._live_formats[encoder] = LineFormat(encoder)
@@ -152,7 +149,9 @@ def build_app(exporter: Exporter, run_collection: bool = True, reloader: Reloade
     # Driven by its own loop, a scrape never waits for a render: what Prometheus scrapes is the last collection
     # before it, or the one before that when a collection ends as the scrape comes. Driven from outside (tests),
     # a scrape waits for it.
-    renderer = MetricsRenderer(exporter, reloader, tap, latest=not run_collection)
+    # A scrape reads the last collection completed before it: keep_fresh renders it ahead of the scrape it
+    # expects; a scrape it did not expect (an HA pair's other replica, curl) waits for the render.
+    renderer = MetricsRenderer(exporter, reloader, tap)
     app = FastAPI(title="specdecode-exporter", version=exporter_version(),
                   lifespan=_lifespan(exporter, renderer, reloader, tap, run_collection),
                   docs_url=None, redoc_url=None, openapi_url=None)
@@ -215,7 +214,8 @@ def serve(config: Config, load: Callable[[], Config] | None = None, security: We
         tap = tap_runtime(config, exporter.views)
     except OSError as exc:
         event(logging.ERROR, "cannot listen", listen_address=config.proxy.listen_address if config.proxy else "",
-              detail=exc.strerror or str(exc), what="request tap")
+              detail=exc.strerror or str(exc), what="request tap",
+              change_with="--proxy.listen-address (proxy.listen_address in the config file)")
         return 1
     # uvloop where installed (the tap's relay is a few µs a chunk cheaper on it), else asyncio's own loop.
     # The TLS context is ours, so that a reload can swap the certificate in place.
@@ -237,7 +237,8 @@ def serve(config: Config, load: Callable[[], Config] | None = None, security: We
     try:
         sock = bind_socket(host, port)
     except OSError as exc:
-        event(logging.ERROR, "cannot listen", listen_address=config.listen_address, detail=exc.strerror or str(exc))
+        event(logging.ERROR, "cannot listen", listen_address=config.listen_address, detail=exc.strerror or str(exc),
+              change_with="--web.listen-address (web.listen_address in the config file)")
         return 1
     # uvicorn re-raises a captured SIGTERM once it has shut down gracefully, with the handler found before it
     # started: with this one that means "stop" (also before uvicorn listens) and the process exits 0.
