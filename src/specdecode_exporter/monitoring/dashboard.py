@@ -8,6 +8,7 @@ A panel is one function of the dashboard context; ROWS registers it in its row.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ from specdecode_exporter.core import metrics as m
 from specdecode_exporter.core.monitoring_config import MonitoringConfig
 from specdecode_exporter.core.verdict import VERDICT_BY_CODE, Verdict
 from specdecode_exporter.monitoring import promql as q
-from specdecode_exporter.monitoring import rules
+from specdecode_exporter.monitoring import rules, stage
 
 TAGS = ["specdecode", "vllm", "llm-serving"]
 DATASOURCE_VAR = "datasource"
@@ -98,20 +99,33 @@ class Context:
     def alert_prefix(self) -> str:
         return rules.ALERT_NAME_PREFIX
 
+    @property
+    def pooled(self) -> stage.Pooled:
+        """Per-model panels read the rules' short stage, never the pods' raw series over a window: cheap at any
+        dashboard range."""
+        return stage.Pooled(self.cfg, self.rule_matchers)
+
     def alpha(self, window: str = "$window") -> str:
-        return q.acceptance_ratio(self.scope, window)
+        return self.pooled.ratio("accepted_tokens", "draft_tokens", window)
+
+    def mean_length(self) -> str:
+        return "1 + " + self.pooled.ratio("accepted_tokens", "drafts", "$window")
 
     def speedup(self) -> str:
-        return q.expected_speedup(self.scope, "$window")
+        """The modelled speedup from the pooled counters and the configured break-even (promql.expected_speedup)."""
+        rate = functools.partial(self.pooled.rate, window="$window")
+        drafts = f"({rate('drafts')} > 0)"
+        return (f"(1 + {rate('accepted_tokens')} / {drafts})\n/\n(1 + {rate('draft_tokens')} / {drafts}\n   * "
+                f"{q.break_even(self.scope)})")
 
     def tpot_mean(self, spec_decode: str) -> str:
         """The sidecars' pooled TPOT for spec-decode ("true") or control ("false") pods, exact from _sum/_count."""
-        scope = q.Scope(self.scope.also(f'spec_decode="{spec_decode}"'), (*self.scope.by, "spec_decode"))
-        return q.tpot_mean(scope, "$window")
+        return self.pooled.ratio("tpot_sum", "tpot_count", "$window", f'spec_decode="{spec_decode}"',
+                                 by_also=("spec_decode",))
 
     def tpot_quantile(self, quantile: float, spec_decode: str) -> str:
-        scope = q.Scope(self.scope.also(f'spec_decode="{spec_decode}"'), (*self.scope.by, "spec_decode"))
-        return q.histogram_quantile(quantile, m.REQUEST_TPOT.name, scope, "$window")
+        return self.pooled.quantile(quantile, "tpot", "$window", f'spec_decode="{spec_decode}"',
+                                    by_also=("spec_decode",))
 
     def observed(self, statistic: str) -> str:
         """Observed speedup per model: the fleet's (control pods' TPOT over spec-decode pods') where there are
@@ -123,12 +137,29 @@ class Context:
         pods = f"max by ({self.scope.by_clause}) ({self.windowed(m.OBSERVED_SPEEDUP.name, statistic_matcher)})"
         return f"(({control})\n/ ignoring (spec_decode)\n({spec} > 0))\nor\n{pods}"
 
-    def rate(self, metric: str, window: str = RATE_INTERVAL) -> str:
-        return q.rate_sum(metric, self.scope, window)
+    def rate(self, key: str, window: str = RATE_INTERVAL) -> str:
+        """A counter's rate per model, from the stage's record of it (stage.families' ``key``)."""
+        return self.pooled.rate(key, window)
+
+    def side(self, what: str, spec_decode: str) -> str:
+        """A capacity figure of the spec-decode ("true") or control ("false") pods over $window."""
+        marked = (f'spec_decode="{spec_decode}"',)
+        def ratio(numerator: str, denominator: str) -> str:
+            return self.pooled.ratio(numerator, denominator, "$window", *marked, by_also=("spec_decode",))
+
+        return {"preemptions": ratio("preemptions", "tpot_count"), "generated": ratio("generated", "engines"),
+                "kv_cache": self.pooled.rate("kv_cache", "$window", *marked, by_also=("spec_decode",))}[what]
 
     def capacity_costs(self) -> tuple[str, str]:
-        """The verdict's capacity conditions against the control pods, over $window."""
-        return q.capacity_within_bounds(self.scope, "$window", "$window", self.cfg.verdict.capacity)
+        """The verdict's capacity conditions against the control pods, over $window (core.verdict)."""
+        bounds = self.cfg.verdict.capacity
+        increase = (f"({self.side('preemptions', 'true')})\n- ignoring (spec_decode)\n"
+                    f"({self.side('preemptions', 'false')})")
+        throughput = (f"({self.side('generated', 'true')})\n/ ignoring (spec_decode)\n"
+                      f"({self.side('generated', 'false')} > 0)\nand on ({self.scope.by_clause})\n"
+                      f"({q.spec_pods_waiting(self.scope, '$window')} >= {q.fmt_num(bounds.min_waiting_requests)})")
+        return (f"({increase}) <= bool {q.fmt_num(bounds.max_preemptions_per_request_increase)}",
+                f"({throughput}) >= bool {q.fmt_num(bounds.min_throughput_ratio)}")
 
     def per_pod(self) -> q.Scope:
         """The sidecar's series one by one (each target and engine), under every variable."""
@@ -250,7 +281,7 @@ def mean_length_stat(ctx: Context) -> Any:
         ctx, "Mean acceptance length",
         "Tokens produced per target forward pass: 1 + accepted / drafts (vLLM's definition; includes the "
         "bonus token). 1.0 means every draft was rejected.",
-        q.mean_acceptance_length(ctx.scope, "$window"), UNIT_TOKENS_PER_STEP)
+        ctx.mean_length(), UNIT_TOKENS_PER_STEP)
         .thresholds(steps((None, BLUE))).color_mode(cm.BigValueColorMode.VALUE).decimals(2))
 
 
@@ -368,14 +399,16 @@ def request_heatmap(ctx: Context) -> Any:
         "per-request metrics (--per-request-spec-decode-metrics summary). A band of mass below the page threshold "
         "is traffic spec decode slows down, however healthy the aggregate α looks. Empty without the tap "
         "(--proxy.listen-address).",
-        q.selector(f"{m.REQUEST_ACCEPTANCE.name}_bucket", ctx.tapped.matchers), "No tapped requests")
+        ctx.pooled.increase_by_le("request", RATE_INTERVAL), "No tapped requests")
 
 
 def requests_below_page(ctx: Context) -> Any:
     bound, quantile = rules.below_page_bound(ctx.cfg), ctx.cfg.thresholds.request_quantile
     name = m.quantile_name(quantile).upper()
-    share = q.per_request(lambda histogram: q.share_below(histogram, bound, ctx.tapped, "$window"))
-    low = q.per_request(lambda histogram: q.histogram_quantile(quantile, histogram, ctx.tapped, "$window"))
+    share = f"{ctx.pooled.share_below('request', bound, '$window')}\nor\n" \
+            f"{ctx.pooled.share_below('engine_request', bound, '$window')}"
+    low = f"{ctx.pooled.quantile(quantile, 'request', '$window')}\nor\n" \
+          f"{ctx.pooled.quantile(quantile, 'engine_request', '$window')}"
     return (stat_panel(
         ctx, f"Requests with α ≤ {bound:g}",
         f"Share of tapped requests over $window whose own α was at most {bound:g} (the page threshold's bucket), "
@@ -389,9 +422,7 @@ def requests_below_page(ctx: Context) -> Any:
 
 
 def _band_alpha(ctx: Context, label: str) -> str:
-    band = q.Scope(ctx.tapped.matchers, (*ctx.tapped.by, label))
-    return q.guarded_ratio(q.rate_sum(m.REQUEST_ACCEPTED_TOKENS.exposed_name, band, "$window"),
-                           q.rate_sum(m.REQUEST_DRAFT_TOKENS.exposed_name, band, "$window"))
+    return ctx.pooled.ratio("request_accepted", "request_drafted", "$window", by_also=(label,))
 
 
 def alpha_by_band(ctx: Context) -> Any:
@@ -508,7 +539,7 @@ def mean_length_over_time(ctx: Context) -> Any:
         "Mean acceptance length and token acceptance probability",
         "Mean acceptance length (tokens per target forward pass, left axis) and Leviathan's per-token "
         "acceptance probability (right axis; a different quantity from α, from the sidecar's per-position fit).",
-        queries((q.mean_acceptance_length(ctx.scope, "$window"), "mean length " + ctx.legend),
+        queries((ctx.mean_length(), "mean length " + ctx.legend),
                 (ctx.windowed(m.TOKEN_ACCEPTANCE_PROBABILITY.name),
                  "per-token p {{model_name}} {{pod}}{{instance}} engine {{engine}}")),
         UNIT_TOKENS_PER_STEP,
@@ -530,11 +561,11 @@ def mean_draft_length_over_time(ctx: Context) -> Any:
 # ------------------------------------------------------------------------------ row: how is α distributed?
 
 
-def acceptance_heatmap(title: str, description: str, buckets: str, no_value: str) -> Any:
+def acceptance_heatmap(title: str, description: str, cells: str, no_value: str) -> Any:
     """A heatmap of an α histogram (buckets of 5 points) over time, as Grafana draws pre-bucketed data."""
     return (heatmap.Panel().title(title).description(description)
         .datasource(DS).span(12).height(9)
-        .with_target(query(f"sum by (le) (increase({buckets}[{RATE_INTERVAL}]))", "{{le}}",
+        .with_target(query(cells, "{{le}}",
                            fmt=pm.PromQueryFormat.HEATMAP))
         .calculate(False).unit("short").no_value(no_value)
         .y_axis(heatmap.YAxisConfig().unit("percentunit").min(0).max(1).decimals(0))
@@ -553,29 +584,27 @@ def interval_heatmap(ctx: Context) -> Any:
         "One observation per sidecar collection interval that had drafts: that interval's α (histogram "
         f"{m.INTERVAL_ACCEPTANCE.name}, buckets of 5 points). Mass below the page threshold means spec decode "
         "is net-negative that share of the time, even if the mean looks fine.",
-        q.selector(f"{m.INTERVAL_ACCEPTANCE.name}_bucket", ctx.scope.matchers), "No traffic")
+        ctx.pooled.increase_by_le("interval", RATE_INTERVAL), "No traffic")
 
 
 def interval_quantiles(ctx: Context) -> Any:
-    metric = m.INTERVAL_ACCEPTANCE.name
     return (ts_panel(
         "Per-interval α: P10 / P50 / P90",
         "Quantiles of the per-interval α histogram over $window (interpolated within 5-point buckets). "
         f"P10 below {ctx.page:.0%} means at least a tenth of the intervals were net-negative "
         "(the SpecDecodeIntervalAcceptanceLow alert).",
-        queries(*((q.histogram_quantile(quantile, metric, ctx.scope, "$window"),
+        queries(*((ctx.pooled.quantile(quantile, "interval", "$window"),
                    f"P{round(quantile * 100)} " + ctx.legend) for quantile in (0.1, 0.5, 0.9))),
         "percentunit", w=8, h=9)
         .min(0).max(1).thresholds(below_page_band(ctx)).thresholds_style(line_and_area()))
 
 
 def intervals_below_page(ctx: Context) -> Any:
-    metric = m.INTERVAL_ACCEPTANCE.name
     return (stat_panel(
         ctx, f"Intervals with α < {ctx.page:.0%}",
         f"Share of collection intervals over $window whose α was below {ctx.page:.0%} (the histogram's "
         f'le="{ctx.page:g}" bucket over its count).',
-        q.share_below(metric, ctx.page, ctx.scope, "$window"), "percentunit", w=4, h=9)
+        ctx.pooled.share_below("interval", ctx.page, "$window"), "percentunit", w=4, h=9)
         .thresholds(steps((None, GREEN), (0.1, YELLOW), (0.25, RED))).graph_mode(cm.BigValueGraphMode.AREA)
         .decimals(1))
 
@@ -584,10 +613,9 @@ def intervals_below_page(ctx: Context) -> Any:
 
 
 def position_curve(ctx: Context) -> Any:
-    by_pos = q.selector(m.ACCEPTED_BY_POSITION.exposed_name, ctx.scope.matchers)
-    drafts = q.selector(m.DRAFTS.exposed_name, ctx.scope.matchers)
-    curve = (f"sum by (position) (rate({by_pos}[$window]))\n/ on () group_left ()\n"
-             f"(sum (rate({drafts}[$window])) > 0)")
+    by_pos = stage.rate(ctx.cfg, "accepted_by_position", "$window", ctx.rule_matchers)
+    drafts = stage.rate(ctx.cfg, "drafts", "$window", ctx.rule_matchers)
+    curve = f"sum by (position) ({by_pos})\n/ on () group_left ()\n(sum ({drafts}) > 0)"
     transformations = [
         ("convertFieldType", {"conversions": [{"targetField": "position", "destinationType": "number"}],
                               "fields": {}}),
@@ -613,9 +641,8 @@ def position_curve(ctx: Context) -> Any:
 
 def position_curve_over_time(ctx: Context) -> Any:
     by = ctx.scope.by_clause
-    per_position = q.Scope(ctx.scope.matchers, (*ctx.scope.by, "position"))
-    expr = (f"{q.rate_sum(m.ACCEPTED_BY_POSITION.exposed_name, per_position, '$window')}\n"
-            f"/ on ({by}) group_left ()\n({q.rate_sum(m.DRAFTS.exposed_name, ctx.scope, '$window')} > 0)")
+    expr = (f"{ctx.pooled.rate('accepted_by_position', '$window', by_also=('position',))}\n"
+            f"/ on ({by}) group_left ()\n({ctx.pooled.rate('drafts', '$window')} > 0)")
     return (ts_panel(
         "Acceptance by draft position over time",
         "The same curve over time, one line per position: a drop that starts at a late position is a draft "
@@ -643,14 +670,14 @@ def speedup_by_length(ctx: Context) -> Any:
 
 
 def token_flow(ctx: Context) -> Any:
-    drafted, accepted = ctx.rate(m.DRAFT_TOKENS.exposed_name), ctx.rate(m.ACCEPTED_TOKENS.exposed_name)
+    drafted, accepted = ctx.rate("draft_tokens"), ctx.rate("accepted_tokens")
     return (ts_panel(
         "Token flow",
         "Drafted, accepted and rejected (drafted − accepted) draft tokens per second, and all emitted tokens, "
         "pooled per model. Rejected tokens are the draft and verification work that bought nothing.",
         queries((drafted, "drafted " + ctx.legend), (accepted, "accepted " + ctx.legend),
                 (f"{drafted}\n-\n{accepted}", "rejected " + ctx.legend),
-                (ctx.rate(m.EMITTED_TOKENS.exposed_name), "emitted " + ctx.legend)),
+                (ctx.rate("series_emitted"), "emitted " + ctx.legend)),
         UNIT_TOKENS_PER_S, w=8)
         .min(0).override_by_query("C", override_props(color={"mode": "fixed", "fixedColor": RED}))
         .override_by_query("B", override_props(color={"mode": "fixed", "fixedColor": GREEN})))
@@ -660,7 +687,7 @@ def drafts_rate(ctx: Context) -> Any:
     return ts_panel(
         "Verification steps with a draft",
         "Drafts per second (one per request per engine step that carried a draft), per model.",
-        queries((ctx.rate(m.DRAFTS.exposed_name), ctx.legend)), "reqps", w=8).min(0)
+        queries((ctx.rate("drafts"), ctx.legend)), "reqps", w=8).min(0)
 
 
 # ------------------------------------------------------------------------------------ row: latency (vLLM)
@@ -782,7 +809,7 @@ def kv_usage_vs_control(ctx: Context) -> Any:
         "Mean KV-cache usage per engine (vLLM's kv_cache_usage_perc) over $window, spec-decode pods against control "
         "pods (the same model with spec decode off, spec_decode=\"false\"). A draft model takes GPU memory, and "
         "each running request holds k lookahead slots: the spec-decode pods fill their cache at a smaller batch.",
-        _spec_and_control(lambda marked: q.kv_cache_usage(ctx.scope, "$window", marked), "KV usage"),
+        _spec_and_control(functools.partial(ctx.side, "kv_cache"), "KV usage"),
         "percentunit", w=8)
         .min(0).max(1).override_by_query("B", dashed()))
 
@@ -794,7 +821,7 @@ def preemptions_vs_control(ctx: Context) -> Any:
         "vLLM's preemptions (requests evicted for want of KV-cache blocks, recomputed later) per finished request "
         f"over $window. More than {bound:g} above the control pods': SpecDecodePreemptionsRaised, and the verdict is "
         "at best 'Marginal' (a latency win that preempts is not paying off).",
-        _spec_and_control(lambda marked: q.preemptions_per_request(ctx.scope, "$window", marked), "preemptions"),
+        _spec_and_control(functools.partial(ctx.side, "preemptions"), "preemptions"),
         "short", w=8)
         .min(0).override_by_query("B", dashed()))
 
@@ -808,7 +835,7 @@ def throughput_vs_control(ctx: Context) -> Any:
         f"comparable load — the spec-decode pods queue at least {costs.min_waiting_requests:g} request(s), so they "
         f"run at their capacity — below {costs.min_throughput_ratio:.0%} of the control pods' tokens/s is "
         "SpecDecodeThroughputCut: faster tokens per request do not make up for fewer requests served.",
-        [*_spec_and_control(lambda marked: q.generated_per_engine(ctx.scope, "$window", marked), "tokens/s"),
+        [*_spec_and_control(functools.partial(ctx.side, "generated"), "tokens/s"),
          query(waiting, "waiting on spec decode {{model_name}}", ref="C")],
         UNIT_TOKENS_PER_S, w=8)
         .min(0).override_by_query("B", dashed())

@@ -92,6 +92,8 @@ def families(cfg: MonitoringConfig) -> dict[str, Staged]:
         "request_drafted": Staged("requests", f"{level}_band", m.REQUEST_DRAFT_TOKENS.name,
                                   m.REQUEST_DRAFT_TOKENS.exposed_name, band),
     }
+    position = m.ACCEPTED_BY_POSITION
+    out["accepted_by_position"] = Staged("page", level, position.name, position.exposed_name, (*model, "position"))
     for key, s in (("emitted", m.EMITTED_TOKENS), ("generated", m.GENERATED_TOKENS), ("drafted", m.DRAFT_TOKENS)):
         out[f"series_{key}"] = Staged("series", "engine", s.name, s.exposed_name, series)
     histograms = {"interval": ("page", m.INTERVAL_ACCEPTANCE.name, model),
@@ -139,3 +141,39 @@ def stage_groups(cfg: MonitoringConfig) -> list[dict[str, Any]]:
     return [{"name": f"specdecode.rules.stage.{group}", "interval": cfg.statistics.evaluation_interval,
              "rules": [{"record": _record(cfg, s), "expr": _expr(cfg, s)} for s in staged if s.group == group]}
             for group in STAGE_GROUPS]
+
+
+@dataclass(frozen=True, slots=True)
+class Pooled:
+    """Queries over the stage's records, pooled by the alert level (the dashboard's per-model panels): any
+    window, at the cost of one series per model instead of one per pod. ``matchers`` select models."""
+
+    cfg: MonitoringConfig
+    matchers: str
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        return self.cfg.level_labels()
+
+    def rate(self, key: str, window: str, *matchers: str, by_also: tuple[str, ...] = ()) -> str:
+        selected = rate(self.cfg, key, window, *(p for p in (self.matchers, *matchers) if p))
+        return f"sum by ({by((*self.labels, *by_also))}) ({selected})"
+
+    def ratio(self, numerator: str, denominator: str, window: str, *matchers: str,
+              by_also: tuple[str, ...] = ()) -> str:
+        top = self.rate(numerator, window, *matchers, by_also=by_also)
+        return f"{top}\n/\n({self.rate(denominator, window, *matchers, by_also=by_also)} > 0)"
+
+    def quantile(self, q: float, histogram: str, window: str, *matchers: str, by_also: tuple[str, ...] = ()) -> str:
+        buckets = self.rate(f"{histogram}_bucket", window, *matchers, by_also=(*by_also, "le"))
+        return (f"histogram_quantile({fmt_num(q)}, {buckets})\nand on ({by((*self.labels, *by_also))})\n"
+                f"({self.rate(f'{histogram}_count', window, *matchers, by_also=by_also)} > 0)")
+
+    def share_below(self, histogram: str, bound: float, window: str) -> str:
+        return self.ratio(f"{histogram}_bucket", f"{histogram}_count", window, f'le="{fmt_num(bound)}"')
+
+    def increase_by_le(self, histogram: str, window: str) -> str:
+        """Per bucket bound, what the histogram counted over ``window`` (a heatmap's cells)."""
+        selected = record(self.cfg, f"{histogram}_bucket", self.matchers)
+        step = duration_seconds(self.cfg.statistics.evaluation_interval)
+        return f"sum by (le) (sum_over_time({selected}[{window}])) * {fmt_num(step)}"
