@@ -166,7 +166,7 @@
           },
           {
             "alert": "SpecDecodeTargetDown",
-            "expr": "specdecode_up%s == 0\nunless on (job, instance, target)\nsum_over_time(target:specdecode_collect_errors:stage_rate1m{reason=~\"no_spec_metrics|no_latency_metrics\"}[%s]) * 15 > 0" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.shortWindow],
+            "expr": "specdecode_up%s == 0\nunless on (job, instance, target)\nsum_over_time(target:specdecode_collect_errors:stage_rate1m{reason=~\"no_spec_metrics|no_latency_metrics\"}[%s])\n* on () group_left ()\n((max_over_time(specdecode:stage_clock_seconds[%s]) - min_over_time(specdecode:stage_clock_seconds[%s])) / count_over_time(specdecode:stage_clock_seconds[%s])) > 0" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.shortWindow, $._config.shortWindow, $._config.shortWindow, $._config.shortWindow],
             "for": $._config.alerts.SpecDecodeTargetDown["for"],
             "labels": {
               "severity": $._config.alerts.SpecDecodeTargetDown.severity
@@ -179,7 +179,7 @@
           },
           {
             "alert": "SpecDecodeMetricsMissing",
-            "expr": "sum_over_time(target:specdecode_collect_errors:stage_rate1m{reason=\"no_spec_metrics\"}[%s]) * 15 > 0" % [$._config.shortWindow],
+            "expr": "sum_over_time(target:specdecode_collect_errors:stage_rate1m{reason=\"no_spec_metrics\"}[%s])\n* on () group_left ()\n((max_over_time(specdecode:stage_clock_seconds[%s]) - min_over_time(specdecode:stage_clock_seconds[%s])) / count_over_time(specdecode:stage_clock_seconds[%s])) > 0" % [$._config.shortWindow, $._config.shortWindow, $._config.shortWindow, $._config.shortWindow],
             "for": $._config.alerts.SpecDecodeMetricsMissing["for"],
             "labels": {
               "severity": $._config.alerts.SpecDecodeMetricsMissing.severity
@@ -231,7 +231,7 @@
           },
           {
             "alert": "SpecDecodeObservedSpeedupLow",
-            "expr": "((model:specdecode_observed_speedup:mean_rate1h < %s\nand on (namespace, model_name)\n((%s * model:specdecode_time_per_output_token_seconds:mean_rate1h{spec_decode=\"true\"} - ignoring (spec_decode) model:specdecode_time_per_output_token_seconds:mean_rate1h{spec_decode=\"false\"})\n/ ignoring (spec_decode)\nsqrt(\n%s * ((model:specdecode_time_per_output_token_seconds:p99_rate1h{spec_decode=\"true\"} - model:specdecode_time_per_output_token_seconds:p50_rate1h{spec_decode=\"true\"}) / 2.326) ^ 2 / model:specdecode_request_time_per_output_token_seconds_count:sampled_increase1h{spec_decode=\"true\"}\n+ ignoring (spec_decode)\n((model:specdecode_time_per_output_token_seconds:p99_rate1h{spec_decode=\"false\"} - model:specdecode_time_per_output_token_seconds:p50_rate1h{spec_decode=\"false\"}) / 2.326) ^ 2 / model:specdecode_request_time_per_output_token_seconds_count:sampled_increase1h{spec_decode=\"false\"}\n)\n> 3.96\nand on (namespace, model_name)\nmin by (namespace, model_name) (model:specdecode_request_time_per_output_token_seconds_count:sampled_increase1h) >= 20))\nor\n((max by (namespace, model_name) (specdecode_observed_speedup{%sstatistic=\"mean\", window=\"1h\"}) < %s\nand on (namespace, model_name)\nmin by (namespace, model_name) (\n(1 - max by (namespace, pod, instance, target, model_name) (specdecode_observed_speedup{%sstatistic=\"mean\", window=\"1h\"}) / %s)\n* max by (namespace, pod, instance, target, model_name) (specdecode_time_per_output_token_seconds{%sstatistic=\"mean\", window=\"1h\"})\n/ (((max by (namespace, pod, instance, target, model_name) (specdecode_time_per_output_token_seconds{%sstatistic=\"p99\", window=\"1h\"}) - max by (namespace, pod, instance, target, model_name) (specdecode_time_per_output_token_seconds{%sstatistic=\"p50\", window=\"1h\"})) / 2.326) > 0)\n* sqrt(sum_over_time(instance:specdecode_request_time_per_output_token_seconds_count:stage_rate1m[1h]) * 15)\nand on (namespace, pod, instance, target, model_name)\nsum_over_time(instance:specdecode_request_time_per_output_token_seconds_count:stage_rate1m[1h]) * 15 >= 20\n) > 3.96)\nunless on (namespace, model_name)\nmodel:specdecode_observed_speedup:mean_rate1h))" % [std.format("%g", $._config.hurtingBelow), std.format("%g", $._config.hurtingBelow), std.format("%g", ($._config.hurtingBelow * $._config.hurtingBelow)), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), std.format("%g", $._config.hurtingBelow), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), std.format("%g", $._config.hurtingBelow), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', ')],
+            "expr": "((model:specdecode_observed_speedup:mean_rate1h < %s\nand on (namespace, model_name)\n((%s * model:specdecode_time_per_output_token_seconds:mean_rate1h{spec_decode=\"true\"} - ignoring (spec_decode) model:specdecode_time_per_output_token_seconds:mean_rate1h{spec_decode=\"false\"})\n/ ignoring (spec_decode)\nsqrt(\n%s * ((model:specdecode_time_per_output_token_seconds:p99_rate1h{spec_decode=\"true\"} - model:specdecode_time_per_output_token_seconds:p50_rate1h{spec_decode=\"true\"}) / 2.326) ^ 2 / model:specdecode_request_time_per_output_token_seconds_count:sampled_increase1h{spec_decode=\"true\"}\n+ ignoring (spec_decode)\n((model:specdecode_time_per_output_token_seconds:p99_rate1h{spec_decode=\"false\"} - model:specdecode_time_per_output_token_seconds:p50_rate1h{spec_decode=\"false\"}) / 2.326) ^ 2 / model:specdecode_request_time_per_output_token_seconds_count:sampled_increase1h{spec_decode=\"false\"}\n)\n> 3.96\nand on (namespace, model_name)\nmin by (namespace, model_name) (model:specdecode_request_time_per_output_token_seconds_count:sampled_increase1h) >= 20))\nor\n((max by (namespace, model_name) (specdecode_observed_speedup{%sstatistic=\"mean\", window=\"1h\"}) < %s\nand on (namespace, model_name)\nmin by (namespace, model_name) (\n(1 - max by (namespace, pod, instance, target, model_name) (specdecode_observed_speedup{%sstatistic=\"mean\", window=\"1h\"}) / %s)\n* max by (namespace, pod, instance, target, model_name) (specdecode_time_per_output_token_seconds{%sstatistic=\"mean\", window=\"1h\"})\n/ (((max by (namespace, pod, instance, target, model_name) (specdecode_time_per_output_token_seconds{%sstatistic=\"p99\", window=\"1h\"}) - max by (namespace, pod, instance, target, model_name) (specdecode_time_per_output_token_seconds{%sstatistic=\"p50\", window=\"1h\"})) / 2.326) > 0)\n* sqrt(sum_over_time(instance:specdecode_request_time_per_output_token_seconds_count:stage_rate1m[1h])\n* on () group_left ()\n((max_over_time(specdecode:stage_clock_seconds[1h]) - min_over_time(specdecode:stage_clock_seconds[1h])) / count_over_time(specdecode:stage_clock_seconds[1h])))\nand on (namespace, pod, instance, target, model_name)\nsum_over_time(instance:specdecode_request_time_per_output_token_seconds_count:stage_rate1m[1h])\n* on () group_left ()\n((max_over_time(specdecode:stage_clock_seconds[1h]) - min_over_time(specdecode:stage_clock_seconds[1h])) / count_over_time(specdecode:stage_clock_seconds[1h])) >= 20\n) > 3.96)\nunless on (namespace, model_name)\nmodel:specdecode_observed_speedup:mean_rate1h))" % [std.format("%g", $._config.hurtingBelow), std.format("%g", $._config.hurtingBelow), std.format("%g", ($._config.hurtingBelow * $._config.hurtingBelow)), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), std.format("%g", $._config.hurtingBelow), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), std.format("%g", $._config.hurtingBelow), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', ')],
             "for": $._config.alerts.SpecDecodeObservedSpeedupLow["for"],
             "labels": {
               "severity": $._config.alerts.SpecDecodeObservedSpeedupLow.severity
@@ -244,7 +244,7 @@
           },
           {
             "alert": "SpecDecodeTailRegression",
-            "expr": "((model:specdecode_observed_speedup:p99_rate1h < %s\nand on (namespace, model_name)\nmodel:specdecode_observed_speedup:p50_rate1h > %s\nand on (namespace, model_name)\n(max by (namespace, model_name) (\n((1 - model:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"true\"}\n/ ignoring (le) group_left\nmodel:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"true\", le=\"+Inf\"})\n- ignoring (spec_decode)\n(1 - model:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"false\"}\n/ ignoring (le) group_left\nmodel:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"false\", le=\"+Inf\"}))\n/ ignoring (spec_decode)\nsqrt(\n(1 - model:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"true\"}\n/ ignoring (le) group_left\nmodel:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"true\", le=\"+Inf\"}) * (1 - (1 - model:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"true\"}\n/ ignoring (le) group_left\nmodel:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"true\", le=\"+Inf\"})) / ignoring (le) group_left model:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"true\", le=\"+Inf\"}\n+ ignoring (spec_decode)\n(1 - model:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"false\"}\n/ ignoring (le) group_left\nmodel:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"false\", le=\"+Inf\"}) * (1 - (1 - model:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"false\"}\n/ ignoring (le) group_left\nmodel:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"false\", le=\"+Inf\"})) / ignoring (le) group_left model:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"false\", le=\"+Inf\"}\n)\nand ignoring (spec_decode)\n(1 - model:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"false\"}\n/ ignoring (le) group_left\nmodel:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"false\", le=\"+Inf\"}) <= 0.01\n) > 4.65\nand on (namespace, model_name)\nmin by (namespace, model_name) (model:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"true\", le=\"+Inf\"} or model:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"false\", le=\"+Inf\"}) >= 2000))\nor\n((max by (namespace, model_name) (specdecode_observed_speedup{%sstatistic=\"p99\", window=\"1h\"}) < %s\nand on (namespace, model_name)\nmax by (namespace, model_name) (specdecode_observed_speedup{%sstatistic=\"p50\", window=\"1h\"}) > %s\nand on (namespace, model_name)\nmax by (namespace, model_name) (sum_over_time(instance:specdecode_request_time_per_output_token_seconds_count:stage_rate1m[1h]) * 15) >= 2000)\nunless on (namespace, model_name)\nmodel:specdecode_observed_speedup:p99_rate1h))" % [std.format("%g", $._config.hurtingBelow), std.format("%g", $._config.hurtingBelow), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), std.format("%g", $._config.hurtingBelow), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), std.format("%g", $._config.hurtingBelow)],
+            "expr": "((model:specdecode_observed_speedup:p99_rate1h < %s\nand on (namespace, model_name)\nmodel:specdecode_observed_speedup:p50_rate1h > %s\nand on (namespace, model_name)\n(max by (namespace, model_name) (\n((1 - model:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"true\"}\n/ ignoring (le) group_left\nmodel:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"true\", le=\"+Inf\"})\n- ignoring (spec_decode)\n(1 - model:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"false\"}\n/ ignoring (le) group_left\nmodel:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"false\", le=\"+Inf\"}))\n/ ignoring (spec_decode)\nsqrt(\n(1 - model:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"true\"}\n/ ignoring (le) group_left\nmodel:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"true\", le=\"+Inf\"}) * (1 - (1 - model:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"true\"}\n/ ignoring (le) group_left\nmodel:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"true\", le=\"+Inf\"})) / ignoring (le) group_left model:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"true\", le=\"+Inf\"}\n+ ignoring (spec_decode)\n(1 - model:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"false\"}\n/ ignoring (le) group_left\nmodel:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"false\", le=\"+Inf\"}) * (1 - (1 - model:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"false\"}\n/ ignoring (le) group_left\nmodel:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"false\", le=\"+Inf\"})) / ignoring (le) group_left model:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"false\", le=\"+Inf\"}\n)\nand ignoring (spec_decode)\n(1 - model:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"false\"}\n/ ignoring (le) group_left\nmodel:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"false\", le=\"+Inf\"}) <= 0.01\n) > 4.65\nand on (namespace, model_name)\nmin by (namespace, model_name) (model:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"true\", le=\"+Inf\"} or model:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"false\", le=\"+Inf\"}) >= 2000))\nor\n((max by (namespace, model_name) (specdecode_observed_speedup{%sstatistic=\"p99\", window=\"1h\"}) < %s\nand on (namespace, model_name)\nmax by (namespace, model_name) (specdecode_observed_speedup{%sstatistic=\"p50\", window=\"1h\"}) > %s\nand on (namespace, model_name)\nmax by (namespace, model_name) (sum_over_time(instance:specdecode_request_time_per_output_token_seconds_count:stage_rate1m[1h])\n* on () group_left ()\n((max_over_time(specdecode:stage_clock_seconds[1h]) - min_over_time(specdecode:stage_clock_seconds[1h])) / count_over_time(specdecode:stage_clock_seconds[1h]))) >= 2000)\nunless on (namespace, model_name)\nmodel:specdecode_observed_speedup:p99_rate1h))" % [std.format("%g", $._config.hurtingBelow), std.format("%g", $._config.hurtingBelow), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), std.format("%g", $._config.hurtingBelow), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), std.format("%g", $._config.hurtingBelow)],
             "for": $._config.alerts.SpecDecodeTailRegression["for"],
             "labels": {
               "severity": $._config.alerts.SpecDecodeTailRegression.severity
@@ -257,7 +257,7 @@
           },
           {
             "alert": "SpecDecodeLatencyMissing",
-            "expr": "((max by (job, instance, target) (specdecode_baseline_info%s)\nunless on (job, instance, target)\ngroup by (job, instance, target) (specdecode_request_time_per_output_token_seconds_count%s))\nand on (job, instance, target)\nspecdecode_up%s == 1)\nor\nmax by (job, instance, target) (sum_over_time(target:specdecode_collect_errors:stage_rate1m{reason=\"no_latency_metrics\"}[%s]) * 15 > 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.shortWindow],
+            "expr": "((max by (job, instance, target) (specdecode_baseline_info%s)\nunless on (job, instance, target)\ngroup by (job, instance, target) (specdecode_request_time_per_output_token_seconds_count%s))\nand on (job, instance, target)\nspecdecode_up%s == 1)\nor\nmax by (job, instance, target) (sum_over_time(target:specdecode_collect_errors:stage_rate1m{reason=\"no_latency_metrics\"}[%s])\n* on () group_left ()\n((max_over_time(specdecode:stage_clock_seconds[%s]) - min_over_time(specdecode:stage_clock_seconds[%s])) / count_over_time(specdecode:stage_clock_seconds[%s])) > 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.shortWindow, $._config.shortWindow, $._config.shortWindow, $._config.shortWindow],
             "for": $._config.alerts.SpecDecodeLatencyMissing["for"],
             "labels": {
               "severity": $._config.alerts.SpecDecodeLatencyMissing.severity
@@ -356,6 +356,10 @@
         "name": "specdecode.rules.stage.page",
         "interval": "15s",
         "rules": [
+          {
+            "record": "specdecode:stage_clock_seconds",
+            "expr": "time()"
+          },
           {
             "record": "model:specdecode_drafts:stage_rate1m",
             "expr": "sum by (namespace, model_name) (rate(specdecode_drafts_total%s[1m]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
@@ -560,7 +564,7 @@
           },
           {
             "record": "model:specdecode_draft_tokens:sampled_increase2m",
-            "expr": "sum_over_time(model:specdecode_draft_tokens:stage_rate1m[2m]) * 15"
+            "expr": "sum_over_time(model:specdecode_draft_tokens:stage_rate1m[2m])\n* on () group_left ()\n((max_over_time(specdecode:stage_clock_seconds[2m]) - min_over_time(specdecode:stage_clock_seconds[2m])) / count_over_time(specdecode:stage_clock_seconds[2m]))"
           }
         ]
       },
@@ -590,7 +594,7 @@
           },
           {
             "record": "model:specdecode_draft_tokens:sampled_increase3m",
-            "expr": "sum_over_time(model:specdecode_draft_tokens:stage_rate1m[3m]) * 15"
+            "expr": "sum_over_time(model:specdecode_draft_tokens:stage_rate1m[3m])\n* on () group_left ()\n((max_over_time(specdecode:stage_clock_seconds[3m]) - min_over_time(specdecode:stage_clock_seconds[3m])) / count_over_time(specdecode:stage_clock_seconds[3m]))"
           }
         ]
       },
@@ -620,7 +624,7 @@
           },
           {
             "record": "model:specdecode_draft_tokens:sampled_increase10m",
-            "expr": "sum_over_time(model:specdecode_draft_tokens:stage_rate1m[10m]) * 15"
+            "expr": "sum_over_time(model:specdecode_draft_tokens:stage_rate1m[10m])\n* on () group_left ()\n((max_over_time(specdecode:stage_clock_seconds[10m]) - min_over_time(specdecode:stage_clock_seconds[10m])) / count_over_time(specdecode:stage_clock_seconds[10m]))"
           }
         ]
       },
@@ -650,7 +654,7 @@
           },
           {
             "record": "model:specdecode_draft_tokens:sampled_increase30m",
-            "expr": "sum_over_time(model:specdecode_draft_tokens:stage_rate1m[30m]) * 15"
+            "expr": "sum_over_time(model:specdecode_draft_tokens:stage_rate1m[30m])\n* on () group_left ()\n((max_over_time(specdecode:stage_clock_seconds[30m]) - min_over_time(specdecode:stage_clock_seconds[30m])) / count_over_time(specdecode:stage_clock_seconds[30m]))"
           }
         ]
       },
@@ -680,7 +684,7 @@
           },
           {
             "record": "model:specdecode_draft_tokens:sampled_increase2h",
-            "expr": "sum_over_time(model:specdecode_draft_tokens:stage_rate1m[2h]) * 15"
+            "expr": "sum_over_time(model:specdecode_draft_tokens:stage_rate1m[2h])\n* on () group_left ()\n((max_over_time(specdecode:stage_clock_seconds[2h]) - min_over_time(specdecode:stage_clock_seconds[2h])) / count_over_time(specdecode:stage_clock_seconds[2h]))"
           }
         ]
       },
@@ -690,7 +694,7 @@
         "rules": [
           {
             "record": "model:specdecode_draft_tokens:sampled_increase1h",
-            "expr": "sum_over_time(model:specdecode_draft_tokens:stage_rate1m[1h]) * 15"
+            "expr": "sum_over_time(model:specdecode_draft_tokens:stage_rate1m[1h])\n* on () group_left ()\n((max_over_time(specdecode:stage_clock_seconds[1h]) - min_over_time(specdecode:stage_clock_seconds[1h])) / count_over_time(specdecode:stage_clock_seconds[1h]))"
           }
         ]
       },
@@ -734,11 +738,11 @@
           },
           {
             "record": "model:specdecode_request_time_per_output_token_seconds_count:sampled_increase1h",
-            "expr": "sum_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_rate1m[1h]) * 15"
+            "expr": "sum_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_rate1m[1h])\n* on () group_left ()\n((max_over_time(specdecode:stage_clock_seconds[1h]) - min_over_time(specdecode:stage_clock_seconds[1h])) / count_over_time(specdecode:stage_clock_seconds[1h]))"
           },
           {
             "record": "model:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h",
-            "expr": "sum_over_time(model:specdecode_request_time_per_output_token_seconds_bucket:stage_rate1m[1h]) * 15"
+            "expr": "sum_over_time(model:specdecode_request_time_per_output_token_seconds_bucket:stage_rate1m[1h])\n* on () group_left ()\n((max_over_time(specdecode:stage_clock_seconds[1h]) - min_over_time(specdecode:stage_clock_seconds[1h])) / count_over_time(specdecode:stage_clock_seconds[1h]))"
           }
         ]
       },
@@ -790,7 +794,7 @@
           },
           {
             "record": "model:specdecode_requests:sampled_increase1h",
-            "expr": "sum_over_time(model:specdecode_request_acceptance_ratio_count:stage_rate1m[1h]) * 15\nor\nsum_over_time(model:specdecode_engine_request_acceptance_ratio_count:stage_rate1m[1h]) * 15"
+            "expr": "sum_over_time(model:specdecode_request_acceptance_ratio_count:stage_rate1m[1h])\n* on () group_left ()\n((max_over_time(specdecode:stage_clock_seconds[1h]) - min_over_time(specdecode:stage_clock_seconds[1h])) / count_over_time(specdecode:stage_clock_seconds[1h]))\nor\nsum_over_time(model:specdecode_engine_request_acceptance_ratio_count:stage_rate1m[1h])\n* on () group_left ()\n((max_over_time(specdecode:stage_clock_seconds[1h]) - min_over_time(specdecode:stage_clock_seconds[1h])) / count_over_time(specdecode:stage_clock_seconds[1h]))"
           },
           {
             "record": "model_band:specdecode_requests:rate1h",
@@ -802,11 +806,11 @@
           },
           {
             "record": "model_band:specdecode_requests:sampled_increase1h",
-            "expr": "sum_over_time(model_band:specdecode_requests:stage_rate1m[1h]) * 15"
+            "expr": "sum_over_time(model_band:specdecode_requests:stage_rate1m[1h])\n* on () group_left ()\n((max_over_time(specdecode:stage_clock_seconds[1h]) - min_over_time(specdecode:stage_clock_seconds[1h])) / count_over_time(specdecode:stage_clock_seconds[1h]))"
           },
           {
             "record": "model_band:specdecode_request_draft_tokens:sampled_increase1h",
-            "expr": "sum_over_time(model_band:specdecode_request_draft_tokens:stage_rate1m[1h]) * 15"
+            "expr": "sum_over_time(model_band:specdecode_request_draft_tokens:stage_rate1m[1h])\n* on () group_left ()\n((max_over_time(specdecode:stage_clock_seconds[1h]) - min_over_time(specdecode:stage_clock_seconds[1h])) / count_over_time(specdecode:stage_clock_seconds[1h]))"
           }
         ]
       },
@@ -2330,7 +2334,7 @@
                 "type": "prometheus",
                 "uid": "${datasource}"
               },
-              "expr": "sum by (le) (sum_over_time(model:specdecode_interval_acceptance_ratio_bucket:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$__rate_interval])) * 15",
+              "expr": "sum by (le) (\nsum_over_time(model:specdecode_interval_acceptance_ratio_bucket:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$__rate_interval])\n* on () group_left ()\n((max_over_time(specdecode:stage_clock_seconds[$__rate_interval]) - min_over_time(specdecode:stage_clock_seconds[$__rate_interval])) / count_over_time(specdecode:stage_clock_seconds[$__rate_interval]))\n)",
               "format": "heatmap",
               "instant": false,
               "legendFormat": "{{le}}",
@@ -2619,7 +2623,7 @@
                 "type": "prometheus",
                 "uid": "${datasource}"
               },
-              "expr": "sum by (le) (sum_over_time(model:specdecode_request_acceptance_ratio_bucket:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$__rate_interval])) * 15",
+              "expr": "sum by (le) (\nsum_over_time(model:specdecode_request_acceptance_ratio_bucket:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$__rate_interval])\n* on () group_left ()\n((max_over_time(specdecode:stage_clock_seconds[$__rate_interval]) - min_over_time(specdecode:stage_clock_seconds[$__rate_interval])) / count_over_time(specdecode:stage_clock_seconds[$__rate_interval]))\n)",
               "format": "heatmap",
               "instant": false,
               "legendFormat": "{{le}}",

@@ -21,7 +21,7 @@ import yaml
 from specdecode_exporter.core import monitoring_config
 from specdecode_exporter.core.evidence import expected_crossings
 from specdecode_exporter.core.validation import ConfigError, duration_seconds
-from specdecode_exporter.monitoring import build, mixin, rules
+from specdecode_exporter.monitoring import build, mixin, rules, stage
 from specdecode_exporter.monitoring.rules import rule_groups
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -294,13 +294,33 @@ def test_unit_tests_fix_the_group_order() -> None:
         assert doc.get("group_eval_order") == groups, path.name
 
 
+RAW_RANGE = re.compile(r"(?<![\w:])([a-zA-Z_][a-zA-Z0-9_]*)(?:\{[^}]*\})?\[([^\]:]+)\]")
+
+
+@pytest.mark.parametrize("profile", [None, "e2e"])
+def test_no_rule_ranges_over_raw_series_beyond_the_stage(profile: str | None) -> None:
+    """Two stages: only the short stage's groups read the pods' raw series over a range, and never longer than
+    windows.stage; every longer window reads its per-model records (docs/fleet.md)."""
+    cfg = monitoring_config.load(profile=profile) if profile else monitoring_config.load()
+    stage_groups = {g["name"] for g in stage.stage_groups(cfg)}
+    limit = duration_seconds(cfg.windows.stage)
+    for group in rule_groups(cfg)["groups"]:
+        for rule in group["rules"]:
+            for name, window in RAW_RANGE.findall(re.sub(r'"[^"]*"', '""', rule["expr"])):
+                where = f"{group['name']}: {rule.get('record') or rule.get('alert')} reads {name}[{window}]"
+                assert group["name"] in stage_groups, where
+                assert duration_seconds(window) <= limit, where
+
+
 def test_every_group_carries_its_own_interval() -> None:
-    """The rules cost the same whatever the ruler's global interval: the page's evidence and the alerts every
+    """The rules cost the same whatever the ruler's global interval: the short stage, the page's evidence and the
+    alerts every
     statistics.evaluation_interval (their budgets count evaluations), the window records every
     windows.evaluation_interval (1m: a quarter of the ruler's CPU at a 15 s global interval, bench.fleet_steady);
     emptied, those groups fall back to the ruler's default."""
     cfg = monitoring_config.load()
-    budgeted = {rules.evidence_group(w) for w in rules.tested_windows(cfg)} | {"specdecode.alerts"}
+    budgeted = ({rules.evidence_group(w) for w in rules.tested_windows(cfg)} | {"specdecode.alerts"}
+                | {g["name"] for g in stage.stage_groups(cfg)})
     groups = yaml.safe_load(RULES.read_text(encoding="utf-8"))["groups"]
     assert cfg.windows.evaluation_interval == "1m" and cfg.statistics.evaluation_interval == "15s"
     assert {g["name"]: g.get("interval") for g in groups} == {

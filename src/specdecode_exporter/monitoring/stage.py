@@ -22,7 +22,6 @@ from typing import Any, Literal
 
 from specdecode_exporter.core import metrics as m
 from specdecode_exporter.core.monitoring_config import MonitoringConfig
-from specdecode_exporter.core.validation import duration_seconds
 from specdecode_exporter.monitoring.promql import by, fmt_num, record_name, selector
 
 How = Literal["rate", "avg", "count"]
@@ -121,15 +120,27 @@ def rate(cfg: MonitoringConfig, key: str, window: str, *matchers: str) -> str:
     return f"avg_over_time({record(cfg, key, *matchers)}[{window}])"
 
 
+CLOCK = "specdecode:stage_clock_seconds"  # the stage's evaluation times: what its records are spaced by
+
+
+def spacing(window: str) -> str:
+    """The time each of the stage's records over ``window`` stands for, from its clock: the span its evaluations
+    cover over how many there are. That is the interval it runs at (longer where evaluations were missed, whatever
+    promtool uses) less one interval's share, so that a window holding both its ends (a range is closed at both in
+    Prometheus 2) never counts one record too many: a count is at most one interval short, never over."""
+    clock = f"{CLOCK}[{window}]"
+    return f"((max_over_time({clock}) - min_over_time({clock})) / count_over_time({clock}))"
+
+
 def count(cfg: MonitoringConfig, key: str, window: str, *matchers: str) -> str:
-    """What ``key`` counted over ``window`` as far as the stage's records cover it: Σ rate × evaluation interval.
-    A missing record (a gap, a missed evaluation) counts nothing."""
-    step = duration_seconds(cfg.statistics.evaluation_interval)
-    return f"sum_over_time({record(cfg, key, *matchers)}[{window}]) * {fmt_num(step)}"
+    """What ``key`` counted over ``window`` as far as the stage's records cover it: Σ rate × the time between
+    evaluations. A missing record (a gap, a series that began inside the window) counts nothing; no sample before
+    the stage has evaluated twice in the window."""
+    return f"sum_over_time({record(cfg, key, *matchers)}[{window}])\n* on () group_left ()\n{spacing(window)}"
 
 
 def record_names(cfg: MonitoringConfig) -> set[str]:
-    return {_record(cfg, s) for s in families(cfg).values()}
+    return {_record(cfg, s) for s in families(cfg).values()} | {CLOCK}
 
 
 STAGE_GROUPS = ("page", "latency", "requests", "series")
@@ -138,8 +149,10 @@ STAGE_GROUPS = ("page", "latency", "requests", "series")
 def stage_groups(cfg: MonitoringConfig) -> list[dict[str, Any]]:
     """The stage's groups, evaluated as often as the page's tests (whose evidence counts their evaluations)."""
     staged = families(cfg).values()
+    clock = [{"record": CLOCK, "expr": "time()"}]
     return [{"name": f"specdecode.rules.stage.{group}", "interval": cfg.statistics.evaluation_interval,
-             "rules": [{"record": _record(cfg, s), "expr": _expr(cfg, s)} for s in staged if s.group == group]}
+             "rules": [*(clock if group == STAGE_GROUPS[0] else []),
+                       *({"record": _record(cfg, s), "expr": _expr(cfg, s)} for s in staged if s.group == group)]}
             for group in STAGE_GROUPS]
 
 
@@ -174,6 +187,4 @@ class Pooled:
 
     def increase_by_le(self, histogram: str, window: str) -> str:
         """Per bucket bound, what the histogram counted over ``window`` (a heatmap's cells)."""
-        selected = record(self.cfg, f"{histogram}_bucket", self.matchers)
-        step = duration_seconds(self.cfg.statistics.evaluation_interval)
-        return f"sum by (le) (sum_over_time({selected}[{window}])) * {fmt_num(step)}"
+        return f"sum by (le) (\n{count(self.cfg, f'{histogram}_bucket', window, self.matchers)}\n)"
