@@ -166,7 +166,7 @@
           },
           {
             "alert": "SpecDecodeTargetDown",
-            "expr": "specdecode_up%s == 0\nunless on (job, instance, target)\nsum_over_time(target:specdecode_collect_errors:stage_rate1m{reason=~\"no_spec_metrics|no_latency_metrics\"}[%s])\n* on () group_left ()\n((max_over_time(specdecode:stage_clock_seconds[%s]) - min_over_time(specdecode:stage_clock_seconds[%s])) / count_over_time(specdecode:stage_clock_seconds[%s])) > 0" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.shortWindow, $._config.shortWindow, $._config.shortWindow, $._config.shortWindow],
+            "expr": "specdecode_up%s == 0\nunless on (job, instance, target)\nsum_over_time(target:specdecode_collect_errors:stage_increase{reason=~\"no_spec_metrics|no_latency_metrics\"}[%s])\n* on () group_left ()\nclamp_min((max_over_time(specdecode:stage_clock_seconds[%s]) - min_over_time(specdecode:stage_clock_seconds[%s])) / (count_over_time(specdecode:stage_clock_seconds[%s]) - 1 > 0) / 15, 1) > 0" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.shortWindow, $._config.shortWindow, $._config.shortWindow, $._config.shortWindow],
             "for": $._config.alerts.SpecDecodeTargetDown["for"],
             "labels": {
               "severity": $._config.alerts.SpecDecodeTargetDown.severity
@@ -179,7 +179,7 @@
           },
           {
             "alert": "SpecDecodeMetricsMissing",
-            "expr": "sum_over_time(target:specdecode_collect_errors:stage_rate1m{reason=\"no_spec_metrics\"}[%s])\n* on () group_left ()\n((max_over_time(specdecode:stage_clock_seconds[%s]) - min_over_time(specdecode:stage_clock_seconds[%s])) / count_over_time(specdecode:stage_clock_seconds[%s])) > 0" % [$._config.shortWindow, $._config.shortWindow, $._config.shortWindow, $._config.shortWindow],
+            "expr": "sum_over_time(target:specdecode_collect_errors:stage_increase{reason=\"no_spec_metrics\"}[%s])\n* on () group_left ()\nclamp_min((max_over_time(specdecode:stage_clock_seconds[%s]) - min_over_time(specdecode:stage_clock_seconds[%s])) / (count_over_time(specdecode:stage_clock_seconds[%s]) - 1 > 0) / 15, 1) > 0" % [$._config.shortWindow, $._config.shortWindow, $._config.shortWindow, $._config.shortWindow],
             "for": $._config.alerts.SpecDecodeMetricsMissing["for"],
             "labels": {
               "severity": $._config.alerts.SpecDecodeMetricsMissing.severity
@@ -231,7 +231,7 @@
           },
           {
             "alert": "SpecDecodeObservedSpeedupLow",
-            "expr": "((model:specdecode_observed_speedup:mean_rate1h < %s\nand on (namespace, model_name)\n((%s * model:specdecode_time_per_output_token_seconds:mean_rate1h{spec_decode=\"true\"} - ignoring (spec_decode) model:specdecode_time_per_output_token_seconds:mean_rate1h{spec_decode=\"false\"})\n/ ignoring (spec_decode)\nsqrt(\n%s * ((model:specdecode_time_per_output_token_seconds:p99_rate1h{spec_decode=\"true\"} - model:specdecode_time_per_output_token_seconds:p50_rate1h{spec_decode=\"true\"}) / 2.326) ^ 2 / model:specdecode_request_time_per_output_token_seconds_count:sampled_increase1h{spec_decode=\"true\"}\n+ ignoring (spec_decode)\n((model:specdecode_time_per_output_token_seconds:p99_rate1h{spec_decode=\"false\"} - model:specdecode_time_per_output_token_seconds:p50_rate1h{spec_decode=\"false\"}) / 2.326) ^ 2 / model:specdecode_request_time_per_output_token_seconds_count:sampled_increase1h{spec_decode=\"false\"}\n)\n> 3.96\nand on (namespace, model_name)\nmin by (namespace, model_name) (model:specdecode_request_time_per_output_token_seconds_count:sampled_increase1h) >= 20))\nor\n((max by (namespace, model_name) (specdecode_observed_speedup{%sstatistic=\"mean\", window=\"1h\"}) < %s\nand on (namespace, model_name)\nmin by (namespace, model_name) (\n(1 - max by (namespace, pod, instance, target, model_name) (specdecode_observed_speedup{%sstatistic=\"mean\", window=\"1h\"}) / %s)\n* max by (namespace, pod, instance, target, model_name) (specdecode_time_per_output_token_seconds{%sstatistic=\"mean\", window=\"1h\"})\n/ (((max by (namespace, pod, instance, target, model_name) (specdecode_time_per_output_token_seconds{%sstatistic=\"p99\", window=\"1h\"}) - max by (namespace, pod, instance, target, model_name) (specdecode_time_per_output_token_seconds{%sstatistic=\"p50\", window=\"1h\"})) / 2.326) > 0)\n* sqrt(sum_over_time(instance:specdecode_request_time_per_output_token_seconds_count:stage_rate1m[1h])\n* on () group_left ()\n((max_over_time(specdecode:stage_clock_seconds[1h]) - min_over_time(specdecode:stage_clock_seconds[1h])) / count_over_time(specdecode:stage_clock_seconds[1h])))\nand on (namespace, pod, instance, target, model_name)\nsum_over_time(instance:specdecode_request_time_per_output_token_seconds_count:stage_rate1m[1h])\n* on () group_left ()\n((max_over_time(specdecode:stage_clock_seconds[1h]) - min_over_time(specdecode:stage_clock_seconds[1h])) / count_over_time(specdecode:stage_clock_seconds[1h])) >= 20\n) > 3.96)\nunless on (namespace, model_name)\nmodel:specdecode_observed_speedup:mean_rate1h))" % [std.format("%g", $._config.hurtingBelow), std.format("%g", $._config.hurtingBelow), std.format("%g", ($._config.hurtingBelow * $._config.hurtingBelow)), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), std.format("%g", $._config.hurtingBelow), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), std.format("%g", $._config.hurtingBelow), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', ')],
+            "expr": "((model:specdecode_observed_speedup:mean_rate1h < %s\nand on (namespace, model_name)\n((%s * model:specdecode_time_per_output_token_seconds:mean_rate1h{spec_decode=\"true\"} - ignoring (spec_decode) model:specdecode_time_per_output_token_seconds:mean_rate1h{spec_decode=\"false\"})\n/ ignoring (spec_decode)\nsqrt(\n%s * ((model:specdecode_time_per_output_token_seconds:p99_rate1h{spec_decode=\"true\"} - model:specdecode_time_per_output_token_seconds:p50_rate1h{spec_decode=\"true\"}) / 2.326) ^ 2 / model:specdecode_request_time_per_output_token_seconds_count:sampled_increase1h{spec_decode=\"true\"}\n+ ignoring (spec_decode)\n((model:specdecode_time_per_output_token_seconds:p99_rate1h{spec_decode=\"false\"} - model:specdecode_time_per_output_token_seconds:p50_rate1h{spec_decode=\"false\"}) / 2.326) ^ 2 / model:specdecode_request_time_per_output_token_seconds_count:sampled_increase1h{spec_decode=\"false\"}\n)\n> 3.96\nand on (namespace, model_name)\nmin by (namespace, model_name) (model:specdecode_request_time_per_output_token_seconds_count:sampled_increase1h) >= 20))\nor\n((max by (namespace, model_name) (specdecode_observed_speedup{%sstatistic=\"mean\", window=\"1h\"}) < %s\nand on (namespace, model_name)\nmin by (namespace, model_name) (\n(1 - max by (namespace, pod, instance, target, model_name) (specdecode_observed_speedup{%sstatistic=\"mean\", window=\"1h\"}) / %s)\n* max by (namespace, pod, instance, target, model_name) (specdecode_time_per_output_token_seconds{%sstatistic=\"mean\", window=\"1h\"})\n/ (((max by (namespace, pod, instance, target, model_name) (specdecode_time_per_output_token_seconds{%sstatistic=\"p99\", window=\"1h\"}) - max by (namespace, pod, instance, target, model_name) (specdecode_time_per_output_token_seconds{%sstatistic=\"p50\", window=\"1h\"})) / 2.326) > 0)\n* sqrt(sum_over_time(instance:specdecode_request_time_per_output_token_seconds_count:stage_increase[59m59s999ms])\n* on () group_left ()\nclamp_min((max_over_time(specdecode:stage_clock_seconds[59m59s999ms]) - min_over_time(specdecode:stage_clock_seconds[59m59s999ms])) / (count_over_time(specdecode:stage_clock_seconds[59m59s999ms]) - 1 > 0) / 15, 1))\nand on (namespace, pod, instance, target, model_name)\nsum_over_time(instance:specdecode_request_time_per_output_token_seconds_count:stage_increase[59m59s999ms])\n* on () group_left ()\nclamp_min((max_over_time(specdecode:stage_clock_seconds[59m59s999ms]) - min_over_time(specdecode:stage_clock_seconds[59m59s999ms])) / (count_over_time(specdecode:stage_clock_seconds[59m59s999ms]) - 1 > 0) / 15, 1) >= 20\n) > 3.96)\nunless on (namespace, model_name)\nmodel:specdecode_observed_speedup:mean_rate1h))" % [std.format("%g", $._config.hurtingBelow), std.format("%g", $._config.hurtingBelow), std.format("%g", ($._config.hurtingBelow * $._config.hurtingBelow)), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), std.format("%g", $._config.hurtingBelow), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), std.format("%g", $._config.hurtingBelow), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', ')],
             "for": $._config.alerts.SpecDecodeObservedSpeedupLow["for"],
             "labels": {
               "severity": $._config.alerts.SpecDecodeObservedSpeedupLow.severity
@@ -244,7 +244,7 @@
           },
           {
             "alert": "SpecDecodeTailRegression",
-            "expr": "((model:specdecode_observed_speedup:p99_rate1h < %s\nand on (namespace, model_name)\nmodel:specdecode_observed_speedup:p50_rate1h > %s\nand on (namespace, model_name)\n(max by (namespace, model_name) (\n((1 - model:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"true\"}\n/ ignoring (le) group_left\nmodel:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"true\", le=\"+Inf\"})\n- ignoring (spec_decode)\n(1 - model:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"false\"}\n/ ignoring (le) group_left\nmodel:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"false\", le=\"+Inf\"}))\n/ ignoring (spec_decode)\nsqrt(\n(1 - model:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"true\"}\n/ ignoring (le) group_left\nmodel:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"true\", le=\"+Inf\"}) * (1 - (1 - model:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"true\"}\n/ ignoring (le) group_left\nmodel:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"true\", le=\"+Inf\"})) / ignoring (le) group_left model:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"true\", le=\"+Inf\"}\n+ ignoring (spec_decode)\n(1 - model:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"false\"}\n/ ignoring (le) group_left\nmodel:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"false\", le=\"+Inf\"}) * (1 - (1 - model:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"false\"}\n/ ignoring (le) group_left\nmodel:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"false\", le=\"+Inf\"})) / ignoring (le) group_left model:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"false\", le=\"+Inf\"}\n)\nand ignoring (spec_decode)\n(1 - model:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"false\"}\n/ ignoring (le) group_left\nmodel:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"false\", le=\"+Inf\"}) <= 0.01\n) > 4.65\nand on (namespace, model_name)\nmin by (namespace, model_name) (model:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"true\", le=\"+Inf\"} or model:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"false\", le=\"+Inf\"}) >= 2000))\nor\n((max by (namespace, model_name) (specdecode_observed_speedup{%sstatistic=\"p99\", window=\"1h\"}) < %s\nand on (namespace, model_name)\nmax by (namespace, model_name) (specdecode_observed_speedup{%sstatistic=\"p50\", window=\"1h\"}) > %s\nand on (namespace, model_name)\nmax by (namespace, model_name) (sum_over_time(instance:specdecode_request_time_per_output_token_seconds_count:stage_rate1m[1h])\n* on () group_left ()\n((max_over_time(specdecode:stage_clock_seconds[1h]) - min_over_time(specdecode:stage_clock_seconds[1h])) / count_over_time(specdecode:stage_clock_seconds[1h]))) >= 2000)\nunless on (namespace, model_name)\nmodel:specdecode_observed_speedup:p99_rate1h))" % [std.format("%g", $._config.hurtingBelow), std.format("%g", $._config.hurtingBelow), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), std.format("%g", $._config.hurtingBelow), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), std.format("%g", $._config.hurtingBelow)],
+            "expr": "((model:specdecode_observed_speedup:p99_rate1h < %s\nand on (namespace, model_name)\nmodel:specdecode_observed_speedup:p50_rate1h > %s\nand on (namespace, model_name)\n(max by (namespace, model_name) (\n((1 - model:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"true\"}\n/ ignoring (le) group_left\nmodel:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"true\", le=\"+Inf\"})\n- ignoring (spec_decode)\n(1 - model:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"false\"}\n/ ignoring (le) group_left\nmodel:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"false\", le=\"+Inf\"}))\n/ ignoring (spec_decode)\nsqrt(\n(1 - model:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"true\"}\n/ ignoring (le) group_left\nmodel:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"true\", le=\"+Inf\"}) * (1 - (1 - model:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"true\"}\n/ ignoring (le) group_left\nmodel:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"true\", le=\"+Inf\"})) / ignoring (le) group_left model:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"true\", le=\"+Inf\"}\n+ ignoring (spec_decode)\n(1 - model:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"false\"}\n/ ignoring (le) group_left\nmodel:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"false\", le=\"+Inf\"}) * (1 - (1 - model:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"false\"}\n/ ignoring (le) group_left\nmodel:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"false\", le=\"+Inf\"})) / ignoring (le) group_left model:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"false\", le=\"+Inf\"}\n)\nand ignoring (spec_decode)\n(1 - model:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"false\"}\n/ ignoring (le) group_left\nmodel:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"false\", le=\"+Inf\"}) <= 0.01\n) > 4.65\nand on (namespace, model_name)\nmin by (namespace, model_name) (model:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"true\", le=\"+Inf\"} or model:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h{spec_decode=\"false\", le=\"+Inf\"}) >= 2000))\nor\n((max by (namespace, model_name) (specdecode_observed_speedup{%sstatistic=\"p99\", window=\"1h\"}) < %s\nand on (namespace, model_name)\nmax by (namespace, model_name) (specdecode_observed_speedup{%sstatistic=\"p50\", window=\"1h\"}) > %s\nand on (namespace, model_name)\nmax by (namespace, model_name) (sum_over_time(instance:specdecode_request_time_per_output_token_seconds_count:stage_increase[59m59s999ms])\n* on () group_left ()\nclamp_min((max_over_time(specdecode:stage_clock_seconds[59m59s999ms]) - min_over_time(specdecode:stage_clock_seconds[59m59s999ms])) / (count_over_time(specdecode:stage_clock_seconds[59m59s999ms]) - 1 > 0) / 15, 1)) >= 2000)\nunless on (namespace, model_name)\nmodel:specdecode_observed_speedup:p99_rate1h))" % [std.format("%g", $._config.hurtingBelow), std.format("%g", $._config.hurtingBelow), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), std.format("%g", $._config.hurtingBelow), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), std.format("%g", $._config.hurtingBelow)],
             "for": $._config.alerts.SpecDecodeTailRegression["for"],
             "labels": {
               "severity": $._config.alerts.SpecDecodeTailRegression.severity
@@ -257,7 +257,7 @@
           },
           {
             "alert": "SpecDecodeLatencyMissing",
-            "expr": "((max by (job, instance, target) (specdecode_baseline_info%s)\nunless on (job, instance, target)\ngroup by (job, instance, target) (specdecode_request_time_per_output_token_seconds_count%s))\nand on (job, instance, target)\nspecdecode_up%s == 1)\nor\nmax by (job, instance, target) (sum_over_time(target:specdecode_collect_errors:stage_rate1m{reason=\"no_latency_metrics\"}[%s])\n* on () group_left ()\n((max_over_time(specdecode:stage_clock_seconds[%s]) - min_over_time(specdecode:stage_clock_seconds[%s])) / count_over_time(specdecode:stage_clock_seconds[%s])) > 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.shortWindow, $._config.shortWindow, $._config.shortWindow, $._config.shortWindow],
+            "expr": "((max by (job, instance, target) (specdecode_baseline_info%s)\nunless on (job, instance, target)\ngroup by (job, instance, target) (specdecode_request_time_per_output_token_seconds_count%s))\nand on (job, instance, target)\nspecdecode_up%s == 1)\nor\nmax by (job, instance, target) (sum_over_time(target:specdecode_collect_errors:stage_increase{reason=\"no_latency_metrics\"}[%s])\n* on () group_left ()\nclamp_min((max_over_time(specdecode:stage_clock_seconds[%s]) - min_over_time(specdecode:stage_clock_seconds[%s])) / (count_over_time(specdecode:stage_clock_seconds[%s]) - 1 > 0) / 15, 1) > 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), $._config.shortWindow, $._config.shortWindow, $._config.shortWindow, $._config.shortWindow],
             "for": $._config.alerts.SpecDecodeLatencyMissing["for"],
             "labels": {
               "severity": $._config.alerts.SpecDecodeLatencyMissing.severity
@@ -296,7 +296,7 @@
           },
           {
             "alert": "SpecDecodeClassRouted",
-            "expr": "max by (namespace, model_name, workload, temperature, prompt_length) (specdecode_route_class_state%s) == 1\nand on (namespace, model_name, workload, temperature, prompt_length)\nsum by (namespace, model_name, workload, temperature, prompt_length) (avg_over_time(model:specdecode_route_requests:stage_rate1m[1h])) > 0" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')],
+            "expr": "max by (namespace, model_name, workload, temperature, prompt_length) (specdecode_route_class_state%s) == 1\nand on (namespace, model_name, workload, temperature, prompt_length)\nsum by (namespace, model_name, workload, temperature, prompt_length) (avg_over_time(model:specdecode_route_requests:stage_increase[59m59s999ms]) / 15) > 0" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')],
             "for": $._config.alerts.SpecDecodeClassRouted["for"],
             "labels": {
               "severity": $._config.alerts.SpecDecodeClassRouted.severity
@@ -309,7 +309,7 @@
           },
           {
             "alert": "SpecDecodeSpeculationStopped",
-            "expr": "(\n(avg_over_time(engine:specdecode_emitted_tokens:stage_rate1m[%s])\n/\n(avg_over_time(engine:specdecode_generated_tokens:stage_rate1m[%s]) > 0)) < %s\nor\navg_over_time(engine:specdecode_draft_tokens:stage_rate1m[%s]) == 0\n)\nand on (namespace, model_name, job, instance, target, engine)\navg_over_time(engine:specdecode_generated_tokens:stage_rate1m[%s]) >= %s\nand on (namespace, model_name, job, instance, target, engine)\nmax by (namespace, model_name, job, instance, target, engine) (specdecode_draft_tokens_total%s) > 0" % [$._config.shortWindow, $._config.shortWindow, std.format("%g", $._config.speculationShareBelow), $._config.shortWindow, $._config.shortWindow, std.format("%g", $._config.minGeneratedTokensPerSecond), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')],
+            "expr": "(\n(avg_over_time(engine:specdecode_emitted_tokens:stage_increase[%s]) / 15\n/\n(avg_over_time(engine:specdecode_generated_tokens:stage_increase[%s]) / 15 > 0)) < %s\nor\navg_over_time(engine:specdecode_draft_tokens:stage_increase[%s]) / 15 == 0\n)\nand on (namespace, model_name, job, instance, target, engine)\navg_over_time(engine:specdecode_generated_tokens:stage_increase[%s]) / 15 >= %s\nand on (namespace, model_name, job, instance, target, engine)\nmax by (namespace, model_name, job, instance, target, engine) (specdecode_draft_tokens_total%s) > 0" % [$._config.shortWindow, $._config.shortWindow, std.format("%g", $._config.speculationShareBelow), $._config.shortWindow, $._config.shortWindow, std.format("%g", $._config.minGeneratedTokensPerSecond), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')],
             "for": $._config.alerts.SpecDecodeSpeculationStopped["for"],
             "labels": {
               "severity": $._config.alerts.SpecDecodeSpeculationStopped.severity
@@ -322,7 +322,7 @@
           },
           {
             "alert": "SpecDecodePreemptionsRaised",
-            "expr": "model:specdecode_preemptions_per_request:ratio_rate1h{spec_decode=\"true\"}\n- ignoring (spec_decode)\nmodel:specdecode_preemptions_per_request:ratio_rate1h{spec_decode=\"false\"}\n> %s\nand on (namespace, model_name)\nsum by (namespace, model_name) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_rate1m{spec_decode=\"true\"}[1h])) * 3600 >= %s" % [std.format("%g", $._config.maxPreemptionsPerRequestIncrease), std.format("%g", $._config.minRequestsPerHour)],
+            "expr": "model:specdecode_preemptions_per_request:ratio_rate1h{spec_decode=\"true\"}\n- ignoring (spec_decode)\nmodel:specdecode_preemptions_per_request:ratio_rate1h{spec_decode=\"false\"}\n> %s\nand on (namespace, model_name)\nsum by (namespace, model_name) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_increase{spec_decode=\"true\"}[59m59s999ms]) / 15) * 3600 >= %s" % [std.format("%g", $._config.maxPreemptionsPerRequestIncrease), std.format("%g", $._config.minRequestsPerHour)],
             "for": $._config.alerts.SpecDecodePreemptionsRaised["for"],
             "labels": {
               "severity": $._config.alerts.SpecDecodePreemptionsRaised.severity
@@ -335,7 +335,7 @@
           },
           {
             "alert": "SpecDecodeThroughputCut",
-            "expr": "model:specdecode_generated_tokens_per_second:avg_rate1h{spec_decode=\"true\"}\n/ ignoring (spec_decode)\n(model:specdecode_generated_tokens_per_second:avg_rate1h{spec_decode=\"false\"} > 0)\n< %s\nand on (namespace, model_name)\navg by (namespace, model_name) (specdecode_requests_waiting{%swindow=\"1h\"}\nand ignoring (window, api, method, num_speculative_tokens)\nspecdecode_info{%smethod!=\"off\"}) >= %s\nand on (namespace, model_name)\nsum by (namespace, model_name) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_rate1m{spec_decode=\"true\"}[1h])) * 3600 >= %s" % [std.format("%g", $._config.minThroughputRatio), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), std.format("%g", $._config.minWaitingRequests), std.format("%g", $._config.minRequestsPerHour)],
+            "expr": "model:specdecode_generated_tokens_per_second:avg_rate1h{spec_decode=\"true\"}\n/ ignoring (spec_decode)\n(model:specdecode_generated_tokens_per_second:avg_rate1h{spec_decode=\"false\"} > 0)\n< %s\nand on (namespace, model_name)\navg by (namespace, model_name) (specdecode_requests_waiting{%swindow=\"1h\"}\nand ignoring (window, api, method, num_speculative_tokens)\nspecdecode_info{%smethod!=\"off\"}) >= %s\nand on (namespace, model_name)\nsum by (namespace, model_name) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_increase{spec_decode=\"true\"}[59m59s999ms]) / 15) * 3600 >= %s" % [std.format("%g", $._config.minThroughputRatio), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), std.format("%g", $._config.minWaitingRequests), std.format("%g", $._config.minRequestsPerHour)],
             "for": $._config.alerts.SpecDecodeThroughputCut["for"],
             "labels": {
               "severity": $._config.alerts.SpecDecodeThroughputCut.severity
@@ -361,36 +361,36 @@
             "expr": "time()"
           },
           {
-            "record": "model:specdecode_drafts:stage_rate1m",
-            "expr": "sum by (namespace, model_name) (rate(specdecode_drafts_total%s[1m]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+            "record": "model:specdecode_drafts:stage_increase",
+            "expr": "sum by (namespace, model_name) ((specdecode_drafts_total%s - specdecode_drafts_total%s offset 15s) >= 0\nor\nspecdecode_drafts_total%s and (specdecode_drafts_total%s - specdecode_drafts_total%s offset 15s) < 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
           },
           {
-            "record": "model:specdecode_draft_tokens:stage_rate1m",
-            "expr": "sum by (namespace, model_name) (rate(specdecode_draft_tokens_total%s[1m]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+            "record": "model:specdecode_draft_tokens:stage_increase",
+            "expr": "sum by (namespace, model_name) ((specdecode_draft_tokens_total%s - specdecode_draft_tokens_total%s offset 15s) >= 0\nor\nspecdecode_draft_tokens_total%s and (specdecode_draft_tokens_total%s - specdecode_draft_tokens_total%s offset 15s) < 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
           },
           {
-            "record": "model:specdecode_accepted_tokens:stage_rate1m",
-            "expr": "sum by (namespace, model_name) (rate(specdecode_accepted_tokens_total%s[1m]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+            "record": "model:specdecode_accepted_tokens:stage_increase",
+            "expr": "sum by (namespace, model_name) ((specdecode_accepted_tokens_total%s - specdecode_accepted_tokens_total%s offset 15s) >= 0\nor\nspecdecode_accepted_tokens_total%s and (specdecode_accepted_tokens_total%s - specdecode_accepted_tokens_total%s offset 15s) < 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
           },
           {
-            "record": "target:specdecode_collect_errors:stage_rate1m",
-            "expr": "rate(specdecode_collect_errors_total%s[1m])" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+            "record": "target:specdecode_collect_errors:stage_increase",
+            "expr": "((specdecode_collect_errors_total%s - specdecode_collect_errors_total%s offset 15s) >= 0\nor\nspecdecode_collect_errors_total%s and (specdecode_collect_errors_total%s - specdecode_collect_errors_total%s offset 15s) < 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
           },
           {
-            "record": "model:specdecode_route_requests:stage_rate1m",
-            "expr": "sum by (namespace, model_name, workload, temperature, prompt_length) (rate(specdecode_route_requests_total%s[1m]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+            "record": "model:specdecode_route_requests:stage_increase",
+            "expr": "sum by (namespace, model_name, workload, temperature, prompt_length) ((specdecode_route_requests_total%s - specdecode_route_requests_total%s offset 15s) >= 0\nor\nspecdecode_route_requests_total%s and (specdecode_route_requests_total%s - specdecode_route_requests_total%s offset 15s) < 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
           },
           {
-            "record": "model:specdecode_accepted_tokens_by_position:stage_rate1m",
-            "expr": "sum by (namespace, model_name, position) (rate(specdecode_accepted_tokens_by_position_total%s[1m]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+            "record": "model:specdecode_accepted_tokens_by_position:stage_increase",
+            "expr": "sum by (namespace, model_name, position) ((specdecode_accepted_tokens_by_position_total%s - specdecode_accepted_tokens_by_position_total%s offset 15s) >= 0\nor\nspecdecode_accepted_tokens_by_position_total%s and (specdecode_accepted_tokens_by_position_total%s - specdecode_accepted_tokens_by_position_total%s offset 15s) < 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
           },
           {
-            "record": "model:specdecode_interval_acceptance_ratio_bucket:stage_rate1m",
-            "expr": "sum by (namespace, model_name, le) (rate(specdecode_interval_acceptance_ratio_bucket%s[1m]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+            "record": "model:specdecode_interval_acceptance_ratio_bucket:stage_increase",
+            "expr": "sum by (namespace, model_name, le) ((specdecode_interval_acceptance_ratio_bucket%s - specdecode_interval_acceptance_ratio_bucket%s offset 15s) >= 0\nor\nspecdecode_interval_acceptance_ratio_bucket%s and (specdecode_interval_acceptance_ratio_bucket%s - specdecode_interval_acceptance_ratio_bucket%s offset 15s) < 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
           },
           {
-            "record": "model:specdecode_interval_acceptance_ratio_count:stage_rate1m",
-            "expr": "sum by (namespace, model_name) (rate(specdecode_interval_acceptance_ratio_count%s[1m]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+            "record": "model:specdecode_interval_acceptance_ratio_count:stage_increase",
+            "expr": "sum by (namespace, model_name) ((specdecode_interval_acceptance_ratio_count%s - specdecode_interval_acceptance_ratio_count%s offset 15s) >= 0\nor\nspecdecode_interval_acceptance_ratio_count%s and (specdecode_interval_acceptance_ratio_count%s - specdecode_interval_acceptance_ratio_count%s offset 15s) < 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
           }
         ]
       },
@@ -399,20 +399,20 @@
         "interval": "15s",
         "rules": [
           {
-            "record": "model:specdecode_request_time_per_output_token_seconds_sum:stage_rate1m",
-            "expr": "sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_sum%s[1m]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+            "record": "model:specdecode_request_time_per_output_token_seconds_sum:stage_increase",
+            "expr": "sum by (namespace, model_name, spec_decode) ((specdecode_request_time_per_output_token_seconds_sum%s - specdecode_request_time_per_output_token_seconds_sum%s offset 15s) >= 0\nor\nspecdecode_request_time_per_output_token_seconds_sum%s and (specdecode_request_time_per_output_token_seconds_sum%s - specdecode_request_time_per_output_token_seconds_sum%s offset 15s) < 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
           },
           {
-            "record": "instance:specdecode_request_time_per_output_token_seconds_count:stage_rate1m",
-            "expr": "sum by (namespace, pod, instance, target, model_name) (rate(specdecode_request_time_per_output_token_seconds_count{%sspec_decode=\"true\"}[1m]))" % [(if $._config.metricSelector == '' then '' else $._config.metricSelector + ', ')]
+            "record": "instance:specdecode_request_time_per_output_token_seconds_count:stage_increase",
+            "expr": "sum by (namespace, pod, instance, target, model_name) ((specdecode_request_time_per_output_token_seconds_count{%sspec_decode=\"true\"} - specdecode_request_time_per_output_token_seconds_count{%sspec_decode=\"true\"} offset 15s) >= 0\nor\nspecdecode_request_time_per_output_token_seconds_count{%sspec_decode=\"true\"} and (specdecode_request_time_per_output_token_seconds_count{%sspec_decode=\"true\"} - specdecode_request_time_per_output_token_seconds_count{%sspec_decode=\"true\"} offset 15s) < 0)" % [(if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', ')]
           },
           {
-            "record": "model:specdecode_preemptions:stage_rate1m",
-            "expr": "sum by (namespace, model_name, spec_decode) (rate(specdecode_preemptions_total%s[1m]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+            "record": "model:specdecode_preemptions:stage_increase",
+            "expr": "sum by (namespace, model_name, spec_decode) ((specdecode_preemptions_total%s - specdecode_preemptions_total%s offset 15s) >= 0\nor\nspecdecode_preemptions_total%s and (specdecode_preemptions_total%s - specdecode_preemptions_total%s offset 15s) < 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
           },
           {
-            "record": "model:specdecode_generated_tokens:stage_rate1m",
-            "expr": "sum by (namespace, model_name, spec_decode) (rate(specdecode_generated_tokens_total%s[1m]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+            "record": "model:specdecode_generated_tokens:stage_increase",
+            "expr": "sum by (namespace, model_name, spec_decode) ((specdecode_generated_tokens_total%s - specdecode_generated_tokens_total%s offset 15s) >= 0\nor\nspecdecode_generated_tokens_total%s and (specdecode_generated_tokens_total%s - specdecode_generated_tokens_total%s offset 15s) < 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
           },
           {
             "record": "model:specdecode_generating_engines:stage_count",
@@ -423,12 +423,12 @@
             "expr": "avg by (namespace, model_name, spec_decode) (specdecode_kv_cache_usage_ratio%s)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
           },
           {
-            "record": "model:specdecode_request_time_per_output_token_seconds_bucket:stage_rate1m",
-            "expr": "sum by (namespace, model_name, spec_decode, le) (rate(specdecode_request_time_per_output_token_seconds_bucket%s[1m]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+            "record": "model:specdecode_request_time_per_output_token_seconds_bucket:stage_increase",
+            "expr": "sum by (namespace, model_name, spec_decode, le) ((specdecode_request_time_per_output_token_seconds_bucket%s - specdecode_request_time_per_output_token_seconds_bucket%s offset 15s) >= 0\nor\nspecdecode_request_time_per_output_token_seconds_bucket%s and (specdecode_request_time_per_output_token_seconds_bucket%s - specdecode_request_time_per_output_token_seconds_bucket%s offset 15s) < 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
           },
           {
-            "record": "model:specdecode_request_time_per_output_token_seconds_count:stage_rate1m",
-            "expr": "sum by (namespace, model_name, spec_decode) (rate(specdecode_request_time_per_output_token_seconds_count%s[1m]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+            "record": "model:specdecode_request_time_per_output_token_seconds_count:stage_increase",
+            "expr": "sum by (namespace, model_name, spec_decode) ((specdecode_request_time_per_output_token_seconds_count%s - specdecode_request_time_per_output_token_seconds_count%s offset 15s) >= 0\nor\nspecdecode_request_time_per_output_token_seconds_count%s and (specdecode_request_time_per_output_token_seconds_count%s - specdecode_request_time_per_output_token_seconds_count%s offset 15s) < 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
           }
         ]
       },
@@ -437,32 +437,32 @@
         "interval": "15s",
         "rules": [
           {
-            "record": "model_band:specdecode_requests:stage_rate1m",
-            "expr": "sum by (namespace, model_name, workload, temperature) (rate(specdecode_requests_total%s[1m]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+            "record": "model_band:specdecode_requests:stage_increase",
+            "expr": "sum by (namespace, model_name, workload, temperature) ((specdecode_requests_total%s - specdecode_requests_total%s offset 15s) >= 0\nor\nspecdecode_requests_total%s and (specdecode_requests_total%s - specdecode_requests_total%s offset 15s) < 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
           },
           {
-            "record": "model_band:specdecode_request_accepted_tokens:stage_rate1m",
-            "expr": "sum by (namespace, model_name, workload, temperature) (rate(specdecode_request_accepted_tokens_total%s[1m]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+            "record": "model_band:specdecode_request_accepted_tokens:stage_increase",
+            "expr": "sum by (namespace, model_name, workload, temperature) ((specdecode_request_accepted_tokens_total%s - specdecode_request_accepted_tokens_total%s offset 15s) >= 0\nor\nspecdecode_request_accepted_tokens_total%s and (specdecode_request_accepted_tokens_total%s - specdecode_request_accepted_tokens_total%s offset 15s) < 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
           },
           {
-            "record": "model_band:specdecode_request_draft_tokens:stage_rate1m",
-            "expr": "sum by (namespace, model_name, workload, temperature) (rate(specdecode_request_draft_tokens_total%s[1m]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+            "record": "model_band:specdecode_request_draft_tokens:stage_increase",
+            "expr": "sum by (namespace, model_name, workload, temperature) ((specdecode_request_draft_tokens_total%s - specdecode_request_draft_tokens_total%s offset 15s) >= 0\nor\nspecdecode_request_draft_tokens_total%s and (specdecode_request_draft_tokens_total%s - specdecode_request_draft_tokens_total%s offset 15s) < 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
           },
           {
-            "record": "model:specdecode_request_acceptance_ratio_bucket:stage_rate1m",
-            "expr": "sum by (namespace, model_name, le) (rate(specdecode_request_acceptance_ratio_bucket%s[1m]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+            "record": "model:specdecode_request_acceptance_ratio_bucket:stage_increase",
+            "expr": "sum by (namespace, model_name, le) ((specdecode_request_acceptance_ratio_bucket%s - specdecode_request_acceptance_ratio_bucket%s offset 15s) >= 0\nor\nspecdecode_request_acceptance_ratio_bucket%s and (specdecode_request_acceptance_ratio_bucket%s - specdecode_request_acceptance_ratio_bucket%s offset 15s) < 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
           },
           {
-            "record": "model:specdecode_request_acceptance_ratio_count:stage_rate1m",
-            "expr": "sum by (namespace, model_name) (rate(specdecode_request_acceptance_ratio_count%s[1m]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+            "record": "model:specdecode_request_acceptance_ratio_count:stage_increase",
+            "expr": "sum by (namespace, model_name) ((specdecode_request_acceptance_ratio_count%s - specdecode_request_acceptance_ratio_count%s offset 15s) >= 0\nor\nspecdecode_request_acceptance_ratio_count%s and (specdecode_request_acceptance_ratio_count%s - specdecode_request_acceptance_ratio_count%s offset 15s) < 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
           },
           {
-            "record": "model:specdecode_engine_request_acceptance_ratio_bucket:stage_rate1m",
-            "expr": "sum by (namespace, model_name, le) (rate(specdecode_engine_request_acceptance_ratio_bucket%s[1m]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+            "record": "model:specdecode_engine_request_acceptance_ratio_bucket:stage_increase",
+            "expr": "sum by (namespace, model_name, le) ((specdecode_engine_request_acceptance_ratio_bucket%s - specdecode_engine_request_acceptance_ratio_bucket%s offset 15s) >= 0\nor\nspecdecode_engine_request_acceptance_ratio_bucket%s and (specdecode_engine_request_acceptance_ratio_bucket%s - specdecode_engine_request_acceptance_ratio_bucket%s offset 15s) < 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
           },
           {
-            "record": "model:specdecode_engine_request_acceptance_ratio_count:stage_rate1m",
-            "expr": "sum by (namespace, model_name) (rate(specdecode_engine_request_acceptance_ratio_count%s[1m]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+            "record": "model:specdecode_engine_request_acceptance_ratio_count:stage_increase",
+            "expr": "sum by (namespace, model_name) ((specdecode_engine_request_acceptance_ratio_count%s - specdecode_engine_request_acceptance_ratio_count%s offset 15s) >= 0\nor\nspecdecode_engine_request_acceptance_ratio_count%s and (specdecode_engine_request_acceptance_ratio_count%s - specdecode_engine_request_acceptance_ratio_count%s offset 15s) < 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
           }
         ]
       },
@@ -471,16 +471,16 @@
         "interval": "15s",
         "rules": [
           {
-            "record": "engine:specdecode_emitted_tokens:stage_rate1m",
-            "expr": "sum by (namespace, model_name, job, instance, target, engine) (rate(specdecode_emitted_tokens_total%s[1m]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+            "record": "engine:specdecode_emitted_tokens:stage_increase",
+            "expr": "sum by (namespace, model_name, job, instance, target, engine) ((specdecode_emitted_tokens_total%s - specdecode_emitted_tokens_total%s offset 15s) >= 0\nor\nspecdecode_emitted_tokens_total%s and (specdecode_emitted_tokens_total%s - specdecode_emitted_tokens_total%s offset 15s) < 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
           },
           {
-            "record": "engine:specdecode_generated_tokens:stage_rate1m",
-            "expr": "sum by (namespace, model_name, job, instance, target, engine) (rate(specdecode_generated_tokens_total%s[1m]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+            "record": "engine:specdecode_generated_tokens:stage_increase",
+            "expr": "sum by (namespace, model_name, job, instance, target, engine) ((specdecode_generated_tokens_total%s - specdecode_generated_tokens_total%s offset 15s) >= 0\nor\nspecdecode_generated_tokens_total%s and (specdecode_generated_tokens_total%s - specdecode_generated_tokens_total%s offset 15s) < 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
           },
           {
-            "record": "engine:specdecode_draft_tokens:stage_rate1m",
-            "expr": "sum by (namespace, model_name, job, instance, target, engine) (rate(specdecode_draft_tokens_total%s[1m]))" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
+            "record": "engine:specdecode_draft_tokens:stage_increase",
+            "expr": "sum by (namespace, model_name, job, instance, target, engine) ((specdecode_draft_tokens_total%s - specdecode_draft_tokens_total%s offset 15s) >= 0\nor\nspecdecode_draft_tokens_total%s and (specdecode_draft_tokens_total%s - specdecode_draft_tokens_total%s offset 15s) < 0)" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}'), (if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')]
           }
         ]
       },
@@ -490,51 +490,51 @@
         "rules": [
           {
             "record": "model:specdecode_draft_tokens:rate%s" % [$._config.shortWindow],
-            "expr": "avg_over_time(model:specdecode_draft_tokens:stage_rate1m[%s])" % [$._config.shortWindow]
+            "expr": "avg_over_time(model:specdecode_draft_tokens:stage_increase[%s]) / 15" % [$._config.shortWindow]
           },
           {
             "record": "model:specdecode_accepted_tokens:rate%s" % [$._config.shortWindow],
-            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_rate1m[%s])" % [$._config.shortWindow]
+            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_increase[%s]) / 15" % [$._config.shortWindow]
           },
           {
             "record": "model:specdecode_drafts:rate%s" % [$._config.shortWindow],
-            "expr": "avg_over_time(model:specdecode_drafts:stage_rate1m[%s])" % [$._config.shortWindow]
+            "expr": "avg_over_time(model:specdecode_drafts:stage_increase[%s]) / 15" % [$._config.shortWindow]
           },
           {
             "record": "model:specdecode_acceptance_ratio:rate%s" % [$._config.shortWindow],
-            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_rate1m[%s])\n/\n(avg_over_time(model:specdecode_draft_tokens:stage_rate1m[%s]) > 0)" % [$._config.shortWindow, $._config.shortWindow]
+            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_increase[%s]) / 15\n/\n(avg_over_time(model:specdecode_draft_tokens:stage_increase[%s]) / 15 > 0)" % [$._config.shortWindow, $._config.shortWindow]
           },
           {
             "record": "model:specdecode_mean_acceptance_length:rate%s" % [$._config.shortWindow],
-            "expr": "1 + avg_over_time(model:specdecode_accepted_tokens:stage_rate1m[%s])\n/\n(avg_over_time(model:specdecode_drafts:stage_rate1m[%s]) > 0)" % [$._config.shortWindow, $._config.shortWindow]
+            "expr": "1 + avg_over_time(model:specdecode_accepted_tokens:stage_increase[%s]) / 15\n/\n(avg_over_time(model:specdecode_drafts:stage_increase[%s]) / 15 > 0)" % [$._config.shortWindow, $._config.shortWindow]
           },
           {
             "record": "model:specdecode_draft_tokens:rate1h",
-            "expr": "avg_over_time(model:specdecode_draft_tokens:stage_rate1m[1h])"
+            "expr": "avg_over_time(model:specdecode_draft_tokens:stage_increase[59m59s999ms]) / 15"
           },
           {
             "record": "model:specdecode_accepted_tokens:rate1h",
-            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_rate1m[1h])"
+            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_increase[59m59s999ms]) / 15"
           },
           {
             "record": "model:specdecode_drafts:rate1h",
-            "expr": "avg_over_time(model:specdecode_drafts:stage_rate1m[1h])"
+            "expr": "avg_over_time(model:specdecode_drafts:stage_increase[59m59s999ms]) / 15"
           },
           {
             "record": "model:specdecode_acceptance_ratio:rate1h",
-            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_rate1m[1h])\n/\n(avg_over_time(model:specdecode_draft_tokens:stage_rate1m[1h]) > 0)"
+            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_increase[59m59s999ms]) / 15\n/\n(avg_over_time(model:specdecode_draft_tokens:stage_increase[59m59s999ms]) / 15 > 0)"
           },
           {
             "record": "model:specdecode_mean_acceptance_length:rate1h",
-            "expr": "1 + avg_over_time(model:specdecode_accepted_tokens:stage_rate1m[1h])\n/\n(avg_over_time(model:specdecode_drafts:stage_rate1m[1h]) > 0)"
+            "expr": "1 + avg_over_time(model:specdecode_accepted_tokens:stage_increase[59m59s999ms]) / 15\n/\n(avg_over_time(model:specdecode_drafts:stage_increase[59m59s999ms]) / 15 > 0)"
           },
           {
             "record": "model:specdecode_interval_acceptance_ratio:p10_rate1h",
-            "expr": "histogram_quantile(0.1, avg_over_time(model:specdecode_interval_acceptance_ratio_bucket:stage_rate1m[1h]))\nand on (namespace, model_name)\n(avg_over_time(model:specdecode_interval_acceptance_ratio_count:stage_rate1m[1h]) > 0)"
+            "expr": "histogram_quantile(0.1, avg_over_time(model:specdecode_interval_acceptance_ratio_bucket:stage_increase[59m59s999ms]) / 15)\nand on (namespace, model_name)\n(avg_over_time(model:specdecode_interval_acceptance_ratio_count:stage_increase[59m59s999ms]) / 15 > 0)"
           },
           {
             "record": "model:specdecode_interval_acceptance_ratio:p50_rate1h",
-            "expr": "histogram_quantile(0.5, avg_over_time(model:specdecode_interval_acceptance_ratio_bucket:stage_rate1m[1h]))\nand on (namespace, model_name)\n(avg_over_time(model:specdecode_interval_acceptance_ratio_count:stage_rate1m[1h]) > 0)"
+            "expr": "histogram_quantile(0.5, avg_over_time(model:specdecode_interval_acceptance_ratio_bucket:stage_increase[59m59s999ms]) / 15)\nand on (namespace, model_name)\n(avg_over_time(model:specdecode_interval_acceptance_ratio_count:stage_increase[59m59s999ms]) / 15 > 0)"
           }
         ]
       },
@@ -544,27 +544,27 @@
         "rules": [
           {
             "record": "model:specdecode_draft_tokens:rate2m",
-            "expr": "avg_over_time(model:specdecode_draft_tokens:stage_rate1m[2m])"
+            "expr": "avg_over_time(model:specdecode_draft_tokens:stage_increase[1m59s999ms]) / 15"
           },
           {
             "record": "model:specdecode_accepted_tokens:rate2m",
-            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_rate1m[2m])"
+            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_increase[1m59s999ms]) / 15"
           },
           {
             "record": "model:specdecode_drafts:rate2m",
-            "expr": "avg_over_time(model:specdecode_drafts:stage_rate1m[2m])"
+            "expr": "avg_over_time(model:specdecode_drafts:stage_increase[1m59s999ms]) / 15"
           },
           {
             "record": "model:specdecode_acceptance_ratio:rate2m",
-            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_rate1m[2m])\n/\n(avg_over_time(model:specdecode_draft_tokens:stage_rate1m[2m]) > 0)"
+            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_increase[1m59s999ms]) / 15\n/\n(avg_over_time(model:specdecode_draft_tokens:stage_increase[1m59s999ms]) / 15 > 0)"
           },
           {
             "record": "model:specdecode_mean_acceptance_length:rate2m",
-            "expr": "1 + avg_over_time(model:specdecode_accepted_tokens:stage_rate1m[2m])\n/\n(avg_over_time(model:specdecode_drafts:stage_rate1m[2m]) > 0)"
+            "expr": "1 + avg_over_time(model:specdecode_accepted_tokens:stage_increase[1m59s999ms]) / 15\n/\n(avg_over_time(model:specdecode_drafts:stage_increase[1m59s999ms]) / 15 > 0)"
           },
           {
             "record": "model:specdecode_draft_tokens:sampled_increase2m",
-            "expr": "sum_over_time(model:specdecode_draft_tokens:stage_rate1m[2m])\n* on () group_left ()\n((max_over_time(specdecode:stage_clock_seconds[2m]) - min_over_time(specdecode:stage_clock_seconds[2m])) / count_over_time(specdecode:stage_clock_seconds[2m]))"
+            "expr": "sum_over_time(model:specdecode_draft_tokens:stage_increase[1m59s999ms])\n* on () group_left ()\nclamp_min((max_over_time(specdecode:stage_clock_seconds[1m59s999ms]) - min_over_time(specdecode:stage_clock_seconds[1m59s999ms])) / (count_over_time(specdecode:stage_clock_seconds[1m59s999ms]) - 1 > 0) / 15, 1)"
           }
         ]
       },
@@ -574,27 +574,27 @@
         "rules": [
           {
             "record": "model:specdecode_draft_tokens:rate3m",
-            "expr": "avg_over_time(model:specdecode_draft_tokens:stage_rate1m[3m])"
+            "expr": "avg_over_time(model:specdecode_draft_tokens:stage_increase[2m59s999ms]) / 15"
           },
           {
             "record": "model:specdecode_accepted_tokens:rate3m",
-            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_rate1m[3m])"
+            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_increase[2m59s999ms]) / 15"
           },
           {
             "record": "model:specdecode_drafts:rate3m",
-            "expr": "avg_over_time(model:specdecode_drafts:stage_rate1m[3m])"
+            "expr": "avg_over_time(model:specdecode_drafts:stage_increase[2m59s999ms]) / 15"
           },
           {
             "record": "model:specdecode_acceptance_ratio:rate3m",
-            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_rate1m[3m])\n/\n(avg_over_time(model:specdecode_draft_tokens:stage_rate1m[3m]) > 0)"
+            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_increase[2m59s999ms]) / 15\n/\n(avg_over_time(model:specdecode_draft_tokens:stage_increase[2m59s999ms]) / 15 > 0)"
           },
           {
             "record": "model:specdecode_mean_acceptance_length:rate3m",
-            "expr": "1 + avg_over_time(model:specdecode_accepted_tokens:stage_rate1m[3m])\n/\n(avg_over_time(model:specdecode_drafts:stage_rate1m[3m]) > 0)"
+            "expr": "1 + avg_over_time(model:specdecode_accepted_tokens:stage_increase[2m59s999ms]) / 15\n/\n(avg_over_time(model:specdecode_drafts:stage_increase[2m59s999ms]) / 15 > 0)"
           },
           {
             "record": "model:specdecode_draft_tokens:sampled_increase3m",
-            "expr": "sum_over_time(model:specdecode_draft_tokens:stage_rate1m[3m])\n* on () group_left ()\n((max_over_time(specdecode:stage_clock_seconds[3m]) - min_over_time(specdecode:stage_clock_seconds[3m])) / count_over_time(specdecode:stage_clock_seconds[3m]))"
+            "expr": "sum_over_time(model:specdecode_draft_tokens:stage_increase[2m59s999ms])\n* on () group_left ()\nclamp_min((max_over_time(specdecode:stage_clock_seconds[2m59s999ms]) - min_over_time(specdecode:stage_clock_seconds[2m59s999ms])) / (count_over_time(specdecode:stage_clock_seconds[2m59s999ms]) - 1 > 0) / 15, 1)"
           }
         ]
       },
@@ -604,27 +604,27 @@
         "rules": [
           {
             "record": "model:specdecode_draft_tokens:rate10m",
-            "expr": "avg_over_time(model:specdecode_draft_tokens:stage_rate1m[10m])"
+            "expr": "avg_over_time(model:specdecode_draft_tokens:stage_increase[9m59s999ms]) / 15"
           },
           {
             "record": "model:specdecode_accepted_tokens:rate10m",
-            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_rate1m[10m])"
+            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_increase[9m59s999ms]) / 15"
           },
           {
             "record": "model:specdecode_drafts:rate10m",
-            "expr": "avg_over_time(model:specdecode_drafts:stage_rate1m[10m])"
+            "expr": "avg_over_time(model:specdecode_drafts:stage_increase[9m59s999ms]) / 15"
           },
           {
             "record": "model:specdecode_acceptance_ratio:rate10m",
-            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_rate1m[10m])\n/\n(avg_over_time(model:specdecode_draft_tokens:stage_rate1m[10m]) > 0)"
+            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_increase[9m59s999ms]) / 15\n/\n(avg_over_time(model:specdecode_draft_tokens:stage_increase[9m59s999ms]) / 15 > 0)"
           },
           {
             "record": "model:specdecode_mean_acceptance_length:rate10m",
-            "expr": "1 + avg_over_time(model:specdecode_accepted_tokens:stage_rate1m[10m])\n/\n(avg_over_time(model:specdecode_drafts:stage_rate1m[10m]) > 0)"
+            "expr": "1 + avg_over_time(model:specdecode_accepted_tokens:stage_increase[9m59s999ms]) / 15\n/\n(avg_over_time(model:specdecode_drafts:stage_increase[9m59s999ms]) / 15 > 0)"
           },
           {
             "record": "model:specdecode_draft_tokens:sampled_increase10m",
-            "expr": "sum_over_time(model:specdecode_draft_tokens:stage_rate1m[10m])\n* on () group_left ()\n((max_over_time(specdecode:stage_clock_seconds[10m]) - min_over_time(specdecode:stage_clock_seconds[10m])) / count_over_time(specdecode:stage_clock_seconds[10m]))"
+            "expr": "sum_over_time(model:specdecode_draft_tokens:stage_increase[9m59s999ms])\n* on () group_left ()\nclamp_min((max_over_time(specdecode:stage_clock_seconds[9m59s999ms]) - min_over_time(specdecode:stage_clock_seconds[9m59s999ms])) / (count_over_time(specdecode:stage_clock_seconds[9m59s999ms]) - 1 > 0) / 15, 1)"
           }
         ]
       },
@@ -634,27 +634,27 @@
         "rules": [
           {
             "record": "model:specdecode_draft_tokens:rate30m",
-            "expr": "avg_over_time(model:specdecode_draft_tokens:stage_rate1m[30m])"
+            "expr": "avg_over_time(model:specdecode_draft_tokens:stage_increase[29m59s999ms]) / 15"
           },
           {
             "record": "model:specdecode_accepted_tokens:rate30m",
-            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_rate1m[30m])"
+            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_increase[29m59s999ms]) / 15"
           },
           {
             "record": "model:specdecode_drafts:rate30m",
-            "expr": "avg_over_time(model:specdecode_drafts:stage_rate1m[30m])"
+            "expr": "avg_over_time(model:specdecode_drafts:stage_increase[29m59s999ms]) / 15"
           },
           {
             "record": "model:specdecode_acceptance_ratio:rate30m",
-            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_rate1m[30m])\n/\n(avg_over_time(model:specdecode_draft_tokens:stage_rate1m[30m]) > 0)"
+            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_increase[29m59s999ms]) / 15\n/\n(avg_over_time(model:specdecode_draft_tokens:stage_increase[29m59s999ms]) / 15 > 0)"
           },
           {
             "record": "model:specdecode_mean_acceptance_length:rate30m",
-            "expr": "1 + avg_over_time(model:specdecode_accepted_tokens:stage_rate1m[30m])\n/\n(avg_over_time(model:specdecode_drafts:stage_rate1m[30m]) > 0)"
+            "expr": "1 + avg_over_time(model:specdecode_accepted_tokens:stage_increase[29m59s999ms]) / 15\n/\n(avg_over_time(model:specdecode_drafts:stage_increase[29m59s999ms]) / 15 > 0)"
           },
           {
             "record": "model:specdecode_draft_tokens:sampled_increase30m",
-            "expr": "sum_over_time(model:specdecode_draft_tokens:stage_rate1m[30m])\n* on () group_left ()\n((max_over_time(specdecode:stage_clock_seconds[30m]) - min_over_time(specdecode:stage_clock_seconds[30m])) / count_over_time(specdecode:stage_clock_seconds[30m]))"
+            "expr": "sum_over_time(model:specdecode_draft_tokens:stage_increase[29m59s999ms])\n* on () group_left ()\nclamp_min((max_over_time(specdecode:stage_clock_seconds[29m59s999ms]) - min_over_time(specdecode:stage_clock_seconds[29m59s999ms])) / (count_over_time(specdecode:stage_clock_seconds[29m59s999ms]) - 1 > 0) / 15, 1)"
           }
         ]
       },
@@ -664,27 +664,27 @@
         "rules": [
           {
             "record": "model:specdecode_draft_tokens:rate2h",
-            "expr": "avg_over_time(model:specdecode_draft_tokens:stage_rate1m[2h])"
+            "expr": "avg_over_time(model:specdecode_draft_tokens:stage_increase[1h59m59s999ms]) / 15"
           },
           {
             "record": "model:specdecode_accepted_tokens:rate2h",
-            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_rate1m[2h])"
+            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_increase[1h59m59s999ms]) / 15"
           },
           {
             "record": "model:specdecode_drafts:rate2h",
-            "expr": "avg_over_time(model:specdecode_drafts:stage_rate1m[2h])"
+            "expr": "avg_over_time(model:specdecode_drafts:stage_increase[1h59m59s999ms]) / 15"
           },
           {
             "record": "model:specdecode_acceptance_ratio:rate2h",
-            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_rate1m[2h])\n/\n(avg_over_time(model:specdecode_draft_tokens:stage_rate1m[2h]) > 0)"
+            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_increase[1h59m59s999ms]) / 15\n/\n(avg_over_time(model:specdecode_draft_tokens:stage_increase[1h59m59s999ms]) / 15 > 0)"
           },
           {
             "record": "model:specdecode_mean_acceptance_length:rate2h",
-            "expr": "1 + avg_over_time(model:specdecode_accepted_tokens:stage_rate1m[2h])\n/\n(avg_over_time(model:specdecode_drafts:stage_rate1m[2h]) > 0)"
+            "expr": "1 + avg_over_time(model:specdecode_accepted_tokens:stage_increase[1h59m59s999ms]) / 15\n/\n(avg_over_time(model:specdecode_drafts:stage_increase[1h59m59s999ms]) / 15 > 0)"
           },
           {
             "record": "model:specdecode_draft_tokens:sampled_increase2h",
-            "expr": "sum_over_time(model:specdecode_draft_tokens:stage_rate1m[2h])\n* on () group_left ()\n((max_over_time(specdecode:stage_clock_seconds[2h]) - min_over_time(specdecode:stage_clock_seconds[2h])) / count_over_time(specdecode:stage_clock_seconds[2h]))"
+            "expr": "sum_over_time(model:specdecode_draft_tokens:stage_increase[1h59m59s999ms])\n* on () group_left ()\nclamp_min((max_over_time(specdecode:stage_clock_seconds[1h59m59s999ms]) - min_over_time(specdecode:stage_clock_seconds[1h59m59s999ms])) / (count_over_time(specdecode:stage_clock_seconds[1h59m59s999ms]) - 1 > 0) / 15, 1)"
           }
         ]
       },
@@ -694,7 +694,7 @@
         "rules": [
           {
             "record": "model:specdecode_draft_tokens:sampled_increase1h",
-            "expr": "sum_over_time(model:specdecode_draft_tokens:stage_rate1m[1h])\n* on () group_left ()\n((max_over_time(specdecode:stage_clock_seconds[1h]) - min_over_time(specdecode:stage_clock_seconds[1h])) / count_over_time(specdecode:stage_clock_seconds[1h]))"
+            "expr": "sum_over_time(model:specdecode_draft_tokens:stage_increase[59m59s999ms])\n* on () group_left ()\nclamp_min((max_over_time(specdecode:stage_clock_seconds[59m59s999ms]) - min_over_time(specdecode:stage_clock_seconds[59m59s999ms])) / (count_over_time(specdecode:stage_clock_seconds[59m59s999ms]) - 1 > 0) / 15, 1)"
           }
         ]
       },
@@ -714,35 +714,35 @@
         "rules": [
           {
             "record": "model:specdecode_time_per_output_token_seconds:mean_rate%s" % [$._config.shortWindow],
-            "expr": "avg_over_time(model:specdecode_request_time_per_output_token_seconds_sum:stage_rate1m[%s])\n/\n(avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_rate1m[%s]) > 0)" % [$._config.shortWindow, $._config.shortWindow]
+            "expr": "avg_over_time(model:specdecode_request_time_per_output_token_seconds_sum:stage_increase[%s]) / 15\n/\n(avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_increase[%s]) / 15 > 0)" % [$._config.shortWindow, $._config.shortWindow]
           },
           {
             "record": "model:specdecode_time_per_output_token_seconds:p50_rate%s" % [$._config.shortWindow],
-            "expr": "histogram_quantile(0.5, avg_over_time(model:specdecode_request_time_per_output_token_seconds_bucket:stage_rate1m[%s]))\nand on (namespace, model_name, spec_decode)\n(avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_rate1m[%s]) > 0)" % [$._config.shortWindow, $._config.shortWindow]
+            "expr": "histogram_quantile(0.5, avg_over_time(model:specdecode_request_time_per_output_token_seconds_bucket:stage_increase[%s]) / 15)\nand on (namespace, model_name, spec_decode)\n(avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_increase[%s]) / 15 > 0)" % [$._config.shortWindow, $._config.shortWindow]
           },
           {
             "record": "model:specdecode_time_per_output_token_seconds:p99_rate%s" % [$._config.shortWindow],
-            "expr": "histogram_quantile(0.99, avg_over_time(model:specdecode_request_time_per_output_token_seconds_bucket:stage_rate1m[%s]))\nand on (namespace, model_name, spec_decode)\n(avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_rate1m[%s]) > 0)" % [$._config.shortWindow, $._config.shortWindow]
+            "expr": "histogram_quantile(0.99, avg_over_time(model:specdecode_request_time_per_output_token_seconds_bucket:stage_increase[%s]) / 15)\nand on (namespace, model_name, spec_decode)\n(avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_increase[%s]) / 15 > 0)" % [$._config.shortWindow, $._config.shortWindow]
           },
           {
             "record": "model:specdecode_time_per_output_token_seconds:mean_rate1h",
-            "expr": "avg_over_time(model:specdecode_request_time_per_output_token_seconds_sum:stage_rate1m[1h])\n/\n(avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_rate1m[1h]) > 0)"
+            "expr": "avg_over_time(model:specdecode_request_time_per_output_token_seconds_sum:stage_increase[59m59s999ms]) / 15\n/\n(avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_increase[59m59s999ms]) / 15 > 0)"
           },
           {
             "record": "model:specdecode_time_per_output_token_seconds:p50_rate1h",
-            "expr": "histogram_quantile(0.5, avg_over_time(model:specdecode_request_time_per_output_token_seconds_bucket:stage_rate1m[1h]))\nand on (namespace, model_name, spec_decode)\n(avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_rate1m[1h]) > 0)"
+            "expr": "histogram_quantile(0.5, avg_over_time(model:specdecode_request_time_per_output_token_seconds_bucket:stage_increase[59m59s999ms]) / 15)\nand on (namespace, model_name, spec_decode)\n(avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_increase[59m59s999ms]) / 15 > 0)"
           },
           {
             "record": "model:specdecode_time_per_output_token_seconds:p99_rate1h",
-            "expr": "histogram_quantile(0.99, avg_over_time(model:specdecode_request_time_per_output_token_seconds_bucket:stage_rate1m[1h]))\nand on (namespace, model_name, spec_decode)\n(avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_rate1m[1h]) > 0)"
+            "expr": "histogram_quantile(0.99, avg_over_time(model:specdecode_request_time_per_output_token_seconds_bucket:stage_increase[59m59s999ms]) / 15)\nand on (namespace, model_name, spec_decode)\n(avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_increase[59m59s999ms]) / 15 > 0)"
           },
           {
             "record": "model:specdecode_request_time_per_output_token_seconds_count:sampled_increase1h",
-            "expr": "sum_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_rate1m[1h])\n* on () group_left ()\n((max_over_time(specdecode:stage_clock_seconds[1h]) - min_over_time(specdecode:stage_clock_seconds[1h])) / count_over_time(specdecode:stage_clock_seconds[1h]))"
+            "expr": "sum_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_increase[59m59s999ms])\n* on () group_left ()\nclamp_min((max_over_time(specdecode:stage_clock_seconds[59m59s999ms]) - min_over_time(specdecode:stage_clock_seconds[59m59s999ms])) / (count_over_time(specdecode:stage_clock_seconds[59m59s999ms]) - 1 > 0) / 15, 1)"
           },
           {
             "record": "model:specdecode_request_time_per_output_token_seconds_bucket:sampled_increase1h",
-            "expr": "sum_over_time(model:specdecode_request_time_per_output_token_seconds_bucket:stage_rate1m[1h])\n* on () group_left ()\n((max_over_time(specdecode:stage_clock_seconds[1h]) - min_over_time(specdecode:stage_clock_seconds[1h])) / count_over_time(specdecode:stage_clock_seconds[1h]))"
+            "expr": "sum_over_time(model:specdecode_request_time_per_output_token_seconds_bucket:stage_increase[59m59s999ms])\n* on () group_left ()\nclamp_min((max_over_time(specdecode:stage_clock_seconds[59m59s999ms]) - min_over_time(specdecode:stage_clock_seconds[59m59s999ms])) / (count_over_time(specdecode:stage_clock_seconds[59m59s999ms]) - 1 > 0) / 15, 1)"
           }
         ]
       },
@@ -782,35 +782,35 @@
         "rules": [
           {
             "record": "model:specdecode_request_acceptance_ratio:p10_rate1h",
-            "expr": "histogram_quantile(0.1, avg_over_time(model:specdecode_request_acceptance_ratio_bucket:stage_rate1m[1h]))\nand on (namespace, model_name)\n(avg_over_time(model:specdecode_request_acceptance_ratio_count:stage_rate1m[1h]) > 0)\nor\nhistogram_quantile(0.1, avg_over_time(model:specdecode_engine_request_acceptance_ratio_bucket:stage_rate1m[1h]))\nand on (namespace, model_name)\n(avg_over_time(model:specdecode_engine_request_acceptance_ratio_count:stage_rate1m[1h]) > 0)"
+            "expr": "histogram_quantile(0.1, avg_over_time(model:specdecode_request_acceptance_ratio_bucket:stage_increase[59m59s999ms]) / 15)\nand on (namespace, model_name)\n(avg_over_time(model:specdecode_request_acceptance_ratio_count:stage_increase[59m59s999ms]) / 15 > 0)\nor\nhistogram_quantile(0.1, avg_over_time(model:specdecode_engine_request_acceptance_ratio_bucket:stage_increase[59m59s999ms]) / 15)\nand on (namespace, model_name)\n(avg_over_time(model:specdecode_engine_request_acceptance_ratio_count:stage_increase[59m59s999ms]) / 15 > 0)"
           },
           {
             "record": "model:specdecode_requests_below_page_threshold:ratio_rate1h",
-            "expr": "avg_over_time(model:specdecode_request_acceptance_ratio_bucket:stage_rate1m{le=\"%s\"}[1h])\n/\n(avg_over_time(model:specdecode_request_acceptance_ratio_count:stage_rate1m[1h]) > 0)\nor\navg_over_time(model:specdecode_engine_request_acceptance_ratio_bucket:stage_rate1m{le=\"%s\"}[1h])\n/\n(avg_over_time(model:specdecode_engine_request_acceptance_ratio_count:stage_rate1m[1h]) > 0)" % [std.format("%g", std.foldl(function(best, b) if b <= $._config.pageAcceptanceRatio + 1e-9 then b else best, [0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1.0], null)), std.format("%g", std.foldl(function(best, b) if b <= $._config.pageAcceptanceRatio + 1e-9 then b else best, [0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1.0], null))]
+            "expr": "avg_over_time(model:specdecode_request_acceptance_ratio_bucket:stage_increase{le=\"%s\"}[59m59s999ms]) / 15\n/\n(avg_over_time(model:specdecode_request_acceptance_ratio_count:stage_increase[59m59s999ms]) / 15 > 0)\nor\navg_over_time(model:specdecode_engine_request_acceptance_ratio_bucket:stage_increase{le=\"%s\"}[59m59s999ms]) / 15\n/\n(avg_over_time(model:specdecode_engine_request_acceptance_ratio_count:stage_increase[59m59s999ms]) / 15 > 0)" % [std.format("%g", std.foldl(function(best, b) if b <= $._config.pageAcceptanceRatio + 1e-9 then b else best, [0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1.0], null)), std.format("%g", std.foldl(function(best, b) if b <= $._config.pageAcceptanceRatio + 1e-9 then b else best, [0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1.0], null))]
           },
           {
             "record": "model:specdecode_requests_below_request_threshold:ratio_rate1h",
-            "expr": "avg_over_time(model:specdecode_request_acceptance_ratio_bucket:stage_rate1m{le=\"%s\"}[1h])\n/\n(avg_over_time(model:specdecode_request_acceptance_ratio_count:stage_rate1m[1h]) > 0)\nor\navg_over_time(model:specdecode_engine_request_acceptance_ratio_bucket:stage_rate1m{le=\"%s\"}[1h])\n/\n(avg_over_time(model:specdecode_engine_request_acceptance_ratio_count:stage_rate1m[1h]) > 0)" % [std.format("%g", std.foldl(function(best, b) if b <= $._config.requestAcceptanceRatio + 1e-9 then b else best, [0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1.0], null)), std.format("%g", std.foldl(function(best, b) if b <= $._config.requestAcceptanceRatio + 1e-9 then b else best, [0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1.0], null))]
+            "expr": "avg_over_time(model:specdecode_request_acceptance_ratio_bucket:stage_increase{le=\"%s\"}[59m59s999ms]) / 15\n/\n(avg_over_time(model:specdecode_request_acceptance_ratio_count:stage_increase[59m59s999ms]) / 15 > 0)\nor\navg_over_time(model:specdecode_engine_request_acceptance_ratio_bucket:stage_increase{le=\"%s\"}[59m59s999ms]) / 15\n/\n(avg_over_time(model:specdecode_engine_request_acceptance_ratio_count:stage_increase[59m59s999ms]) / 15 > 0)" % [std.format("%g", std.foldl(function(best, b) if b <= $._config.requestAcceptanceRatio + 1e-9 then b else best, [0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1.0], null)), std.format("%g", std.foldl(function(best, b) if b <= $._config.requestAcceptanceRatio + 1e-9 then b else best, [0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1.0], null))]
           },
           {
             "record": "model:specdecode_requests:sampled_increase1h",
-            "expr": "sum_over_time(model:specdecode_request_acceptance_ratio_count:stage_rate1m[1h])\n* on () group_left ()\n((max_over_time(specdecode:stage_clock_seconds[1h]) - min_over_time(specdecode:stage_clock_seconds[1h])) / count_over_time(specdecode:stage_clock_seconds[1h]))\nor\nsum_over_time(model:specdecode_engine_request_acceptance_ratio_count:stage_rate1m[1h])\n* on () group_left ()\n((max_over_time(specdecode:stage_clock_seconds[1h]) - min_over_time(specdecode:stage_clock_seconds[1h])) / count_over_time(specdecode:stage_clock_seconds[1h]))"
+            "expr": "sum_over_time(model:specdecode_request_acceptance_ratio_count:stage_increase[59m59s999ms])\n* on () group_left ()\nclamp_min((max_over_time(specdecode:stage_clock_seconds[59m59s999ms]) - min_over_time(specdecode:stage_clock_seconds[59m59s999ms])) / (count_over_time(specdecode:stage_clock_seconds[59m59s999ms]) - 1 > 0) / 15, 1)\nor\nsum_over_time(model:specdecode_engine_request_acceptance_ratio_count:stage_increase[59m59s999ms])\n* on () group_left ()\nclamp_min((max_over_time(specdecode:stage_clock_seconds[59m59s999ms]) - min_over_time(specdecode:stage_clock_seconds[59m59s999ms])) / (count_over_time(specdecode:stage_clock_seconds[59m59s999ms]) - 1 > 0) / 15, 1)"
           },
           {
             "record": "model_band:specdecode_requests:rate1h",
-            "expr": "avg_over_time(model_band:specdecode_requests:stage_rate1m[1h])"
+            "expr": "avg_over_time(model_band:specdecode_requests:stage_increase[59m59s999ms]) / 15"
           },
           {
             "record": "model_band:specdecode_request_acceptance_ratio:rate1h",
-            "expr": "avg_over_time(model_band:specdecode_request_accepted_tokens:stage_rate1m[1h])\n/\n(avg_over_time(model_band:specdecode_request_draft_tokens:stage_rate1m[1h]) > 0)"
+            "expr": "avg_over_time(model_band:specdecode_request_accepted_tokens:stage_increase[59m59s999ms]) / 15\n/\n(avg_over_time(model_band:specdecode_request_draft_tokens:stage_increase[59m59s999ms]) / 15 > 0)"
           },
           {
             "record": "model_band:specdecode_requests:sampled_increase1h",
-            "expr": "sum_over_time(model_band:specdecode_requests:stage_rate1m[1h])\n* on () group_left ()\n((max_over_time(specdecode:stage_clock_seconds[1h]) - min_over_time(specdecode:stage_clock_seconds[1h])) / count_over_time(specdecode:stage_clock_seconds[1h]))"
+            "expr": "sum_over_time(model_band:specdecode_requests:stage_increase[59m59s999ms])\n* on () group_left ()\nclamp_min((max_over_time(specdecode:stage_clock_seconds[59m59s999ms]) - min_over_time(specdecode:stage_clock_seconds[59m59s999ms])) / (count_over_time(specdecode:stage_clock_seconds[59m59s999ms]) - 1 > 0) / 15, 1)"
           },
           {
             "record": "model_band:specdecode_request_draft_tokens:sampled_increase1h",
-            "expr": "sum_over_time(model_band:specdecode_request_draft_tokens:stage_rate1m[1h])\n* on () group_left ()\n((max_over_time(specdecode:stage_clock_seconds[1h]) - min_over_time(specdecode:stage_clock_seconds[1h])) / count_over_time(specdecode:stage_clock_seconds[1h]))"
+            "expr": "sum_over_time(model_band:specdecode_request_draft_tokens:stage_increase[59m59s999ms])\n* on () group_left ()\nclamp_min((max_over_time(specdecode:stage_clock_seconds[59m59s999ms]) - min_over_time(specdecode:stage_clock_seconds[59m59s999ms])) / (count_over_time(specdecode:stage_clock_seconds[59m59s999ms]) - 1 > 0) / 15, 1)"
           }
         ]
       },
@@ -820,15 +820,15 @@
         "rules": [
           {
             "record": "model:specdecode_preemptions_per_request:ratio_rate1h",
-            "expr": "avg_over_time(model:specdecode_preemptions:stage_rate1m[1h])\n/\n(avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_rate1m[1h]) > 0)"
+            "expr": "avg_over_time(model:specdecode_preemptions:stage_increase[59m59s999ms]) / 15\n/\n(avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_increase[59m59s999ms]) / 15 > 0)"
           },
           {
             "record": "model:specdecode_generated_tokens_per_second:avg_rate1h",
-            "expr": "avg_over_time(model:specdecode_generated_tokens:stage_rate1m[1h])\n/\n(avg_over_time(model:specdecode_generating_engines:stage_count[1h]) > 0)"
+            "expr": "avg_over_time(model:specdecode_generated_tokens:stage_increase[59m59s999ms]) / 15\n/\n(avg_over_time(model:specdecode_generating_engines:stage_count[59m59s999ms]) > 0)"
           },
           {
             "record": "model:specdecode_kv_cache_usage_ratio:avg_over_time1h",
-            "expr": "avg_over_time(model:specdecode_kv_cache_usage_ratio:stage_avg[1h])"
+            "expr": "avg_over_time(model:specdecode_kv_cache_usage_ratio:stage_avg[59m59s999ms])"
           }
         ]
       }
@@ -973,7 +973,7 @@
                 "type": "prometheus",
                 "uid": "${datasource}"
               },
-              "expr": "sum by (namespace, model_name) (avg_over_time(model:specdecode_accepted_tokens:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window]))\n/\n(sum by (namespace, model_name) (avg_over_time(model:specdecode_draft_tokens:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window])) > 0)",
+              "expr": "sum by (namespace, model_name) (avg_over_time(model:specdecode_accepted_tokens:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window]) / 15)\n/\n(sum by (namespace, model_name) (avg_over_time(model:specdecode_draft_tokens:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window]) / 15) > 0)",
               "instant": true,
               "legendFormat": "{{model_name}} {{namespace}}",
               "range": false,
@@ -1051,7 +1051,7 @@
                 "type": "prometheus",
                 "uid": "${datasource}"
               },
-              "expr": "1 + sum by (namespace, model_name) (avg_over_time(model:specdecode_accepted_tokens:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window]))\n/\n(sum by (namespace, model_name) (avg_over_time(model:specdecode_drafts:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window])) > 0)",
+              "expr": "1 + sum by (namespace, model_name) (avg_over_time(model:specdecode_accepted_tokens:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window]) / 15)\n/\n(sum by (namespace, model_name) (avg_over_time(model:specdecode_drafts:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window]) / 15) > 0)",
               "instant": true,
               "legendFormat": "{{model_name}} {{namespace}}",
               "range": false,
@@ -1137,7 +1137,7 @@
                 "type": "prometheus",
                 "uid": "${datasource}"
               },
-              "expr": "(1 + sum by (namespace, model_name) (avg_over_time(model:specdecode_accepted_tokens:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window])) / (sum by (namespace, model_name) (avg_over_time(model:specdecode_drafts:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window])) > 0))\n/\n(1 + sum by (namespace, model_name) (avg_over_time(model:specdecode_draft_tokens:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window])) / (sum by (namespace, model_name) (avg_over_time(model:specdecode_drafts:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window])) > 0)\n   * max by (namespace, model_name) (specdecode_break_even_acceptance_ratio{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", cost_basis=\"configured\"}))",
+              "expr": "(1 + sum by (namespace, model_name) (avg_over_time(model:specdecode_accepted_tokens:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window]) / 15) / (sum by (namespace, model_name) (avg_over_time(model:specdecode_drafts:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window]) / 15) > 0))\n/\n(1 + sum by (namespace, model_name) (avg_over_time(model:specdecode_draft_tokens:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window]) / 15) / (sum by (namespace, model_name) (avg_over_time(model:specdecode_drafts:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window]) / 15) > 0)\n   * max by (namespace, model_name) (specdecode_break_even_acceptance_ratio{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", cost_basis=\"configured\"}))",
               "instant": true,
               "legendFormat": "{{model_name}} {{namespace}}",
               "range": false,
@@ -1320,7 +1320,7 @@
                 "type": "prometheus",
                 "uid": "${datasource}"
               },
-              "expr": "(((((sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_sum:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"false\"}[$window]))\n/\n(sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"false\"}[$window])) > 0))\n/ ignoring (spec_decode)\n(sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_sum:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"true\"}[$window]))\n/\n(sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"true\"}[$window])) > 0) > 0))\nor\nmax by (namespace, model_name) (specdecode_observed_speedup{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", window=\"$window\", statistic=\"mean\"}))\nor\n((1 + sum by (namespace, model_name) (avg_over_time(model:specdecode_accepted_tokens:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window])) / (sum by (namespace, model_name) (avg_over_time(model:specdecode_drafts:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window])) > 0))\n/\n(1 + sum by (namespace, model_name) (avg_over_time(model:specdecode_draft_tokens:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window])) / (sum by (namespace, model_name) (avg_over_time(model:specdecode_drafts:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window])) > 0)\n   * max by (namespace, model_name) (specdecode_break_even_acceptance_ratio{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", cost_basis=\"configured\"})))) >= bool %s)\n+\n(((((((((sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_sum:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"false\"}[$window]))\n/\n(sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"false\"}[$window])) > 0))\n/ ignoring (spec_decode)\n(sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_sum:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"true\"}[$window]))\n/\n(sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"true\"}[$window])) > 0) > 0))\nor\nmax by (namespace, model_name) (specdecode_observed_speedup{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", window=\"$window\", statistic=\"mean\"}))\nor\n((1 + sum by (namespace, model_name) (avg_over_time(model:specdecode_accepted_tokens:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window])) / (sum by (namespace, model_name) (avg_over_time(model:specdecode_drafts:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window])) > 0))\n/\n(1 + sum by (namespace, model_name) (avg_over_time(model:specdecode_draft_tokens:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window])) / (sum by (namespace, model_name) (avg_over_time(model:specdecode_drafts:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window])) > 0)\n   * max by (namespace, model_name) (specdecode_break_even_acceptance_ratio{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", cost_basis=\"configured\"})))) >= bool %s)\n*\n((sum by (namespace, model_name) (avg_over_time(model:specdecode_accepted_tokens:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window]))\n/\n(sum by (namespace, model_name) (avg_over_time(model:specdecode_draft_tokens:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window])) > 0)) >= bool %s))\n*\n(((((histogram_quantile(0.99, sum by (namespace, model_name, spec_decode, le) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_bucket:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"false\"}[$window])))\nand on (namespace, model_name, spec_decode)\n(sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"false\"}[$window])) > 0))\n/ ignoring (spec_decode)\n(histogram_quantile(0.99, sum by (namespace, model_name, spec_decode, le) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_bucket:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"true\"}[$window])))\nand on (namespace, model_name, spec_decode)\n(sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"true\"}[$window])) > 0) > 0))\nor\nmax by (namespace, model_name) (specdecode_observed_speedup{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", window=\"$window\", statistic=\"p99\"})) >= bool %s) or (((((sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_sum:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"false\"}[$window]))\n/\n(sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"false\"}[$window])) > 0))\n/ ignoring (spec_decode)\n(sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_sum:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"true\"}[$window]))\n/\n(sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"true\"}[$window])) > 0) > 0))\nor\nmax by (namespace, model_name) (specdecode_observed_speedup{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", window=\"$window\", statistic=\"mean\"}))\nor\n((1 + sum by (namespace, model_name) (avg_over_time(model:specdecode_accepted_tokens:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window])) / (sum by (namespace, model_name) (avg_over_time(model:specdecode_drafts:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window])) > 0))\n/\n(1 + sum by (namespace, model_name) (avg_over_time(model:specdecode_draft_tokens:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window])) / (sum by (namespace, model_name) (avg_over_time(model:specdecode_drafts:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window])) > 0)\n   * max by (namespace, model_name) (specdecode_break_even_acceptance_ratio{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", cost_basis=\"configured\"})))) * 0 + 1)))\n*\n((((sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_preemptions:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"true\"}[$window]))\n/\n(sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"true\"}[$window])) > 0))\n- ignoring (spec_decode)\n(sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_preemptions:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"false\"}[$window]))\n/\n(sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"false\"}[$window])) > 0))) <= bool %s) or (((((sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_sum:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"false\"}[$window]))\n/\n(sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"false\"}[$window])) > 0))\n/ ignoring (spec_decode)\n(sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_sum:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"true\"}[$window]))\n/\n(sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"true\"}[$window])) > 0) > 0))\nor\nmax by (namespace, model_name) (specdecode_observed_speedup{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", window=\"$window\", statistic=\"mean\"}))\nor\n((1 + sum by (namespace, model_name) (avg_over_time(model:specdecode_accepted_tokens:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window])) / (sum by (namespace, model_name) (avg_over_time(model:specdecode_drafts:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window])) > 0))\n/\n(1 + sum by (namespace, model_name) (avg_over_time(model:specdecode_draft_tokens:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window])) / (sum by (namespace, model_name) (avg_over_time(model:specdecode_drafts:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window])) > 0)\n   * max by (namespace, model_name) (specdecode_break_even_acceptance_ratio{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", cost_basis=\"configured\"})))) * 0 + 1)))\n*\n((((sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_generated_tokens:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"true\"}[$window]))\n/\n(sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_generating_engines:stage_count{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"true\"}[$window])) > 0))\n/ ignoring (spec_decode)\n(sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_generated_tokens:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"false\"}[$window]))\n/\n(sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_generating_engines:stage_count{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"false\"}[$window])) > 0) > 0)\nand on (namespace, model_name)\n(avg by (namespace, model_name) (specdecode_requests_waiting{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", window=\"$window\"}\nand ignoring (window, api, method, num_speculative_tokens)\nspecdecode_info{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", method!=\"off\"}) >= %s)) >= bool %s) or (((((sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_sum:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"false\"}[$window]))\n/\n(sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"false\"}[$window])) > 0))\n/ ignoring (spec_decode)\n(sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_sum:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"true\"}[$window]))\n/\n(sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"true\"}[$window])) > 0) > 0))\nor\nmax by (namespace, model_name) (specdecode_observed_speedup{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", window=\"$window\", statistic=\"mean\"}))\nor\n((1 + sum by (namespace, model_name) (avg_over_time(model:specdecode_accepted_tokens:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window])) / (sum by (namespace, model_name) (avg_over_time(model:specdecode_drafts:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window])) > 0))\n/\n(1 + sum by (namespace, model_name) (avg_over_time(model:specdecode_draft_tokens:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window])) / (sum by (namespace, model_name) (avg_over_time(model:specdecode_drafts:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window])) > 0)\n   * max by (namespace, model_name) (specdecode_break_even_acceptance_ratio{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", cost_basis=\"configured\"})))) * 0 + 1)))" % [std.format("%g", $._config.hurtingBelow), std.format("%g", $._config.payingOffFrom), std.format("%g", $._config.pageAcceptanceRatio), std.format("%g", $._config.hurtingBelow), std.format("%g", $._config.maxPreemptionsPerRequestIncrease), std.format("%g", $._config.minWaitingRequests), std.format("%g", $._config.minThroughputRatio)],
+              "expr": "(((((sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_sum:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"false\"}[$window]) / 15)\n/\n(sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"false\"}[$window]) / 15) > 0))\n/ ignoring (spec_decode)\n(sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_sum:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"true\"}[$window]) / 15)\n/\n(sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"true\"}[$window]) / 15) > 0) > 0))\nor\nmax by (namespace, model_name) (specdecode_observed_speedup{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", window=\"$window\", statistic=\"mean\"}))\nor\n((1 + sum by (namespace, model_name) (avg_over_time(model:specdecode_accepted_tokens:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window]) / 15) / (sum by (namespace, model_name) (avg_over_time(model:specdecode_drafts:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window]) / 15) > 0))\n/\n(1 + sum by (namespace, model_name) (avg_over_time(model:specdecode_draft_tokens:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window]) / 15) / (sum by (namespace, model_name) (avg_over_time(model:specdecode_drafts:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window]) / 15) > 0)\n   * max by (namespace, model_name) (specdecode_break_even_acceptance_ratio{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", cost_basis=\"configured\"})))) >= bool %s)\n+\n(((((((((sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_sum:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"false\"}[$window]) / 15)\n/\n(sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"false\"}[$window]) / 15) > 0))\n/ ignoring (spec_decode)\n(sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_sum:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"true\"}[$window]) / 15)\n/\n(sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"true\"}[$window]) / 15) > 0) > 0))\nor\nmax by (namespace, model_name) (specdecode_observed_speedup{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", window=\"$window\", statistic=\"mean\"}))\nor\n((1 + sum by (namespace, model_name) (avg_over_time(model:specdecode_accepted_tokens:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window]) / 15) / (sum by (namespace, model_name) (avg_over_time(model:specdecode_drafts:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window]) / 15) > 0))\n/\n(1 + sum by (namespace, model_name) (avg_over_time(model:specdecode_draft_tokens:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window]) / 15) / (sum by (namespace, model_name) (avg_over_time(model:specdecode_drafts:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window]) / 15) > 0)\n   * max by (namespace, model_name) (specdecode_break_even_acceptance_ratio{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", cost_basis=\"configured\"})))) >= bool %s)\n*\n((sum by (namespace, model_name) (avg_over_time(model:specdecode_accepted_tokens:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window]) / 15)\n/\n(sum by (namespace, model_name) (avg_over_time(model:specdecode_draft_tokens:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window]) / 15) > 0)) >= bool %s))\n*\n(((((histogram_quantile(0.99, sum by (namespace, model_name, spec_decode, le) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_bucket:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"false\"}[$window]) / 15))\nand on (namespace, model_name, spec_decode)\n(sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"false\"}[$window]) / 15) > 0))\n/ ignoring (spec_decode)\n(histogram_quantile(0.99, sum by (namespace, model_name, spec_decode, le) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_bucket:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"true\"}[$window]) / 15))\nand on (namespace, model_name, spec_decode)\n(sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"true\"}[$window]) / 15) > 0) > 0))\nor\nmax by (namespace, model_name) (specdecode_observed_speedup{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", window=\"$window\", statistic=\"p99\"})) >= bool %s) or (((((sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_sum:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"false\"}[$window]) / 15)\n/\n(sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"false\"}[$window]) / 15) > 0))\n/ ignoring (spec_decode)\n(sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_sum:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"true\"}[$window]) / 15)\n/\n(sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"true\"}[$window]) / 15) > 0) > 0))\nor\nmax by (namespace, model_name) (specdecode_observed_speedup{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", window=\"$window\", statistic=\"mean\"}))\nor\n((1 + sum by (namespace, model_name) (avg_over_time(model:specdecode_accepted_tokens:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window]) / 15) / (sum by (namespace, model_name) (avg_over_time(model:specdecode_drafts:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window]) / 15) > 0))\n/\n(1 + sum by (namespace, model_name) (avg_over_time(model:specdecode_draft_tokens:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window]) / 15) / (sum by (namespace, model_name) (avg_over_time(model:specdecode_drafts:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window]) / 15) > 0)\n   * max by (namespace, model_name) (specdecode_break_even_acceptance_ratio{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", cost_basis=\"configured\"})))) * 0 + 1)))\n*\n((((sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_preemptions:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"true\"}[$window]) / 15)\n/\n(sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"true\"}[$window]) / 15) > 0))\n- ignoring (spec_decode)\n(sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_preemptions:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"false\"}[$window]) / 15)\n/\n(sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"false\"}[$window]) / 15) > 0))) <= bool %s) or (((((sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_sum:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"false\"}[$window]) / 15)\n/\n(sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"false\"}[$window]) / 15) > 0))\n/ ignoring (spec_decode)\n(sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_sum:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"true\"}[$window]) / 15)\n/\n(sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"true\"}[$window]) / 15) > 0) > 0))\nor\nmax by (namespace, model_name) (specdecode_observed_speedup{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", window=\"$window\", statistic=\"mean\"}))\nor\n((1 + sum by (namespace, model_name) (avg_over_time(model:specdecode_accepted_tokens:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window]) / 15) / (sum by (namespace, model_name) (avg_over_time(model:specdecode_drafts:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window]) / 15) > 0))\n/\n(1 + sum by (namespace, model_name) (avg_over_time(model:specdecode_draft_tokens:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window]) / 15) / (sum by (namespace, model_name) (avg_over_time(model:specdecode_drafts:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window]) / 15) > 0)\n   * max by (namespace, model_name) (specdecode_break_even_acceptance_ratio{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", cost_basis=\"configured\"})))) * 0 + 1)))\n*\n((((sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_generated_tokens:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"true\"}[$window]) / 15)\n/\n(sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_generating_engines:stage_count{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"true\"}[$window])) > 0))\n/ ignoring (spec_decode)\n(sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_generated_tokens:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"false\"}[$window]) / 15)\n/\n(sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_generating_engines:stage_count{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"false\"}[$window])) > 0) > 0)\nand on (namespace, model_name)\n(avg by (namespace, model_name) (specdecode_requests_waiting{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", window=\"$window\"}\nand ignoring (window, api, method, num_speculative_tokens)\nspecdecode_info{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", method!=\"off\"}) >= %s)) >= bool %s) or (((((sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_sum:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"false\"}[$window]) / 15)\n/\n(sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"false\"}[$window]) / 15) > 0))\n/ ignoring (spec_decode)\n(sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_sum:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"true\"}[$window]) / 15)\n/\n(sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"true\"}[$window]) / 15) > 0) > 0))\nor\nmax by (namespace, model_name) (specdecode_observed_speedup{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", window=\"$window\", statistic=\"mean\"}))\nor\n((1 + sum by (namespace, model_name) (avg_over_time(model:specdecode_accepted_tokens:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window]) / 15) / (sum by (namespace, model_name) (avg_over_time(model:specdecode_drafts:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window]) / 15) > 0))\n/\n(1 + sum by (namespace, model_name) (avg_over_time(model:specdecode_draft_tokens:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window]) / 15) / (sum by (namespace, model_name) (avg_over_time(model:specdecode_drafts:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window]) / 15) > 0)\n   * max by (namespace, model_name) (specdecode_break_even_acceptance_ratio{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", cost_basis=\"configured\"})))) * 0 + 1)))" % [std.format("%g", $._config.hurtingBelow), std.format("%g", $._config.payingOffFrom), std.format("%g", $._config.pageAcceptanceRatio), std.format("%g", $._config.hurtingBelow), std.format("%g", $._config.maxPreemptionsPerRequestIncrease), std.format("%g", $._config.minWaitingRequests), std.format("%g", $._config.minThroughputRatio)],
               "instant": true,
               "legendFormat": "{{model_name}} {{namespace}}",
               "range": false,
@@ -1528,7 +1528,7 @@
                 "type": "prometheus",
                 "uid": "${datasource}"
               },
-              "expr": "sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_sum:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"true\"}[$window]))\n/\n(sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"true\"}[$window])) > 0)",
+              "expr": "sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_sum:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"true\"}[$window]) / 15)\n/\n(sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"true\"}[$window]) / 15) > 0)",
               "instant": false,
               "legendFormat": "mean with {{model_name}} {{namespace}}",
               "range": true,
@@ -1539,7 +1539,7 @@
                 "type": "prometheus",
                 "uid": "${datasource}"
               },
-              "expr": "sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_sum:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"false\"}[$window]))\n/\n(sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"false\"}[$window])) > 0)",
+              "expr": "sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_sum:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"false\"}[$window]) / 15)\n/\n(sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"false\"}[$window]) / 15) > 0)",
               "instant": false,
               "legendFormat": "mean without {{model_name}} {{namespace}}",
               "range": true,
@@ -1550,7 +1550,7 @@
                 "type": "prometheus",
                 "uid": "${datasource}"
               },
-              "expr": "histogram_quantile(0.99, sum by (namespace, model_name, spec_decode, le) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_bucket:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"true\"}[$window])))\nand on (namespace, model_name, spec_decode)\n(sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"true\"}[$window])) > 0)",
+              "expr": "histogram_quantile(0.99, sum by (namespace, model_name, spec_decode, le) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_bucket:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"true\"}[$window]) / 15))\nand on (namespace, model_name, spec_decode)\n(sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"true\"}[$window]) / 15) > 0)",
               "instant": false,
               "legendFormat": "P99 with {{model_name}} {{namespace}}",
               "range": true,
@@ -1561,7 +1561,7 @@
                 "type": "prometheus",
                 "uid": "${datasource}"
               },
-              "expr": "histogram_quantile(0.99, sum by (namespace, model_name, spec_decode, le) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_bucket:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"false\"}[$window])))\nand on (namespace, model_name, spec_decode)\n(sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"false\"}[$window])) > 0)",
+              "expr": "histogram_quantile(0.99, sum by (namespace, model_name, spec_decode, le) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_bucket:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"false\"}[$window]) / 15))\nand on (namespace, model_name, spec_decode)\n(sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"false\"}[$window]) / 15) > 0)",
               "instant": false,
               "legendFormat": "P99 without {{model_name}} {{namespace}}",
               "range": true,
@@ -1660,7 +1660,7 @@
                 "type": "prometheus",
                 "uid": "${datasource}"
               },
-              "expr": "((sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_sum:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"false\"}[$window]))\n/\n(sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"false\"}[$window])) > 0))\n/ ignoring (spec_decode)\n(sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_sum:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"true\"}[$window]))\n/\n(sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"true\"}[$window])) > 0) > 0))\nor\nmax by (namespace, model_name) (specdecode_observed_speedup{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", window=\"$window\", statistic=\"mean\"})",
+              "expr": "((sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_sum:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"false\"}[$window]) / 15)\n/\n(sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"false\"}[$window]) / 15) > 0))\n/ ignoring (spec_decode)\n(sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_sum:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"true\"}[$window]) / 15)\n/\n(sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"true\"}[$window]) / 15) > 0) > 0))\nor\nmax by (namespace, model_name) (specdecode_observed_speedup{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", window=\"$window\", statistic=\"mean\"})",
               "instant": false,
               "legendFormat": "observed mean {{model_name}} {{namespace}}",
               "range": true,
@@ -1671,7 +1671,7 @@
                 "type": "prometheus",
                 "uid": "${datasource}"
               },
-              "expr": "((histogram_quantile(0.5, sum by (namespace, model_name, spec_decode, le) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_bucket:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"false\"}[$window])))\nand on (namespace, model_name, spec_decode)\n(sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"false\"}[$window])) > 0))\n/ ignoring (spec_decode)\n(histogram_quantile(0.5, sum by (namespace, model_name, spec_decode, le) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_bucket:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"true\"}[$window])))\nand on (namespace, model_name, spec_decode)\n(sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"true\"}[$window])) > 0) > 0))\nor\nmax by (namespace, model_name) (specdecode_observed_speedup{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", window=\"$window\", statistic=\"p50\"})",
+              "expr": "((histogram_quantile(0.5, sum by (namespace, model_name, spec_decode, le) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_bucket:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"false\"}[$window]) / 15))\nand on (namespace, model_name, spec_decode)\n(sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"false\"}[$window]) / 15) > 0))\n/ ignoring (spec_decode)\n(histogram_quantile(0.5, sum by (namespace, model_name, spec_decode, le) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_bucket:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"true\"}[$window]) / 15))\nand on (namespace, model_name, spec_decode)\n(sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"true\"}[$window]) / 15) > 0) > 0))\nor\nmax by (namespace, model_name) (specdecode_observed_speedup{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", window=\"$window\", statistic=\"p50\"})",
               "instant": false,
               "legendFormat": "observed P50 {{model_name}} {{namespace}}",
               "range": true,
@@ -1682,7 +1682,7 @@
                 "type": "prometheus",
                 "uid": "${datasource}"
               },
-              "expr": "((histogram_quantile(0.99, sum by (namespace, model_name, spec_decode, le) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_bucket:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"false\"}[$window])))\nand on (namespace, model_name, spec_decode)\n(sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"false\"}[$window])) > 0))\n/ ignoring (spec_decode)\n(histogram_quantile(0.99, sum by (namespace, model_name, spec_decode, le) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_bucket:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"true\"}[$window])))\nand on (namespace, model_name, spec_decode)\n(sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"true\"}[$window])) > 0) > 0))\nor\nmax by (namespace, model_name) (specdecode_observed_speedup{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", window=\"$window\", statistic=\"p99\"})",
+              "expr": "((histogram_quantile(0.99, sum by (namespace, model_name, spec_decode, le) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_bucket:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"false\"}[$window]) / 15))\nand on (namespace, model_name, spec_decode)\n(sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"false\"}[$window]) / 15) > 0))\n/ ignoring (spec_decode)\n(histogram_quantile(0.99, sum by (namespace, model_name, spec_decode, le) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_bucket:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"true\"}[$window]) / 15))\nand on (namespace, model_name, spec_decode)\n(sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"true\"}[$window]) / 15) > 0) > 0))\nor\nmax by (namespace, model_name) (specdecode_observed_speedup{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", window=\"$window\", statistic=\"p99\"})",
               "instant": false,
               "legendFormat": "observed P99 {{model_name}} {{namespace}}",
               "range": true,
@@ -1693,7 +1693,7 @@
                 "type": "prometheus",
                 "uid": "${datasource}"
               },
-              "expr": "(1 + sum by (namespace, model_name) (avg_over_time(model:specdecode_accepted_tokens:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window])) / (sum by (namespace, model_name) (avg_over_time(model:specdecode_drafts:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window])) > 0))\n/\n(1 + sum by (namespace, model_name) (avg_over_time(model:specdecode_draft_tokens:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window])) / (sum by (namespace, model_name) (avg_over_time(model:specdecode_drafts:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window])) > 0)\n   * max by (namespace, model_name) (specdecode_break_even_acceptance_ratio{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", cost_basis=\"configured\"}))",
+              "expr": "(1 + sum by (namespace, model_name) (avg_over_time(model:specdecode_accepted_tokens:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window]) / 15) / (sum by (namespace, model_name) (avg_over_time(model:specdecode_drafts:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window]) / 15) > 0))\n/\n(1 + sum by (namespace, model_name) (avg_over_time(model:specdecode_draft_tokens:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window]) / 15) / (sum by (namespace, model_name) (avg_over_time(model:specdecode_drafts:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window]) / 15) > 0)\n   * max by (namespace, model_name) (specdecode_break_even_acceptance_ratio{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", cost_basis=\"configured\"}))",
               "instant": false,
               "legendFormat": "modelled {{model_name}} {{namespace}}",
               "range": true,
@@ -1818,7 +1818,7 @@
                 "type": "prometheus",
                 "uid": "${datasource}"
               },
-              "expr": "sum by (namespace, model_name) (avg_over_time(model:specdecode_accepted_tokens:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window]))\n/\n(sum by (namespace, model_name) (avg_over_time(model:specdecode_draft_tokens:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window])) > 0)",
+              "expr": "sum by (namespace, model_name) (avg_over_time(model:specdecode_accepted_tokens:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window]) / 15)\n/\n(sum by (namespace, model_name) (avg_over_time(model:specdecode_draft_tokens:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window]) / 15) > 0)",
               "instant": false,
               "legendFormat": "α {{model_name}} {{namespace}}",
               "range": true,
@@ -1965,7 +1965,7 @@
                 "type": "prometheus",
                 "uid": "${datasource}"
               },
-              "expr": "sum by (namespace, model_name) (avg_over_time(model:specdecode_accepted_tokens:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window]))\n/\n(sum by (namespace, model_name) (avg_over_time(model:specdecode_draft_tokens:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window])) > 0)",
+              "expr": "sum by (namespace, model_name) (avg_over_time(model:specdecode_accepted_tokens:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window]) / 15)\n/\n(sum by (namespace, model_name) (avg_over_time(model:specdecode_draft_tokens:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window]) / 15) > 0)",
               "instant": false,
               "legendFormat": "α {{model_name}} {{namespace}}",
               "range": true,
@@ -2054,7 +2054,7 @@
                 "type": "prometheus",
                 "uid": "${datasource}"
               },
-              "expr": "(1 + sum by (namespace, model_name) (avg_over_time(model:specdecode_accepted_tokens:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window])) / (sum by (namespace, model_name) (avg_over_time(model:specdecode_drafts:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window])) > 0))\n/\n(1 + sum by (namespace, model_name) (avg_over_time(model:specdecode_draft_tokens:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window])) / (sum by (namespace, model_name) (avg_over_time(model:specdecode_drafts:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window])) > 0)\n   * max by (namespace, model_name) (specdecode_break_even_acceptance_ratio{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", cost_basis=\"configured\"}))",
+              "expr": "(1 + sum by (namespace, model_name) (avg_over_time(model:specdecode_accepted_tokens:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window]) / 15) / (sum by (namespace, model_name) (avg_over_time(model:specdecode_drafts:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window]) / 15) > 0))\n/\n(1 + sum by (namespace, model_name) (avg_over_time(model:specdecode_draft_tokens:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window]) / 15) / (sum by (namespace, model_name) (avg_over_time(model:specdecode_drafts:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window]) / 15) > 0)\n   * max by (namespace, model_name) (specdecode_break_even_acceptance_ratio{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", cost_basis=\"configured\"}))",
               "instant": false,
               "legendFormat": "{{model_name}} {{namespace}}",
               "range": true,
@@ -2221,7 +2221,7 @@
                 "type": "prometheus",
                 "uid": "${datasource}"
               },
-              "expr": "1 + sum by (namespace, model_name) (avg_over_time(model:specdecode_accepted_tokens:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window]))\n/\n(sum by (namespace, model_name) (avg_over_time(model:specdecode_drafts:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window])) > 0)",
+              "expr": "1 + sum by (namespace, model_name) (avg_over_time(model:specdecode_accepted_tokens:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window]) / 15)\n/\n(sum by (namespace, model_name) (avg_over_time(model:specdecode_drafts:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window]) / 15) > 0)",
               "instant": false,
               "legendFormat": "mean length {{model_name}} {{namespace}}",
               "range": true,
@@ -2334,7 +2334,7 @@
                 "type": "prometheus",
                 "uid": "${datasource}"
               },
-              "expr": "sum by (le) (\nsum_over_time(model:specdecode_interval_acceptance_ratio_bucket:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$__rate_interval])\n* on () group_left ()\n((max_over_time(specdecode:stage_clock_seconds[$__rate_interval]) - min_over_time(specdecode:stage_clock_seconds[$__rate_interval])) / count_over_time(specdecode:stage_clock_seconds[$__rate_interval]))\n)",
+              "expr": "sum by (le) (\nsum_over_time(model:specdecode_interval_acceptance_ratio_bucket:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$__rate_interval])\n* on () group_left ()\nclamp_min((max_over_time(specdecode:stage_clock_seconds[$__rate_interval]) - min_over_time(specdecode:stage_clock_seconds[$__rate_interval])) / (count_over_time(specdecode:stage_clock_seconds[$__rate_interval]) - 1 > 0) / 15, 1)\n)",
               "format": "heatmap",
               "instant": false,
               "legendFormat": "{{le}}",
@@ -2413,7 +2413,7 @@
                 "type": "prometheus",
                 "uid": "${datasource}"
               },
-              "expr": "histogram_quantile(0.1, sum by (namespace, model_name, le) (avg_over_time(model:specdecode_interval_acceptance_ratio_bucket:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window])))\nand on (namespace, model_name)\n(sum by (namespace, model_name) (avg_over_time(model:specdecode_interval_acceptance_ratio_count:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window])) > 0)",
+              "expr": "histogram_quantile(0.1, sum by (namespace, model_name, le) (avg_over_time(model:specdecode_interval_acceptance_ratio_bucket:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window]) / 15))\nand on (namespace, model_name)\n(sum by (namespace, model_name) (avg_over_time(model:specdecode_interval_acceptance_ratio_count:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window]) / 15) > 0)",
               "instant": false,
               "legendFormat": "P10 {{model_name}} {{namespace}}",
               "range": true,
@@ -2424,7 +2424,7 @@
                 "type": "prometheus",
                 "uid": "${datasource}"
               },
-              "expr": "histogram_quantile(0.5, sum by (namespace, model_name, le) (avg_over_time(model:specdecode_interval_acceptance_ratio_bucket:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window])))\nand on (namespace, model_name)\n(sum by (namespace, model_name) (avg_over_time(model:specdecode_interval_acceptance_ratio_count:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window])) > 0)",
+              "expr": "histogram_quantile(0.5, sum by (namespace, model_name, le) (avg_over_time(model:specdecode_interval_acceptance_ratio_bucket:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window]) / 15))\nand on (namespace, model_name)\n(sum by (namespace, model_name) (avg_over_time(model:specdecode_interval_acceptance_ratio_count:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window]) / 15) > 0)",
               "instant": false,
               "legendFormat": "P50 {{model_name}} {{namespace}}",
               "range": true,
@@ -2435,7 +2435,7 @@
                 "type": "prometheus",
                 "uid": "${datasource}"
               },
-              "expr": "histogram_quantile(0.9, sum by (namespace, model_name, le) (avg_over_time(model:specdecode_interval_acceptance_ratio_bucket:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window])))\nand on (namespace, model_name)\n(sum by (namespace, model_name) (avg_over_time(model:specdecode_interval_acceptance_ratio_count:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window])) > 0)",
+              "expr": "histogram_quantile(0.9, sum by (namespace, model_name, le) (avg_over_time(model:specdecode_interval_acceptance_ratio_bucket:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window]) / 15))\nand on (namespace, model_name)\n(sum by (namespace, model_name) (avg_over_time(model:specdecode_interval_acceptance_ratio_count:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window]) / 15) > 0)",
               "instant": false,
               "legendFormat": "P90 {{model_name}} {{namespace}}",
               "range": true,
@@ -2521,7 +2521,7 @@
                 "type": "prometheus",
                 "uid": "${datasource}"
               },
-              "expr": "sum by (namespace, model_name) (avg_over_time(model:specdecode_interval_acceptance_ratio_bucket:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\", le=\"%s\"}[$window]))\n/\n(sum by (namespace, model_name) (avg_over_time(model:specdecode_interval_acceptance_ratio_count:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\", le=\"%s\"}[$window])) > 0)" % [std.format("%g", $._config.pageAcceptanceRatio), std.format("%g", $._config.pageAcceptanceRatio)],
+              "expr": "sum by (namespace, model_name) (avg_over_time(model:specdecode_interval_acceptance_ratio_bucket:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\", le=\"%s\"}[$window]) / 15)\n/\n(sum by (namespace, model_name) (avg_over_time(model:specdecode_interval_acceptance_ratio_count:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\", le=\"%s\"}[$window]) / 15) > 0)" % [std.format("%g", $._config.pageAcceptanceRatio), std.format("%g", $._config.pageAcceptanceRatio)],
               "instant": true,
               "legendFormat": "{{model_name}} {{namespace}}",
               "range": false,
@@ -2623,7 +2623,7 @@
                 "type": "prometheus",
                 "uid": "${datasource}"
               },
-              "expr": "sum by (le) (\nsum_over_time(model:specdecode_request_acceptance_ratio_bucket:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$__rate_interval])\n* on () group_left ()\n((max_over_time(specdecode:stage_clock_seconds[$__rate_interval]) - min_over_time(specdecode:stage_clock_seconds[$__rate_interval])) / count_over_time(specdecode:stage_clock_seconds[$__rate_interval]))\n)",
+              "expr": "sum by (le) (\nsum_over_time(model:specdecode_request_acceptance_ratio_bucket:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$__rate_interval])\n* on () group_left ()\nclamp_min((max_over_time(specdecode:stage_clock_seconds[$__rate_interval]) - min_over_time(specdecode:stage_clock_seconds[$__rate_interval])) / (count_over_time(specdecode:stage_clock_seconds[$__rate_interval]) - 1 > 0) / 15, 1)\n)",
               "format": "heatmap",
               "instant": false,
               "legendFormat": "{{le}}",
@@ -2725,7 +2725,7 @@
                 "type": "prometheus",
                 "uid": "${datasource}"
               },
-              "expr": "sum by (namespace, model_name, temperature) (avg_over_time(model_band:specdecode_request_accepted_tokens:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window]))\n/\n(sum by (namespace, model_name, temperature) (avg_over_time(model_band:specdecode_request_draft_tokens:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window])) > 0)",
+              "expr": "sum by (namespace, model_name, temperature) (avg_over_time(model_band:specdecode_request_accepted_tokens:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window]) / 15)\n/\n(sum by (namespace, model_name, temperature) (avg_over_time(model_band:specdecode_request_draft_tokens:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window]) / 15) > 0)",
               "instant": false,
               "legendFormat": "T {{temperature}} {{model_name}}",
               "range": true,
@@ -2736,7 +2736,7 @@
                 "type": "prometheus",
                 "uid": "${datasource}"
               },
-              "expr": "sum by (namespace, model_name, workload) (avg_over_time(model_band:specdecode_request_accepted_tokens:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window]))\n/\n(sum by (namespace, model_name, workload) (avg_over_time(model_band:specdecode_request_draft_tokens:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window])) > 0)",
+              "expr": "sum by (namespace, model_name, workload) (avg_over_time(model_band:specdecode_request_accepted_tokens:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window]) / 15)\n/\n(sum by (namespace, model_name, workload) (avg_over_time(model_band:specdecode_request_draft_tokens:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window]) / 15) > 0)",
               "instant": false,
               "legendFormat": "{{workload}} {{model_name}}",
               "range": true,
@@ -2822,7 +2822,7 @@
                 "type": "prometheus",
                 "uid": "${datasource}"
               },
-              "expr": "sum by (namespace, model_name) (avg_over_time(model:specdecode_request_acceptance_ratio_bucket:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\", le=\"%s\"}[$window]))\n/\n(sum by (namespace, model_name) (avg_over_time(model:specdecode_request_acceptance_ratio_count:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\", le=\"%s\"}[$window])) > 0)\nor\nsum by (namespace, model_name) (avg_over_time(model:specdecode_engine_request_acceptance_ratio_bucket:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\", le=\"%s\"}[$window]))\n/\n(sum by (namespace, model_name) (avg_over_time(model:specdecode_engine_request_acceptance_ratio_count:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\", le=\"%s\"}[$window])) > 0)" % [std.format("%g", std.foldl(function(best, b) if b <= $._config.pageAcceptanceRatio + 1e-9 then b else best, [0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1.0], null)), std.format("%g", std.foldl(function(best, b) if b <= $._config.pageAcceptanceRatio + 1e-9 then b else best, [0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1.0], null)), std.format("%g", std.foldl(function(best, b) if b <= $._config.pageAcceptanceRatio + 1e-9 then b else best, [0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1.0], null)), std.format("%g", std.foldl(function(best, b) if b <= $._config.pageAcceptanceRatio + 1e-9 then b else best, [0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1.0], null))],
+              "expr": "sum by (namespace, model_name) (avg_over_time(model:specdecode_request_acceptance_ratio_bucket:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\", le=\"%s\"}[$window]) / 15)\n/\n(sum by (namespace, model_name) (avg_over_time(model:specdecode_request_acceptance_ratio_count:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\", le=\"%s\"}[$window]) / 15) > 0)\nor\nsum by (namespace, model_name) (avg_over_time(model:specdecode_engine_request_acceptance_ratio_bucket:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\", le=\"%s\"}[$window]) / 15)\n/\n(sum by (namespace, model_name) (avg_over_time(model:specdecode_engine_request_acceptance_ratio_count:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\", le=\"%s\"}[$window]) / 15) > 0)" % [std.format("%g", std.foldl(function(best, b) if b <= $._config.pageAcceptanceRatio + 1e-9 then b else best, [0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1.0], null)), std.format("%g", std.foldl(function(best, b) if b <= $._config.pageAcceptanceRatio + 1e-9 then b else best, [0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1.0], null)), std.format("%g", std.foldl(function(best, b) if b <= $._config.pageAcceptanceRatio + 1e-9 then b else best, [0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1.0], null)), std.format("%g", std.foldl(function(best, b) if b <= $._config.pageAcceptanceRatio + 1e-9 then b else best, [0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1.0], null))],
               "instant": true,
               "legendFormat": "share {{model_name}} {{namespace}}",
               "range": false,
@@ -2833,7 +2833,7 @@
                 "type": "prometheus",
                 "uid": "${datasource}"
               },
-              "expr": "histogram_quantile(0.1, sum by (namespace, model_name, le) (avg_over_time(model:specdecode_request_acceptance_ratio_bucket:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window])))\nand on (namespace, model_name)\n(sum by (namespace, model_name) (avg_over_time(model:specdecode_request_acceptance_ratio_count:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window])) > 0)\nor\nhistogram_quantile(0.1, sum by (namespace, model_name, le) (avg_over_time(model:specdecode_engine_request_acceptance_ratio_bucket:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window])))\nand on (namespace, model_name)\n(sum by (namespace, model_name) (avg_over_time(model:specdecode_engine_request_acceptance_ratio_count:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window])) > 0)",
+              "expr": "histogram_quantile(0.1, sum by (namespace, model_name, le) (avg_over_time(model:specdecode_request_acceptance_ratio_bucket:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window]) / 15))\nand on (namespace, model_name)\n(sum by (namespace, model_name) (avg_over_time(model:specdecode_request_acceptance_ratio_count:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window]) / 15) > 0)\nor\nhistogram_quantile(0.1, sum by (namespace, model_name, le) (avg_over_time(model:specdecode_engine_request_acceptance_ratio_bucket:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window]) / 15))\nand on (namespace, model_name)\n(sum by (namespace, model_name) (avg_over_time(model:specdecode_engine_request_acceptance_ratio_count:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window]) / 15) > 0)",
               "instant": true,
               "legendFormat": "P10 α {{model_name}} {{namespace}}",
               "range": false,
@@ -3271,7 +3271,7 @@
                 "type": "prometheus",
                 "uid": "${datasource}"
               },
-              "expr": "sum by (position) (avg_over_time(model:specdecode_accepted_tokens_by_position:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window]))\n/ on () group_left ()\n(sum (avg_over_time(model:specdecode_drafts:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window])) > 0)",
+              "expr": "sum by (position) (avg_over_time(model:specdecode_accepted_tokens_by_position:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window]) / 15)\n/ on () group_left ()\n(sum (avg_over_time(model:specdecode_drafts:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window]) / 15) > 0)",
               "format": "table",
               "instant": true,
               "legendFormat": "{{position}}",
@@ -3372,7 +3372,7 @@
                 "type": "prometheus",
                 "uid": "${datasource}"
               },
-              "expr": "sum by (namespace, model_name, position) (avg_over_time(model:specdecode_accepted_tokens_by_position:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window]))\n/ on (namespace, model_name) group_left ()\n(sum by (namespace, model_name) (avg_over_time(model:specdecode_drafts:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window])) > 0)",
+              "expr": "sum by (namespace, model_name, position) (avg_over_time(model:specdecode_accepted_tokens_by_position:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window]) / 15)\n/ on (namespace, model_name) group_left ()\n(sum by (namespace, model_name) (avg_over_time(model:specdecode_drafts:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window]) / 15) > 0)",
               "instant": false,
               "legendFormat": "pos {{position}} {{model_name}}",
               "range": true,
@@ -3558,7 +3558,7 @@
                 "type": "prometheus",
                 "uid": "${datasource}"
               },
-              "expr": "sum by (namespace, model_name) (avg_over_time(model:specdecode_draft_tokens:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$__rate_interval]))",
+              "expr": "sum by (namespace, model_name) (avg_over_time(model:specdecode_draft_tokens:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$__rate_interval]) / 15)",
               "instant": false,
               "legendFormat": "drafted {{model_name}} {{namespace}}",
               "range": true,
@@ -3569,7 +3569,7 @@
                 "type": "prometheus",
                 "uid": "${datasource}"
               },
-              "expr": "sum by (namespace, model_name) (avg_over_time(model:specdecode_accepted_tokens:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$__rate_interval]))",
+              "expr": "sum by (namespace, model_name) (avg_over_time(model:specdecode_accepted_tokens:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$__rate_interval]) / 15)",
               "instant": false,
               "legendFormat": "accepted {{model_name}} {{namespace}}",
               "range": true,
@@ -3580,7 +3580,7 @@
                 "type": "prometheus",
                 "uid": "${datasource}"
               },
-              "expr": "sum by (namespace, model_name) (avg_over_time(model:specdecode_draft_tokens:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$__rate_interval]))\n-\nsum by (namespace, model_name) (avg_over_time(model:specdecode_accepted_tokens:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$__rate_interval]))",
+              "expr": "sum by (namespace, model_name) (avg_over_time(model:specdecode_draft_tokens:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$__rate_interval]) / 15)\n-\nsum by (namespace, model_name) (avg_over_time(model:specdecode_accepted_tokens:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$__rate_interval]) / 15)",
               "instant": false,
               "legendFormat": "rejected {{model_name}} {{namespace}}",
               "range": true,
@@ -3591,7 +3591,7 @@
                 "type": "prometheus",
                 "uid": "${datasource}"
               },
-              "expr": "sum by (namespace, model_name) (avg_over_time(engine:specdecode_emitted_tokens:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$__rate_interval]))",
+              "expr": "sum by (namespace, model_name) (avg_over_time(engine:specdecode_emitted_tokens:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$__rate_interval]) / 15)",
               "instant": false,
               "legendFormat": "emitted {{model_name}} {{namespace}}",
               "range": true,
@@ -3652,7 +3652,7 @@
                 "type": "prometheus",
                 "uid": "${datasource}"
               },
-              "expr": "sum by (namespace, model_name) (avg_over_time(model:specdecode_drafts:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$__rate_interval]))",
+              "expr": "sum by (namespace, model_name) (avg_over_time(model:specdecode_drafts:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$__rate_interval]) / 15)",
               "instant": false,
               "legendFormat": "{{model_name}} {{namespace}}",
               "range": true,
@@ -4482,7 +4482,7 @@
                 "type": "prometheus",
                 "uid": "${datasource}"
               },
-              "expr": "sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_preemptions:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"true\"}[$window]))\n/\n(sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"true\"}[$window])) > 0)",
+              "expr": "sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_preemptions:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"true\"}[$window]) / 15)\n/\n(sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"true\"}[$window]) / 15) > 0)",
               "instant": false,
               "legendFormat": "preemptions with spec decode {{model_name}}",
               "range": true,
@@ -4493,7 +4493,7 @@
                 "type": "prometheus",
                 "uid": "${datasource}"
               },
-              "expr": "sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_preemptions:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"false\"}[$window]))\n/\n(sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"false\"}[$window])) > 0)",
+              "expr": "sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_preemptions:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"false\"}[$window]) / 15)\n/\n(sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"false\"}[$window]) / 15) > 0)",
               "instant": false,
               "legendFormat": "preemptions without (control) {{model_name}}",
               "range": true,
@@ -4593,7 +4593,7 @@
                 "type": "prometheus",
                 "uid": "${datasource}"
               },
-              "expr": "sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_generated_tokens:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"true\"}[$window]))\n/\n(sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_generating_engines:stage_count{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"true\"}[$window])) > 0)",
+              "expr": "sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_generated_tokens:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"true\"}[$window]) / 15)\n/\n(sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_generating_engines:stage_count{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"true\"}[$window])) > 0)",
               "instant": false,
               "legendFormat": "tokens/s with spec decode {{model_name}}",
               "range": true,
@@ -4604,7 +4604,7 @@
                 "type": "prometheus",
                 "uid": "${datasource}"
               },
-              "expr": "sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_generated_tokens:stage_rate1m{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"false\"}[$window]))\n/\n(sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_generating_engines:stage_count{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"false\"}[$window])) > 0)",
+              "expr": "sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_generated_tokens:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"false\"}[$window]) / 15)\n/\n(sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_generating_engines:stage_count{namespace=~\"$namespace\", model_name=~\"$model_name\", spec_decode=\"false\"}[$window])) > 0)",
               "instant": false,
               "legendFormat": "tokens/s without (control) {{model_name}}",
               "range": true,

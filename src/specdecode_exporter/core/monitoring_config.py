@@ -96,17 +96,11 @@ class Windows(Section):
     # How often the ruler evaluates the window records (not the page's and the alerts': statistics.evaluation_interval);
     # None: the ruler's own default.
     evaluation_interval: PromDuration | None = None
-    # The range of the short stage: the only range over the pods' raw series (monitoring.stage); every longer window
-    # is built from its records. At least two scrape intervals.
-    stage: PromDuration = "1m"
 
     def cross_check(self, context: Context) -> Windows:
         for key in ("verdict", "sidecar_alert"):
             if getattr(self, key) not in self.sidecar:
                 raise fail(f"{getattr(self, key)} is not one of windows.sidecar", key)
-        for key in ("short", "long"):
-            if validation.duration_seconds(getattr(self, key)) < validation.duration_seconds(self.stage):
-                raise fail(f"{getattr(self, key)} is shorter than windows.stage ({self.stage})", key)
         return self
 
 

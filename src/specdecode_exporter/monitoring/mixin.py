@@ -74,7 +74,6 @@ BAKED = {
     "target_labels": "the labels of the rules' joins: the rules' structure",
     "levels": "the aggregation levels: which recording rules exist",
     "alert_level": "names the recording rules",
-    "windows.stage": "names the short stage's records (stage_rate<range>)",
     "windows.sidecar": "the sidecar's --collect.windows; the dashboard's window choices",
     "windows.verdict": "the dashboard's default window, one of windows.sidecar",
     "quantiles": "which quantile recording rules exist",

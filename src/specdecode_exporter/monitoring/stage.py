@@ -1,38 +1,44 @@
-"""The short stage: the only rules that range over the pods' raw series.
+"""The short stage: the only rules that read the pods' raw counters and histograms.
 
 A fleet's ruler pays for every raw sample a rule reads, at every evaluation. Rules that range over each pod's raw
-series for an hour re-read that hour for every pod every time (the way Prometheus cost 8x vLLM's own page at 100
-pods). So, as Sloth and Pyrra build their long SLO windows: each counter and histogram the rules need is summed to
-the level the alerts and panels read (model; model and band; model, spec_decode and le) over one short range
-(``windows.stage``, 1m), recorded at every ``statistics.evaluation_interval`` (15 s). Every longer window is then
-an ``avg_over_time`` (a rate) or a ``sum_over_time`` (a count) of those per-model records: one series per model,
-not one per pod, whatever the window.
+series for an hour re-read that hour for every pod every time (Prometheus spent 8x on them what scraping vLLM's own
+page cost, at 100 pods). So, as Sloth and Pyrra build their long SLO windows from a short recorded stage: each
+counter and histogram the rules need is summed, at every ``statistics.evaluation_interval`` (15 s), to the level the
+alerts and panels read (model; model and band; model, spec_decode and le), as its increase since the previous
+evaluation: ``x - x offset 15s`` per series (a counter that fell was reset: its increase is its new value, as
+rate() counts it; a series without a sample 15 s ago counts nothing yet), then summed. Each series' two instant
+samples are all the stage reads, whatever the scrape interval.
 
-Why a rate over the stage range, not an increase since the last evaluation: a rate needs no knowledge of when the
-ruler evaluates, so a window's rate is the same under promtool, a remote ruler or a missed iteration. The count a
-window covers (the evidence of a test) is the sum of the records times the evaluation interval: a record that is
-missing (a scrape gap longer than the stage, a missed evaluation) counts for nothing, so the evidence never
-overstates what the samples saw (less evidence makes a test slower, never noisier).
+Every longer window is built from those per-model records: the count a window holds is the sum of its records
+(exactly what the samples saw, each scrape's increment once: the page's evidence), its rate their mean over the
+step. So a 2 h window reads 480 samples of one series per model, not 480 of every pod's.
+
+A ruler that evaluates the stage less often than configured (promtool at another interval, missed iterations)
+samples increases instead of summing all of them; the stage's clock (the time of each of its evaluations) scales the
+sum by the spacing it actually ran at, so such a window's count is an estimate, never a multiple, of the true one.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from specdecode_exporter.core import metrics as m
 from specdecode_exporter.core.monitoring_config import MonitoringConfig
+from specdecode_exporter.core.validation import duration_seconds
 from specdecode_exporter.monitoring.promql import by, fmt_num, record_name, selector
 
-How = Literal["rate", "avg", "count"]
+How = Literal["increase", "avg", "count"]
+DURATION = re.compile(r"(\d+(ms|[smhdwy]))+")
 BAND_LABELS = ("workload", "temperature")
 ROUTE_CLASS_LABELS = ("workload", "temperature", "prompt_length")  # prompt_length only where its bands are set
 
 
 @dataclass(frozen=True, slots=True)
 class Staged:
-    """One raw family summed to one level over the stage range: ``rate`` for counters, ``avg``/``count`` of a
-    gauge's series (an instant read)."""
+    """One raw family summed to one level at each step: ``increase`` for counters, ``avg``/``count`` of a gauge's
+    series."""
 
     group: str  # the stage group it is recorded in (specdecode.rules.stage.<group>)
     level: str  # the record's level (its name's first part)
@@ -40,19 +46,25 @@ class Staged:
     exposed: str  # the raw series it reads
     by: tuple[str, ...]  # empty: not aggregated (each series keeps its labels)
     matchers: tuple[str, ...] = ()
-    how: How = "rate"
+    how: How = "increase"
 
 
 def _record(cfg: MonitoringConfig, s: Staged) -> str:
-    op = f"stage_rate{cfg.windows.stage}" if s.how == "rate" else f"stage_{s.how}"
-    return record_name(s.level, s.name, op)
+    return record_name(s.level, s.name, f"stage_{s.how}")
+
+
+def step_increase(raw: str, step: str) -> str:
+    """Each series' increase over the last ``step`` (its samples then and now, the latest at or before each): a
+    counter that fell was reset, and its increase is its new value."""
+    delta = f"({raw} - {raw} offset {step})"
+    return f"({delta} >= 0\nor\n{raw} and {delta} < 0)"
 
 
 def _expr(cfg: MonitoringConfig, s: Staged) -> str:
     raw = selector(s.exposed, ", ".join(p for p in (cfg.metric_selector, *s.matchers) if p))
-    if s.how == "rate":
-        rate = f"rate({raw}[{cfg.windows.stage}])"
-        return f"sum by ({by(s.by)}) ({rate})" if s.by else rate  # no labels: each series as it is
+    if s.how == "increase":
+        increase = step_increase(raw, cfg.statistics.evaluation_interval)
+        return f"sum by ({by(s.by)}) {increase}" if s.by else increase  # no labels: each series as it is
     return f"{s.how} by ({by(s.by)}) ({raw})"
 
 
@@ -114,29 +126,43 @@ def record(cfg: MonitoringConfig, key: str, *matchers: str) -> str:
     return selector(_record(cfg, family(cfg, key)), ", ".join(matchers))
 
 
+def _step_s(cfg: MonitoringConfig) -> str:
+    return fmt_num(duration_seconds(cfg.statistics.evaluation_interval))
+
+
+def within(window: str) -> str:
+    """``window`` as a range that holds each of the stage's records once: a Prometheus 2 range is closed at both
+    ends, and a ruler that evaluates on the stage's grid would find a record at each (promtool does)."""
+    if type(window) is not str or not DURATION.fullmatch(window):  # a mixin _config value, $__rate_interval
+        return window
+    ms = round(duration_seconds(window) * 1000) - 1
+    parts = [(ms // 3_600_000, "h"), (ms // 60_000 % 60, "m"), (ms // 1000 % 60, "s"), (ms % 1000, "ms")]
+    return "".join(f"{n}{unit}" for n, unit in parts if n)
+
+
 def rate(cfg: MonitoringConfig, key: str, window: str, *matchers: str) -> str:
-    """The per-second rate of ``key`` over ``window`` (per level series): the stage's rates averaged. A gauge's
-    ``avg``/``count`` record averaged the same way."""
-    return f"avg_over_time({record(cfg, key, *matchers)}[{window}])"
+    """The per-second rate of ``key`` over ``window`` (per level series): its step increases averaged, over the
+    step. A gauge's ``avg``/``count`` record is averaged as it is."""
+    averaged = f"avg_over_time({record(cfg, key, *matchers)}[{within(window)}])"
+    return f"{averaged} / {_step_s(cfg)}" if family(cfg, key).how == "increase" else averaged
 
 
 CLOCK = "specdecode:stage_clock_seconds"  # the stage's evaluation times: what its records are spaced by
 
 
-def spacing(window: str) -> str:
-    """The time each of the stage's records over ``window`` stands for, from its clock: the span its evaluations
-    cover over how many there are. That is the interval it runs at (longer where evaluations were missed, whatever
-    promtool uses) less one interval's share, so that a window holding both its ends (a range is closed at both in
-    Prometheus 2) never counts one record too many: a count is at most one interval short, never over."""
-    clock = f"{CLOCK}[{window}]"
-    return f"((max_over_time({clock}) - min_over_time({clock})) / count_over_time({clock}))"
+def coverage(cfg: MonitoringConfig, window: str) -> str:
+    """How many steps each of the stage's records over ``window`` stands for: 1 where the stage ran every step (the
+    mean spacing of its clock over the step), more where it ran less often. 1 until it has run twice."""
+    clock = f"{CLOCK}[{within(window)}]"
+    spacing = f"(max_over_time({clock}) - min_over_time({clock})) / (count_over_time({clock}) - 1 > 0)"
+    return f"clamp_min({spacing} / {_step_s(cfg)}, 1)"
 
 
 def count(cfg: MonitoringConfig, key: str, window: str, *matchers: str) -> str:
-    """What ``key`` counted over ``window`` as far as the stage's records cover it: Σ rate × the time between
-    evaluations. A missing record (a gap, a series that began inside the window) counts nothing; no sample before
-    the stage has evaluated twice in the window."""
-    return f"sum_over_time({record(cfg, key, *matchers)}[{window}])\n* on () group_left ()\n{spacing(window)}"
+    """What ``key`` counted over ``window``: the sum of its step increases (each scrape's increment once, where the
+    stage ran every step). A series that began inside the window counts from its second sample."""
+    total = f"sum_over_time({record(cfg, key, *matchers)}[{within(window)}])"
+    return f"{total}\n* on () group_left ()\n{coverage(cfg, window)}"
 
 
 def record_names(cfg: MonitoringConfig) -> set[str]:
