@@ -179,6 +179,10 @@ def _per_request(cfg: MonitoringConfig, query: Callable[[str], str]) -> str:
     return f"{query('request')}\nor\n{query('engine_request')}"
 
 
+def le(bound: float) -> str:
+    return f'le="{fmt_num(bound)}"'
+
+
 def _request_rules(cfg: MonitoringConfig) -> Iterator[Rule]:
     """The request tap's distribution per model, and exact α per workload and temperature band; the requests each
     of them counts (their evidence)."""
@@ -186,7 +190,7 @@ def _request_rules(cfg: MonitoringConfig) -> Iterator[Rule]:
     q, bound = cfg.thresholds.request_quantile, below_page_bound(cfg)
 
     def share(bound: float) -> Callable[[str], str]:
-        return lambda h: guarded_ratio(stage.rate(cfg, f"{h}_bucket", w, f'le="{fmt_num(bound)}"'),
+        return lambda h: guarded_ratio(f"sum without (le) ({stage.rate(cfg, f'{h}_bucket', w, le(bound))})",
                                        stage.rate(cfg, f"{h}_count", w))
 
     yield {"record": request_quantile_record(cfg),
