@@ -296,7 +296,7 @@
           },
           {
             "alert": "SpecDecodeClassRouted",
-            "expr": "max by (namespace, model_name, workload, temperature, prompt_length) (specdecode_route_class_state%s) == 1\nand on (namespace, model_name, workload, temperature, prompt_length)\nsum by (namespace, model_name, workload, temperature, prompt_length) (avg_over_time(model:specdecode_route_requests:stage_increase[59m59s999ms]) / 15) > 0" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')],
+            "expr": "max by (namespace, model_name, workload, temperature, prompt_length) (specdecode_route_class_state%s) == 1\nand on (namespace, model_name, workload, temperature, prompt_length)\nsum by (namespace, model_name, workload, temperature, prompt_length) (avg_over_time(model:specdecode_route_requests:stage_increase[1h]) / 15) > 0" % [(if $._config.metricSelector == '' then '' else '{' + $._config.metricSelector + '}')],
             "for": $._config.alerts.SpecDecodeClassRouted["for"],
             "labels": {
               "severity": $._config.alerts.SpecDecodeClassRouted.severity
@@ -322,7 +322,7 @@
           },
           {
             "alert": "SpecDecodePreemptionsRaised",
-            "expr": "model:specdecode_preemptions_per_request:ratio_rate1h{spec_decode=\"true\"}\n- ignoring (spec_decode)\nmodel:specdecode_preemptions_per_request:ratio_rate1h{spec_decode=\"false\"}\n> %s\nand on (namespace, model_name)\nsum by (namespace, model_name) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_increase{spec_decode=\"true\"}[59m59s999ms]) / 15) * 3600 >= %s" % [std.format("%g", $._config.maxPreemptionsPerRequestIncrease), std.format("%g", $._config.minRequestsPerHour)],
+            "expr": "model:specdecode_preemptions_per_request:ratio_rate1h{spec_decode=\"true\"}\n- ignoring (spec_decode)\nmodel:specdecode_preemptions_per_request:ratio_rate1h{spec_decode=\"false\"}\n> %s\nand on (namespace, model_name)\nsum by (namespace, model_name) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_increase{spec_decode=\"true\"}[1h]) / 15) * 3600 >= %s" % [std.format("%g", $._config.maxPreemptionsPerRequestIncrease), std.format("%g", $._config.minRequestsPerHour)],
             "for": $._config.alerts.SpecDecodePreemptionsRaised["for"],
             "labels": {
               "severity": $._config.alerts.SpecDecodePreemptionsRaised.severity
@@ -335,7 +335,7 @@
           },
           {
             "alert": "SpecDecodeThroughputCut",
-            "expr": "model:specdecode_generated_tokens_per_second:avg_rate1h{spec_decode=\"true\"}\n/ ignoring (spec_decode)\n(model:specdecode_generated_tokens_per_second:avg_rate1h{spec_decode=\"false\"} > 0)\n< %s\nand on (namespace, model_name)\navg by (namespace, model_name) (specdecode_requests_waiting{%swindow=\"1h\"}\nand ignoring (window, api, method, num_speculative_tokens)\nspecdecode_info{%smethod!=\"off\"}) >= %s\nand on (namespace, model_name)\nsum by (namespace, model_name) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_increase{spec_decode=\"true\"}[59m59s999ms]) / 15) * 3600 >= %s" % [std.format("%g", $._config.minThroughputRatio), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), std.format("%g", $._config.minWaitingRequests), std.format("%g", $._config.minRequestsPerHour)],
+            "expr": "model:specdecode_generated_tokens_per_second:avg_rate1h{spec_decode=\"true\"}\n/ ignoring (spec_decode)\n(model:specdecode_generated_tokens_per_second:avg_rate1h{spec_decode=\"false\"} > 0)\n< %s\nand on (namespace, model_name)\navg by (namespace, model_name) (specdecode_requests_waiting{%swindow=\"1h\"}\nand ignoring (window, api, method, num_speculative_tokens)\nspecdecode_info{%smethod!=\"off\"}) >= %s\nand on (namespace, model_name)\nsum by (namespace, model_name) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_increase{spec_decode=\"true\"}[1h]) / 15) * 3600 >= %s" % [std.format("%g", $._config.minThroughputRatio), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), (if $._config.metricSelector == '' then '' else $._config.metricSelector + ', '), std.format("%g", $._config.minWaitingRequests), std.format("%g", $._config.minRequestsPerHour)],
             "for": $._config.alerts.SpecDecodeThroughputCut["for"],
             "labels": {
               "severity": $._config.alerts.SpecDecodeThroughputCut.severity
@@ -510,31 +510,31 @@
           },
           {
             "record": "model:specdecode_draft_tokens:rate1h",
-            "expr": "avg_over_time(model:specdecode_draft_tokens:stage_increase[59m59s999ms]) / 15"
+            "expr": "avg_over_time(model:specdecode_draft_tokens:stage_increase[1h]) / 15"
           },
           {
             "record": "model:specdecode_accepted_tokens:rate1h",
-            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_increase[59m59s999ms]) / 15"
+            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_increase[1h]) / 15"
           },
           {
             "record": "model:specdecode_drafts:rate1h",
-            "expr": "avg_over_time(model:specdecode_drafts:stage_increase[59m59s999ms]) / 15"
+            "expr": "avg_over_time(model:specdecode_drafts:stage_increase[1h]) / 15"
           },
           {
             "record": "model:specdecode_acceptance_ratio:rate1h",
-            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_increase[59m59s999ms]) / 15\n/\n(avg_over_time(model:specdecode_draft_tokens:stage_increase[59m59s999ms]) / 15 > 0)"
+            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_increase[1h]) / 15\n/\n(avg_over_time(model:specdecode_draft_tokens:stage_increase[1h]) / 15 > 0)"
           },
           {
             "record": "model:specdecode_mean_acceptance_length:rate1h",
-            "expr": "1 + avg_over_time(model:specdecode_accepted_tokens:stage_increase[59m59s999ms]) / 15\n/\n(avg_over_time(model:specdecode_drafts:stage_increase[59m59s999ms]) / 15 > 0)"
+            "expr": "1 + avg_over_time(model:specdecode_accepted_tokens:stage_increase[1h]) / 15\n/\n(avg_over_time(model:specdecode_drafts:stage_increase[1h]) / 15 > 0)"
           },
           {
             "record": "model:specdecode_interval_acceptance_ratio:p10_rate1h",
-            "expr": "histogram_quantile(0.1, avg_over_time(model:specdecode_interval_acceptance_ratio_bucket:stage_increase[59m59s999ms]) / 15)\nand on (namespace, model_name)\n(avg_over_time(model:specdecode_interval_acceptance_ratio_count:stage_increase[59m59s999ms]) / 15 > 0)"
+            "expr": "histogram_quantile(0.1, avg_over_time(model:specdecode_interval_acceptance_ratio_bucket:stage_increase[1h]) / 15)\nand on (namespace, model_name)\n(avg_over_time(model:specdecode_interval_acceptance_ratio_count:stage_increase[1h]) / 15 > 0)"
           },
           {
             "record": "model:specdecode_interval_acceptance_ratio:p50_rate1h",
-            "expr": "histogram_quantile(0.5, avg_over_time(model:specdecode_interval_acceptance_ratio_bucket:stage_increase[59m59s999ms]) / 15)\nand on (namespace, model_name)\n(avg_over_time(model:specdecode_interval_acceptance_ratio_count:stage_increase[59m59s999ms]) / 15 > 0)"
+            "expr": "histogram_quantile(0.5, avg_over_time(model:specdecode_interval_acceptance_ratio_bucket:stage_increase[1h]) / 15)\nand on (namespace, model_name)\n(avg_over_time(model:specdecode_interval_acceptance_ratio_count:stage_increase[1h]) / 15 > 0)"
           }
         ]
       },
@@ -544,23 +544,23 @@
         "rules": [
           {
             "record": "model:specdecode_draft_tokens:rate2m",
-            "expr": "avg_over_time(model:specdecode_draft_tokens:stage_increase[1m59s999ms]) / 15"
+            "expr": "avg_over_time(model:specdecode_draft_tokens:stage_increase[2m]) / 15"
           },
           {
             "record": "model:specdecode_accepted_tokens:rate2m",
-            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_increase[1m59s999ms]) / 15"
+            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_increase[2m]) / 15"
           },
           {
             "record": "model:specdecode_drafts:rate2m",
-            "expr": "avg_over_time(model:specdecode_drafts:stage_increase[1m59s999ms]) / 15"
+            "expr": "avg_over_time(model:specdecode_drafts:stage_increase[2m]) / 15"
           },
           {
             "record": "model:specdecode_acceptance_ratio:rate2m",
-            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_increase[1m59s999ms]) / 15\n/\n(avg_over_time(model:specdecode_draft_tokens:stage_increase[1m59s999ms]) / 15 > 0)"
+            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_increase[2m]) / 15\n/\n(avg_over_time(model:specdecode_draft_tokens:stage_increase[2m]) / 15 > 0)"
           },
           {
             "record": "model:specdecode_mean_acceptance_length:rate2m",
-            "expr": "1 + avg_over_time(model:specdecode_accepted_tokens:stage_increase[1m59s999ms]) / 15\n/\n(avg_over_time(model:specdecode_drafts:stage_increase[1m59s999ms]) / 15 > 0)"
+            "expr": "1 + avg_over_time(model:specdecode_accepted_tokens:stage_increase[2m]) / 15\n/\n(avg_over_time(model:specdecode_drafts:stage_increase[2m]) / 15 > 0)"
           },
           {
             "record": "model:specdecode_draft_tokens:sampled_increase2m",
@@ -574,23 +574,23 @@
         "rules": [
           {
             "record": "model:specdecode_draft_tokens:rate3m",
-            "expr": "avg_over_time(model:specdecode_draft_tokens:stage_increase[2m59s999ms]) / 15"
+            "expr": "avg_over_time(model:specdecode_draft_tokens:stage_increase[3m]) / 15"
           },
           {
             "record": "model:specdecode_accepted_tokens:rate3m",
-            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_increase[2m59s999ms]) / 15"
+            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_increase[3m]) / 15"
           },
           {
             "record": "model:specdecode_drafts:rate3m",
-            "expr": "avg_over_time(model:specdecode_drafts:stage_increase[2m59s999ms]) / 15"
+            "expr": "avg_over_time(model:specdecode_drafts:stage_increase[3m]) / 15"
           },
           {
             "record": "model:specdecode_acceptance_ratio:rate3m",
-            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_increase[2m59s999ms]) / 15\n/\n(avg_over_time(model:specdecode_draft_tokens:stage_increase[2m59s999ms]) / 15 > 0)"
+            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_increase[3m]) / 15\n/\n(avg_over_time(model:specdecode_draft_tokens:stage_increase[3m]) / 15 > 0)"
           },
           {
             "record": "model:specdecode_mean_acceptance_length:rate3m",
-            "expr": "1 + avg_over_time(model:specdecode_accepted_tokens:stage_increase[2m59s999ms]) / 15\n/\n(avg_over_time(model:specdecode_drafts:stage_increase[2m59s999ms]) / 15 > 0)"
+            "expr": "1 + avg_over_time(model:specdecode_accepted_tokens:stage_increase[3m]) / 15\n/\n(avg_over_time(model:specdecode_drafts:stage_increase[3m]) / 15 > 0)"
           },
           {
             "record": "model:specdecode_draft_tokens:sampled_increase3m",
@@ -604,23 +604,23 @@
         "rules": [
           {
             "record": "model:specdecode_draft_tokens:rate10m",
-            "expr": "avg_over_time(model:specdecode_draft_tokens:stage_increase[9m59s999ms]) / 15"
+            "expr": "avg_over_time(model:specdecode_draft_tokens:stage_increase[10m]) / 15"
           },
           {
             "record": "model:specdecode_accepted_tokens:rate10m",
-            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_increase[9m59s999ms]) / 15"
+            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_increase[10m]) / 15"
           },
           {
             "record": "model:specdecode_drafts:rate10m",
-            "expr": "avg_over_time(model:specdecode_drafts:stage_increase[9m59s999ms]) / 15"
+            "expr": "avg_over_time(model:specdecode_drafts:stage_increase[10m]) / 15"
           },
           {
             "record": "model:specdecode_acceptance_ratio:rate10m",
-            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_increase[9m59s999ms]) / 15\n/\n(avg_over_time(model:specdecode_draft_tokens:stage_increase[9m59s999ms]) / 15 > 0)"
+            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_increase[10m]) / 15\n/\n(avg_over_time(model:specdecode_draft_tokens:stage_increase[10m]) / 15 > 0)"
           },
           {
             "record": "model:specdecode_mean_acceptance_length:rate10m",
-            "expr": "1 + avg_over_time(model:specdecode_accepted_tokens:stage_increase[9m59s999ms]) / 15\n/\n(avg_over_time(model:specdecode_drafts:stage_increase[9m59s999ms]) / 15 > 0)"
+            "expr": "1 + avg_over_time(model:specdecode_accepted_tokens:stage_increase[10m]) / 15\n/\n(avg_over_time(model:specdecode_drafts:stage_increase[10m]) / 15 > 0)"
           },
           {
             "record": "model:specdecode_draft_tokens:sampled_increase10m",
@@ -634,23 +634,23 @@
         "rules": [
           {
             "record": "model:specdecode_draft_tokens:rate30m",
-            "expr": "avg_over_time(model:specdecode_draft_tokens:stage_increase[29m59s999ms]) / 15"
+            "expr": "avg_over_time(model:specdecode_draft_tokens:stage_increase[30m]) / 15"
           },
           {
             "record": "model:specdecode_accepted_tokens:rate30m",
-            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_increase[29m59s999ms]) / 15"
+            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_increase[30m]) / 15"
           },
           {
             "record": "model:specdecode_drafts:rate30m",
-            "expr": "avg_over_time(model:specdecode_drafts:stage_increase[29m59s999ms]) / 15"
+            "expr": "avg_over_time(model:specdecode_drafts:stage_increase[30m]) / 15"
           },
           {
             "record": "model:specdecode_acceptance_ratio:rate30m",
-            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_increase[29m59s999ms]) / 15\n/\n(avg_over_time(model:specdecode_draft_tokens:stage_increase[29m59s999ms]) / 15 > 0)"
+            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_increase[30m]) / 15\n/\n(avg_over_time(model:specdecode_draft_tokens:stage_increase[30m]) / 15 > 0)"
           },
           {
             "record": "model:specdecode_mean_acceptance_length:rate30m",
-            "expr": "1 + avg_over_time(model:specdecode_accepted_tokens:stage_increase[29m59s999ms]) / 15\n/\n(avg_over_time(model:specdecode_drafts:stage_increase[29m59s999ms]) / 15 > 0)"
+            "expr": "1 + avg_over_time(model:specdecode_accepted_tokens:stage_increase[30m]) / 15\n/\n(avg_over_time(model:specdecode_drafts:stage_increase[30m]) / 15 > 0)"
           },
           {
             "record": "model:specdecode_draft_tokens:sampled_increase30m",
@@ -664,23 +664,23 @@
         "rules": [
           {
             "record": "model:specdecode_draft_tokens:rate2h",
-            "expr": "avg_over_time(model:specdecode_draft_tokens:stage_increase[1h59m59s999ms]) / 15"
+            "expr": "avg_over_time(model:specdecode_draft_tokens:stage_increase[2h]) / 15"
           },
           {
             "record": "model:specdecode_accepted_tokens:rate2h",
-            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_increase[1h59m59s999ms]) / 15"
+            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_increase[2h]) / 15"
           },
           {
             "record": "model:specdecode_drafts:rate2h",
-            "expr": "avg_over_time(model:specdecode_drafts:stage_increase[1h59m59s999ms]) / 15"
+            "expr": "avg_over_time(model:specdecode_drafts:stage_increase[2h]) / 15"
           },
           {
             "record": "model:specdecode_acceptance_ratio:rate2h",
-            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_increase[1h59m59s999ms]) / 15\n/\n(avg_over_time(model:specdecode_draft_tokens:stage_increase[1h59m59s999ms]) / 15 > 0)"
+            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_increase[2h]) / 15\n/\n(avg_over_time(model:specdecode_draft_tokens:stage_increase[2h]) / 15 > 0)"
           },
           {
             "record": "model:specdecode_mean_acceptance_length:rate2h",
-            "expr": "1 + avg_over_time(model:specdecode_accepted_tokens:stage_increase[1h59m59s999ms]) / 15\n/\n(avg_over_time(model:specdecode_drafts:stage_increase[1h59m59s999ms]) / 15 > 0)"
+            "expr": "1 + avg_over_time(model:specdecode_accepted_tokens:stage_increase[2h]) / 15\n/\n(avg_over_time(model:specdecode_drafts:stage_increase[2h]) / 15 > 0)"
           },
           {
             "record": "model:specdecode_draft_tokens:sampled_increase2h",
@@ -726,15 +726,15 @@
           },
           {
             "record": "model:specdecode_time_per_output_token_seconds:mean_rate1h",
-            "expr": "avg_over_time(model:specdecode_request_time_per_output_token_seconds_sum:stage_increase[59m59s999ms]) / 15\n/\n(avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_increase[59m59s999ms]) / 15 > 0)"
+            "expr": "avg_over_time(model:specdecode_request_time_per_output_token_seconds_sum:stage_increase[1h]) / 15\n/\n(avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_increase[1h]) / 15 > 0)"
           },
           {
             "record": "model:specdecode_time_per_output_token_seconds:p50_rate1h",
-            "expr": "histogram_quantile(0.5, avg_over_time(model:specdecode_request_time_per_output_token_seconds_bucket:stage_increase[59m59s999ms]) / 15)\nand on (namespace, model_name, spec_decode)\n(avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_increase[59m59s999ms]) / 15 > 0)"
+            "expr": "histogram_quantile(0.5, avg_over_time(model:specdecode_request_time_per_output_token_seconds_bucket:stage_increase[1h]) / 15)\nand on (namespace, model_name, spec_decode)\n(avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_increase[1h]) / 15 > 0)"
           },
           {
             "record": "model:specdecode_time_per_output_token_seconds:p99_rate1h",
-            "expr": "histogram_quantile(0.99, avg_over_time(model:specdecode_request_time_per_output_token_seconds_bucket:stage_increase[59m59s999ms]) / 15)\nand on (namespace, model_name, spec_decode)\n(avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_increase[59m59s999ms]) / 15 > 0)"
+            "expr": "histogram_quantile(0.99, avg_over_time(model:specdecode_request_time_per_output_token_seconds_bucket:stage_increase[1h]) / 15)\nand on (namespace, model_name, spec_decode)\n(avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_increase[1h]) / 15 > 0)"
           },
           {
             "record": "model:specdecode_request_time_per_output_token_seconds_count:sampled_increase1h",
@@ -782,15 +782,15 @@
         "rules": [
           {
             "record": "model:specdecode_request_acceptance_ratio:p10_rate1h",
-            "expr": "histogram_quantile(0.1, avg_over_time(model:specdecode_request_acceptance_ratio_bucket:stage_increase[59m59s999ms]) / 15)\nand on (namespace, model_name)\n(avg_over_time(model:specdecode_request_acceptance_ratio_count:stage_increase[59m59s999ms]) / 15 > 0)\nor\nhistogram_quantile(0.1, avg_over_time(model:specdecode_engine_request_acceptance_ratio_bucket:stage_increase[59m59s999ms]) / 15)\nand on (namespace, model_name)\n(avg_over_time(model:specdecode_engine_request_acceptance_ratio_count:stage_increase[59m59s999ms]) / 15 > 0)"
+            "expr": "histogram_quantile(0.1, avg_over_time(model:specdecode_request_acceptance_ratio_bucket:stage_increase[1h]) / 15)\nand on (namespace, model_name)\n(avg_over_time(model:specdecode_request_acceptance_ratio_count:stage_increase[1h]) / 15 > 0)\nor\nhistogram_quantile(0.1, avg_over_time(model:specdecode_engine_request_acceptance_ratio_bucket:stage_increase[1h]) / 15)\nand on (namespace, model_name)\n(avg_over_time(model:specdecode_engine_request_acceptance_ratio_count:stage_increase[1h]) / 15 > 0)"
           },
           {
             "record": "model:specdecode_requests_below_page_threshold:ratio_rate1h",
-            "expr": "sum without (le) (avg_over_time(model:specdecode_request_acceptance_ratio_bucket:stage_increase{le=\"%s\"}[59m59s999ms]) / 15)\n/\n(avg_over_time(model:specdecode_request_acceptance_ratio_count:stage_increase[59m59s999ms]) / 15 > 0)\nor\nsum without (le) (avg_over_time(model:specdecode_engine_request_acceptance_ratio_bucket:stage_increase{le=\"%s\"}[59m59s999ms]) / 15)\n/\n(avg_over_time(model:specdecode_engine_request_acceptance_ratio_count:stage_increase[59m59s999ms]) / 15 > 0)" % [std.format("%g", std.foldl(function(best, b) if b <= $._config.pageAcceptanceRatio + 1e-9 then b else best, [0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1.0], null)), std.format("%g", std.foldl(function(best, b) if b <= $._config.pageAcceptanceRatio + 1e-9 then b else best, [0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1.0], null))]
+            "expr": "sum without (le) (avg_over_time(model:specdecode_request_acceptance_ratio_bucket:stage_increase{le=\"%s\"}[1h]) / 15)\n/\n(avg_over_time(model:specdecode_request_acceptance_ratio_count:stage_increase[1h]) / 15 > 0)\nor\nsum without (le) (avg_over_time(model:specdecode_engine_request_acceptance_ratio_bucket:stage_increase{le=\"%s\"}[1h]) / 15)\n/\n(avg_over_time(model:specdecode_engine_request_acceptance_ratio_count:stage_increase[1h]) / 15 > 0)" % [std.format("%g", std.foldl(function(best, b) if b <= $._config.pageAcceptanceRatio + 1e-9 then b else best, [0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1.0], null)), std.format("%g", std.foldl(function(best, b) if b <= $._config.pageAcceptanceRatio + 1e-9 then b else best, [0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1.0], null))]
           },
           {
             "record": "model:specdecode_requests_below_request_threshold:ratio_rate1h",
-            "expr": "sum without (le) (avg_over_time(model:specdecode_request_acceptance_ratio_bucket:stage_increase{le=\"%s\"}[59m59s999ms]) / 15)\n/\n(avg_over_time(model:specdecode_request_acceptance_ratio_count:stage_increase[59m59s999ms]) / 15 > 0)\nor\nsum without (le) (avg_over_time(model:specdecode_engine_request_acceptance_ratio_bucket:stage_increase{le=\"%s\"}[59m59s999ms]) / 15)\n/\n(avg_over_time(model:specdecode_engine_request_acceptance_ratio_count:stage_increase[59m59s999ms]) / 15 > 0)" % [std.format("%g", std.foldl(function(best, b) if b <= $._config.requestAcceptanceRatio + 1e-9 then b else best, [0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1.0], null)), std.format("%g", std.foldl(function(best, b) if b <= $._config.requestAcceptanceRatio + 1e-9 then b else best, [0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1.0], null))]
+            "expr": "sum without (le) (avg_over_time(model:specdecode_request_acceptance_ratio_bucket:stage_increase{le=\"%s\"}[1h]) / 15)\n/\n(avg_over_time(model:specdecode_request_acceptance_ratio_count:stage_increase[1h]) / 15 > 0)\nor\nsum without (le) (avg_over_time(model:specdecode_engine_request_acceptance_ratio_bucket:stage_increase{le=\"%s\"}[1h]) / 15)\n/\n(avg_over_time(model:specdecode_engine_request_acceptance_ratio_count:stage_increase[1h]) / 15 > 0)" % [std.format("%g", std.foldl(function(best, b) if b <= $._config.requestAcceptanceRatio + 1e-9 then b else best, [0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1.0], null)), std.format("%g", std.foldl(function(best, b) if b <= $._config.requestAcceptanceRatio + 1e-9 then b else best, [0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1.0], null))]
           },
           {
             "record": "model:specdecode_requests:sampled_increase1h",
@@ -798,11 +798,11 @@
           },
           {
             "record": "model_band:specdecode_requests:rate1h",
-            "expr": "avg_over_time(model_band:specdecode_requests:stage_increase[59m59s999ms]) / 15"
+            "expr": "avg_over_time(model_band:specdecode_requests:stage_increase[1h]) / 15"
           },
           {
             "record": "model_band:specdecode_request_acceptance_ratio:rate1h",
-            "expr": "avg_over_time(model_band:specdecode_request_accepted_tokens:stage_increase[59m59s999ms]) / 15\n/\n(avg_over_time(model_band:specdecode_request_draft_tokens:stage_increase[59m59s999ms]) / 15 > 0)"
+            "expr": "avg_over_time(model_band:specdecode_request_accepted_tokens:stage_increase[1h]) / 15\n/\n(avg_over_time(model_band:specdecode_request_draft_tokens:stage_increase[1h]) / 15 > 0)"
           },
           {
             "record": "model_band:specdecode_requests:sampled_increase1h",
@@ -820,15 +820,15 @@
         "rules": [
           {
             "record": "model:specdecode_preemptions_per_request:ratio_rate1h",
-            "expr": "avg_over_time(model:specdecode_preemptions:stage_increase[59m59s999ms]) / 15\n/\n(avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_increase[59m59s999ms]) / 15 > 0)"
+            "expr": "avg_over_time(model:specdecode_preemptions:stage_increase[1h]) / 15\n/\n(avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_increase[1h]) / 15 > 0)"
           },
           {
             "record": "model:specdecode_generated_tokens_per_second:avg_rate1h",
-            "expr": "avg_over_time(model:specdecode_generated_tokens:stage_increase[59m59s999ms]) / 15\n/\n(avg_over_time(model:specdecode_generating_engines:stage_count[59m59s999ms]) > 0)"
+            "expr": "avg_over_time(model:specdecode_generated_tokens:stage_increase[1h]) / 15\n/\n(avg_over_time(model:specdecode_generating_engines:stage_count[1h]) > 0)"
           },
           {
             "record": "model:specdecode_kv_cache_usage_ratio:avg_over_time1h",
-            "expr": "avg_over_time(model:specdecode_kv_cache_usage_ratio:stage_avg[59m59s999ms])"
+            "expr": "avg_over_time(model:specdecode_kv_cache_usage_ratio:stage_avg[1h])"
           }
         ]
       }

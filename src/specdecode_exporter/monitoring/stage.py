@@ -133,8 +133,8 @@ def _step_s(cfg: MonitoringConfig) -> str:
 def within(window: str) -> str:
     """``window`` as a range that holds each of the stage's records once: a Prometheus 2 range is closed at both
     ends, and a ruler that evaluates on the stage's grid would find a record at each (promtool does)."""
-    if type(window) is not str or not DURATION.fullmatch(window):  # a mixin _config value, $__rate_interval
-        return window
+    if not DURATION.fullmatch(window):
+        raise ValueError(f"{window}: a count's window must be a duration")
     ms = round(duration_seconds(window) * 1000) - 1
     parts = [(ms // 3_600_000, "h"), (ms // 60_000 % 60, "m"), (ms // 1000 % 60, "s"), (ms % 1000, "ms")]
     return "".join(f"{n}{unit}" for n, unit in parts if n)
@@ -143,7 +143,7 @@ def within(window: str) -> str:
 def rate(cfg: MonitoringConfig, key: str, window: str, *matchers: str) -> str:
     """The per-second rate of ``key`` over ``window`` (per level series): its step increases averaged, over the
     step. A gauge's ``avg``/``count`` record is averaged as it is."""
-    averaged = f"avg_over_time({record(cfg, key, *matchers)}[{within(window)}])"
+    averaged = f"avg_over_time({record(cfg, key, *matchers)}[{window}])"
     return f"{averaged} / {_step_s(cfg)}" if family(cfg, key).how == "increase" else averaged
 
 
@@ -152,16 +152,18 @@ CLOCK = "specdecode:stage_clock_seconds"  # the stage's evaluation times: what i
 
 def coverage(cfg: MonitoringConfig, window: str) -> str:
     """How many steps each of the stage's records over ``window`` stands for: 1 where the stage ran every step (the
-    mean spacing of its clock over the step), more where it ran less often. 1 until it has run twice."""
-    clock = f"{CLOCK}[{within(window)}]"
+    mean spacing of its clock over the step), more where it ran less often. No sample until it has run twice."""
+    clock = f"{CLOCK}[{window}]"
     spacing = f"(max_over_time({clock}) - min_over_time({clock})) / (count_over_time({clock}) - 1 > 0)"
     return f"clamp_min({spacing} / {_step_s(cfg)}, 1)"
 
 
-def count(cfg: MonitoringConfig, key: str, window: str, *matchers: str) -> str:
+def count(cfg: MonitoringConfig, key: str, window: str, *matchers: str, exact: bool = True) -> str:
     """What ``key`` counted over ``window``: the sum of its step increases (each scrape's increment once, where the
-    stage ran every step). A series that began inside the window counts from its second sample."""
-    total = f"sum_over_time({record(cfg, key, *matchers)}[{within(window)}])"
+    stage ran every step). A series that began inside the window counts from its second sample. ``exact``: the
+    window is a duration (not a value the mixin's _config may change) and no record at its start counts."""
+    window = within(window) if exact else window
+    total = f"sum_over_time({record(cfg, key, *matchers)}[{window}])"
     return f"{total}\n* on () group_left ()\n{coverage(cfg, window)}"
 
 
@@ -213,4 +215,4 @@ class Pooled:
 
     def increase_by_le(self, histogram: str, window: str) -> str:
         """Per bucket bound, what the histogram counted over ``window`` (a heatmap's cells)."""
-        return f"sum by (le) (\n{count(self.cfg, f'{histogram}_bucket', window, self.matchers)}\n)"
+        return f"sum by (le) (\n{count(self.cfg, f'{histogram}_bucket', window, self.matchers, exact=False)}\n)"
