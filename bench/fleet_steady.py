@@ -3,6 +3,7 @@
     .venv/bin/python -m bench.fleet --size steady          # 100 pods scraped every 15 s, the rules as shipped
     .venv/bin/python -m bench.fleet --size steady-15s      # the same with the window groups every 15 s too
     .venv/bin/python -m bench.fleet --size steady-smoke    # 2 pods every 5 s (tests/bench): figures mean nothing
+    .venv/bin/python -m bench.fleet --size steady-fleet    # 100 and 1,000 pods, the rules as shipped
 
 bench.fleet holds each Prometheus 30 s (2 minutes with --size long), so the rules' 1h and 2h windows hold a few
 samples and the rule evaluation it measures is a fresh Prometheus' cost, not the one a user pays from the second
@@ -50,7 +51,9 @@ STEADY = fleet.Size("steady", (100,), 15.0, 120.0, shipped_intervals=True)  # tw
 # The same with every window group at the 15 s interval too (what the rules cost before they carried their own).
 STEADY_15S = fleet.Size("steady-15s", (100,), 15.0, 120.0)
 STEADY_SMOKE = fleet.Size("steady-smoke", (2,), 5.0, 10.0)
-SIZES = {s.name: s for s in (STEADY, STEADY_15S, STEADY_SMOKE)}
+# 100 and 1,000 pods on full windows: since the rules read no raw range, only the records' history is long.
+STEADY_FLEET = fleet.Size("steady-fleet", (100, 1000), 15.0, 120.0, shipped_intervals=True)
+SIZES = {s.name: s for s in (STEADY, STEADY_15S, STEADY_SMOKE, STEADY_FLEET)}
 DURATION_UNITS_S = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
 RANGE = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{[^}]*\})?\[((?:\d+(?:ms|[smhdwy]))+)\]"
                    r"(?:\s+offset\s+((?:\d+(?:ms|[smhdwy]))+))?")
@@ -69,8 +72,10 @@ class RuleReads:
     """What the rules read of one page: the sample names, and the longest range over them (offset included)."""
 
     names: frozenset[str]
-    longest_s: float
+    longest_s: float  # the longest raw range (0: the rules read the pods' series only a step back)
     longest_selector: str  # as the rules write it, e.g. specdecode_draft_tokens_total[2h]
+    proof_selector: str  # the longest range whose samples prove the windows full: longest_selector, else a record's
+    proof_s: float
     record_ranges: tuple[str, ...]  # ranges over the rules' own records, e.g. model:x:rate1h[1d] offset 1h
 
 
@@ -88,7 +93,11 @@ def rule_reads(rules_yaml: str, page_names: frozenset[str]) -> RuleReads:
             elif name in page_names and duration_s(window) + duration_s(offset or "") > longest:
                 longest = duration_s(window) + duration_s(offset or "")
                 selector = f"{name}[{window}]" + (f" offset {offset}" if offset else "")
-    return RuleReads(names, longest, selector, tuple(sorted(records)))
+    proof, proof_s = selector, longest
+    for record in records:
+        if " offset " not in record and (span := duration_s(record.split("[", 1)[1])) > proof_s:
+            proof, proof_s = record, span
+    return RuleReads(names, longest, selector, proof, proof_s, tuple(sorted(records)))
 
 
 def sample_names(page: fleet.MovingPage) -> frozenset[str]:
@@ -300,12 +309,12 @@ def _observe(prom: Process, page_name: str, pods: int, size: fleet.Size, reads: 
         cpu_cores = cpu / (time.monotonic() - started)
         per_group = {group.rsplit(";", 1)[-1]: statistics.median(r[group] for r in rounds)
                      for group in rounds[-1]} if rounds else {}
-        window = (fleet.scalar(client, f"min(count_over_time({reads.longest_selector}))") if reads.names
+        window = (fleet.scalar(client, f"min(count_over_time({reads.proof_selector}))") if reads.proof_selector
                   else float("nan"))
         return SteadyMeasurement(
             page=page_name, pods=pods, interval_s=size.interval_s,
             targets_up=int(fleet.scalar(client, "count(up == 1)")), history_samples=history_samples,
-            window_samples=window, window_expected=int(reads.longest_s // size.interval_s),
+            window_samples=window, window_expected=int(reads.proof_s // size.interval_s),
             round_s=statistics.median(sum(r.values()) for r in rounds) if rounds else float("nan"),
             groups=tuple(sorted(per_group.items(), key=lambda item: -item[1])), cpu_cores=cpu_cores,
             compactions=int(compactions),
@@ -421,7 +430,7 @@ def summary(result: SteadyResult, short_hold: Sequence[fleet.Measurement] = ()) 
     kept_up = [m for m in sidecars if m.missed_iterations == 0] or sidecars[:1]
     sidecar = kept_up[-1]
     vllm = result.at(fleet.VLLM, sidecar.pods)
-    lines = [f"At {sidecar.pods} pods with the rules' longest window ({result.reads.longest_selector}) full, "
+    lines = [f"At {sidecar.pods} pods with the rules' longest window ({result.reads.proof_selector}) full, "
              f"Prometheus' CPU (rules, scrapes and the rest) was **{sidecar.cpu_cores:.2f} cores** on the sidecar's "
              f"page against {vllm.cpu_cores:.2f} on vLLM's own (**{_times(sidecar.cpu_cores, vllm.cpu_cores)}**; the "
              f"same scrapes: the difference is the rules), {sidecar.cpu_cores * sidecar.interval_s:.1f} CPU seconds "
