@@ -65,6 +65,7 @@ from specdecode_exporter.monitoring.promql import Scope, acceptance_ratio, rate_
 from specdecode_exporter.monitoring.rules import rule_groups  # noqa: E402
 
 Floats = npt.NDArray[np.float64]
+Rule_ = dict[str, Any]  # a rule of a rules file
 PAGE = rules.PAGE
 RATES = (0.2, 1.0, 10.0, 100.0, 1000.0)
 T0 = 1_704_067_200  # 2024-01-01T00:00:00Z: every series starts here, on the evaluation grid
@@ -370,7 +371,13 @@ def record_stage(promtool: str, url: str, cfg: MonitoringConfig, workdir: Path, 
     from specdecode_exporter.monitoring.build import dump_yaml
 
     stage_rules, out = workdir / "stage.rules.yaml", workdir / "stage-blocks"
-    stage_rules.write_text(dump_yaml({"groups": stage.stage_groups(cfg)}))
+    page = generated_page(cfg)  # only the stage's records the page reads: the rest is not paged on
+    read = "\n".join(page.expressions)
+    def reads(rule: Rule_) -> bool:
+        return re.search(rf"(?<![\w:]){re.escape(rule['record'])}(?![\w:])", read) is not None
+
+    groups = [{**g, "rules": [r for r in g["rules"] if reads(r)]} for g in stage.stage_groups(cfg)]
+    stage_rules.write_text(dump_yaml({"groups": [g for g in groups if g["rules"]]}))
     proc = subprocess.run([promtool, "tsdb", "create-blocks-from", "rules", "--quiet", f"--url={url}",
                            f"--start={T0}", f"--end={T0 + int(days * DAY)}", f"--output-dir={out}",
                            str(stage_rules)], capture_output=True, text=True, timeout=3600, check=False)
