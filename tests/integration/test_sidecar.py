@@ -332,50 +332,69 @@ def test_specdecode_families_are_rendered_once_per_collection(harness: Harness) 
     assert page.count(b"# EOF") == 1
 
 
-def test_a_sidecar_running_its_own_collection_serves_the_last_page_while_the_next_renders(harness: Harness) -> None:
+def test_a_scrape_never_reads_a_page_older_than_the_last_collection(harness: Harness) -> None:
+    """A scrape that comes while the page of an older collection renders waits for it and then for the page of
+    the views published when it came; one that comes while that page renders joins its render; one that comes
+    after a collection nobody rendered renders it (once: keep_fresh then finds it done)."""
     import asyncio
 
     from prometheus_client import generate_latest
 
     from specdecode_exporter.sidecar.expose import specdecode_registry
+    from specdecode_exporter.sidecar.page import SpecDecodePage
     from specdecode_exporter.sidecar.web import MetricsRenderer
 
     harness.step(5.0)
-    renderer = MetricsRenderer(harness.exporter, latest=False)
+    renderer = MetricsRenderer(harness.exporter)
     first = asyncio.run(renderer.render(generate_latest))  # no page yet: it waits for the first
     before = generate_latest(specdecode_registry(harness.exporter.views()))
-    assert first.startswith(before)
+    assert first.startswith(before) and renderer.spec_decode.renders == 1
     harness.step(5.0)
     after = generate_latest(specdecode_registry(harness.exporter.views()))
     assert after != before
 
     async def scrape_during_render() -> tuple[bytes, bytes]:
-        # What keep_fresh starts right after a collection; the scrape that comes meanwhile does not wait for it.
+        # What keep_fresh starts right after a collection; a scrape that comes meanwhile joins it.
         rendering = asyncio.ensure_future(renderer.spec_decode.get(generate_latest, compress=False))
         await asyncio.sleep(0)
         during = await renderer.render(generate_latest)
         return during, (await rendering).text
 
     during, rendered = asyncio.run(scrape_during_render())
-    assert during.startswith(before) and rendered == after
-    assert asyncio.run(renderer.render(generate_latest)).startswith(after)
-    harness.step(5.0)  # no render under way: the scrape starts it and gets the last page at once
-    newest = generate_latest(specdecode_registry(harness.exporter.views()))
+    assert during.startswith(after) and rendered == after and renderer.spec_decode.renders == 2
+    older = harness.exporter.views()
+    harness.step(5.0)
+    newer = harness.exporter.views()
+    views = older
+    page = SpecDecodePage(lambda: views)
 
-    async def scrapes_after_a_collection() -> tuple[bytes, bytes]:
-        at_once = await renderer.render(generate_latest)
-        await renderer.spec_decode.get(generate_latest, compress=False)  # the render it started, to its end
-        return at_once, await renderer.render(generate_latest)
+    async def scrape_during_an_older_render() -> tuple[bytes, bytes]:
+        """A render of views a collection replaces as it begins: the scrape that comes after that collection
+        does not take its page."""
+        nonlocal views
+        rendering = asyncio.ensure_future(page.get(generate_latest, compress=False))
+        await asyncio.sleep(0)  # its render has begun, of the older views
+        views = newer
+        scraped = await page.get(generate_latest, compress=False)
+        return (await rendering).text, scraped.text
 
-    at_once, next_scrape = asyncio.run(scrapes_after_a_collection())
-    assert at_once.startswith(after) and renderer.spec_decode.renders == 3  # one render for the new views
-    assert next_scrape.startswith(newest)
+    rendered_older, scraped = asyncio.run(scrape_during_an_older_render())
+    assert rendered_older == generate_latest(specdecode_registry(older))
+    assert scraped == generate_latest(specdecode_registry(newer)) and page.renders == 2
+    harness.step(5.0)  # no render under way: the scrape renders the new views itself
+    latest = generate_latest(specdecode_registry(harness.exporter.views()))
+    renders = renderer.spec_decode.renders
+    assert asyncio.run(renderer.render(generate_latest)).startswith(latest)
+    assert renderer.spec_decode.renders == renders + 1
+    assert asyncio.run(renderer.render(generate_latest)).startswith(latest)
+    assert renderer.spec_decode.renders == renders + 1  # the next scrape reads it: no render
 
 
 def test_a_sidecar_scraped_less_often_than_it_collects_renders_once_per_scrape(harness: Harness) -> None:
     """keep_fresh renders the views of the last collection before the scrape it expects, once: not views that
     a later collection replaces before that scrape, and not again when the scrape comes (a sidecar collecting
-    every second, scraped every 15 s, rendered three times per scrape)."""
+    every second, scraped every 15 s, rendered three times per scrape); nothing before the second scrape (its
+    time unknown) nor once the scraper went away."""
     import asyncio
 
     from prometheus_client import generate_latest
@@ -394,7 +413,7 @@ def test_a_sidecar_scraped_less_often_than_it_collects_renders_once_per_scrape(h
         nonlocal now
         now = at
         page.scraped(at)
-        return (await page.get(generate_latest, compress=False, latest=False)).text
+        return (await page.get(generate_latest, compress=False)).text
 
     async def collect(at: float, index: int) -> int:
         """Views published (or none, the same again) at ``at``; keep_fresh's renders so far."""
@@ -405,10 +424,10 @@ def test_a_sidecar_scraped_less_often_than_it_collects_renders_once_per_scrape(h
 
     async def main() -> list[bytes]:
         nonlocal current
-        fresh = asyncio.create_task(page.keep_fresh(0.001, 5.0, clock=lambda: now, rest=0.001))
+        fresh = asyncio.create_task(page.keep_fresh(0.001, 5.0, clock=lambda: now, rest=0.001, longest_sleep=0.001))
         try:
             pages = [await scrape(0.0)]  # no page yet: it waits for one
-            assert await collect(5.0, 1) == 2  # one scrape, the next unknown: rendered after every collection
+            assert await collect(5.0, 1) == 1  # one scrape, the next unknown: nothing rendered for nobody
             pages.append(await scrape(30.0))  # a scrape every 30 s from here
             assert await collect(35.0, 2) == 2  # long before the next scrape: not rendered
             assert await collect(52.0, 3) == 2  # a collection is still due before the scrape: not rendered
@@ -418,16 +437,18 @@ def test_a_sidecar_scraped_less_often_than_it_collects_renders_once_per_scrape(h
             assert await collect(61.0, 0) == 3
             assert await collect(80.0, 1) == 3
             assert await collect(89.999, 1) == 4  # no collection since 80 s (a late one): rendered before 90 s
-            current = published[2]  # a collection as the scrape comes: the page one collection old, at once,
-            pages.append(await scrape(90.0))
-            assert await collect(91.0, 2) == 4  # and no render started by the scrape: stale before the next
+            current = published[2]  # a collection as the scrape comes: the scrape renders it (never the
+            pages.append(await scrape(90.0))  # page of the collection before)
+            assert await collect(91.0, 2) == 5  # and keep_fresh does not render it again
+            assert await collect(151.0, 3) == 5  # no scrape for two intervals: the scraper went away, and
+            assert await collect(156.0, 4) == 5  # nothing is rendered for nobody
             return pages
         finally:
             fresh.cancel()
 
     pages = asyncio.run(main())
-    assert page.renders == 4
-    assert pages == [generate_latest(specdecode_registry(published[i])) for i in (0, 1, 4, 1)]
+    assert page.renders == 5
+    assert pages == [generate_latest(specdecode_registry(published[i])) for i in (0, 1, 4, 2)]
 
 
 def test_targets_share_one_default_tls_context() -> None:

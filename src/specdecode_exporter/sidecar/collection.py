@@ -39,6 +39,7 @@ from specdecode_exporter.pipeline.latency import BaselineLatency
 from specdecode_exporter.pipeline.parse import LineCache, ParseError, Sample, Selection, select
 from specdecode_exporter.pipeline.scrape import FailureReason, FetchResult, fetch, valid_bearer_token
 from specdecode_exporter.pipeline.store import SeriesKey, Store
+from specdecode_exporter.pipeline.transport import LeanTransport
 from specdecode_exporter.sidecar.config import Config, TargetConfig, Window
 from specdecode_exporter.sidecar.discover import served_model
 from specdecode_exporter.sidecar.series import BaselineFor, ControlFor, SeriesContext, SeriesView, series_view
@@ -612,8 +613,8 @@ def default_ssl_context() -> ssl.SSLContext:
 
 
 def new_client(target: TargetConfig) -> httpx.AsyncClient:
-    """One client (connection pool) per target: its own TLS settings, and a hanging target holds only its own
-    connections. No retries, no redirects, no proxy from the environment."""
+    """One client per target: its own TLS settings and keep-alive connection, and a hanging target holds only its
+    own. The lean transport (pipeline/transport.py): httpx's own cost more CPU than collecting the page. No retries,
+    no redirects, no proxy from the environment."""
     verify: ssl.SSLContext = target.tls.ssl_context() if target.tls else default_ssl_context()
-    transport = httpx.AsyncHTTPTransport(retries=0, verify=verify)
-    return httpx.AsyncClient(transport=transport, follow_redirects=False, trust_env=False)
+    return httpx.AsyncClient(transport=LeanTransport(verify), follow_redirects=False, trust_env=False)

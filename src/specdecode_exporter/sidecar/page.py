@@ -244,8 +244,9 @@ def same_views(views: tuple[TargetView, ...], others: tuple[TargetView, ...]) ->
 
 class SpecDecodePage:
     """The spec-decode part of /metrics, per encoder: rendered once per set of views at most, in slices on the
-    event loop: by ``keep_fresh``, for the scrape it expects next; by a scrape, when there is no page yet or
-    nothing renders ahead."""
+    event loop: by ``keep_fresh``, for the scrape it expects next; by a scrape, when the page of the views
+    published by then is not rendered yet (no scraper expected, or a collection just before the scrape). Nothing
+    is rendered for pages nobody reads."""
 
     def __init__(self, views: Callable[[], list[TargetView]], gzipped: tuple[Encoder, ...] = ()) -> None:
         """``gzipped``: encoders rendered and gzipped after every collection from the start, before any scrape
@@ -257,7 +258,6 @@ class SpecDecodePage:
         self._rendering: dict[Encoder, asyncio.Task[Rendered]] = {}
         self._wants_gzip: set[Encoder] = {self.encoder(encoder) for encoder in gzipped}
         self.renders = 0  # spec-decode renders so far (one per set of views and encoder)
-        self._kept_fresh = False  # keep_fresh runs: it renders each scrape's page ahead of it
         self._scrapes: tuple[float, ...] = ()  # the last two scrapes' times (monotonic)
 
     def encoder(self, encoder: Encoder) -> Encoder:
@@ -269,14 +269,11 @@ class SpecDecodePage:
             line_format = self._formats[encoder] = LineFormat(encoder)
         return line_format
 
-    async def get(self, encoder: Encoder, compress: bool, latest: bool = True) -> Rendered:
-        """The part for the views published by now (gzipped too where ``compress``), rendered if need be. Views
-        published while it renders wait for the next call: with many targets some view is always newer. Not
-        ``latest`` (a sidecar that collects by itself): when a newer page of the same targets is due, the last one
-        at once, and its render started unless keep_fresh runs (it renders ahead of the next scrape; a render
-        started now would be stale by then whenever the sidecar collects more often than it is scraped); a scrape
-        waits for a render (~130 ms at 1 MB) only for the first page and after a reload that changed the
-        targets."""
+    async def get(self, encoder: Encoder, compress: bool) -> Rendered:
+        """The part for the views published by now (gzipped too where ``compress``), rendered if need be: a scrape
+        never reads a page older than the last collection. keep_fresh renders it ahead of a regular scraper; any
+        other scrape renders it itself, once per set of views (~2 ms at a real vLLM page, ~130 ms at 1 MB). Views
+        published while it renders wait for the next call: with many targets some view is always newer."""
         encoder = self.encoder(encoder)
         if compress:
             self._wants_gzip.add(encoder)
@@ -285,11 +282,6 @@ class SpecDecodePage:
         if rendered is not None and rendered.current(views, compress):
             return rendered
         task = self._rendering.get(encoder)
-        if (not latest and rendered is not None and (rendered.gzipped is not None or not compress)
-                and rendered.of_targets(views)):  # after a reload that changed the targets, the new page
-            if task is None and not self._kept_fresh:
-                self._start(encoder)
-            return rendered  # the next page is on its way; this one is one collection old
         if task is not None:  # a render that began before this call: maybe of older views
             rendered = await asyncio.shield(task)  # a scrape that gives up must not cancel what others wait for
             if rendered.current(views, compress):
@@ -308,13 +300,29 @@ class SpecDecodePage:
         self._scrapes = (self._scrapes[-1], now) if self._scrapes else (now,)
 
     def due(self, now: float, lead: float) -> bool:
-        """Whether a page rendered now would be the one the next scrape gets: never before any scrape; after
-        one, always; after two, when the next (one scrape interval after the last) is at most ``lead`` away (a
-        scraper every 30 s of a sidecar collecting every 5 s gets one render per scrape, not six)."""
+        """Whether a page rendered now would be the one the next scrape gets: only once two scrapes have shown
+        the scrape interval, when the next scrape (one interval after the last) is at most ``lead`` away (a
+        scraper every 30 s of a sidecar collecting every 5 s gets one render per scrape, not six), and not once it
+        is overdue by a whole interval (the scraper went away). Before the second scrape, or after the scraper
+        went away, nothing is rendered ahead: a page nobody reads is not rendered; a scrape that comes renders
+        its own."""
+        window = self._window(lead)
+        return window is not None and window[0] <= now < window[1]
+
+    def _window(self, lead: float) -> tuple[float, float] | None:
+        """From when until when a page rendered ahead is read by the next scrape; None before two scrapes."""
         if len(self._scrapes) < 2:
-            return bool(self._scrapes)
+            return None
         previous, last = self._scrapes
-        return now >= last + (last - previous) - lead
+        return last + (last - previous) - lead, last + 2 * (last - previous)
+
+    def _idle(self, now: float, lead: float, poll: float, interval: float) -> float:
+        """How long keep_fresh can sleep: until the window of the next scrape opens; ``poll`` within it; a
+        collection interval while no scrape is expected (a scrape renders its own page meanwhile)."""
+        window = self._window(lead)
+        if window is None or now >= window[1]:
+            return interval
+        return max(poll, window[0] - poll - now)  # a look just before it opens: what came then is not due
 
     async def _render(self, encoder: Encoder, views: tuple[TargetView, ...], before: Rendered | None) -> Rendered:
         if before is not None and before.current(views, compress=False):
@@ -330,26 +338,28 @@ class SpecDecodePage:
         return rendered
 
     async def keep_fresh(self, poll: float, interval: float, clock: Callable[[], float] = time.monotonic,
-                         rest: float | None = None) -> None:
+                         rest: float | None = None, longest_sleep: float | None = None) -> None:
         """Render the page the next scrape will read, once, for each encoder scraped so far: looks every ``poll``
-        seconds at what the collections published (``interval``: the collection interval).
+        seconds at what the collections published (``interval``: the collection interval) while a render may be
+        due, and sleeps (at most ``longest_sleep``, default ``interval``) while none can be.
 
         Views are rendered when they came within one collection interval of the next scrape (no newer views are
         expected before it), or, when none came there, ``margin`` seconds before it (a late or failed collection).
         Views that came earlier are not: the collection in that last interval replaces them before anyone reads
-        them. Before the second scrape its time is unknown: every collection is rendered. After a render it rests
-        ``rest`` seconds (interval / 2: many targets publish all the time; one render per rest then)."""
-        self._kept_fresh = True
-        try:
-            await self._keep_fresh(poll, interval, interval / 2 if rest is None else rest, clock)
-        finally:
-            self._kept_fresh = False
+        them. Before the second scrape its time is unknown, and after the scraper went away nobody reads a page:
+        nothing is rendered (a scrape renders its own). Outside the window before a scrape it sleeps rather than
+        looks. After a render it rests ``rest`` seconds (interval / 2: many targets publish all the time; one
+        render per rest then)."""
+        await self._keep_fresh(poll, interval, interval / 2 if rest is None else rest, clock,
+                               interval if longest_sleep is None else longest_sleep)
 
-    async def _keep_fresh(self, poll: float, interval: float, rest: float, clock: Callable[[], float]) -> None:
+    async def _keep_fresh(self, poll: float, interval: float, rest: float, clock: Callable[[], float],
+                          longest_sleep: float) -> None:
         seen: tuple[TargetView, ...] = ()
         came = render_seconds = 0.0
         while True:
-            await asyncio.sleep(poll)
+            idle = self._idle(clock(), max(interval, 2 * render_seconds, 2 * poll), poll, interval)
+            await asyncio.sleep(min(idle, longest_sleep))
             now, views = clock(), tuple(self._views())
             if not same_views(views, seen):
                 seen, came = views, now

@@ -42,13 +42,8 @@ class MetricsRenderer:
     (sidecar/page.py), and every scrape until the next collection reuses it. The live families (the tap's,
     process, platform, GC, reload) are small and rendered fresh each time, after it."""
 
-    def __init__(self, exporter: Exporter, reloader: Reloader | None = None, tap: TapRuntime | None = None,
-                 latest: bool = True) -> None:
-        """``latest``: a scrape waits for the page of the views published by then. Otherwise it gets the last
-        page rendered at once, even while the next renders (keep_fresh renders the last collection before each
-        scrape: the page is at most one collection behind)."""
+    def __init__(self, exporter: Exporter, reloader: Reloader | None = None, tap: TapRuntime | None = None) -> None:
         self.spec_decode = SpecDecodePage(exporter.views, gzipped=(choose_encoder(PROMETHEUS_ACCEPT)[0],))
-        self._latest = latest
         self._live = CollectorRegistry(auto_describe=True)
         if reloader is not None:
             self._live.register(ReloadCollector(reloader))
@@ -66,7 +61,7 @@ class MetricsRenderer:
         """The exposition; with ``compress``, gzipped."""
         encoder = self.spec_decode.encoder(encoder)
         self.spec_decode.scraped(time.monotonic())
-        cached = await self.spec_decode.get(encoder, compress, self._latest)
+        cached = await self.spec_decode.get(encoder, compress)
         live_format = self._live_formats.get(encoder)
         if live_format is None:
             live_format = self._live_formats[encoder] = LineFormat(encoder)
@@ -114,10 +109,9 @@ def _on_sighup(reloader: Reloader | None) -> Callable[[], None]:
 def build_app(exporter: Exporter, run_collection: bool = True, reloader: Reloader | None = None,
               security: WebSecurity | None = None, tap: TapRuntime | None = None) -> FastAPI:
     config: Config = exporter.config  # what the listener was built with; a reload changes exporter.config
-    # Driven by its own loop, a scrape never waits for a render: what Prometheus scrapes is the last collection
-    # before it, or the one before that when a collection ends as the scrape comes. Driven from outside (tests),
-    # a scrape waits for it.
-    renderer = MetricsRenderer(exporter, reloader, tap, latest=not run_collection)
+    # A scrape reads the last collection's page: keep_fresh renders it ahead of a regular scraper; otherwise the
+    # scrape renders it.
+    renderer = MetricsRenderer(exporter, reloader, tap)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
