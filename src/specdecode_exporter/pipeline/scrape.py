@@ -7,8 +7,10 @@ import asyncio
 import time
 import zlib
 from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any, Protocol
 
 import httpx
 
@@ -19,6 +21,13 @@ ACCEPT = (
 )
 USER_AGENT = "specdecode-exporter"
 _DECODE_CHUNK = 256 * 1024
+
+
+class StreamingClient(Protocol):
+    """What fetch asks of a client: httpx.AsyncClient, or the sidecar's LeanClient (pipeline/transport.py)."""
+
+    def stream(self, method: str, url: str, *, headers: dict[str, str], timeout: float,
+               extensions: dict[str, Any] | None) -> AbstractAsyncContextManager[httpx.Response]: ...
 
 
 class FailureReason(StrEnum):
@@ -98,7 +107,7 @@ def _headers(bearer_token: str | None) -> dict[str, str]:
 
 
 async def fetch(
-    client: httpx.AsyncClient,
+    client: StreamingClient,
     url: str,
     timeout: float,
     max_bytes: int,

@@ -16,11 +16,14 @@ is replaced, and a request that finds it closed before any byte of an answer is 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ssl
 from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
 
+REQUESTS_KEPT = 4  # requests built once and sent again (the page's, the model list's)
 READ_SIZE = 64 * 1024  # the most one read hands on: a body larger than the cap stops within this much of it
 HEAD_LIMIT = 64 * 1024  # a response head larger than this is refused (uvicorn's h11 refuses 16 KiB requests)
 ConnectionKey = tuple[str, str, int, str | None]  # scheme, host, port, TLS server name
@@ -227,3 +230,45 @@ class LeanTransport(httpx.AsyncBaseTransport):
             for connection in idle:
                 connection.close()
         self._idle.clear()
+
+
+class LeanClient:
+    """What fetch needs of an HTTP client (``stream``), straight to a LeanTransport: a request is built once and
+    sent again at every collection, with no auth, cookie, redirect or event-hook machinery around it (the
+    collection uses none of it: no redirects followed, no proxy, credentials in the headers fetch passes). httpx's
+    AsyncClient around the same transport cost ~0.3 ms a fetch in building and wrapping."""
+
+    def __init__(self, transport: LeanTransport) -> None:
+        self._transport = transport
+        self._requests: dict[tuple[Any, ...], httpx.Request] = {}
+
+    def _request(self, method: str, url: str, headers: dict[str, str], timeout: float,
+                 extensions: dict[str, Any] | None) -> httpx.Request:
+        key = (method, url, tuple(headers.items()), timeout, tuple((extensions or {}).items()))
+        request = self._requests.get(key)
+        if request is None:
+            if len(self._requests) >= REQUESTS_KEPT:
+                self._requests.clear()
+            request = self._requests[key] = httpx.Request(
+                method, url, headers=headers, extensions={**(extensions or {}), "timeout": {"connect": timeout}})
+        return request
+
+    @contextlib.asynccontextmanager
+    async def stream(self, method: str, url: str, *, headers: dict[str, str], timeout: float,
+                     extensions: dict[str, Any] | None = None) -> AsyncIterator[httpx.Response]:
+        request = self._request(method, url, headers, timeout, extensions)
+        response = await self._transport.handle_async_request(request)
+        response.request = request
+        try:
+            yield response
+        finally:
+            await response.aclose()
+
+    async def aclose(self) -> None:
+        await self._transport.aclose()
+
+    async def __aenter__(self) -> LeanClient:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.aclose()

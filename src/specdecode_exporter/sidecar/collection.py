@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import NamedTuple
 
 import certifi
-import httpx
 
 from specdecode_exporter.core.log import event
 from specdecode_exporter.core.slices import run_sliced
@@ -37,9 +36,9 @@ from specdecode_exporter.pipeline.engines import (
 )
 from specdecode_exporter.pipeline.latency import BaselineLatency
 from specdecode_exporter.pipeline.parse import LineCache, ParseError, Sample, Selection, select
-from specdecode_exporter.pipeline.scrape import FailureReason, FetchResult, fetch, valid_bearer_token
+from specdecode_exporter.pipeline.scrape import FailureReason, FetchResult, StreamingClient, fetch, valid_bearer_token
 from specdecode_exporter.pipeline.store import SeriesKey, Store
-from specdecode_exporter.pipeline.transport import LeanTransport
+from specdecode_exporter.pipeline.transport import LeanClient, LeanTransport
 from specdecode_exporter.sidecar.config import Config, TargetConfig, Window
 from specdecode_exporter.sidecar.discover import served_model
 from specdecode_exporter.sidecar.series import BaselineFor, ControlFor, SeriesContext, SeriesView, series_view
@@ -248,7 +247,7 @@ class TargetCollector:
                                     "in an HTTP header")
         return token
 
-    async def collect(self, client: httpx.AsyncClient) -> TargetView:
+    async def collect(self, client: StreamingClient) -> TargetView:
         started = time.perf_counter()  # durations are real time even when tests drive a fake clock
         try:
             result = await fetch(client, self.config.url, self.config.timeout, self.app.max_body_bytes,
@@ -334,7 +333,7 @@ class TargetCollector:
         return DecoderOptions(num_speculative_tokens=self.config.num_speculative_tokens,
                               model_name=model if not engine.labels_model else None)
 
-    async def _discover_model(self, client: httpx.AsyncClient) -> None:
+    async def _discover_model(self, client: StreamingClient) -> None:
         model, detail = await served_model(client, self.config.url, self.config.timeout, self._bearer_token(),
                                            self.clock, self.config.tls.server_name if self.config.tls else None)
         if model is None:
@@ -509,7 +508,7 @@ class Exporter:
                 return False, reason
         return True, "ok"
 
-    async def collect_all_once(self, client: httpx.AsyncClient) -> list[TargetView]:
+    async def collect_all_once(self, client: StreamingClient) -> list[TargetView]:
         return list(await asyncio.gather(*(c.collect(client) for c in self.collectors.values())))
 
     async def _loop(self, collector: TargetCollector, limit: asyncio.Semaphore, phase: float) -> None:
@@ -612,9 +611,9 @@ def default_ssl_context() -> ssl.SSLContext:
     return ssl.create_default_context(cafile=certifi.where())  # httpx's own default bundle
 
 
-def new_client(target: TargetConfig) -> httpx.AsyncClient:
+def new_client(target: TargetConfig) -> LeanClient:
     """One client per target: its own TLS settings and keep-alive connection, and a hanging target holds only its
-    own. The lean transport (pipeline/transport.py): httpx's own cost more CPU than collecting the page. No retries,
-    no redirects, no proxy from the environment."""
+    own. The lean client and transport (pipeline/transport.py): httpx's own cost more CPU than collecting the
+    page. No retries, no redirects, no proxy from the environment."""
     verify: ssl.SSLContext = target.tls.ssl_context() if target.tls else default_ssl_context()
-    return httpx.AsyncClient(transport=LeanTransport(verify), follow_redirects=False, trust_env=False)
+    return LeanClient(LeanTransport(verify))
