@@ -20,6 +20,7 @@ import functools
 import gc
 import inspect
 import json
+import os
 import signal
 import sys
 import time
@@ -47,6 +48,9 @@ PARTS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
     ("scrape: HTTP server (uvicorn, starlette)", (("uvicorn.protocols.http.h11_impl", "H11Protocol.data_received"),
                                                   ("uvicorn.protocols.http.h11_impl", "RequestResponseCycle.run_asgi"))),
     ("status model", (("specdecode_exporter.sidecar.web", "status_json"),)),
+    ("uvicorn's tick (once a second)", (("specdecode_exporter.core.httpserver", "QuietServer.main_loop"),)),
+    ("socket reads (stream callbacks)", (("asyncio.streams", "StreamReaderProtocol.data_received"),
+                                         ("asyncio.streams", "StreamReaderProtocol.eof_received"))),
     ("logging", (("logging", "Logger.handle"),)),
 )
 
@@ -145,16 +149,17 @@ def profiled(out: str, argv: list[str]) -> int:
 
     counters = Counters()
     instrument(counters)
-    started = [0.0]
+    started = [0.0, 0.0]
 
     def on(_signum: int, _frame: FrameType | None) -> None:
-        started[0] = time.process_time()
+        started[:] = [time.process_time(), os.times().system]
         counters.start()
 
     def off(_signum: int, _frame: FrameType | None) -> None:
         counters._book()
         counters.on = False
-        Path(out).write_text(json.dumps({"total": time.process_time() - started[0], "parts": counters.seconds}))
+        Path(out).write_text(json.dumps({"total": time.process_time() - started[0], "parts": counters.seconds,
+                                         "system": os.times().system - started[1]}))
 
     signal.signal(signal.SIGUSR1, on)
     signal.signal(signal.SIGUSR2, off)
@@ -166,6 +171,7 @@ class Breakdown:
     collections: int
     scrapes: int
     total: float  # CPU seconds of the process in the span (process_time)
+    system: float  # of which in the kernel (os.times().system): socket I/O, epoll, timers
     parts: dict[str, float]  # CPU seconds, each part's own; REST and GC among them
 
     def per_collection(self) -> list[tuple[str, float]]:
@@ -177,7 +183,6 @@ class Breakdown:
 
 def measure(body: bytes, interval: float = 1.0, span: float = 60.0, scrape_interval: float = 15.0,
             warmup: float | None = None) -> Breakdown:
-    import os
     import tempfile
 
     from bench import collect
@@ -203,7 +208,7 @@ def measure(body: bytes, interval: float = 1.0, span: float = 60.0, scrape_inter
                     break
                 time.sleep(0.1)
         data = json.loads(out.read_text())
-    return Breakdown(collections, scrapes, data["total"], data["parts"])
+    return Breakdown(collections, scrapes, data["total"], data["system"], data["parts"])
 
 
 def main() -> int:
@@ -213,7 +218,8 @@ def main() -> int:
 
     r = measure(corpus.fixture("captured_vllm_cpu_0.32.0_ngram.prom"))
     n = max(r.collections, 1)
-    print(f"{r.collections} collections, {r.scrapes} scrapes, CPU {1000 * r.total / n:.3f} ms per collection")
+    print(f"{r.collections} collections, {r.scrapes} scrapes, CPU {1000 * r.total / n:.3f} ms per collection, "
+          f"{1000 * r.system / n:.3f} ms of it in the kernel")
     for part, seconds in r.per_collection():
         print(f"  {part:45s} {1000 * seconds:7.3f} ms  {100 * seconds * n / r.total:5.1f} %")
     return 0

@@ -1,16 +1,19 @@
-"""A lean HTTP/1.1 transport for httpx: keep-alive connections on plain asyncio streams, nothing else.
+"""The collection's HTTP client: HTTP/1.1 GETs over keep-alive connections on plain asyncio streams.
 
-httpx's default transport (httpcore) cost the sidecar ~1 ms of CPU per collection of a real vLLM page (51 KiB):
-a connection pool guarded by anyio locks and events, the h11 state machine, and a failed ``import sniffio`` four
-times a request (a sys.path search each, as a failed import is not remembered). The page itself took 0.5 ms to
-collect and derive. The sidecar asks each target for one page at a time over its own client, so this transport
-keeps what that needs: a connection reused from one collection to the next (TLS included), the response head
-parsed once, the body handed on as the socket delivers it (fetch's BoundedDecoder caps and gunzips it), framed by
-Content-Length, the chunked coding or the end of the connection.
+httpx cost the sidecar ~1 ms of CPU per collection of a real vLLM page (51 KiB), twice what collecting and deriving
+the page took: the client built and merged the request, ran its auth, cookie and redirect flows; its transport
+(httpcore) guarded a connection pool with anyio locks and events, ran the h11 state machine, and tried a failed
+``import sniffio`` four times a request (a sys.path search each: a failed import is not remembered). It also made
+up 2-4 MB of the process's memory. The sidecar asks each target for one page at a time over the target's own
+client, so this keeps only what that needs: the request's bytes built once, a connection reused from one collection
+to the next (TLS included), the response head parsed once, and the body handed on as the socket delivers it
+(fetch's BoundedDecoder caps and gunzips it), framed by Content-Length, the chunked coding or the end of the
+connection. No redirects are followed, no proxy is used, credentials come in the headers fetch passes.
 
-It has no timeouts of its own beyond the connect timeout: fetch puts one deadline around the whole exchange. A
+It has no timeout of its own beyond the connect timeout: fetch puts one deadline around the whole exchange. A
 connection is reused only after its response was read to the end; one that the server closed while it was idle
 is replaced, and a request that finds it closed before any byte of an answer is sent once more on a new one.
+The errors are named after httpx's (fetch reports the name), without importing it.
 """
 
 from __future__ import annotations
@@ -20,13 +23,29 @@ import contextlib
 import ssl
 from collections.abc import AsyncIterator
 from typing import Any
+from urllib.parse import urlsplit
 
-import httpx
-
-REQUESTS_KEPT = 4  # requests built once and sent again (the page's, the model list's)
 READ_SIZE = 64 * 1024  # the most one read hands on: a body larger than the cap stops within this much of it
 HEAD_LIMIT = 64 * 1024  # a response head larger than this is refused (uvicorn's h11 refuses 16 KiB requests)
+REQUESTS_KEPT = 4  # requests built once and sent again (the page's, the model list's)
+MAX_IDLE = 2  # connections kept per client
 ConnectionKey = tuple[str, str, int, str | None]  # scheme, host, port, TLS server name
+
+
+class TransportError(Exception):
+    """A request that got no usable answer."""
+
+
+class ConnectError(TransportError):
+    pass
+
+
+class RemoteProtocolError(TransportError):
+    pass
+
+
+class ReadError(TransportError):
+    pass
 
 
 class _Connection:
@@ -42,115 +61,119 @@ class _Connection:
         self.writer.close()
 
 
+class Fields:
+    """A response's header fields by lower-case name (the last value of a repeated one)."""
+
+    def __init__(self, fields: dict[str, str]) -> None:
+        self._fields = fields
+
+    def get(self, name: str, default: str = "") -> str:
+        return self._fields.get(name.lower(), default)
+
+
 class _Head:
     """A response's status line and header fields, and how its body is framed."""
 
-    def __init__(self, raw: bytes, request: httpx.Request) -> None:
+    def __init__(self, raw: bytes, head_request: bool) -> None:
         lines = raw[:-4].split(b"\r\n")
         version, _, rest = lines[0].partition(b" ")
-        status, _, reason = rest.partition(b" ")
-        if not version.startswith(b"HTTP/1.") or len(status) != 3 or not status.isdigit():
-            raise httpx.RemoteProtocolError(f"malformed status line {lines[0][:80]!r}", request=request)
-        self.version, self.status, self.reason = version, int(status), reason
-        self.fields: list[tuple[bytes, bytes]] = []
+        status = rest[:3]
+        if not version.startswith(b"HTTP/1.") or not status.isdigit() or rest[3:4] not in (b"", b" "):
+            raise RemoteProtocolError(f"malformed status line {lines[0][:80]!r}")
+        self.status = int(status)
+        fields: dict[str, str] = {}
+        lengths: set[bytes] = set()
         for line in lines[1:]:
             name, colon, value = line.partition(b":")
             if not colon or not name or name[-1:].isspace() or line[:1].isspace():
-                raise httpx.RemoteProtocolError(f"malformed header line {line[:80]!r}", request=request)
-            self.fields.append((name, value.strip()))
-        self.chunked = self.length = None
-        self.keep_alive = version == b"HTTP/1.1"
-        lengths = set()
-        for name, value in self.fields:
-            lower = name.lower()
-            if lower == b"transfer-encoding":
-                self.chunked = value.lower().endswith(b"chunked")
-            elif lower == b"content-length":
-                lengths.add(value)
-            elif lower == b"connection" and b"close" in value.lower():
-                self.keep_alive = False
+                raise RemoteProtocolError(f"malformed header line {line[:80]!r}")
+            key = name.decode("latin-1").lower()
+            fields[key] = value.strip().decode("latin-1")
+            if key == "content-length":
+                lengths.add(value.strip())
+        self.fields = Fields(fields)
+        self.chunked = fields.get("transfer-encoding", "").lower().endswith("chunked")
         if len(lengths) > 1 or (lengths and not next(iter(lengths)).isdigit()):
-            raise httpx.RemoteProtocolError("conflicting or malformed Content-Length", request=request)
-        if lengths and not self.chunked:
-            self.length = int(lengths.pop())
-        if request.method == "HEAD" or self.status in (204, 304):
-            self.length, self.chunked = 0, None
-        if self.length is None and not self.chunked:
-            self.keep_alive = False  # the body ends with the connection
+            raise RemoteProtocolError("conflicting or malformed Content-Length")
+        self.length = int(lengths.pop()) if lengths and not self.chunked else None
+        if head_request or self.status in (204, 304):
+            self.length, self.chunked = 0, False
+        self.keep_alive = (version == b"HTTP/1.1" and "close" not in fields.get("connection", "").lower()
+                           and (self.length is not None or self.chunked))  # else the body ends with the connection
 
 
-class _Body(httpx.AsyncByteStream):
-    """A response body read from its connection as the socket delivers it; the connection goes back to the
-    transport once the body has been read to its end, and is closed otherwise."""
+class Response:
+    """A response whose body is read from its connection as the socket delivers it (``aiter_raw``, once). The
+    connection goes back to its client once the body has been read to its end, and is closed otherwise."""
 
-    def __init__(self, transport: LeanTransport, key: ConnectionKey, connection: _Connection, head: _Head,
-                 request: httpx.Request) -> None:
-        self._transport, self._key, self._connection, self._head = transport, key, connection, head
-        self._request = request
+    def __init__(self, client: LeanClient, key: ConnectionKey, connection: _Connection, head: _Head) -> None:
+        self._client, self._key, self._connection, self._head = client, key, connection, head
+        self.status_code = head.status
+        self.headers = head.fields
         self._complete = False
         self._closed = False
 
-    async def __aiter__(self) -> AsyncIterator[bytes]:
+    async def aiter_raw(self) -> AsyncIterator[bytes]:
         reader, head = self._connection.reader, self._head
         try:
             if head.chunked:
-                async for piece in self._chunks(reader):
+                async for piece in _chunks(reader):
                     yield piece
             elif head.length is not None:
                 remaining = head.length
                 while remaining:
                     data = await reader.read(min(remaining, READ_SIZE))
                     if not data:
-                        raise httpx.RemoteProtocolError("the server closed the connection before the whole body "
-                                                        "was sent", request=self._request)
+                        raise RemoteProtocolError("the server closed the connection before the whole body was sent")
                     remaining -= len(data)
                     yield data
             else:
                 while data := await reader.read(READ_SIZE):
                     yield data
-        except (asyncio.IncompleteReadError, ConnectionError, OSError) as exc:
-            raise httpx.ReadError(str(exc) or type(exc).__name__, request=self._request) from exc
+        except (asyncio.IncompleteReadError, ConnectionError) as exc:
+            raise ReadError(str(exc) or type(exc).__name__) from exc
         except (asyncio.LimitOverrunError, ValueError) as exc:
-            raise httpx.RemoteProtocolError(f"malformed chunked body: {exc}", request=self._request) from exc
+            raise RemoteProtocolError(f"malformed chunked body: {exc}") from exc
         self._complete = True
 
-    async def _chunks(self, reader: asyncio.StreamReader) -> AsyncIterator[bytes]:
-        while True:
-            size = int((await reader.readuntil(b"\r\n")).split(b";", 1)[0].strip(), 16)
-            if size == 0:
-                while await reader.readuntil(b"\r\n") != b"\r\n":  # trailer fields, none kept
-                    pass
-                return
-            while size:
-                data = await reader.read(min(size, READ_SIZE))
-                if not data:
-                    raise asyncio.IncompleteReadError(b"", size)
-                size -= len(data)
-                yield data
-            if await reader.readexactly(2) != b"\r\n":
-                raise ValueError("no CRLF after a chunk")
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            if self._complete and self._head.keep_alive:
+                self._client.release(self._key, self._connection)
+            else:
+                self._connection.close()
 
-    async def aclose(self) -> None:
-        if self._closed:
+
+async def _chunks(reader: asyncio.StreamReader) -> AsyncIterator[bytes]:
+    """The chunked coding's data, as it arrives."""
+    while True:
+        size = int((await reader.readuntil(b"\r\n")).split(b";", 1)[0].strip(), 16)
+        if size == 0:
+            while await reader.readuntil(b"\r\n") != b"\r\n":  # trailer fields, none kept
+                pass
             return
-        self._closed = True
-        if self._complete and self._head.keep_alive:
-            self._transport.release(self._key, self._connection)
-        else:
-            self._connection.close()
+        while size:
+            data = await reader.read(min(size, READ_SIZE))
+            if not data:
+                raise asyncio.IncompleteReadError(b"", size)
+            size -= len(data)
+            yield data
+        if await reader.readexactly(2) != b"\r\n":
+            raise ValueError("no CRLF after a chunk")
 
 
-class LeanTransport(httpx.AsyncBaseTransport):
-    """httpx's transport interface over asyncio streams: HTTP/1.1, keep-alive, TLS with the given context."""
+class LeanClient:
+    """What fetch needs of an HTTP client (``stream``), for one target: TLS with the given context."""
 
-    def __init__(self, verify: ssl.SSLContext | None = None, max_idle: int = 2) -> None:
+    def __init__(self, verify: ssl.SSLContext | None = None) -> None:
         self._ssl = verify
-        self._max_idle = max_idle
         self._idle: dict[ConnectionKey, list[_Connection]] = {}
+        self._requests: dict[tuple[Any, ...], tuple[ConnectionKey, bytes]] = {}
 
     def release(self, key: ConnectionKey, connection: _Connection) -> None:
         idle = self._idle.setdefault(key, [])
-        if connection.open() and len(idle) < self._max_idle:
+        if connection.open() and len(idle) < MAX_IDLE:
             idle.append(connection)
         else:
             connection.close()
@@ -164,108 +187,91 @@ class LeanTransport(httpx.AsyncBaseTransport):
             connection.close()
         return None
 
-    async def _connect(self, key: ConnectionKey, request: httpx.Request) -> _Connection:
+    def _request(self, method: str, url: str, headers: dict[str, str],
+                 server_name: str | None) -> tuple[ConnectionKey, bytes]:
+        """Where to send a request and its bytes, built once for the same arguments."""
+        cache_key = (method, url, tuple(headers.items()), server_name)
+        built = self._requests.get(cache_key)
+        if built is None:
+            parts = urlsplit(url)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise ConnectError(f"unsupported URL {url!r}")
+            port = parts.port or (443 if parts.scheme == "https" else 80)
+            target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+            lines = [f"{method} {target} HTTP/1.1", f"Host: {parts.netloc.rpartition('@')[2]}",
+                     *(f"{name}: {value}" for name, value in headers.items())]
+            built = (parts.scheme, parts.hostname, port, server_name), ("\r\n".join(lines) + "\r\n\r\n").encode()
+            if len(self._requests) >= REQUESTS_KEPT:
+                self._requests.clear()
+            self._requests[cache_key] = built
+        return built
+
+    async def _connect(self, key: ConnectionKey, timeout: float) -> _Connection:
         scheme, host, port, server_name = key
-        timeout = request.extensions.get("timeout", {}).get("connect")
         tls = scheme == "https"
         try:
             async with asyncio.timeout(timeout):
                 reader, writer = await asyncio.open_connection(
                     host, port, ssl=(self._ssl or ssl.create_default_context()) if tls else None,
                     server_hostname=(server_name or host) if tls else None, limit=HEAD_LIMIT)
-        except TimeoutError as exc:
-            raise httpx.ConnectTimeout(f"no connection within {timeout:g}s", request=request) from exc
-        except (OSError, ssl.SSLError) as exc:
-            raise httpx.ConnectError(str(exc) or type(exc).__name__, request=request) from exc
+        except (OSError, ssl.SSLError) as exc:  # TimeoutError (the connect timeout) goes on as it is
+            if isinstance(exc, TimeoutError):
+                raise
+            raise ConnectError(str(exc) or type(exc).__name__) from exc
         return _Connection(reader, writer)
 
-    async def _exchange(self, connection: _Connection, request: httpx.Request, body: bytes) -> _Head:
-        url = request.url
-        lines = [request.method.encode("ascii"), b" ", url.raw_path, b" HTTP/1.1\r\n"]
-        for name, value in request.headers.raw:
-            lines += [name, b": ", value, b"\r\n"]
-        lines.append(b"\r\n")
-        connection.writer.write(b"".join(lines) + body)
+    @staticmethod
+    async def _exchange(connection: _Connection, request: bytes, head_request: bool) -> _Head:
+        connection.writer.write(request)
         while True:
             try:
                 raw = await connection.reader.readuntil(b"\r\n\r\n")
             except asyncio.LimitOverrunError as exc:
-                raise httpx.RemoteProtocolError("response head too large", request=request) from exc
-            head = _Head(raw, request)
+                raise RemoteProtocolError("response head too large") from exc
+            head = _Head(raw, head_request)
             if not 100 <= head.status < 200:
                 return head  # an interim 1xx answer is followed by the response
 
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        url = request.url
-        port = url.port or (443 if url.scheme == "https" else 80)
-        key = (url.scheme, url.host, port, request.extensions.get("sni_hostname"))
-        if url.scheme not in ("http", "https"):
-            raise httpx.UnsupportedProtocol(f"unsupported URL scheme {url.scheme!r}", request=request)
-        body = await request.aread()
+    async def _send(self, key: ConnectionKey, request: bytes, head_request: bool,
+                    timeout: float) -> tuple[_Connection, _Head]:
         connection = self._take(key)
         reused = connection is not None
         if connection is None:
-            connection = await self._connect(key, request)
+            connection = await self._connect(key, timeout)
         try:
             try:
-                head = await self._exchange(connection, request, body)
+                return connection, await self._exchange(connection, request, head_request)
             except (asyncio.IncompleteReadError, ConnectionError) as exc:
                 if not reused or (isinstance(exc, asyncio.IncompleteReadError) and exc.partial):
                     raise
                 connection.close()  # closed by the server while idle: once more, on a new connection
-                connection = await self._connect(key, request)
-                head = await self._exchange(connection, request, body)
-        except (asyncio.IncompleteReadError, ConnectionError, OSError) as exc:
+                connection = await self._connect(key, timeout)
+                return connection, await self._exchange(connection, request, head_request)
+        except (asyncio.IncompleteReadError, ConnectionError) as exc:
             connection.close()
-            raise httpx.RemoteProtocolError(f"the server closed the connection without a response "
-                                            f"({type(exc).__name__})", request=request) from exc
+            raise RemoteProtocolError(f"the server closed the connection without a response "
+                                      f"({type(exc).__name__})") from exc
         except BaseException:
             connection.close()
             raise
-        return httpx.Response(head.status, headers=head.fields, stream=_Body(self, key, connection, head, request),
-                              extensions={"http_version": head.version, "reason_phrase": head.reason})
+
+    @contextlib.asynccontextmanager
+    async def stream(self, method: str, url: str, *, headers: dict[str, str], timeout: float,
+                     extensions: dict[str, Any] | None = None) -> AsyncIterator[Response]:
+        """The response to ``method url`` (``extensions``: httpx's, of which only ``sni_hostname`` is read)."""
+        key, request = self._request(method, url, headers, (extensions or {}).get("sni_hostname"))
+        connection, head = await self._send(key, request, method == "HEAD", timeout)
+        response = Response(self, key, connection, head)
+        try:
+            yield response
+        finally:
+            response.close()
 
     async def aclose(self) -> None:
         for idle in self._idle.values():
             for connection in idle:
                 connection.close()
         self._idle.clear()
-
-
-class LeanClient:
-    """What fetch needs of an HTTP client (``stream``), straight to a LeanTransport: a request is built once and
-    sent again at every collection, with no auth, cookie, redirect or event-hook machinery around it (the
-    collection uses none of it: no redirects followed, no proxy, credentials in the headers fetch passes). httpx's
-    AsyncClient around the same transport cost ~0.3 ms a fetch in building and wrapping."""
-
-    def __init__(self, transport: LeanTransport) -> None:
-        self._transport = transport
-        self._requests: dict[tuple[Any, ...], httpx.Request] = {}
-
-    def _request(self, method: str, url: str, headers: dict[str, str], timeout: float,
-                 extensions: dict[str, Any] | None) -> httpx.Request:
-        key = (method, url, tuple(headers.items()), timeout, tuple((extensions or {}).items()))
-        request = self._requests.get(key)
-        if request is None:
-            if len(self._requests) >= REQUESTS_KEPT:
-                self._requests.clear()
-            request = self._requests[key] = httpx.Request(
-                method, url, headers=headers, extensions={**(extensions or {}), "timeout": {"connect": timeout}})
-        return request
-
-    @contextlib.asynccontextmanager
-    async def stream(self, method: str, url: str, *, headers: dict[str, str], timeout: float,
-                     extensions: dict[str, Any] | None = None) -> AsyncIterator[httpx.Response]:
-        request = self._request(method, url, headers, timeout, extensions)
-        response = await self._transport.handle_async_request(request)
-        response.request = request
-        try:
-            yield response
-        finally:
-            await response.aclose()
-
-    async def aclose(self) -> None:
-        await self._transport.aclose()
 
     async def __aenter__(self) -> LeanClient:
         return self

@@ -38,7 +38,7 @@ from specdecode_exporter.pipeline.latency import BaselineLatency
 from specdecode_exporter.pipeline.parse import LineCache, ParseError, Sample, Selection, select
 from specdecode_exporter.pipeline.scrape import FailureReason, FetchResult, StreamingClient, fetch, valid_bearer_token
 from specdecode_exporter.pipeline.store import SeriesKey, Store
-from specdecode_exporter.pipeline.transport import LeanClient, LeanTransport
+from specdecode_exporter.pipeline.transport import LeanClient
 from specdecode_exporter.sidecar.config import Config, TargetConfig, Window
 from specdecode_exporter.sidecar.discover import served_model
 from specdecode_exporter.sidecar.series import BaselineFor, ControlFor, SeriesContext, SeriesView, series_view
@@ -613,7 +613,7 @@ def default_ssl_context() -> ssl.SSLContext:
 
 def new_client(target: TargetConfig) -> LeanClient:
     """One client per target: its own TLS settings and keep-alive connection, and a hanging target holds only its
-    own. The lean client and transport (pipeline/transport.py): httpx's own cost more CPU than collecting the
-    page. No retries, no redirects, no proxy from the environment."""
+    own. The lean client (pipeline/transport.py): httpx cost more CPU than collecting the page. No retries, no
+    redirects, no proxy from the environment."""
     verify: ssl.SSLContext = target.tls.ssl_context() if target.tls else default_ssl_context()
-    return LeanClient(LeanTransport(verify))
+    return LeanClient(verify)
