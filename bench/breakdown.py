@@ -32,6 +32,8 @@ from typing import Any
 
 REST = "event loop and the rest"
 GC = "cyclic GC"
+_COLLECTION = "specdecode_exporter.sidecar.collection"
+_H11 = "uvicorn.protocols.http.h11_impl"
 # (part, [(module, attribute path)]): the functions whose CPU time is that part.
 PARTS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
     ("fetch (HTTP client)", (("specdecode_exporter.sidecar.collection", "fetch"),)),
@@ -40,13 +42,12 @@ PARTS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
                         ("specdecode_exporter.sidecar.collection", "TargetCollector.store_decoded"))),
     ("views (publish)", (("specdecode_exporter.sidecar.collection", "TargetCollector._publish_sliced"),
                          ("specdecode_exporter.sidecar.collection", "TargetCollector.publish"))),
-    ("collection bookkeeping (loop, schedule)", (("specdecode_exporter.sidecar.collection", "Exporter._loop"),
-                                                 ("specdecode_exporter.sidecar.collection", "TargetCollector.collect"))),
+    ("collection bookkeeping (loop, schedule)", ((_COLLECTION, "Exporter._loop"), (_COLLECTION, "TargetCollector.collect"))),
     ("page render (spec-decode part)", (("specdecode_exporter.sidecar.page", "SpecDecodePage._render"),)),
     ("keep_fresh (looks between renders)", (("specdecode_exporter.sidecar.page", "SpecDecodePage._keep_fresh"),)),
     ("scrape: live families, gzip", (("specdecode_exporter.sidecar.web", "MetricsRenderer.render"),)),
-    ("scrape: HTTP server (uvicorn, starlette)", (("uvicorn.protocols.http.h11_impl", "H11Protocol.data_received"),
-                                                  ("uvicorn.protocols.http.h11_impl", "RequestResponseCycle.run_asgi"))),
+    ("scrape: HTTP server (uvicorn, starlette)", ((_H11, "H11Protocol.data_received"),
+                                                  (_H11, "RequestResponseCycle.run_asgi"))),
     ("status model", (("specdecode_exporter.sidecar.web", "status_json"),)),
     ("uvicorn's tick (once a second)", (("specdecode_exporter.core.httpserver", "QuietServer.main_loop"),)),
     ("socket reads (stream callbacks)", (("asyncio.streams", "StreamReaderProtocol.data_received"),
@@ -109,7 +110,7 @@ class _Steps:
                 self.counters.leave()
             try:
                 sent, thrown = (yield yielded), None
-            except BaseException as exc:  # noqa: BLE001 - handed to the coroutine, as await does
+            except BaseException as exc:
                 sent, thrown = None, exc
 
 

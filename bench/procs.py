@@ -68,8 +68,8 @@ def sidecar(urls: list[str], interval: str = "5s", windows: str = "1m,5m,15m,1h"
         path = Path(tmp) / "config.yaml"
         path.write_text(json.dumps(config))  # JSON is YAML
         with running("sidecar", lambda port: [
-            *(command or [str(EXPORTER_BIN)]), "run", "--config.file", str(path), "--web.listen-address", f"127.0.0.1:{port}",
-            "--log.level", "error",
+            *(command or [str(EXPORTER_BIN)]), "run", "--config.file", str(path),
+            "--web.listen-address", f"127.0.0.1:{port}", "--log.level", "error",
         ], Path(tmp), "/healthz", timeout=20, env=_env()) as proc:
             yield proc.popen, proc.url
 

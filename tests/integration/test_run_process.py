@@ -49,7 +49,7 @@ def target() -> Iterator[tuple[str, list[float]]]:
     class Handler(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
-        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        def do_GET(self) -> None:
             fetched.append(time.monotonic())
             self.send_response(200)
             self.send_header("Content-Type", "text/plain; version=0.0.4")
