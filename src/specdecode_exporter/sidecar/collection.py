@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
+from urllib.parse import urlsplit
 
 import certifi
 
@@ -615,5 +616,6 @@ def new_client(target: TargetConfig) -> LeanClient:
     """One client per target: its own TLS settings and keep-alive connection, and a hanging target holds only its
     own. The lean client (pipeline/transport.py): httpx cost more CPU than collecting the page. No retries, no
     redirects, no proxy from the environment."""
-    verify: ssl.SSLContext = target.tls.ssl_context() if target.tls else default_ssl_context()
-    return LeanClient(verify)
+    if target.tls is None and urlsplit(target.url).scheme != "https":
+        return LeanClient(None)  # no TLS: the CA bundle (2.6 MB of RSS) is not loaded
+    return LeanClient(target.tls.ssl_context() if target.tls else default_ssl_context())

@@ -226,13 +226,6 @@ class Rendered:
     # families, so a response is one gzip stream without compressing the large part again.
     gzipped: tuple[bytes, Compressor] | None = None
 
-    def _each(self, views: tuple[TargetView, ...], same: Callable[[TargetView, TargetView], bool]) -> bool:
-        return len(views) == len(self.views) and all(same(a, b) for a, b in zip(views, self.views, strict=True))
-
-    def of_targets(self, views: tuple[TargetView, ...]) -> bool:
-        """Whether these views are of the same targets, configured the same (only their values moved)."""
-        return self._each(views, lambda a, b: a.config == b.config)
-
     def current(self, views: tuple[TargetView, ...], compress: bool) -> bool:
         return same_views(views, self.views) and (self.gzipped is not None or not compress)
 
@@ -249,8 +242,8 @@ class SpecDecodePage:
     is rendered for pages nobody reads."""
 
     def __init__(self, views: Callable[[], list[TargetView]], gzipped: tuple[Encoder, ...] = ()) -> None:
-        """``gzipped``: encoders rendered and gzipped after every collection from the start, before any scrape
-        asks (what Prometheus asks for), so that even the first scrape finds its page ready."""
+        """``gzipped``: encoders whose page is gzipped from its first render, before any scrape asks for it so
+        (what Prometheus asks for)."""
         self._views = views
         self._encoders: dict[Hashable, Encoder] = {}  # the first of each format seen, which the page is keyed by
         self._formats: dict[Encoder, LineFormat] = {}
