@@ -464,3 +464,45 @@ def test_targets_share_one_default_tls_context() -> None:
     assert rss_mib() - before < 20, "per-target clients must not each load the CA bundle"
     assert default_ssl_context() is default_ssl_context()
     assert len(clients) == 100
+
+
+def test_keep_fresh_woken_by_collections_renders_ahead_without_polling(harness: Harness) -> None:
+    """With ``woken`` (the running sidecar: each collection calls wake), keep_fresh sleeps through the window
+    before a scrape and renders the collection that comes in it as soon as it comes; nothing before the window."""
+    import asyncio
+
+    from prometheus_client import generate_latest
+
+    from specdecode_exporter.sidecar.page import SpecDecodePage
+
+    published = []
+    for _ in range(3):
+        harness.step(5.0)
+        published.append(harness.exporter.views())
+    current, now = published[0], 0.0
+    page = SpecDecodePage(lambda: current)
+
+    async def collect(at: float, index: int) -> int:
+        nonlocal now, current
+        now, current = at, published[index]
+        page.wake()
+        await asyncio.sleep(0.05)
+        return page.renders
+
+    async def main() -> None:
+        nonlocal now
+        fresh = asyncio.create_task(page.keep_fresh(0.2, 5.0, clock=lambda: now, rest=0.001, longest_sleep=0.01,
+                                                    woken=True))
+        try:
+            for at in (0.0, 30.0):
+                page.scraped(at)
+                await page.get(generate_latest, compress=False)  # the scrapes render their own pages
+            assert page.renders == 1
+            assert await collect(40.0, 1) == 1  # long before the next scrape (60 s): not rendered
+            now = 55.5  # within a collection interval of the scrape: keep_fresh now sleeps until woken (or
+            await asyncio.sleep(0.05)  # until 0.4 s before the scrape, a time this test never reaches)
+            assert await collect(56.0, 2) == 2  # the last collection before it: rendered as it came
+        finally:
+            fresh.cancel()
+
+    asyncio.run(main())

@@ -484,6 +484,8 @@ class Exporter:
     started_at: float = field(init=False)
     _tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     _limit: asyncio.Semaphore | None = None
+    # Called after each collection its loop ran (the /metrics page renders what came, instead of looking).
+    collected: Callable[[], None] = field(default=lambda: None)
 
     def __post_init__(self) -> None:
         self.started_at = self.clock()
@@ -526,6 +528,7 @@ class Exporter:
                 started = self.clock()
                 async with limit:
                     await collector.collect(client)
+                self.collected()
                 # Sleep to the next tick of this target's own schedule; an overrun skips ticks, never stacks them.
                 interval = collector.interval
                 elapsed = self.clock() - started

@@ -252,6 +252,7 @@ class SpecDecodePage:
         self._wants_gzip: set[Encoder] = {self.encoder(encoder) for encoder in gzipped}
         self.renders = 0  # spec-decode renders so far (one per set of views and encoder)
         self._scrapes: tuple[float, ...] = ()  # the last two scrapes' times (monotonic)
+        self._sleeping: asyncio.Future[None] | None = None  # keep_fresh's sleep, which wake() ends
 
     def encoder(self, encoder: Encoder) -> Encoder:
         return self._encoders.setdefault(encoder_key(encoder), encoder)
@@ -311,11 +312,31 @@ class SpecDecodePage:
 
     def _idle(self, now: float, lead: float, poll: float, interval: float) -> float:
         """How long keep_fresh can sleep: until the window of the next scrape opens; ``poll`` within it; a
-        collection interval while no scrape is expected (a scrape renders its own page meanwhile)."""
+        collection interval while no scrape is expected (a scrape renders its own page meanwhile). A collection
+        wakes it earlier (``wake``)."""
         window = self._window(lead)
         if window is None or now >= window[1]:
             return interval
         return max(poll, window[0] - poll - now)  # a look just before it opens: what came then is not due
+
+    def wake(self) -> None:
+        """A collection has published: keep_fresh looks now rather than at its next poll."""
+        if self._sleeping is not None and not self._sleeping.done():
+            self._sleeping.set_result(None)
+
+    async def _sleep(self, seconds: float, woken: bool) -> None:
+        """``seconds``, or until ``wake`` where ``woken``."""
+        if not woken:
+            await asyncio.sleep(seconds)
+            return
+        loop = asyncio.get_running_loop()
+        sleeping = self._sleeping = loop.create_future()
+        timer = loop.call_later(seconds, self.wake)
+        try:
+            await sleeping
+        finally:
+            timer.cancel()
+            self._sleeping = None
 
     async def _render(self, encoder: Encoder, views: tuple[TargetView, ...], before: Rendered | None) -> Rendered:
         if before is not None and before.current(views, compress=False):
@@ -331,10 +352,12 @@ class SpecDecodePage:
         return rendered
 
     async def keep_fresh(self, poll: float, interval: float, clock: Callable[[], float] = time.monotonic,
-                         rest: float | None = None, longest_sleep: float | None = None) -> None:
+                         rest: float | None = None, longest_sleep: float | None = None, woken: bool = False) -> None:
         """Render the page the next scrape will read, once, for each encoder scraped so far: looks every ``poll``
         seconds at what the collections published (``interval``: the collection interval) while a render may be
-        due, and sleeps (at most ``longest_sleep``, default ``interval``) while none can be.
+        due, and sleeps (at most ``longest_sleep``, default ``interval``) while none can be. ``woken``: each
+        collection calls ``wake``; then it looks when one came and ``poll`` seconds before the next scrape, not
+        every ``poll`` seconds (ten looks a second cost more CPU than collecting a real vLLM page).
 
         Views are rendered when they came within one collection interval of the next scrape (no newer views are
         expected before it), or, when none came there, ``margin`` seconds before it (a late or failed collection).
@@ -344,15 +367,18 @@ class SpecDecodePage:
         looks. After a render it rests ``rest`` seconds (interval / 2: many targets publish all the time; one
         render per rest then)."""
         await self._keep_fresh(poll, interval, interval / 2 if rest is None else rest, clock,
-                               interval if longest_sleep is None else longest_sleep)
+                               interval if longest_sleep is None else longest_sleep, woken)
 
     async def _keep_fresh(self, poll: float, interval: float, rest: float, clock: Callable[[], float],
-                          longest_sleep: float) -> None:
+                          longest_sleep: float, woken: bool) -> None:
         seen: tuple[TargetView, ...] = ()
         came = render_seconds = 0.0
         while True:
-            idle = self._idle(clock(), max(interval, 2 * render_seconds, 2 * poll), poll, interval)
-            await asyncio.sleep(min(idle, longest_sleep))
+            now, late = clock(), max(2 * render_seconds, 2 * poll)
+            # Within the window before a scrape, a collection wakes it, else the scrape's nearness does.
+            in_window = woken and self.due(now, max(interval, late))
+            idle = self._idle(now, late if in_window else max(interval, late), poll, interval)
+            await self._sleep(idle if in_window else min(idle, longest_sleep), in_window)
             now, views = clock(), tuple(self._views())
             if not same_views(views, seen):
                 seen, came = views, now

@@ -112,6 +112,7 @@ def build_app(exporter: Exporter, run_collection: bool = True, reloader: Reloade
     # A scrape reads the last collection's page: keep_fresh renders it ahead of a regular scraper; otherwise the
     # scrape renders it.
     renderer = MetricsRenderer(exporter, reloader, tap)
+    exporter.collected = renderer.spec_decode.wake
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -124,7 +125,8 @@ def build_app(exporter: Exporter, run_collection: bool = True, reloader: Reloade
                 raise
         task = asyncio.create_task(exporter.run(), name="collection") if run_collection else None
         # The page is rendered right after the collection that precedes each scrape, not by the scrape.
-        fresh = asyncio.create_task(renderer.spec_decode.keep_fresh(PAGE_POLL_SECONDS, config.collect_interval),
+        page = renderer.spec_decode
+        fresh = asyncio.create_task(page.keep_fresh(PAGE_POLL_SECONDS, config.collect_interval, woken=run_collection),
                                     name="metrics page")
         undo_sighup = _on_sighup(reloader)
         try:
