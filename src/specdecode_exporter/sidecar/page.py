@@ -36,6 +36,7 @@ Encoder = Callable[..., bytes]  # prometheus_client's generate_latest for one of
 OPENMETRICS_EOF = b"# EOF\n"
 LINES_PER_STEP = 100  # sample lines formatted between two looks at the clock
 PREFIXES_KEPT_ANYWAY = 64  # a small page's cache is never dropped for being twice its lines
+IDLE_UNTIL_A_SCRAPE = 60.0  # keep_fresh's sleep while no scrape is expected; a scrape ends it at once
 GZIP_LEVEL = 3  # a 1 MB target's 2.1 MB page: 7.8 ms and 88 KB, against 28 ms and 77 KB at zlib's default 6
 _OPENMETRICS_ONLY = ("_created", "_gsum", "_gcount")  # the text format moves these to families of their own
 
@@ -252,7 +253,8 @@ class SpecDecodePage:
         self._wants_gzip: set[Encoder] = {self.encoder(encoder) for encoder in gzipped}
         self.renders = 0  # spec-decode renders so far (one per set of views and encoder)
         self._scrapes: tuple[float, ...] = ()  # the last two scrapes' times (monotonic)
-        self._sleeping: asyncio.Future[None] | None = None  # keep_fresh's sleep, which wake() ends
+        self._sleeping: asyncio.Future[None] | None = None  # keep_fresh's sleep, which a scrape ends
+        self._collections_wake = False  # and a collection too (within the window before a scrape)
 
     def encoder(self, encoder: Encoder) -> Encoder:
         return self._encoders.setdefault(encoder_key(encoder), encoder)
@@ -290,8 +292,9 @@ class SpecDecodePage:
         return task
 
     def scraped(self, now: float) -> None:
-        """A scrape came: keep_fresh renders ahead of the next one it expects."""
+        """A scrape came: keep_fresh renders ahead of the next one it expects (it looks again now)."""
         self._scrapes = (self._scrapes[-1], now) if self._scrapes else (now,)
+        self._end_sleep()
 
     def due(self, now: float, lead: float) -> bool:
         """Whether a page rendered now would be the one the next scrape gets: only once two scrapes have shown
@@ -310,33 +313,37 @@ class SpecDecodePage:
         previous, last = self._scrapes
         return last + (last - previous) - lead, last + 2 * (last - previous)
 
-    def _idle(self, now: float, lead: float, poll: float, interval: float) -> float:
-        """How long keep_fresh can sleep: until the window of the next scrape opens; ``poll`` within it; a
-        collection interval while no scrape is expected (a scrape renders its own page meanwhile). A collection
-        wakes it earlier (``wake``)."""
+    def _idle(self, now: float, lead: float, poll: float, unexpected: float) -> float:
+        """How long keep_fresh can sleep: until the window of the next scrape opens; ``poll`` within it;
+        ``unexpected`` while no scrape is expected (a scrape renders its own page meanwhile)."""
         window = self._window(lead)
         if window is None or now >= window[1]:
-            return interval
+            return unexpected
         return max(poll, window[0] - poll - now)  # a look just before it opens: what came then is not due
 
     def wake(self) -> None:
-        """A collection has published: keep_fresh looks now rather than at its next poll."""
+        """A collection has published: within the window before a scrape, keep_fresh looks now."""
+        if self._collections_wake:
+            self._end_sleep()
+
+    def _end_sleep(self) -> None:
         if self._sleeping is not None and not self._sleeping.done():
             self._sleeping.set_result(None)
 
-    async def _sleep(self, seconds: float, woken: bool) -> None:
-        """``seconds``, or until ``wake`` where ``woken``."""
+    async def _sleep(self, seconds: float, woken: bool, in_window: bool) -> None:
+        """``seconds``, or (``woken``) until a scrape comes or, ``in_window``, a collection."""
         if not woken:
             await asyncio.sleep(seconds)
             return
         loop = asyncio.get_running_loop()
         sleeping = self._sleeping = loop.create_future()
-        timer = loop.call_later(seconds, self.wake)
+        self._collections_wake = in_window
+        timer = loop.call_later(seconds, self._end_sleep)
         try:
             await sleeping
         finally:
             timer.cancel()
-            self._sleeping = None
+            self._sleeping, self._collections_wake = None, False
 
     async def _render(self, encoder: Encoder, views: tuple[TargetView, ...], before: Rendered | None) -> Rendered:
         if before is not None and before.current(views, compress=False):
@@ -355,9 +362,12 @@ class SpecDecodePage:
                          rest: float | None = None, longest_sleep: float | None = None, woken: bool = False) -> None:
         """Render the page the next scrape will read, once, for each encoder scraped so far: looks every ``poll``
         seconds at what the collections published (``interval``: the collection interval) while a render may be
-        due, and sleeps (at most ``longest_sleep``, default ``interval``) while none can be. ``woken``: each
-        collection calls ``wake``; then it looks when one came and ``poll`` seconds before the next scrape, not
-        every ``poll`` seconds (ten looks a second cost more CPU than collecting a real vLLM page).
+        due, and sleeps (outside the window at most ``longest_sleep``, default ``interval``, or when ``woken``
+        IDLE_UNTIL_A_SCRAPE) while none can be. ``woken``: each
+        collection calls ``wake`` and each scrape ``scraped``; then it looks when a scrape came, when the window
+        before the next one opens, when a collection came within it, and ``poll`` seconds before the scrape: not
+        every ``poll`` seconds nor every collection (a look, a cold wakeup of the loop, cost about what a
+        collection's fetch does).
 
         Views are rendered when they came within one collection interval of the next scrape (no newer views are
         expected before it), or, when none came there, ``margin`` seconds before it (a late or failed collection).
@@ -366,8 +376,9 @@ class SpecDecodePage:
         nothing is rendered (a scrape renders its own). Outside the window before a scrape it sleeps rather than
         looks. After a render it rests ``rest`` seconds (interval / 2: many targets publish all the time; one
         render per rest then)."""
-        await self._keep_fresh(poll, interval, interval / 2 if rest is None else rest, clock,
-                               interval if longest_sleep is None else longest_sleep, woken)
+        if longest_sleep is None:
+            longest_sleep = IDLE_UNTIL_A_SCRAPE if woken else interval
+        await self._keep_fresh(poll, interval, interval / 2 if rest is None else rest, clock, longest_sleep, woken)
 
     async def _keep_fresh(self, poll: float, interval: float, rest: float, clock: Callable[[], float],
                           longest_sleep: float, woken: bool) -> None:
@@ -375,10 +386,12 @@ class SpecDecodePage:
         came = render_seconds = 0.0
         while True:
             now, late = clock(), max(2 * render_seconds, 2 * poll)
-            # Within the window before a scrape, a collection wakes it, else the scrape's nearness does.
+            # Woken: it sleeps until the window before the next scrape opens (a scrape wakes it: the window
+            # moves), and within it until a collection comes or the scrape is near.
             in_window = woken and self.due(now, max(interval, late))
-            idle = self._idle(now, late if in_window else max(interval, late), poll, interval)
-            await self._sleep(idle if in_window else min(idle, longest_sleep), in_window)
+            idle = self._idle(now, late if in_window else max(interval, late), poll,
+                              IDLE_UNTIL_A_SCRAPE if woken else interval)
+            await self._sleep(idle if in_window else min(idle, longest_sleep), woken, in_window)
             now, views = clock(), tuple(self._views())
             if not same_views(views, seen):
                 seen, came = views, now
