@@ -45,7 +45,7 @@ class FootprintResult:
 
 def baseline_rss_mb() -> float:
     """RSS of a bare interpreter that imports what the sidecar imports (the part we cannot shrink)."""
-    code = ("import specdecode_exporter.sidecar.web, specdecode_exporter.cli, uvicorn, httpx, sys;"
+    code = ("import specdecode_exporter.sidecar.web, specdecode_exporter.cli, uvicorn, sys;"
             "print(open('/proc/self/status').read().split('VmRSS:')[1].split()[0])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=child_env(), cwd=ROOT,
                          check=True, timeout=60).stdout

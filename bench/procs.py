@@ -54,8 +54,10 @@ def fetch_stats(base: str) -> dict[str, list[float]]:
 
 @contextlib.contextmanager
 def sidecar(urls: list[str], interval: str = "5s", windows: str = "1m,5m,15m,1h",
-            extra: dict[str, object] | None = None) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
-    """The real sidecar process (`specdecode-exporter run --config.file`) on a free port."""
+            extra: dict[str, object] | None = None, command: list[str] | None = None,
+            ) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """The real sidecar process (`specdecode-exporter run --config.file`) on a free port. ``command``: what runs
+    `run …` instead of the installed script (a wrapper that takes the same arguments)."""
     collect: dict[str, object] = {"interval": interval, **(extra or {})}
     config = {
         "collect": collect,
@@ -66,8 +68,8 @@ def sidecar(urls: list[str], interval: str = "5s", windows: str = "1m,5m,15m,1h"
         path = Path(tmp) / "config.yaml"
         path.write_text(json.dumps(config))  # JSON is YAML
         with running("sidecar", lambda port: [
-            str(EXPORTER_BIN), "run", "--config.file", str(path), "--web.listen-address", f"127.0.0.1:{port}",
-            "--log.level", "error",
+            *(command or [str(EXPORTER_BIN)]), "run", "--config.file", str(path),
+            "--web.listen-address", f"127.0.0.1:{port}", "--log.level", "error",
         ], Path(tmp), "/healthz", timeout=20, env=child_env()) as proc:
             yield proc.popen, proc.url
 

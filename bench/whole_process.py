@@ -4,14 +4,15 @@ The baseline is what a user would write without the sidecar: a process that fetc
 every interval and parses all of it with prometheus_client's `text_string_to_metric_families`. The sidecar is
 the real process (`specdecode-exporter run`), collecting the same target at the same interval and scraped as the
 shipped PodMonitor scrapes it (every 15 s, OpenMetrics, gzip), so its CPU includes the page it renders for each
-scrape. The floor is a process that only fetches (httpx, the body read, nothing parsed): no process that reads
-the exposition over HTTP can cost less, so baseline / floor is the most any sidecar could reach. The target
+scrape. The floor is a process that only fetches, on a raw socket (the request written, the head and the body
+read by Content-Length, nothing parsed, one keep-alive connection): no process that reads the exposition over
+HTTP can cost much less, so baseline / floor is the most any sidecar could reach. The target
 moves: each path of the static server serves successive simulator renders in turn, so every fetch has new
 counters. The three processes run at the same time in each round (the same machine noise hits all), on paths of
 their own; CPU comes from /proc (utime + stime, threads included). Rounds start fresh processes and fresh paths.
 
     python -m bench.whole_process fetch-parse URL INTERVAL   # the baseline process itself
-    python -m bench.whole_process fetch-only URL INTERVAL    # the floor
+    python -m bench.whole_process fetch-only URL INTERVAL    # the floor (a raw socket)
 """
 
 from __future__ import annotations
@@ -103,15 +104,36 @@ def parse_all(body: str) -> None:
 
 def fetch_loop(url: str, interval: float, parse: bool) -> None:
     """The baseline (``parse``) or the floor process: fetch every ``interval`` on a fixed schedule, forever."""
+    if not parse:
+        raw_fetch_loop(url, interval)
+        return
     with httpx.Client(timeout=30, trust_env=False) as client:
         start = time.monotonic()
         n = 0
         while True:
-            response = client.get(url)
-            if parse:
-                parse_all(response.text)
-            else:
-                len(response.content)  # read, not parsed
+            parse_all(client.get(url).text)
+            n += 1
+            time.sleep(max(0.0, start + n * interval - time.monotonic()))
+
+
+def raw_fetch_loop(url: str, interval: float) -> None:
+    """The floor: GET on one keep-alive socket, the body read by its Content-Length, nothing parsed."""
+    import socket
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    request = f"GET {parts.path} HTTP/1.1\r\nHost: {parts.netloc}\r\n\r\n".encode()
+    with socket.create_connection((parts.hostname, parts.port)) as sock:
+        reader = sock.makefile("rb")
+        start = time.monotonic()
+        n = 0
+        while True:
+            sock.sendall(request)
+            length = 0
+            while (line := reader.readline()) not in (b"\r\n", b""):
+                if line.lower().startswith(b"content-length:"):
+                    length = int(line.split(b":")[1])
+            reader.read(length)
             n += 1
             time.sleep(max(0.0, start + n * interval - time.monotonic()))
 

@@ -393,7 +393,8 @@ def test_a_scrape_never_reads_a_page_older_than_the_last_collection(harness: Har
 def test_a_sidecar_scraped_less_often_than_it_collects_renders_once_per_scrape(harness: Harness) -> None:
     """keep_fresh renders the views of the last collection before the scrape it expects, once: not views that
     a later collection replaces before that scrape, and not again when the scrape comes (a sidecar collecting
-    every second, scraped every 15 s, rendered three times per scrape)."""
+    every second, scraped every 15 s, rendered three times per scrape); nothing before the second scrape (its
+    time unknown) nor once the scraper went away."""
     import asyncio
 
     from prometheus_client import generate_latest
@@ -423,10 +424,10 @@ def test_a_sidecar_scraped_less_often_than_it_collects_renders_once_per_scrape(h
 
     async def main() -> list[bytes]:
         nonlocal current
-        fresh = asyncio.create_task(page.keep_fresh(0.001, 5.0, clock=lambda: now, rest=0.001))
+        fresh = asyncio.create_task(page.keep_fresh(0.001, 5.0, clock=lambda: now, rest=0.001, longest_sleep=0.001))
         try:
             pages = [await scrape(0.0)]  # no page yet: it waits for one
-            assert await collect(5.0, 1) == 2  # one scrape, the next unknown: rendered after every collection
+            assert await collect(5.0, 1) == 1  # one scrape, the next unknown: nothing rendered for nobody
             pages.append(await scrape(30.0))  # a scrape every 30 s from here
             assert await collect(35.0, 2) == 2  # long before the next scrape: not rendered
             assert await collect(52.0, 3) == 2  # a collection is still due before the scrape: not rendered
@@ -439,6 +440,8 @@ def test_a_sidecar_scraped_less_often_than_it_collects_renders_once_per_scrape(h
             current = published[2]  # a collection as the scrape comes: the scrape renders it (never the
             pages.append(await scrape(90.0))  # page of the collection before)
             assert await collect(91.0, 2) == 5  # and keep_fresh does not render it again
+            assert await collect(151.0, 3) == 5  # no scrape for two intervals: the scraper went away, and
+            assert await collect(156.0, 4) == 5  # nothing is rendered for nobody
             return pages
         finally:
             fresh.cancel()
@@ -461,3 +464,45 @@ def test_targets_share_one_default_tls_context() -> None:
     assert rss_mib() - before < 20, "per-target clients must not each load the CA bundle"
     assert default_ssl_context() is default_ssl_context()
     assert len(clients) == 100
+
+
+def test_keep_fresh_woken_by_collections_renders_ahead_without_polling(harness: Harness) -> None:
+    """With ``woken`` (the running sidecar: each collection calls wake), keep_fresh sleeps through the window
+    before a scrape and renders the collection that comes in it as soon as it comes; nothing before the window."""
+    import asyncio
+
+    from prometheus_client import generate_latest
+
+    from specdecode_exporter.sidecar.page import SpecDecodePage
+
+    published = []
+    for _ in range(3):
+        harness.step(5.0)
+        published.append(harness.exporter.views())
+    current, now = published[0], 0.0
+    page = SpecDecodePage(lambda: current)
+
+    async def collect(at: float, index: int) -> int:
+        nonlocal now, current
+        now, current = at, published[index]
+        page.wake()
+        await asyncio.sleep(0.05)
+        return page.renders
+
+    async def main() -> None:
+        nonlocal now
+        fresh = asyncio.create_task(page.keep_fresh(0.2, 5.0, clock=lambda: now, rest=0.001, longest_sleep=0.01,
+                                                    woken=True))
+        try:
+            for at in (0.0, 30.0):
+                page.scraped(at)
+                await page.get(generate_latest, compress=False)  # the scrapes render their own pages
+            assert page.renders == 1
+            assert await collect(40.0, 1) == 1  # long before the next scrape (60 s): not rendered
+            now = 55.5  # within a collection interval of the scrape: keep_fresh now sleeps until woken (or
+            await asyncio.sleep(0.05)  # until 0.4 s before the scrape, a time this test never reaches)
+            assert await collect(56.0, 2) == 2  # the last collection before it: rendered as it came
+        finally:
+            fresh.cancel()
+
+    asyncio.run(main())

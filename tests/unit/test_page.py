@@ -121,10 +121,11 @@ def test_pages_are_rendered_ahead_only_for_the_scrape_that_will_read_them() -> N
     page = SpecDecodePage(list)
     assert not page.due(100.0, lead=5.0)  # nobody scrapes: nothing rendered ahead
     page.scraped(100.0)
-    assert page.due(101.0, lead=5.0)  # one scrape, its interval unknown: after every collection
+    assert not page.due(101.0, lead=5.0)  # one scrape, its interval unknown: the next scrape renders its own
     page.scraped(130.0)  # a scrape every 30 s, collections every 5 s
     assert not page.due(140.0, lead=5.0) and not page.due(154.0, lead=5.0)
     assert page.due(155.0, lead=5.0) and page.due(161.0, lead=5.0)  # the collection before the next scrape
+    assert page.due(189.0, lead=5.0) and not page.due(190.0, lead=5.0)  # overdue by an interval: the scraper left
 
 
 def _fill(sink: SampleSink, scale: float) -> None:

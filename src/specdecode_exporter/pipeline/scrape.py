@@ -4,21 +4,43 @@ decoding (a gzip bomb stops at the cap), no redirects. Returns bytes or a typed 
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-
-import httpx
+from typing import Any, Protocol
 
 from specdecode_exporter.core.failure import FailureReason as FailureReason  # re-exported: its old home
 from specdecode_exporter.pipeline.engines.base import FetchTiming
+from specdecode_exporter.pipeline.transport import TransportError
 
 ACCEPT = (
     "application/openmetrics-text;version=1.0.0;q=0.5,text/plain;version=0.0.4;q=0.4,*/*;q=0.1"
 )
 USER_AGENT = "specdecode-exporter"
 _DECODE_CHUNK = 256 * 1024
+
+
+class HeaderFields(Protocol):
+    def get(self, name: str, default: str = ..., /) -> str: ...
+
+
+class StreamedResponse(Protocol):
+    @property
+    def status_code(self) -> int: ...
+    @property
+    def headers(self) -> HeaderFields: ...
+    def aiter_raw(self) -> AsyncIterator[bytes]: ...
+
+
+class StreamingClient(Protocol):
+    """What fetch asks of a client: the sidecar's LeanClient (pipeline/transport.py), or httpx.AsyncClient (check,
+    the tests)."""
+
+    def stream(self, method: str, url: str, *, headers: dict[str, str], timeout: float,
+               extensions: dict[str, Any] | None) -> AbstractAsyncContextManager[StreamedResponse]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +110,7 @@ def _headers(bearer_token: str | None) -> dict[str, str]:
 
 
 async def fetch(
-    client: httpx.AsyncClient,
+    client: StreamingClient,
     url: str,
     timeout: float,
     max_bytes: int,
@@ -122,10 +144,27 @@ async def fetch(
         return failed(FailureReason.TOO_LARGE, f"body larger than {max_bytes} bytes")
     except zlib.error as exc:
         return failed(FailureReason.PARSE, f"bad gzip body: {exc}")
-    except (TimeoutError, httpx.TimeoutException):
+    except TimeoutError:
         return failed(FailureReason.TIMEOUT, f"no complete answer within {timeout:g}s")
-    except httpx.HTTPError as exc:
-        return failed(FailureReason.CONNECT, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
     except OSError as exc:
         return failed(FailureReason.CONNECT, str(exc))
+    except Exception as exc:
+        reason = client_failure(exc)
+        if reason is None:
+            raise
+        detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        return failed(reason, f"no complete answer within {timeout:g}s" if reason is FailureReason.TIMEOUT else detail)
     return FetchResult(FetchTiming(started, clock()), body=body, content_type=content_type)
+
+
+def client_failure(exc: Exception) -> FailureReason | None:
+    """What an HTTP client's error means: the lean client's, or httpx's (check's and the tests' client). httpx is
+    loaded whenever one of its errors is raised; the sidecar's own process never loads it."""
+    if isinstance(exc, TransportError):
+        return FailureReason.CONNECT
+    httpx: Any = sys.modules.get("httpx")
+    if httpx is not None and isinstance(exc, httpx.TimeoutException):
+        return FailureReason.TIMEOUT
+    if httpx is not None and isinstance(exc, httpx.HTTPError):
+        return FailureReason.CONNECT
+    return None

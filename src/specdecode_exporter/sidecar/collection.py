@@ -16,9 +16,9 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
+from urllib.parse import urlsplit
 
 import certifi
-import httpx
 
 from specdecode_exporter.core.failure import FailureReason
 from specdecode_exporter.core.log import event
@@ -38,8 +38,9 @@ from specdecode_exporter.pipeline.engines import (
 )
 from specdecode_exporter.pipeline.latency import BaselineLatency
 from specdecode_exporter.pipeline.parse import LineCache, ParseError, Sample, Selection, select
-from specdecode_exporter.pipeline.scrape import FetchResult, fetch, valid_bearer_token
+from specdecode_exporter.pipeline.scrape import FetchResult, StreamingClient, fetch, valid_bearer_token
 from specdecode_exporter.pipeline.store import SeriesKey, Store
+from specdecode_exporter.pipeline.transport import LeanClient
 from specdecode_exporter.sidecar.config import Config, TargetConfig, Window
 from specdecode_exporter.sidecar.discover import served_model
 from specdecode_exporter.sidecar.series import BaselineFor, ControlFor, SeriesContext, SeriesView, series_view
@@ -248,7 +249,7 @@ class TargetCollector:
                                     "in an HTTP header")
         return token
 
-    async def collect(self, client: httpx.AsyncClient) -> TargetView:
+    async def collect(self, client: StreamingClient) -> TargetView:
         started = time.perf_counter()  # durations are real time even when tests drive a fake clock
         try:
             result = await fetch(client, self.config.url, self.config.timeout, self.app.max_body_bytes,
@@ -335,7 +336,7 @@ class TargetCollector:
                               model_name=model if not engine.labels_model else None,
                               adaptive_verification=self.config.adaptive_verification)
 
-    async def _discover_model(self, client: httpx.AsyncClient) -> None:
+    async def _discover_model(self, client: StreamingClient) -> None:
         model, detail = await served_model(client, self.config.url, self.config.timeout, self._bearer_token(),
                                            self.clock, self.config.tls.server_name if self.config.tls else None)
         if model is None:
@@ -487,6 +488,8 @@ class Exporter:
     started_at: float = field(init=False)
     _tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     _limit: asyncio.Semaphore | None = None
+    # Called after each collection its loop ran (the /metrics page renders what came, instead of looking).
+    collected: Callable[[], None] = field(default=lambda: None)
 
     def __post_init__(self) -> None:
         self.started_at = self.clock()
@@ -512,7 +515,7 @@ class Exporter:
                 return False, reason
         return True, "ok"
 
-    async def collect_all_once(self, client: httpx.AsyncClient) -> list[TargetView]:
+    async def collect_all_once(self, client: StreamingClient) -> list[TargetView]:
         return list(await asyncio.gather(*(c.collect(client) for c in self.collectors.values())))
 
     async def _loop(self, collector: TargetCollector, limit: asyncio.Semaphore, phase: float) -> None:
@@ -529,6 +532,7 @@ class Exporter:
                 started = self.clock()
                 async with limit:
                     await collector.collect(client)
+                self.collected()
                 # Sleep to the next tick of this target's own schedule; an overrun skips ticks, never stacks them.
                 interval = collector.interval
                 elapsed = self.clock() - started
@@ -615,9 +619,10 @@ def default_ssl_context() -> ssl.SSLContext:
     return ssl.create_default_context(cafile=certifi.where())  # httpx's own default bundle
 
 
-def new_client(target: TargetConfig) -> httpx.AsyncClient:
-    """One client (connection pool) per target: its own TLS settings, and a hanging target holds only its own
-    connections. No retries, no redirects, no proxy from the environment."""
-    verify: ssl.SSLContext = target.tls.ssl_context() if target.tls else default_ssl_context()
-    transport = httpx.AsyncHTTPTransport(retries=0, verify=verify)
-    return httpx.AsyncClient(transport=transport, follow_redirects=False, trust_env=False)
+def new_client(target: TargetConfig) -> LeanClient:
+    """One client per target: its own TLS settings and keep-alive connection, and a hanging target holds only its
+    own. The lean client (pipeline/transport.py): httpx cost more CPU than collecting the page. No retries, no
+    redirects, no proxy from the environment."""
+    if target.tls is None and urlsplit(target.url).scheme != "https":
+        return LeanClient(None)  # no TLS: the CA bundle (2.6 MB of RSS) is not loaded
+    return LeanClient(target.tls.ssl_context() if target.tls else default_ssl_context())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import platform
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from importlib.metadata import PackageNotFoundError, version
@@ -24,7 +25,9 @@ from specdecode_exporter.tap.route import RoutesView
 Labels = dict[str, str]
 
 
+@functools.cache
 def exporter_version() -> str:
+    """The installed package's version (read once: the package metadata lookup took ~1 ms, at every render)."""
     try:
         return version("specdecode-exporter")
     except PackageNotFoundError:

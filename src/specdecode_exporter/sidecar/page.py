@@ -36,6 +36,7 @@ Encoder = Callable[..., bytes]  # prometheus_client's generate_latest for one of
 OPENMETRICS_EOF = b"# EOF\n"
 LINES_PER_STEP = 100  # sample lines formatted between two looks at the clock
 PREFIXES_KEPT_ANYWAY = 64  # a small page's cache is never dropped for being twice its lines
+IDLE_UNTIL_A_SCRAPE = 60.0  # keep_fresh's sleep while no scrape is expected; a scrape ends it at once
 GZIP_LEVEL = 3  # a 1 MB target's 2.1 MB page: 7.8 ms and 88 KB, against 28 ms and 77 KB at zlib's default 6
 _OPENMETRICS_ONLY = ("_created", "_gsum", "_gcount")  # the text format moves these to families of their own
 
@@ -237,12 +238,13 @@ def same_views(views: tuple[TargetView, ...], others: tuple[TargetView, ...]) ->
 
 class SpecDecodePage:
     """The spec-decode part of /metrics, per encoder: rendered once per set of views at most, in slices on the
-    event loop: by ``keep_fresh``, ahead of the scrape it expects next; by a scrape that finds no page of the
-    views published by then (and no render of them under way)."""
+    event loop: by ``keep_fresh``, for the scrape it expects next; by a scrape, when the page of the views
+    published by then is not rendered yet (no scraper expected, or a collection just before the scrape). Nothing
+    is rendered for pages nobody reads."""
 
     def __init__(self, views: Callable[[], list[TargetView]], gzipped: tuple[Encoder, ...] = ()) -> None:
-        """``gzipped``: encoders rendered and gzipped after every collection from the start, before any scrape
-        asks (what Prometheus asks for), so that even the first scrape finds its page ready."""
+        """``gzipped``: encoders whose page is gzipped from its first render, before any scrape asks for it so
+        (what Prometheus asks for)."""
         self._views = views
         self._encoders: dict[Hashable, Encoder] = {}  # the first of each format seen, which the page is keyed by
         self._formats: dict[Encoder, LineFormat] = {}
@@ -251,6 +253,8 @@ class SpecDecodePage:
         self._wants_gzip: set[Encoder] = {self.encoder(encoder) for encoder in gzipped}
         self.renders = 0  # spec-decode renders so far (one per set of views and encoder)
         self._scrapes: tuple[float, ...] = ()  # the last two scrapes' times (monotonic)
+        self._sleeping: asyncio.Future[None] | None = None  # keep_fresh's sleep, which a scrape ends
+        self._collections_wake = False  # and a collection too (within the window before a scrape)
 
     def encoder(self, encoder: Encoder) -> Encoder:
         return self._encoders.setdefault(encoder_key(encoder), encoder)
@@ -262,12 +266,10 @@ class SpecDecodePage:
         return line_format
 
     async def get(self, encoder: Encoder, compress: bool) -> Rendered:
-        """The part for the views published by the time of the call (gzipped too where ``compress``): a scrape
-        never reads a page older than the last collection completed before it came, whoever scrapes and whenever.
-        Rendered if need be: keep_fresh renders ahead of the scrape it expects, which then finds its page ready;
-        any other scrape (the second replica of a Prometheus HA pair, curl) that comes after a collection the page
-        does not have yet waits for its render (~130 ms at 1 MB), or joins the one under way. Views published while
-        it renders wait for the next call: with many targets some view is always newer."""
+        """The part for the views published by now (gzipped too where ``compress``), rendered if need be: a scrape
+        never reads a page older than the last collection. keep_fresh renders it ahead of a regular scraper; any
+        other scrape renders it itself, once per set of views (~2 ms at a real vLLM page, ~130 ms at 1 MB). Views
+        published while it renders wait for the next call: with many targets some view is always newer."""
         encoder = self.encoder(encoder)
         if compress:
             self._wants_gzip.add(encoder)
@@ -290,17 +292,58 @@ class SpecDecodePage:
         return task
 
     def scraped(self, now: float) -> None:
-        """A scrape came: keep_fresh renders ahead of the next one it expects."""
+        """A scrape came: keep_fresh renders ahead of the next one it expects (it looks again now)."""
         self._scrapes = (self._scrapes[-1], now) if self._scrapes else (now,)
+        self._end_sleep()
 
     def due(self, now: float, lead: float) -> bool:
-        """Whether a page rendered now would be the one the next scrape gets: never before any scrape; after
-        one, always; after two, when the next (one scrape interval after the last) is at most ``lead`` away (a
-        scraper every 30 s of a sidecar collecting every 5 s gets one render per scrape, not six)."""
+        """Whether a page rendered now would be the one the next scrape gets: only once two scrapes have shown
+        the scrape interval, when the next scrape (one interval after the last) is at most ``lead`` away (a
+        scraper every 30 s of a sidecar collecting every 5 s gets one render per scrape, not six), and not once it
+        is overdue by a whole interval (the scraper went away). Before the second scrape, or after the scraper
+        went away, nothing is rendered ahead: a page nobody reads is not rendered; a scrape that comes renders
+        its own."""
+        window = self._window(lead)
+        return window is not None and window[0] <= now < window[1]
+
+    def _window(self, lead: float) -> tuple[float, float] | None:
+        """From when until when a page rendered ahead is read by the next scrape; None before two scrapes."""
         if len(self._scrapes) < 2:
-            return bool(self._scrapes)
+            return None
         previous, last = self._scrapes
-        return now >= last + (last - previous) - lead
+        return last + (last - previous) - lead, last + 2 * (last - previous)
+
+    def _idle(self, now: float, lead: float, poll: float, unexpected: float) -> float:
+        """How long keep_fresh can sleep: until the window of the next scrape opens; ``poll`` within it;
+        ``unexpected`` while no scrape is expected (a scrape renders its own page meanwhile)."""
+        window = self._window(lead)
+        if window is None or now >= window[1]:
+            return unexpected
+        return max(poll, window[0] - poll - now)  # a look just before it opens: what came then is not due
+
+    def wake(self) -> None:
+        """A collection has published: within the window before a scrape, keep_fresh looks now."""
+        if self._collections_wake:
+            self._end_sleep()
+
+    def _end_sleep(self) -> None:
+        if self._sleeping is not None and not self._sleeping.done():
+            self._sleeping.set_result(None)
+
+    async def _sleep(self, seconds: float, woken: bool, in_window: bool) -> None:
+        """``seconds``, or (``woken``) until a scrape comes or, ``in_window``, a collection."""
+        if not woken:
+            await asyncio.sleep(seconds)
+            return
+        loop = asyncio.get_running_loop()
+        sleeping = self._sleeping = loop.create_future()
+        self._collections_wake = in_window
+        timer = loop.call_later(seconds, self._end_sleep)
+        try:
+            await sleeping
+        finally:
+            timer.cancel()
+            self._sleeping, self._collections_wake = None, False
 
     async def _render(self, encoder: Encoder, views: tuple[TargetView, ...], before: Rendered | None) -> Rendered:
         if before is not None and before.current(views, compress=False):
@@ -316,22 +359,39 @@ class SpecDecodePage:
         return rendered
 
     async def keep_fresh(self, poll: float, interval: float, clock: Callable[[], float] = time.monotonic,
-                         rest: float | None = None) -> None:
+                         rest: float | None = None, longest_sleep: float | None = None, woken: bool = False) -> None:
         """Render the page the next scrape will read, once, for each encoder scraped so far: looks every ``poll``
-        seconds at what the collections published (``interval``: the collection interval).
+        seconds at what the collections published (``interval``: the collection interval) while a render may be
+        due, and sleeps (outside the window at most ``longest_sleep``, default ``interval``, or when ``woken``
+        IDLE_UNTIL_A_SCRAPE) while none can be. ``woken``: each
+        collection calls ``wake`` and each scrape ``scraped``; then it looks when a scrape came, when the window
+        before the next one opens, when a collection came within it, and ``poll`` seconds before the scrape: not
+        every ``poll`` seconds nor every collection (a look, a cold wakeup of the loop, cost about what a
+        collection's fetch does).
 
         Views are rendered when they came within one collection interval of the next scrape (no newer views are
         expected before it), or, when none came there, ``margin`` seconds before it (a late or failed collection).
         Views that came earlier are not: the collection in that last interval replaces them before anyone reads
-        them. Before the second scrape its time is unknown: every collection is rendered. After a render it rests
-        ``rest`` seconds (interval / 2: many targets publish all the time; one render per rest then)."""
-        await self._keep_fresh(poll, interval, interval / 2 if rest is None else rest, clock)
+        them. Before the second scrape its time is unknown, and after the scraper went away nobody reads a page:
+        nothing is rendered (a scrape renders its own). Outside the window before a scrape it sleeps rather than
+        looks. After a render it rests ``rest`` seconds (interval / 2: many targets publish all the time; one
+        render per rest then)."""
+        if longest_sleep is None:
+            longest_sleep = IDLE_UNTIL_A_SCRAPE if woken else interval
+        await self._keep_fresh(poll, interval, interval / 2 if rest is None else rest, clock, longest_sleep, woken)
 
-    async def _keep_fresh(self, poll: float, interval: float, rest: float, clock: Callable[[], float]) -> None:
+    async def _keep_fresh(self, poll: float, interval: float, rest: float, clock: Callable[[], float],
+                          longest_sleep: float, woken: bool) -> None:
         seen: tuple[TargetView, ...] = ()
         came = render_seconds = 0.0
         while True:
-            await asyncio.sleep(poll)
+            now, late = clock(), max(2 * render_seconds, 2 * poll)
+            # Woken: it sleeps until the window before the next scrape opens (a scrape wakes it: the window
+            # moves), and within it until a collection comes or the scrape is near.
+            in_window = woken and self.due(now, max(interval, late))
+            idle = self._idle(now, late if in_window else max(interval, late), poll,
+                              IDLE_UNTIL_A_SCRAPE if woken else interval)
+            await self._sleep(idle if in_window else min(idle, longest_sleep), woken, in_window)
             now, views = clock(), tuple(self._views())
             if not same_views(views, seen):
                 seen, came = views, now

@@ -125,7 +125,8 @@ def _lifespan(exporter: Exporter, renderer: MetricsRenderer, reloader: Reloader 
                 raise
         task = asyncio.create_task(exporter.run(), name="collection") if run_collection else None
         # The page is rendered right after the collection that precedes each scrape, not by the scrape.
-        fresh = asyncio.create_task(renderer.spec_decode.keep_fresh(PAGE_POLL_SECONDS, config.collect_interval),
+        page = renderer.spec_decode
+        fresh = asyncio.create_task(page.keep_fresh(PAGE_POLL_SECONDS, config.collect_interval, woken=run_collection),
                                     name="metrics page")
         undo_sighup = _on_sighup(reloader)
         try:
@@ -146,12 +147,10 @@ def _lifespan(exporter: Exporter, renderer: MetricsRenderer, reloader: Reloader 
 def build_app(exporter: Exporter, run_collection: bool = True, reloader: Reloader | None = None,
               security: WebSecurity | None = None, tap: TapRuntime | None = None) -> FastAPI:
     config: Config = exporter.config  # what the listener was built with; a reload changes exporter.config
-    # Driven by its own loop, a scrape never waits for a render: what Prometheus scrapes is the last collection
-    # before it, or the one before that when a collection ends as the scrape comes. Driven from outside (tests),
-    # a scrape waits for it.
     # A scrape reads the last collection completed before it: keep_fresh renders it ahead of the scrape it
     # expects; a scrape it did not expect (an HA pair's other replica, curl) waits for the render.
     renderer = MetricsRenderer(exporter, reloader, tap)
+    exporter.collected = renderer.spec_decode.wake
     app = FastAPI(title="specdecode-exporter", version=exporter_version(),
                   lifespan=_lifespan(exporter, renderer, reloader, tap, run_collection),
                   docs_url=None, redoc_url=None, openapi_url=None)

@@ -1,0 +1,95 @@
+"""The `run` process as it runs: what it has imported and what it logs once it collects (issue 40).
+
+The real command (cli.main(["run", …])) in a process of its own, collecting a real vLLM page every second and
+scraped as Prometheus scrapes it; at SIGUSR1 it writes its sys.modules and RSS to a file.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from devtools.procs import child_env, running
+
+FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "captured_vllm_cpu_0.32.0_ngram.prom"
+# Packages the sidecar's `run` never needs: the other tools, build-time generators, plotting, an HTTP client
+# library (the collection speaks HTTP/1.1 itself), terminal rendering.
+NOT_IN_RUN = ("specdecode_exporter.probe", "specdecode_exporter.simulator", "specdecode_exporter.monitoring",
+              "specdecode_exporter.check", "specdecode_exporter.demo", "grafana_foundation_sdk", "matplotlib",
+              "_jsonnet", "jinja2", "httpx", "httpcore", "rich", "pygments", "numpy")
+RUN = """
+import json, os, signal, sys
+from specdecode_exporter import cli
+
+def dump(_signum, _frame):
+    with open(os.environ["MODULES_OUT"], "w") as out:
+        status = open("/proc/self/status").read()
+        json.dump({"modules": sorted(sys.modules), "rss_kib": int(status.split("VmRSS:")[1].split()[0])}, out)
+
+signal.signal(signal.SIGUSR1, dump)
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+@pytest.fixture
+def target() -> Iterator[tuple[str, list[float]]]:
+    """A real vLLM page on loopback; the times it was fetched."""
+    body, fetched = FIXTURE.read_bytes(), []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self) -> None:
+            fetched.append(time.monotonic())
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/metrics", fetched
+    server.shutdown()
+    server.server_close()
+
+
+def test_the_run_process_imports_only_what_run_uses_and_logs_nothing_per_collection(
+        tmp_path: Path, target: tuple[str, list[float]]) -> None:
+    url, fetched = target
+    out = tmp_path / "modules.json"
+    env = child_env({"MODULES_OUT": str(out)})
+    with running("sidecar", lambda port: [sys.executable, "-c", RUN, "run", "--target", url, "--collect.interval",
+                                          "1s", "--web.listen-address", f"127.0.0.1:{port}"],
+                 tmp_path, "/readyz", env=env) as proc:
+        headers = {"Accept": "application/openmetrics-text;version=1.0.0", "Accept-Encoding": "gzip"}
+        for _ in range(3):  # scraped (the page rendered, gzipped), and collected again meanwhile
+            assert httpx.get(proc.url + "/metrics", headers=headers, timeout=10).status_code == 200
+            time.sleep(1.2)
+        assert len(fetched) >= 4
+        os.kill(proc.popen.pid, signal.SIGUSR1)
+        deadline = time.monotonic() + 10
+        while not (out.exists() and out.stat().st_size) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        state = json.loads(out.read_text())
+    modules = state["modules"]
+    assert "specdecode_exporter.sidecar.web" in modules and "specdecode_exporter.pipeline.transport" in modules
+    loaded = [m for m in modules if any(m == p or m.startswith(p + ".") for p in NOT_IN_RUN)]
+    assert loaded == [], loaded
+    log = [line for line in proc.log.read_text().splitlines() if line.startswith("ts=")]  # after the command line
+    assert len(log) == 2 and "msg=starting" in log[0] and "msg=stopped" in log[1], log  # info: nothing else
+    assert state["rss_kib"] < 60 * 1024  # bench 3 measures it (≤ 50 MB is its target); this catches a regression
