@@ -210,13 +210,19 @@ def test_every_query_well_formed(dashboard: dict[str, Any]) -> None:
 MATCHING = re.compile(r"^(?:(?:on|ignoring)\s*\([^)]*\)\s*)?(?:group_(?:left|right)\s*(?:\([^)]*\))?\s*)?")
 
 
+POSITIVE = re.compile(r"[1-9][0-9]*(\.[0-9]+)?")
+
+
 def divisors(expr: str) -> list[str]:
-    """The parenthesised operand right of every `/` in a PromQL expression."""
+    """The parenthesised operand right of every `/` in a PromQL expression (a plain number as it is)."""
     out = []
     for i, ch in enumerate(expr):
         if ch != "/":
             continue
         rest = MATCHING.sub("", expr[i + 1 :].lstrip())
+        if number := POSITIVE.match(rest):
+            out.append(number.group())
+            continue
         assert rest.startswith("("), f"divisor not parenthesised after {expr[: i + 1]!r}"
         depth = 0
         for j, c in enumerate(rest):
@@ -234,11 +240,11 @@ def test_divisors_helper() -> None:
 
 
 def test_ratios_are_guarded(dashboard: dict[str, Any]) -> None:
-    """Every divisor is `(… > 0)` (or `(1 + …)`, never 0), so an idle model gives no result, not NaN or +Inf;
-    every quantile is `and on (…) (count > 0)`."""
+    """Every divisor is `(… > 0)` (or `(1 + …)`, or a positive number: the short stage's step, never 0), so an
+    idle model gives no result, not NaN or +Inf; every quantile is `and on (…) (count > 0)`."""
     for q in panel_queries(dashboard):
         for d in divisors(q.expr):
-            assert d.endswith("> 0") or d.startswith("1 +"), (q.panel_title, d)
+            assert d.endswith("> 0") or d.startswith("1 +") or POSITIVE.fullmatch(d), (q.panel_title, d)
         if "histogram_quantile(" in q.expr:
             assert "and on (" in q.expr and "_count" in q.expr, (q.panel_title, "unguarded quantile")
 

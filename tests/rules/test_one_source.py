@@ -16,7 +16,7 @@ import yaml
 
 from specdecode_exporter.core import monitoring_config
 from specdecode_exporter.core.verdict import Evidence, Verdict, judge
-from specdecode_exporter.monitoring import build
+from specdecode_exporter.monitoring import build, stage
 from specdecode_exporter.pipeline.capacity import CapacityStats, against_control
 from specdecode_exporter.pipeline.derive import CostModel, counts_stats
 from specdecode_exporter.sidecar.config import load_config_file
@@ -216,7 +216,11 @@ def test_sidecar_and_dashboard_verdicts_agree_on_a_grid(tmp_path: Path) -> None:
     costly = [p for p in grid() if p[4] is not None and sidecar_verdict(*p) != sidecar_verdict(*p[:4])]
     assert len(costly) == 2, "preemptions and a throughput cut must each make a paying-off speedup marginal"
     test_file = tmp_path / "verdict.test.yaml"
-    test_file.write_text(yaml.safe_dump({"rule_files": [], "evaluation_interval": "1m", "tests": [{
+    # The dashboard reads the rules' short stage: its groups run beside the series (the verdict is made of ratios,
+    # which the stage's steps give whatever interval promtool evaluates them at).
+    stage_rules = tmp_path / "stage.rules.yaml"
+    stage_rules.write_text(yaml.safe_dump({"groups": stage.stage_groups(monitoring_config.load())}))
+    test_file.write_text(yaml.safe_dump({"rule_files": [str(stage_rules)], "evaluation_interval": "1m", "tests": [{
         "interval": "1m", "input_series": series,
         "promql_expr_test": [{"expr": expr, "eval_time": "10m", "exp_samples": expected}]}]}))
     proc = subprocess.run([promtool, "test", "rules", str(test_file)], capture_output=True, text=True, timeout=120)

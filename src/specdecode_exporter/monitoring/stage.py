@@ -211,7 +211,8 @@ class Pooled:
                 f"({self.rate(f'{histogram}_count', window, *matchers, by_also=by_also)} > 0)")
 
     def share_below(self, histogram: str, bound: float, window: str) -> str:
-        return self.ratio(f"{histogram}_bucket", f"{histogram}_count", window, f'le="{fmt_num(bound)}"')
+        below = self.rate(f"{histogram}_bucket", window, f'le="{fmt_num(bound)}"')
+        return f"{below}\n/\n({self.rate(f'{histogram}_count', window)} > 0)"
 
     def increase_by_le(self, histogram: str, window: str) -> str:
         """Per bucket bound, what the histogram counted over ``window`` (a heatmap's cells)."""
