@@ -510,23 +510,23 @@
           },
           {
             "record": "model:specdecode_draft_tokens:rate1h",
-            "expr": "avg_over_time(model:specdecode_draft_tokens:stage_increase[1h]) / 15"
+            "expr": "avg_over_time(model:specdecode_draft_tokens:stage_increase[59m59s999ms]) / 15"
           },
           {
             "record": "model:specdecode_accepted_tokens:rate1h",
-            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_increase[1h]) / 15"
+            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_increase[59m59s999ms]) / 15"
           },
           {
             "record": "model:specdecode_drafts:rate1h",
-            "expr": "avg_over_time(model:specdecode_drafts:stage_increase[1h]) / 15"
+            "expr": "avg_over_time(model:specdecode_drafts:stage_increase[59m59s999ms]) / 15"
           },
           {
             "record": "model:specdecode_acceptance_ratio:rate1h",
-            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_increase[1h]) / 15\n/\n(avg_over_time(model:specdecode_draft_tokens:stage_increase[1h]) / 15 > 0)"
+            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_increase[59m59s999ms]) / 15\n/\n(avg_over_time(model:specdecode_draft_tokens:stage_increase[59m59s999ms]) / 15 > 0)"
           },
           {
             "record": "model:specdecode_mean_acceptance_length:rate1h",
-            "expr": "1 + avg_over_time(model:specdecode_accepted_tokens:stage_increase[1h]) / 15\n/\n(avg_over_time(model:specdecode_drafts:stage_increase[1h]) / 15 > 0)"
+            "expr": "1 + avg_over_time(model:specdecode_accepted_tokens:stage_increase[59m59s999ms]) / 15\n/\n(avg_over_time(model:specdecode_drafts:stage_increase[59m59s999ms]) / 15 > 0)"
           },
           {
             "record": "model:specdecode_interval_acceptance_ratio:p10_rate1h",
@@ -544,23 +544,23 @@
         "rules": [
           {
             "record": "model:specdecode_draft_tokens:rate2m",
-            "expr": "avg_over_time(model:specdecode_draft_tokens:stage_increase[2m]) / 15"
+            "expr": "avg_over_time(model:specdecode_draft_tokens:stage_increase[1m59s999ms]) / 15"
           },
           {
             "record": "model:specdecode_accepted_tokens:rate2m",
-            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_increase[2m]) / 15"
+            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_increase[1m59s999ms]) / 15"
           },
           {
             "record": "model:specdecode_drafts:rate2m",
-            "expr": "avg_over_time(model:specdecode_drafts:stage_increase[2m]) / 15"
+            "expr": "avg_over_time(model:specdecode_drafts:stage_increase[1m59s999ms]) / 15"
           },
           {
             "record": "model:specdecode_acceptance_ratio:rate2m",
-            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_increase[2m]) / 15\n/\n(avg_over_time(model:specdecode_draft_tokens:stage_increase[2m]) / 15 > 0)"
+            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_increase[1m59s999ms]) / 15\n/\n(avg_over_time(model:specdecode_draft_tokens:stage_increase[1m59s999ms]) / 15 > 0)"
           },
           {
             "record": "model:specdecode_mean_acceptance_length:rate2m",
-            "expr": "1 + avg_over_time(model:specdecode_accepted_tokens:stage_increase[2m]) / 15\n/\n(avg_over_time(model:specdecode_drafts:stage_increase[2m]) / 15 > 0)"
+            "expr": "1 + avg_over_time(model:specdecode_accepted_tokens:stage_increase[1m59s999ms]) / 15\n/\n(avg_over_time(model:specdecode_drafts:stage_increase[1m59s999ms]) / 15 > 0)"
           },
           {
             "record": "model:specdecode_draft_tokens:sampled_increase2m",
@@ -574,23 +574,23 @@
         "rules": [
           {
             "record": "model:specdecode_draft_tokens:rate3m",
-            "expr": "avg_over_time(model:specdecode_draft_tokens:stage_increase[3m]) / 15"
+            "expr": "avg_over_time(model:specdecode_draft_tokens:stage_increase[2m59s999ms]) / 15"
           },
           {
             "record": "model:specdecode_accepted_tokens:rate3m",
-            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_increase[3m]) / 15"
+            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_increase[2m59s999ms]) / 15"
           },
           {
             "record": "model:specdecode_drafts:rate3m",
-            "expr": "avg_over_time(model:specdecode_drafts:stage_increase[3m]) / 15"
+            "expr": "avg_over_time(model:specdecode_drafts:stage_increase[2m59s999ms]) / 15"
           },
           {
             "record": "model:specdecode_acceptance_ratio:rate3m",
-            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_increase[3m]) / 15\n/\n(avg_over_time(model:specdecode_draft_tokens:stage_increase[3m]) / 15 > 0)"
+            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_increase[2m59s999ms]) / 15\n/\n(avg_over_time(model:specdecode_draft_tokens:stage_increase[2m59s999ms]) / 15 > 0)"
           },
           {
             "record": "model:specdecode_mean_acceptance_length:rate3m",
-            "expr": "1 + avg_over_time(model:specdecode_accepted_tokens:stage_increase[3m]) / 15\n/\n(avg_over_time(model:specdecode_drafts:stage_increase[3m]) / 15 > 0)"
+            "expr": "1 + avg_over_time(model:specdecode_accepted_tokens:stage_increase[2m59s999ms]) / 15\n/\n(avg_over_time(model:specdecode_drafts:stage_increase[2m59s999ms]) / 15 > 0)"
           },
           {
             "record": "model:specdecode_draft_tokens:sampled_increase3m",
@@ -604,23 +604,23 @@
         "rules": [
           {
             "record": "model:specdecode_draft_tokens:rate10m",
-            "expr": "avg_over_time(model:specdecode_draft_tokens:stage_increase[10m]) / 15"
+            "expr": "avg_over_time(model:specdecode_draft_tokens:stage_increase[9m59s999ms]) / 15"
           },
           {
             "record": "model:specdecode_accepted_tokens:rate10m",
-            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_increase[10m]) / 15"
+            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_increase[9m59s999ms]) / 15"
           },
           {
             "record": "model:specdecode_drafts:rate10m",
-            "expr": "avg_over_time(model:specdecode_drafts:stage_increase[10m]) / 15"
+            "expr": "avg_over_time(model:specdecode_drafts:stage_increase[9m59s999ms]) / 15"
           },
           {
             "record": "model:specdecode_acceptance_ratio:rate10m",
-            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_increase[10m]) / 15\n/\n(avg_over_time(model:specdecode_draft_tokens:stage_increase[10m]) / 15 > 0)"
+            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_increase[9m59s999ms]) / 15\n/\n(avg_over_time(model:specdecode_draft_tokens:stage_increase[9m59s999ms]) / 15 > 0)"
           },
           {
             "record": "model:specdecode_mean_acceptance_length:rate10m",
-            "expr": "1 + avg_over_time(model:specdecode_accepted_tokens:stage_increase[10m]) / 15\n/\n(avg_over_time(model:specdecode_drafts:stage_increase[10m]) / 15 > 0)"
+            "expr": "1 + avg_over_time(model:specdecode_accepted_tokens:stage_increase[9m59s999ms]) / 15\n/\n(avg_over_time(model:specdecode_drafts:stage_increase[9m59s999ms]) / 15 > 0)"
           },
           {
             "record": "model:specdecode_draft_tokens:sampled_increase10m",
@@ -634,23 +634,23 @@
         "rules": [
           {
             "record": "model:specdecode_draft_tokens:rate30m",
-            "expr": "avg_over_time(model:specdecode_draft_tokens:stage_increase[30m]) / 15"
+            "expr": "avg_over_time(model:specdecode_draft_tokens:stage_increase[29m59s999ms]) / 15"
           },
           {
             "record": "model:specdecode_accepted_tokens:rate30m",
-            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_increase[30m]) / 15"
+            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_increase[29m59s999ms]) / 15"
           },
           {
             "record": "model:specdecode_drafts:rate30m",
-            "expr": "avg_over_time(model:specdecode_drafts:stage_increase[30m]) / 15"
+            "expr": "avg_over_time(model:specdecode_drafts:stage_increase[29m59s999ms]) / 15"
           },
           {
             "record": "model:specdecode_acceptance_ratio:rate30m",
-            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_increase[30m]) / 15\n/\n(avg_over_time(model:specdecode_draft_tokens:stage_increase[30m]) / 15 > 0)"
+            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_increase[29m59s999ms]) / 15\n/\n(avg_over_time(model:specdecode_draft_tokens:stage_increase[29m59s999ms]) / 15 > 0)"
           },
           {
             "record": "model:specdecode_mean_acceptance_length:rate30m",
-            "expr": "1 + avg_over_time(model:specdecode_accepted_tokens:stage_increase[30m]) / 15\n/\n(avg_over_time(model:specdecode_drafts:stage_increase[30m]) / 15 > 0)"
+            "expr": "1 + avg_over_time(model:specdecode_accepted_tokens:stage_increase[29m59s999ms]) / 15\n/\n(avg_over_time(model:specdecode_drafts:stage_increase[29m59s999ms]) / 15 > 0)"
           },
           {
             "record": "model:specdecode_draft_tokens:sampled_increase30m",
@@ -664,23 +664,23 @@
         "rules": [
           {
             "record": "model:specdecode_draft_tokens:rate2h",
-            "expr": "avg_over_time(model:specdecode_draft_tokens:stage_increase[2h]) / 15"
+            "expr": "avg_over_time(model:specdecode_draft_tokens:stage_increase[1h59m59s999ms]) / 15"
           },
           {
             "record": "model:specdecode_accepted_tokens:rate2h",
-            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_increase[2h]) / 15"
+            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_increase[1h59m59s999ms]) / 15"
           },
           {
             "record": "model:specdecode_drafts:rate2h",
-            "expr": "avg_over_time(model:specdecode_drafts:stage_increase[2h]) / 15"
+            "expr": "avg_over_time(model:specdecode_drafts:stage_increase[1h59m59s999ms]) / 15"
           },
           {
             "record": "model:specdecode_acceptance_ratio:rate2h",
-            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_increase[2h]) / 15\n/\n(avg_over_time(model:specdecode_draft_tokens:stage_increase[2h]) / 15 > 0)"
+            "expr": "avg_over_time(model:specdecode_accepted_tokens:stage_increase[1h59m59s999ms]) / 15\n/\n(avg_over_time(model:specdecode_draft_tokens:stage_increase[1h59m59s999ms]) / 15 > 0)"
           },
           {
             "record": "model:specdecode_mean_acceptance_length:rate2h",
-            "expr": "1 + avg_over_time(model:specdecode_accepted_tokens:stage_increase[2h]) / 15\n/\n(avg_over_time(model:specdecode_drafts:stage_increase[2h]) / 15 > 0)"
+            "expr": "1 + avg_over_time(model:specdecode_accepted_tokens:stage_increase[1h59m59s999ms]) / 15\n/\n(avg_over_time(model:specdecode_drafts:stage_increase[1h59m59s999ms]) / 15 > 0)"
           },
           {
             "record": "model:specdecode_draft_tokens:sampled_increase2h",

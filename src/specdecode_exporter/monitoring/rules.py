@@ -61,7 +61,9 @@ class Alert:
 def _records(cfg: MonitoringConfig, window: str) -> Iterator[Rule]:
     """Per model over ``window``: the page's counters' rates, α and mean acceptance length, from the stage."""
     level, op = cfg.alert_level, f"rate{window}"
-    rates = {spec.name: stage.rate(cfg, key, window) for key, spec in
+    # The windows the tests read hold each step once (the short window is a value the mixin's _config may change).
+    exact = window != cfg.short_window
+    rates = {spec.name: stage.rate(cfg, key, window, exact=exact) for key, spec in
              (("draft_tokens", m.DRAFT_TOKENS), ("accepted_tokens", m.ACCEPTED_TOKENS), ("drafts", m.DRAFTS))}
     for name, expr in rates.items():
         yield {"record": record_name(level, name, op), "expr": expr}

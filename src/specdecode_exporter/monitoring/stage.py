@@ -140,10 +140,10 @@ def within(window: str) -> str:
     return "".join(f"{n}{unit}" for n, unit in parts if n)
 
 
-def rate(cfg: MonitoringConfig, key: str, window: str, *matchers: str) -> str:
+def rate(cfg: MonitoringConfig, key: str, window: str, *matchers: str, exact: bool = False) -> str:
     """The per-second rate of ``key`` over ``window`` (per level series): its step increases averaged, over the
-    step. A gauge's ``avg``/``count`` record is averaged as it is."""
-    averaged = f"avg_over_time({record(cfg, key, *matchers)}[{window}])"
+    step. A gauge's ``avg``/``count`` record is averaged as it is. ``exact``: as count's."""
+    averaged = f"avg_over_time({record(cfg, key, *matchers)}[{within(window) if exact else window}])"
     return f"{averaged} / {_step_s(cfg)}" if family(cfg, key).how == "increase" else averaged
 
 
