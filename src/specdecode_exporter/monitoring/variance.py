@@ -1,4 +1,4 @@
-"""The page's variance per drafted token in PromQL: the rules' side of core.dispersion (DESIGN.md §11).
+"""The page's variance per drafted token in PromQL: the rules' side of core.dispersion.
 
 Given PromQL for a window's sums (each aggregated to the same labels, e.g. ``sum by (namespace, model_name)``): the
 requests N, ΣD, ΣA, ΣD², ΣA², ΣAD, these build
