@@ -236,8 +236,8 @@ def test_the_per_model_histogram_holds_every_request(pods: Pods) -> None:
 
 def test_the_variance_is_measured_per_model_on_the_tapped_requests(pods: Pods) -> None:
     """The three sums per model agree with the per-class drafted and accepted counters (Cauchy–Schwarz: ΣD² ≥
-    (ΣD)²/N; A ≤ D per request); over the longest window every request counts, so v there is measured, on all of them, and the status
-    API says the same."""
+    (ΣD)²/N; A ≤ D per request); over the longest window every request counts, so v there is measured, on all of
+    them, and the status API says the same."""
     def total(name: str) -> float:
         return sum(float(s["value"]) for s in samples(pods.default, name))
 
