@@ -97,6 +97,10 @@ def test_check_prints_a_verdict_against_the_simulator() -> None:
     pasted = json.loads(vllm.split("--speculative-config ", 1)[1].strip("'"))
     assert pasted["num_speculative_tokens_per_batch_size"][0][0] == 1
     assert any(line.startswith("  TensorRT-LLM: speculative_config: {max_draft_len: ") for line in lines)
+    # The page's variance: assumed here (no per-request results), k̄ = 3 from the counters: 3(¼ − 0.04) + 30·0.04.
+    assert ("Page variance per drafted token, meta-llama/Llama-3.1-8B-Instruct 0: 1.83, assumed on 0 requests "
+            "(monitoring config statistics: 30 drafted tokens per request, sd 0.2; k̄ 3.00 from the counters)"
+            in result.stdout)
 
 
 def test_check_unreachable_is_one_line_exit_1() -> None:
