@@ -68,10 +68,7 @@ from bench.paging import (  # noqa: E402
     outcome,
 )
 from devtools.procs import prometheus_binary, promtool_binary  # noqa: E402
-from specdecode_exporter.core import (
-    dispersion,
-    monitoring_config,
-)
+from specdecode_exporter.core import dispersion, monitoring_config  # noqa: E402
 from specdecode_exporter.core import metrics as m  # noqa: E402
 from specdecode_exporter.core.dispersion import Moments  # noqa: E402
 from specdecode_exporter.core.monitoring_config import MonitoringConfig  # noqa: E402
