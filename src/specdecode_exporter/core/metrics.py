@@ -322,7 +322,8 @@ ACCEPTANCE_VARIANCE = MetricSpec(
     "The variance of α per drafted token the page's test divides by, over each window of the sidecar: source="
     "measured, the upper confidence bound of the tap's requests' v (never below α(1 − α)) once the window holds "
     "statistics.min_requests requests; else source=assumed, the monitoring config's bound k̄(¼ − s²) + m·s² (k̄ from "
-    "the requests' verification steps, else m). Computed when scraped, from the tap's sums at each collection.",
+    "the requests' verification steps, else m). Computed when scraped, from the tap's sums sampled every 5 s and at "
+    "each scrape.",
     (*REQUEST_HISTOGRAM_LABELS, "window", "source"),
 )
 REQUESTS_WITHOUT_SPEC = MetricSpec(
