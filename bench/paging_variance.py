@@ -92,11 +92,12 @@ def configured_variance(cfg: MonitoringConfig, window: str) -> str:
     return f"{fmt_num(dispersion.per_draft_token)} * {tokens_per_draft} + {fmt_num(dispersion.per_request)}"
 
 
-def measured_bound(cfg: MonitoringConfig, variance_window: str) -> str:
+def measured_bound(cfg: MonitoringConfig, variance_window: str, offset: str | None = None) -> str:
     """The builder's measured upper bound over ``variance_window`` of the tap's sums (absent with too few requests):
     what the page's rule will read, evaluated here only for the cross-check."""
     labels = by(cfg.level_labels())
-    sums = variance.WindowSums(*(f"sum by ({labels}) (increase({spec.exposed_name}[{variance_window}]))"
+    shift = f" offset {offset}" if offset else ""
+    sums = variance.WindowSums(*(f"sum by ({labels}) (increase({spec.exposed_name}[{variance_window}]{shift}))"
                                  for spec in SUMS))
     return variance.upper_bound(sums, cfg.statistics.min_requests)
 
@@ -145,11 +146,12 @@ def window_sums(pods: list[PodSeries], times: npt.NDArray[np.float64], seconds: 
     return out
 
 
-def variance_series(pods: list[PodSeries], days: float, step_s: float, seconds: float, min_requests: float
-                    ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
-    """(times, values) of the measured page variance at every evaluation instant where it is measured."""
+def variance_series(pods: list[PodSeries], days: float, step_s: float, seconds: float, min_requests: float,
+                    offset_s: float = 0.0) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    """(times, values) of the measured page variance at every evaluation instant where it is measured (over the
+    window ending ``offset_s`` before the instant)."""
     times = np.arange(0.0, days * DAY, step_s)
-    sums = window_sums(pods, times, seconds)
+    sums = window_sums(pods, times - offset_s, seconds)
     columns = [sums[spec.exposed_name].tolist() for spec in SUMS]
     kept_t, kept_v = [], []
     for i, row in enumerate(zip(*columns, strict=True)):
@@ -261,7 +263,7 @@ HEADER = ["traffic at 10 drafted tokens/s", "v (true, α 0.55)", "page's varianc
 
 
 def run(sds: list[float], month_days: float, drop_days: float, variance_window: str, seed: int,
-        log: Callable[[str], object] = print) -> list[list[str]]:
+        log: Callable[[str], object] = print, offset: str | None = None) -> list[list[str]]:
     cfg = monitoring_config.shipped()
     rng = np.random.default_rng(seed)
     all_cases = cases(sds, month_days, drop_days, rng)
@@ -273,11 +275,12 @@ def run(sds: list[float], month_days: float, drop_days: float, variance_window: 
                                             for pod in range(traffic.pods)]
     fixed, measured = generated_page(cfg), measured_page(cfg)
     seconds = duration_seconds(variance_window)
+    offset_s = duration_seconds(offset) if offset else 0.0
     variances = {name: variance_series(pods, max(month_days, drop_days), fixed.step_s, seconds,
-                                       cfg.statistics.min_requests) for name, pods in series.items()}
+                                       cfg.statistics.min_requests, offset_s) for name, pods in series.items()}
     group_interval = paging.alertmanager_group_interval()
     started = time.perf_counter()
-    check = (all_cases[0].model(all_cases[0].month), measured_bound(cfg, variance_window), 6 * 3600.0)
+    check = (all_cases[0].model(all_cases[0].month), measured_bound(cfg, variance_window, offset), 6 * 3600.0)
     with tempfile.TemporaryDirectory(prefix="specdecode-paging-variance-") as tmp:
         runs, cross = evaluate([fixed, measured], series, variances, max(month_days, drop_days), Path(tmp), check)
     log(f"evaluated in {time.perf_counter() - started:.0f} s; cross-check, {cross.model}: the builder's PromQL "
@@ -293,7 +296,8 @@ def run(sds: list[float], month_days: float, drop_days: float, variance_window: 
             drops = outcome(case.drops, paging.pages(stretches[case.model(case.drops)], group_interval),
                             rule.longest_window_s)
             false = month.false_per_30d + drops.false_per_30d
-            source = (f"measured over {variance_window}" if label == "measured v"
+            over = f"{variance_window} offset {offset}" if offset else variance_window
+            source = (f"measured over {over}" if label == "measured v"
                       else f"fixed {assumed:.2f}")
             rows.append([f"sd {case.sd:g}, {label}", f"{v:.2f}", source, str(drops.delays.size),
                          fmt_delay(drops.delay(50)), fmt_delay(drops.delay(95)),
@@ -314,15 +318,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--month-days", type=float, default=30.0)
     parser.add_argument("--drop-days", type=float, default=10.0)
     parser.add_argument("--variance-window", default="1h")
+    parser.add_argument("--variance-offset", default=None, help="the variance's window ends this long before")
     parser.add_argument("--seed", type=int, default=20)
     args = parser.parse_args(argv)
     from bench.common import markdown_table
 
     started = time.perf_counter()
-    rows = run(args.sds, args.month_days, args.drop_days, args.variance_window, args.seed)
+    rows = run(args.sds, args.month_days, args.drop_days, args.variance_window, args.seed,
+               offset=args.variance_offset)
     print(f"_{dt.datetime.now(dt.UTC):%Y-%m-%d}, bench/paging_variance.py: {args.month_days:g} days of α "
           f"{paging.NEAR} and {args.drop_days:g} days of drops per traffic, seed {args.seed}, v measured over "
-          f"{args.variance_window}._\n")
+          f"{args.variance_window}{' offset ' + args.variance_offset if args.variance_offset else ''}._\n")
     for line in markdown_table(HEADER, rows):
         print(line)
     print(f"\nTotal {time.perf_counter() - started:.0f} s ({DAY:g} s a day simulated).")
