@@ -90,6 +90,7 @@ class Traffic:
     tokens_per_draft: int = 3
     request_sd: float = 0.2  # sd of a request's acceptance probability around the true α
     pods: int = 2
+    tap: bool = False  # the request tap's counters too (requests, Σ D, Σ A, Σ D², Σ A², Σ A·D): the measured v
 
 
 @functools.cache
@@ -128,6 +129,29 @@ def accepted_in_bins(requests: npt.NDArray[np.int64], alpha: float, traffic: Tra
     big = requests >= 50
     out[big] = np.maximum(0.0, np.round(rng.normal(requests[big] * mean, np.sqrt(requests[big] * var))))
     return out
+
+
+def accepted_sums_in_bins(requests: npt.NDArray[np.int64], alpha: float, traffic: Traffic,
+                          rng: np.random.Generator) -> tuple[Floats, Floats]:
+    """(Σ A, Σ A²) of ``requests[i]`` requests in each bin, as ``accepted_in_bins`` draws them; the normal limit is
+    bivariate there (A and A² of the same requests)."""
+    pmf = request_pmf(alpha, traffic)
+    values = np.arange(pmf.size, dtype=np.float64)
+    squares = values**2
+    first, second = float(pmf @ values), float(pmf @ squares)
+    cov = np.array([[second - first**2, float(pmf @ values**3) - first * second],
+                    [float(pmf @ values**3) - first * second, float(pmf @ squares**2) - second**2]])
+    total, total_sq = np.zeros(requests.size), np.zeros(requests.size)
+    small = (requests > 0) & (requests < 50)
+    counts = rng.multinomial(requests[small], pmf)
+    total[small], total_sq[small] = counts @ values, counts @ squares
+    big = np.flatnonzero(requests >= 50)
+    if big.size:
+        n = requests[big].astype(np.float64)
+        draws = rng.multivariate_normal(np.zeros(2), cov, size=big.size) * np.sqrt(n)[:, None]
+        total[big] = np.maximum(0.0, np.round(n * first + draws[:, 0]))
+        total_sq[big] = np.maximum(total[big], np.round(n * second + draws[:, 1]))
+    return total, total_sq
 
 
 # ----------------------------------------------------------------------------------------------- scenarios
@@ -253,14 +277,25 @@ def simulate_pod(scenario: Scenario, pod: int, traffic: Traffic, rng: np.random.
     for r in resets:  # a pod that is down serves nothing
         requests[int(r.at / BIN_S):int((r.at + r.down_s) / BIN_S)] = 0
     alpha = scenario.alpha()
-    accepted = np.zeros(scenario.bins)
+    accepted, accepted_sq = np.zeros(scenario.bins), np.zeros(scenario.bins)
     for level in np.unique(alpha):
         where = alpha == level
-        accepted[where] = accepted_in_bins(requests[where], float(level), traffic, rng)
+        if traffic.tap:
+            accepted[where], accepted_sq[where] = accepted_sums_in_bins(requests[where], float(level), traffic, rng)
+        else:
+            accepted[where] = accepted_in_bins(requests[where], float(level), traffic, rng)
     drafts_per_request = traffic.tokens_per_request // traffic.tokens_per_draft
+    tokens = traffic.tokens_per_request
     totals = {m.DRAFTS.exposed_name: np.cumsum(requests * drafts_per_request, dtype=np.float64),
-              m.DRAFT_TOKENS.exposed_name: np.cumsum(requests * traffic.tokens_per_request, dtype=np.float64),
+              m.DRAFT_TOKENS.exposed_name: np.cumsum(requests * tokens, dtype=np.float64),
               m.ACCEPTED_TOKENS.exposed_name: np.cumsum(accepted)}
+    if traffic.tap:  # every request drafts the same D = tokens_per_request: Σ D² = N·D², Σ A·D = D·Σ A
+        totals |= {m.REQUESTS.exposed_name: np.cumsum(requests, dtype=np.float64),
+                   m.REQUEST_DRAFT_TOKENS.exposed_name: totals[m.DRAFT_TOKENS.exposed_name],
+                   m.REQUEST_ACCEPTED_TOKENS.exposed_name: totals[m.ACCEPTED_TOKENS.exposed_name],
+                   m.REQUEST_DRAFT_TOKENS_SQUARED.exposed_name: np.cumsum(requests * tokens**2, dtype=np.float64),
+                   m.REQUEST_ACCEPTED_TOKENS_SQUARED.exposed_name: np.cumsum(accepted_sq),
+                   m.REQUEST_ACCEPTED_DRAFT_TOKENS_PRODUCT.exposed_name: np.cumsum(accepted * tokens)}
     times = np.arange(POD_OFFSETS[pod], scenario.days * DAY, SCRAPE_S)
     times = times[~_down(scenario.events, pod, times)]
 
@@ -281,11 +316,13 @@ def simulate_pod(scenario: Scenario, pod: int, traffic: Traffic, rng: np.random.
 def write_openmetrics(path: Path, series: Sequence[tuple[str, PodSeries]]) -> int:
     """Every series as OpenMetrics with timestamps (what the backfill reads); returns the number of samples."""
     samples = 0
+    names = list(dict.fromkeys(name for _, pod in series for name in pod.values))  # the tap's too, where simulated
     with path.open("w", encoding="utf-8") as out:
-        for spec in COUNTERS:
-            name = spec.exposed_name
+        for name in names:
             out.write(f"# TYPE {name.removesuffix('_total')} counter\n")
             for model, pod in series:
+                if name not in pod.values:
+                    continue
                 labels = f'{{namespace="{NAMESPACE}",model_name="{model}",pod="pod-{pod.pod}"}}'
                 times = (T0 + pod.times).astype(np.int64).tolist()
                 out.writelines(f"{name}{labels} {v:.0f} {t}\n" for v, t in zip(pod.values[name].tolist(), times,

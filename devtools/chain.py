@@ -39,7 +39,7 @@ from devtools.procs import (
 from devtools.stack import Prometheus
 from specdecode_exporter.core import monitoring_config
 from specdecode_exporter.core.monitoring_config import MonitoringConfig
-from specdecode_exporter.core.validation import parse_duration
+from specdecode_exporter.core.validation import duration_seconds, parse_duration
 from specdecode_exporter.monitoring.build import dump_yaml, render_rules, sources
 from specdecode_exporter.monitoring.mixin import with_value
 from specdecode_exporter.monitoring.rules import alpha_record, recording_groups, rule_groups
@@ -228,7 +228,8 @@ def alertmanager_config(webhook_url: str, example: Path = AM_EXAMPLE) -> dict[st
         for key, value in (("group_wait", fmt_duration(GROUP_WAIT_S)),
                            ("group_interval", fmt_duration(GROUP_INTERVAL_S)),
                            ("repeat_interval", REPEAT_INTERVAL)):
-            if top or key in route:
+            # A timer the example already sets shorter stays (the page's group_wait: 0s).
+            if top or (key in route and duration_seconds(route[key], allow_zero=True) > duration_seconds(value)):
                 route[key] = value
         for child in route.get("routes", []):
             shorten(child, False)

@@ -130,7 +130,7 @@ def _run_demo(listen_address: str, duration: float | None, scenario: Scenario) -
 def _start_sidecar(config: Config) -> tuple[ThreadedServer, TapRuntime]:
     host, port = split_listen_address(config.listen_address)
     exporter = Exporter(config)
-    tap = tap_runtime(config, exporter.views)
+    tap = tap_runtime(config, exporter.views, lambda: exporter.config)
     assert tap is not None, "the demo config has a proxy"
     sock = bind_socket(host, port)
     return ThreadedServer(build_app(exporter, tap=tap), sock, name="sidecar").start(), tap

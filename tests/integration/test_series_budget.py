@@ -30,6 +30,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from devtools.procs import Process, free_port
 from devtools.stack import start_sidecar, start_simulator
 from specdecode_exporter.core import metrics as m
+from specdecode_exporter.core import monitoring_config
 from specdecode_exporter.tap.request_stats import LENGTH_BUCKETS, SPEED_BUCKETS, TapSettings
 
 pytestmark = pytest.mark.timeout(300)
@@ -49,6 +50,7 @@ ACCEPTANCE_SERIES = len(m.ACCEPTANCE_RATIO_BUCKETS) + 1 + 2
 LENGTH_SERIES = len(LENGTH_BUCKETS) + 1 + 2
 SPEED_SERIES = len(SPEED_BUCKETS) + 1 + 2
 ROUTE_SERIES_PER_CLASS = 4 + 1 + 2
+WINDOWS = tuple(monitoring_config.shipped().sidecar_windows)  # the default config's windows
 
 FEATURES: dict[str, tuple[m.MetricSpec, ...]] = {
     "latency": (m.TIME_PER_OUTPUT_TOKEN, m.TIME_PER_OUTPUT_TOKEN_TAIL, m.TIME_TO_FIRST_TOKEN, m.REQUESTS_RUNNING,
@@ -61,6 +63,8 @@ FEATURES: dict[str, tuple[m.MetricSpec, ...]] = {
     "tap counters": (m.REQUESTS, m.REQUEST_DRAFT_TOKENS, m.REQUEST_ACCEPTED_TOKENS, m.REQUESTS_WITHOUT_SPEC,
                      m.TAP_CONNECTIONS, m.TAP_BUFFERED_BYTES),
     "per-request histograms": (m.REQUEST_ACCEPTANCE, m.REQUEST_MEAN_LENGTH, m.REQUEST_SPEED),
+    "measured variance": (m.REQUEST_DRAFT_TOKENS_SQUARED, m.REQUEST_ACCEPTED_TOKENS_SQUARED,
+                          m.REQUEST_ACCEPTED_DRAFT_TOKENS_PRODUCT, m.ACCEPTANCE_VARIANCE),
     "routing": m.ROUTE,
 }
 
@@ -183,7 +187,7 @@ def settled(pod: Pod, ready: Callable[[Count], bool]) -> Count:
 
 def complete(count: Count) -> bool:
     return all(count.by_feature[f] for f in ("latency", "speculation share and capacity", "batch-size schedule",
-                                             "tap counters", "per-request histograms"))
+                                             "tap counters", "per-request histograms", "measured variance"))
 
 
 def report(name: str, count: Count) -> None:
@@ -200,6 +204,8 @@ def test_one_model_fits_the_budget_at_the_default_config(pods: Pods) -> None:
     assert count.by_feature["per-request histograms"] == ACCEPTANCE_SERIES + LENGTH_SERIES + 3 * SPEED_SERIES
     # Exact α per class stays: three counters per class in use, every class of the worst case.
     assert count.by_feature["tap counters"] >= 3 * CLASSES
+    # The variance's sums per model, not per class (3 × 48 more would break the budget), and v per window.
+    assert count.by_feature["measured variance"] == 3 + len(WINDOWS)
     assert "routing" not in count.by_feature
     # The hostile names are capped: the model names a page can carry are max_models + other.
     assert MODEL in count.models and len(count.models) <= TapSettings().max_models + 1
@@ -226,6 +232,28 @@ def test_the_per_model_histogram_holds_every_request(pods: Pods) -> None:
     by_class = samples(pods.class_histograms, m.REQUEST_ACCEPTANCE.name + "_count")
     assert len(by_class) == CLASSES and all("workload" in s and "temperature" in s for s in by_class)
     assert observations(pods.class_histograms) == observations(pods.default)
+
+
+def test_the_variance_is_measured_per_model_on_the_tapped_requests(pods: Pods) -> None:
+    """The three sums per model agree with the per-class drafted and accepted counters (Cauchy–Schwarz: ΣD² ≥
+    (ΣD)²/N; A ≤ D per request); over the longest window every request counts, so v there is measured, on all of
+    them, and the status API says the same."""
+    def total(name: str) -> float:
+        return sum(float(s["value"]) for s in samples(pods.default, name))
+
+    requests, drafted, accepted = (total(spec.exposed_name) for spec in
+                                   (m.REQUESTS, m.REQUEST_DRAFT_TOKENS, m.REQUEST_ACCEPTED_TOKENS))
+    squared, accepted_squared, product = (total(spec.exposed_name) for spec in (
+        m.REQUEST_DRAFT_TOKENS_SQUARED, m.REQUEST_ACCEPTED_TOKENS_SQUARED, m.REQUEST_ACCEPTED_DRAFT_TOKENS_PRODUCT))
+    assert squared >= drafted**2 / requests > 0 and accepted_squared >= accepted**2 / requests > 0
+    assert accepted_squared <= product <= squared  # each request accepts at most what it drafted: A² ≤ A·D ≤ D²
+    gauge = {s["window"]: s for s in samples(pods.default, m.ACCEPTANCE_VARIANCE.name)}
+    assert set(gauge) == set(WINDOWS)
+    longest = gauge[WINDOWS[-1]]
+    assert longest["source"] == "measured" and float(longest["value"]) > 0
+    status = httpx.get(f"{pods.default.sidecar.url}/api/v1/status", timeout=10).json()
+    rows = {row["window"]: row for row in status["targets"][0]["requests"]["variance"] if row["model_name"] == MODEL}
+    assert rows[WINDOWS[-1]]["source"] == "measured" and rows[WINDOWS[-1]]["requests"] == requests
 
 
 def class_labels(pod: Pod) -> set[tuple[str, str]]:

@@ -166,6 +166,11 @@ def test_check_prints_a_verdict_against_the_simulator() -> None:
     (why,) = [line for line in lines if line.startswith("  best k 3 in the table is at the configured cost per")]
     assert why.endswith(": k = 2 at batch size 5-16 (cost 0.64)")
 
+    # The page's variance: assumed here (no per-request results), k̄ = 3 from the counters: 3(¼ − 0.04) + 30·0.04.
+    assert ("Page variance per drafted token, meta-llama/Llama-3.1-8B-Instruct 0: 1.83, assumed on 0 requests "
+            "(monitoring config statistics: 30 drafted tokens per request, sd 0.2; k̄ 3.00 from the counters)"
+            in result.stdout)
+
 
 def test_check_given_the_base_url_suggests_its_metrics() -> None:
     """`probe --url` takes the server's base URL; `check` takes its /metrics: a 404 from a base URL says so."""

@@ -1,5 +1,6 @@
 """The status page's pieces: the history the charts draw, their x axis, the labels kept off the plotted area, the
-speedups shown side by side. (The page as laid out by a real browser: tests/integration/test_status_page_browser.py.)"""
+speedups shown side by side, the page's variance. (The page as laid out by a real browser:
+tests/integration/test_status_page_browser.py.)"""
 
 from __future__ import annotations
 
@@ -9,8 +10,11 @@ import re
 import pytest
 
 from specdecode_exporter.core.charts import Axis, Frame, Rule, Series, fit, line_chart, nice_ticks, tick_format
+from specdecode_exporter.core.dispersion import Variance, WindowVariance
 from specdecode_exporter.sidecar.collection import HISTORY_SECONDS, HISTORY_STEP_SECONDS, HistoryPoint, extended
-from specdecode_exporter.sidecar.status_page import ago, minutes_axis, speedup_cell
+from specdecode_exporter.sidecar.status import requests_json
+from specdecode_exporter.sidecar.status_page import ago, minutes_axis, speedup_cell, variance_table
+from specdecode_exporter.tap.request_stats import RequestRecorder
 
 
 def test_history_keeps_about_one_point_a_step_and_always_the_latest() -> None:
@@ -98,3 +102,20 @@ def test_the_routing_table_explains_its_bound_and_what_decides() -> None:
     assert "α 0.41, lower bound 0.61 ≥ break-even 0.58 in force then, 50 requests" in html
     assert "its 99% one-sided upper bound" in html
     assert "Only α decides routing: the measured speedups" in html and "are not used to decide" in html
+
+
+def test_the_page_s_variance_shows_its_value_source_and_requests() -> None:
+    """Status JSON and page: per model and window, v, measured or assumed, on how many requests."""
+    view = RequestRecorder().view()
+    rows = [WindowVariance("llama", "1m", Variance(1.83, "assumed", 3)),
+            WindowVariance("llama", "1h", Variance(0.91, "measured", 412, 0.84))]
+    requests = requests_json(view, 0.5, 600.0, rows)
+    assert requests["variance"] == [
+        {"model_name": "llama", "window": "1m", "variance_per_draft_token": 1.83, "source": "assumed", "requests": 3,
+         "estimate": None},
+        {"model_name": "llama", "window": "1h", "variance_per_draft_token": 0.91, "source": "measured",
+         "requests": 412, "estimate": 0.84}]
+    html_table = variance_table(requests)
+    assert "<td>1h</td><td>0.91</td><td>measured</td><td>412</td><td>0.84</td>" in html_table
+    assert "<td>1m</td><td>1.83</td><td>assumed</td><td>3</td><td>–</td>" in html_table
+    assert variance_table(requests_json(view, 0.5, 600.0)) == ""

@@ -10,6 +10,7 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 
 from specdecode_exporter.check import per_request as check_per_request
+from specdecode_exporter.core.monitoring_config import Statistics
 from specdecode_exporter.pipeline.derive import acceptance_ratio
 from specdecode_exporter.pipeline.engines import NOT_APPLICABLE
 from specdecode_exporter.pipeline.schedule import (
@@ -123,6 +124,26 @@ def best_k_line(series: SeriesView, schedule: BatchSchedule, cost: float) -> lis
             f"and, with enough drafts, takes its own acceptance: {at}"]
 
 
+def variance_lines(view: TargetView, statistics: Statistics) -> list[str]:
+    """The variance per drafted token the page divides by, per series: assumed here (check sees no per-request
+    results), with k̄ from the target's counters; where it is measured instead."""
+    dispersion = statistics.dispersion
+    lines: list[str] = []
+    for series in view.series:
+        totals = series.totals
+        measured = bool(totals.drafts and totals.draft_tokens)
+        k = (totals.draft_tokens or 0.0) / totals.drafts if measured and totals.drafts else None
+        v = dispersion.variance_per_token(k if k is not None else dispersion.tokens_per_request)
+        name = f"{series.key.model_name or ''} {series.key.engine or ''}".strip()
+        basis = f"k̄ {k:.2f} from the counters" if k is not None else "no drafts counter: k̄ taken as m"
+        lines += ["", f"Page variance per drafted token, {name}: {v:.2f}, assumed on 0 requests (monitoring config "
+                      f"statistics: {dispersion.tokens_per_request:g} drafted tokens per request, sd "
+                      f"{dispersion.request_sd:g}; {basis}). The request tap measures it on your traffic "
+                      f"(once a window holds {statistics.min_requests:g} requests): "
+                      "specdecode_acceptance_variance_per_draft_token, /api/v1/status."]
+    return lines
+
+
 def per_request_line(view: TargetView, send_completion: bool, timeout: float) -> tuple[str | None, bool]:
     """(the per-request metrics line, whether it could decide); only for vLLM targets that serve spec decode."""
     if not view.series or view.api not in ("vllm-v1", "vllm-v0"):
@@ -147,6 +168,7 @@ def run_check(url: str, duration: float, timeout: float, out: TextIO, err: TextI
         err.write(f"{PROG}: cannot collect {url}: {view.last_error}{metrics_hint(url, view.last_error)}\n")
         return 1
     out.write(render(view, duration))
+    out.write("".join(f"{line}\n" for line in variance_lines(view, config.statistics)))
     out.flush()
     line, decided = per_request_line(view, send_test_completion, timeout)
     if line is not None and decided:

@@ -308,6 +308,33 @@ REQUEST_ACCEPTED_TOKENS = MetricSpec(
     "specdecode_request_accepted_tokens", "counter", "Accepted draft tokens of the requests through the tap.",
     TAP_LABELS,
 )
+# The sums behind the measured variance per drafted token (core.dispersion): per model, not per class (the page
+# tests a model's pooled α, and three more counters per class would take the default config past its series budget).
+MOMENTS_NOTE = (" Per model: with the drafted and accepted counters (summed over the classes) the variance of α per "
+                "drafted token over any window and across pods, v = (ΣA² − 2α̂ΣAD + α̂²ΣD²)/ΣD.")
+REQUEST_DRAFT_TOKENS_SQUARED = MetricSpec(
+    "specdecode_request_draft_tokens_squared", "counter",
+    "Σ D² over the requests through the tap (D: a request's drafted tokens)." + MOMENTS_NOTE,
+    REQUEST_HISTOGRAM_LABELS,
+)
+REQUEST_ACCEPTED_TOKENS_SQUARED = MetricSpec(
+    "specdecode_request_accepted_tokens_squared", "counter",
+    "Σ A² over the requests through the tap (A: a request's accepted draft tokens)." + MOMENTS_NOTE,
+    REQUEST_HISTOGRAM_LABELS,
+)
+REQUEST_ACCEPTED_DRAFT_TOKENS_PRODUCT = MetricSpec(
+    "specdecode_request_accepted_draft_tokens_product", "counter",
+    "Σ A·D over the requests through the tap." + MOMENTS_NOTE, REQUEST_HISTOGRAM_LABELS,
+)
+ACCEPTANCE_VARIANCE = MetricSpec(
+    "specdecode_acceptance_variance_per_draft_token", "gauge",
+    "The variance of α per drafted token the page's test divides by, over each window of the sidecar: source="
+    "measured, the upper confidence bound of the tap's requests' v (never below α(1 − α)) once the window holds "
+    "statistics.min_requests requests; else source=assumed, the monitoring config's bound k̄(¼ − s²) + m·s² (k̄ from "
+    "the requests' verification steps, else m). Computed when scraped, from the tap's sums sampled every 5 s and at "
+    "each scrape.",
+    (*REQUEST_HISTOGRAM_LABELS, "window", "source"),
+)
 REQUESTS_WITHOUT_SPEC = MetricSpec(
     "specdecode_requests_without_spec_metrics", "counter",
     "Completion requests through the tap without per-request spec-decode metrics, by reason: not_enabled (start "
@@ -397,7 +424,8 @@ CONFIG_RELOAD_TIME = MetricSpec(
 # The tap's families change with every request: they are rendered live on each scrape, not per collection.
 TAP: tuple[MetricSpec, ...] = (
     REQUEST_ACCEPTANCE, REQUEST_MEAN_LENGTH, REQUESTS, REQUEST_DRAFT_TOKENS, REQUEST_ACCEPTED_TOKENS,
-    REQUESTS_WITHOUT_SPEC, REQUEST_SPEED, TAP_CONNECTIONS, TAP_BUFFERED_BYTES,
+    REQUEST_DRAFT_TOKENS_SQUARED, REQUEST_ACCEPTED_TOKENS_SQUARED, REQUEST_ACCEPTED_DRAFT_TOKENS_PRODUCT,
+    ACCEPTANCE_VARIANCE, REQUESTS_WITHOUT_SPEC, REQUEST_SPEED, TAP_CONNECTIONS, TAP_BUFFERED_BYTES,
 )
 
 COLLECTED: tuple[MetricSpec, ...] = (

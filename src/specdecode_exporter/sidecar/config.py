@@ -444,6 +444,8 @@ class Config:
     verdict_window: str = field(default_factory=lambda: monitoring_config.shipped().verdict_window)
     speculation_stopped: monitoring_config.SpeculationStopped = field(
         default_factory=lambda: monitoring_config.shipped().speculation_stopped)
+    # The page's statistics: the configured variance (m, s) and min_requests, for the measured variance's gauge.
+    statistics: monitoring_config.Statistics = field(default_factory=lambda: monitoring_config.shipped().statistics)
     monitoring_config_file: str | None = None  # None: the shipped monitoring config
     proxy: ProxyConfig | None = None  # the request tap, off unless a listen address is given
     listen_address: str = ":9877"
@@ -510,6 +512,7 @@ def config_from_mapping(data: Any, source: str, monitoring_file: str | None = No
         verdict=verdict,
         verdict_window=monitoring.verdict_window,
         speculation_stopped=monitoring.speculation_stopped,
+        statistics=monitoring.statistics,
         monitoring_config_file=monitoring_path,
         proxy=proxy_config(file.proxy, targets, proxy_flags or {}),
         listen_address=file.web.listen_address,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import platform
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from importlib.metadata import PackageNotFoundError, version
 from typing import Protocol
 
@@ -12,6 +12,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from specdecode_exporter.core import metrics as m
+from specdecode_exporter.core.dispersion import WindowVariance
 from specdecode_exporter.core.metrics import go_float, quantile_name
 from specdecode_exporter.pipeline import latency
 from specdecode_exporter.pipeline.derive import WindowStats
@@ -275,11 +276,26 @@ def add_request_histograms(families: Families, labels: Labels, acceptance: Histo
         families.histogram(spec, labels, zip(histogram.bounds, histogram.counts, strict=True), histogram.total)
 
 
+def add_variance_families(families: Families, view: RequestsView, target: Labels,
+                          variances: Sequence[WindowVariance]) -> None:
+    """Per model, the sums behind the measured variance per drafted token, and the page's v per window."""
+    for model, sums in view.moments.items():
+        labels = {**target, "model_name": model}
+        families.add(m.REQUEST_DRAFT_TOKENS_SQUARED, labels, sums.draft_squared)
+        families.add(m.REQUEST_ACCEPTED_TOKENS_SQUARED, labels, sums.accepted_squared)
+        families.add(m.REQUEST_ACCEPTED_DRAFT_TOKENS_PRODUCT, labels, sums.product)
+    for row in variances:
+        families.add(m.ACCEPTANCE_VARIANCE, {**target, "model_name": row.model, "window": row.window,
+                                             "source": row.variance.source}, row.variance.value)
+
+
 def build_request_families(view: RequestsView, target: Labels, stats: TapStats | None,
-                           class_histograms: bool = False) -> Families:
+                           class_histograms: bool = False, variances: Sequence[WindowVariance] = ()) -> Families:
     """The tap's families. Counters by class (α per class exact over any window); the per-request histograms per
-    model, or by class too with proxy.class_histograms (the same family, with workload and temperature labels)."""
+    model, or by class too with proxy.class_histograms (the same family, with workload and temperature labels); the
+    variance's sums and gauge per model."""
     families = Families(m.TAP)
+    add_variance_families(families, view, target, variances)
     for key, totals in view.bands.items():
         labels = {**target, "model_name": key.model_name, "workload": key.workload, "temperature": key.temperature}
         families.add(m.REQUESTS, labels, totals.requests)
@@ -323,12 +339,14 @@ class RequestsCollector(Collector):
 
     def __init__(self, view: Callable[[], RequestsView], target: Callable[[], Labels],
                  stats: Callable[[], TapStats | None], routes: Callable[[], RoutesView | None] = lambda: None,
-                 class_histograms: bool = False) -> None:
+                 class_histograms: bool = False,
+                 variances: Callable[[], Sequence[WindowVariance]] = lambda: ()) -> None:
         self._view, self._target, self._stats, self._routes = view, target, stats, routes
-        self._class_histograms = class_histograms
+        self._class_histograms, self._variances = class_histograms, variances
 
     def collect(self) -> Iterator[Metric]:
-        yield from build_request_families(self._view(), self._target(), self._stats(), self._class_histograms)
+        yield from build_request_families(self._view(), self._target(), self._stats(), self._class_histograms,
+                                          self._variances())
         routes = self._routes()
         if routes is not None:
             yield from build_route_families(routes, self._target())

@@ -6,9 +6,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from specdecode_exporter.core import dispersion
+from specdecode_exporter.core.dispersion import MomentsHistory, WindowVariance
 from specdecode_exporter.core.httpserver import bind_socket
 from specdecode_exporter.sidecar.collection import TargetView
 from specdecode_exporter.sidecar.config import Config, ProxyConfig, split_listen_address
@@ -19,8 +22,10 @@ from specdecode_exporter.tap.request_stats import RequestsView, TapSettings
 from specdecode_exporter.tap.route import RoutesView
 
 Views = Callable[[], list[TargetView]]
+HISTORY_KEEP_SECONDS = 3600.0  # the tap's sums are kept this long at least (the config's longest window, if longer)
 SNAPSHOT_TIMEOUT = 1.0  # how long a scrape waits for the tap's counters before it serves the last ones it had
 BREAK_EVEN_PUSH_SECONDS = 1.0  # how often the tap process hears the break-even in force (sent when it changed)
+MOMENTS_SAMPLE_SECONDS = 5.0  # how often the sidecar samples the tap's sums for the windows of the measured variance
 
 
 def break_evens_of(views: list[TargetView], target: str) -> BreakEvens:
@@ -42,10 +47,14 @@ class TapRuntime:
     sock: socket.socket
     views: Views = list  # the collection's latest: the router's break-even comes from the tapped target's
     log: tuple[str, str] = ("info", "logfmt")  # level and format
+    current: Callable[[], Config] | None = None  # the config in force (reloads change windows and statistics)
+    clock: Callable[[], float] = time.monotonic
     process: TapProcess = field(init=False)
+    history: MomentsHistory = field(init=False)
     _pushing: asyncio.Task[None] | None = None
 
     def __post_init__(self) -> None:
+        self.history = MomentsHistory(HISTORY_KEEP_SECONDS).recorded(self.clock(), {})
         self.process = TapProcess(TapProcessSettings(
             self.config.upstream, self.config.workload_header, self.config.connect_timeout,
             TapSettings(temperature_edges=self.config.temperature_bands, max_workloads=self.config.max_workloads),
@@ -59,9 +68,13 @@ class TapRuntime:
         self._pushing = asyncio.create_task(self._keep_pushing(), name="tap break-even")
 
     async def _keep_pushing(self) -> None:
+        sampled = self.clock()
         while True:
             await asyncio.sleep(BREAK_EVEN_PUSH_SECONDS)
             self._push_break_evens()
+            if self.clock() - sampled >= MOMENTS_SAMPLE_SECONDS:
+                sampled = self.clock()
+                await self.refresh()
 
     def _push_break_evens(self) -> None:
         self.process.set_break_evens(break_evens_of(self.views(), self.config.target))
@@ -74,8 +87,23 @@ class TapRuntime:
         await self.process.stop(self.config.drain_timeout)
 
     async def refresh(self) -> None:
-        """Fetch the tap's counters now (a scrape or the status page is about to read them)."""
+        """Fetch the tap's counters now (a scrape or the status page is about to read them); their sums join the
+        history the measured variance's windows are differences of."""
         await self.process.snapshot(SNAPSHOT_TIMEOUT)
+        config = self.current() if self.current is not None else None
+        keep = max(HISTORY_KEEP_SECONDS, config.longest_window if config is not None else 0.0)
+        self.history = replace(self.history, keep_s=keep).recorded(self.clock(), self.view().moments)
+
+    def variances(self) -> list[WindowVariance]:
+        """The page's variance per drafted token per model and window of the config in force: measured from the
+        tap's requests, else the configured bound."""
+        if self.current is None:
+            return []
+        config = self.current()
+        stats = config.statistics
+        return dispersion.window_variances(
+            self.history, self.clock(), [(w.name, w.seconds) for w in config.windows], stats.min_requests,
+            lambda sums: dispersion.assumed_variance(stats.dispersion, sums))
 
     def view(self) -> RequestsView:
         return self.process.latest.requests
@@ -87,13 +115,15 @@ class TapRuntime:
         return self.process.latest.stats
 
 
-def tap_runtime(config: Config, views: Views = list) -> TapRuntime | None:
+def tap_runtime(config: Config, views: Views = list, current: Callable[[], Config] | None = None
+                ) -> TapRuntime | None:
     """The tap for ``config``, its socket bound now (OSError when the address is taken); None when it is off.
-    ``views`` are the collection's latest: the router's break-even comes from the tapped target's."""
+    ``views`` are the collection's latest: the router's break-even comes from the tapped target's; ``current`` the
+    config in force (else ``config``), whose windows and statistics the measured variance reads."""
     proxy = config.proxy
     if proxy is None:
         return None
     target = next(t for t in config.targets if t.name == proxy.target)
     host, port = split_listen_address(proxy.listen_address)
     return TapRuntime(proxy, {"target": target.name, **dict(target.labels)}, bind_socket(host, port), views,
-                      (config.log_level, config.log_format))
+                      (config.log_level, config.log_format), current or (lambda: config))

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Sequence
 from typing import Any
 
+from specdecode_exporter.core.dispersion import WindowVariance
 from specdecode_exporter.pipeline import latency, ratio_test
 from specdecode_exporter.pipeline.capacity import AgainstControl, CapacityStats
 from specdecode_exporter.pipeline.derive import WindowStats
@@ -178,7 +180,8 @@ def baseline_json(view: TargetView) -> dict[str, Any] | None:
 
 def status_json(views: list[TargetView], ready: tuple[bool, str], version: str, uptime: float,
                 config: Config, now: float, requests: RequestsView | None = None,
-                routes: RoutesView | None = None, fallback_available: bool | None = None) -> dict[str, Any]:
+                routes: RoutesView | None = None, fallback_available: bool | None = None,
+                variances: Sequence[WindowVariance] = ()) -> dict[str, Any]:
     bands = config.verdict
     tapped = config.proxy.target if config.proxy is not None else None
     return {
@@ -215,7 +218,7 @@ def status_json(views: list[TargetView], ready: tuple[bool, str], version: str, 
                                "c_verify_max": view.config.cost.c_verify_max,
                                "saturating_batch": view.config.cost.saturating_batch},
                 "series": [series_json(view, s, now) for s in view.series],
-                "requests": requests_json(requests, bands.page_acceptance_ratio, uptime)
+                "requests": requests_json(requests, bands.page_acceptance_ratio, uptime, variances)
                 if requests is not None and view.config.name == tapped else None,
                 "routing": routes_json(routes, fallback_available)
                 if routes is not None and view.config.name == tapped else None,
@@ -241,9 +244,24 @@ def _distribution_json(histogram: latency.Histogram | None, page: float) -> dict
             "buckets": list(histogram.bounds[:-1]), "cumulative_counts": list(histogram.counts[:-1])}
 
 
-def requests_json(view: RequestsView, page_threshold: float, uptime: float) -> dict[str, Any]:
+VARIANCE_METHOD = ("variance of α per drafted token the page's test divides by: measured, the upper 95 % bound of "
+                   "(ΣA² − 2α̂ΣAD + α̂²ΣD²)/ΣD over the window's tapped requests, never below α̂(1 − α̂), once the "
+                   "window holds statistics.min_requests requests; else assumed, the monitoring config's "
+                   "k̄(¼ − s²) + m·s²")
+
+
+def variance_json(variances: Sequence[WindowVariance]) -> list[dict[str, Any]]:
+    """The page's v per model and window: its value, measured or assumed, on how many requests."""
+    return [{"model_name": row.model, "window": row.window, "variance_per_draft_token": _round(row.variance.value),
+             "source": row.variance.source, "requests": int(row.variance.requests),
+             "estimate": _round(row.variance.estimate) if row.variance.estimate is not None else None}
+            for row in variances]
+
+
+def requests_json(view: RequestsView, page_threshold: float, uptime: float,
+                  variances: Sequence[WindowVariance] = ()) -> dict[str, Any]:
     """The request tap: α per model, workload and temperature band, the per-request distribution per model; all
-    counted since the sidecar started, ``uptime`` seconds ago."""
+    counted since the sidecar started, ``uptime`` seconds ago; the page's variance per model and window."""
     bands = [{"model_name": key.model_name, "workload": key.workload, "temperature": key.temperature,
               "requests": totals.requests,
               "acceptance_ratio": _round(totals.accepted_tokens / totals.draft_tokens) if totals.draft_tokens
@@ -262,6 +280,8 @@ def requests_json(view: RequestsView, page_threshold: float, uptime: float) -> d
                    for model in models},
         "without_spec_metrics": reasons,
         "hint": NOT_ENABLED_HINT if reasons.get("not_enabled") else None,
+        "variance": variance_json(variances),
+        "variance_method": VARIANCE_METHOD,
     }
 
 

@@ -287,8 +287,24 @@ def requests_rows(target: dict[str, Any], page_threshold: float, uptime_seconds:
              "specdecode_request_accepted_tokens_total / specdecode_request_draft_tokens_total in Prometheus")
     return (f"<tr class='charts'><td colspan={len(HEADER)}><b>Per request (the request tap)</b> "
             f"<small class='window'>{e(since)}</small>"
-            f"<div>{''.join(charts)}</div>{table}"
+            f"<div>{''.join(charts)}</div>{table}{variance_table(requests)}"
             f"<p><small>without spec-decode metrics: {missing or 'none'}</small></p>{hint}</td></tr>")
+
+
+def variance_table(requests: dict[str, Any]) -> str:
+    """The page's variance per drafted token per model and window: measured or assumed, on how many requests."""
+    rows = requests.get("variance") or []
+    if not rows:
+        return ""
+    e = html.escape
+    body = "".join(
+        f"<tr><td>{e(r['model_name'])}</td><td>{e(r['window'])}</td>"
+        f"<td>{_cell(r['variance_per_draft_token'], '{:.2f}')}</td><td>{e(r['source'])}</td>"
+        f"<td>{r['requests']}</td><td>{_cell(r['estimate'], '{:.2f}')}</td></tr>" for r in rows)
+    return ("<p><small>The page's variance per drafted token (v): "
+            f"{e(requests.get('variance_method', ''))}</small></p>"
+            "<table><tr><th>model</th><th>window</th><th>v</th><th>source</th><th>requests</th>"
+            f"<th>estimate</th></tr>{body}</table>")
 
 
 def _speedup(measured: dict[str, Any] | None) -> str:

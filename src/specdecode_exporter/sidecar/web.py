@@ -52,7 +52,7 @@ class MetricsRenderer:
         # The per-request families change with every tapped request: rendered on every scrape (empty, with
         # their HELP and TYPE, when the tap is off).
         self._live.register(RequestsCollector(tap.view, lambda: tap.labels, tap.stats, tap.routes,
-                                              tap.config.class_histograms) if tap is not None
+                                              tap.config.class_histograms, tap.variances) if tap is not None
                             else RequestsCollector(lambda: NO_REQUESTS, dict, lambda: None))
         ProcessCollector(registry=self._live)
         PlatformCollector(registry=self._live)
@@ -164,7 +164,8 @@ def build_app(exporter: Exporter, run_collection: bool = True, reloader: Reloade
         return status_json(exporter.views(), exporter.ready(), exporter_version(), now - exporter.started_at,
                            exporter.config, now, tap.view() if tap is not None else None,
                            tap.routes() if tap is not None else None,
-                           stats.fallback_available if stats is not None else None)
+                           stats.fallback_available if stats is not None else None,
+                           tap.variances() if tap is not None else ())
 
     @app.get(config.telemetry_path)
     async def metrics(request: Request) -> Response:  # on the loop: a scrape is mostly a copy of rendered bytes
@@ -210,7 +211,7 @@ def serve(config: Config, load: Callable[[], Config] | None = None, security: We
     reloader = Reloader(exporter, load or (lambda: config), security)
     host, port = split_listen_address(config.listen_address)
     try:
-        tap = tap_runtime(config, exporter.views)
+        tap = tap_runtime(config, exporter.views, lambda: exporter.config)
     except OSError as exc:
         event(logging.ERROR, "cannot listen", listen_address=config.proxy.listen_address if config.proxy else "",
               detail=exc.strerror or str(exc), what="request tap",

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from specdecode_exporter.core.buckets import ACCEPTANCE_RATIO_BUCKETS
+from specdecode_exporter.core.dispersion import Moments
 from specdecode_exporter.pipeline.latency import Histogram
 from specdecode_exporter.tap.model import TapRequest, TapResult
 
@@ -117,6 +118,9 @@ class RequestsView(NamedTuple):
     bands: Mapping[BandKey, BandTotals]
     without_metrics: Mapping[tuple[str, str], int]  # (model, reason) → requests
     speed: Mapping[tuple[str, str], Histogram]  # (model, acceptance band) → tokens/s
+    # model → Σ D, Σ A, Σ D², Σ A², Σ A·D (and steps) of its requests with metrics: the measured variance per drafted
+    # token (core.dispersion) over any window. Per model, not per class: the page tests a model's pooled α.
+    moments: Mapping[str, Moments] = {}
 
 
 @dataclass
@@ -127,6 +131,7 @@ class RequestRecorder:
     bands: dict[BandKey, BandTotals] = field(default_factory=dict)
     without_metrics: dict[tuple[str, str], int] = field(default_factory=dict)
     speed: dict[tuple[str, str], Histogram] = field(default_factory=dict)
+    moments: dict[str, Moments] = field(default_factory=dict)
     workloads: set[str] = field(default_factory=set)
     models: set[str] = field(default_factory=set)
 
@@ -145,6 +150,8 @@ class RequestRecorder:
         totals.requests += 1
         totals.draft_tokens += figures.draft_tokens
         totals.accepted_tokens += figures.accepted_tokens
+        self.moments[model] = self.moments.get(model, Moments()).observed(
+            figures.draft_tokens, figures.accepted_tokens, figures.steps)
         if figures.draft_tokens <= 0:
             return  # no draft at all (ngram found nothing): no α to put in the distribution
         alpha = min(1.0, figures.accepted_tokens / figures.draft_tokens)
@@ -165,7 +172,7 @@ class RequestRecorder:
 
     def view(self) -> RequestsView:
         return RequestsView({k: v.frozen() for k, v in self.bands.items()}, dict(self.without_metrics),
-                            dict(self.speed))
+                            dict(self.speed), dict(self.moments))
 
 
 def capped(raw: str | None, seen: set[str], limit: int) -> str:
@@ -202,7 +209,7 @@ NO_REQUESTS = RequestsView({}, {}, {})
 
 def combined(first: RequestsView, then: RequestsView) -> RequestsView:
     """Two recorders' counts as one (a tap process that died, and the one started after it)."""
-    if not first.bands and not first.without_metrics and not first.speed:
+    if not first.bands and not first.without_metrics and not first.speed and not first.moments:
         return then
     bands = dict(first.bands)
     for key, totals in then.bands.items():
@@ -217,7 +224,10 @@ def combined(first: RequestsView, then: RequestsView) -> RequestsView:
     speed = dict(first.speed)
     for band, histogram in then.speed.items():
         speed[band] = histogram if band not in speed else _summed(speed[band], histogram)
-    return RequestsView(bands, without, speed)
+    moments = dict(first.moments)
+    for model, sums in then.moments.items():
+        moments[model] = sums if model not in moments else moments[model] + sums
+    return RequestsView(bands, without, speed, moments)
 
 
 def _summed(first: Histogram, then: Histogram) -> Histogram:
