@@ -158,11 +158,11 @@ def test_check_prints_a_verdict_against_the_simulator() -> None:
     assert pasted["num_speculative_tokens_per_batch_size"][0][0] == 1
     assert any(line.startswith("  TensorRT-LLM: speculative_config: {max_draft_len: ") for line in lines)
     # The break-even in the table is the one in force (as on the status page), its basis said in words
-    assert cells[7] == "0.50"
+    assert cells[8] == "0.50"
     assert ("Break-even α 0.50, meta-llama/Llama-3.1-8B-Instruct 0: from the configured cost model (c_draft + "
             "c_verify per drafted token); no measured speedup calibrates it.") in lines
     # best k 3 (the table) against k = 2 at the only batch size seen (the schedule): the difference in one line
-    assert cells[8] == "3" and "5-16: k=2" in result.stdout
+    assert cells[9] == "3" and "5-16: k=2" in result.stdout
     (why,) = [line for line in lines if line.startswith("  best k 3 in the table is at the configured cost per")]
     assert why.endswith(": k = 2 at batch size 5-16 (cost 0.64)")
 
