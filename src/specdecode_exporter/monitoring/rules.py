@@ -18,7 +18,7 @@ from specdecode_exporter.core.failure import FailureReason
 from specdecode_exporter.core.metrics import quantile_name
 from specdecode_exporter.core.monitoring_config import MonitoringConfig
 from specdecode_exporter.core.validation import duration_seconds
-from specdecode_exporter.monitoring import stage
+from specdecode_exporter.monitoring import stage, variance
 from specdecode_exporter.monitoring.promql import (
     Scope,
     baseline_over_current,
@@ -252,6 +252,45 @@ def _evidence_rules(cfg: MonitoringConfig, window: str) -> Iterator[Rule]:
     yield {"record": evidence_record(cfg, window), "expr": stage.count(cfg, "draft_tokens", window)}
 
 
+# The page's variance measured over the hour before the last ten minutes: a drop's own minutes, which mix two α
+# and inflate it, stay out of it while the page's windows fill (bench/paging_variance.py: P95 120 s at sd 0.1 where
+# the hour up to now gave 125 s and six hours 165 s).
+VARIANCE_WINDOW, VARIANCE_OFFSET = "1h", "10m"
+
+
+def variance_record(cfg: MonitoringConfig, what: str) -> str:
+    """``bound``: the page's (over VARIANCE_WINDOW before VARIANCE_OFFSET); ``estimate``: the long window's."""
+    window = VARIANCE_WINDOW if what == "bound" else cfg.long_window
+    return record_name(cfg.alert_level, m.ACCEPTANCE_VARIANCE.name, f"{what}{window}")
+
+
+def tapped_requests_record(cfg: MonitoringConfig) -> str:
+    return record_name(cfg.alert_level, m.REQUESTS.name, f"tapped{cfg.long_window}")
+
+
+def _window_sums(cfg: MonitoringConfig, window: str, offset: str = "") -> variance.WindowSums:
+    """The tap's per-request sums over a window, per model, from the stage."""
+    model = cfg.level_labels()
+
+    def total(key: str) -> str:
+        return stage.count(cfg, key, window, offset=offset, by_labels=model)
+
+    return variance.WindowSums(total("requests"), total("request_drafted"), total("request_accepted"),
+                               total("request_draft_squared"), total("request_accepted_squared"),
+                               total("request_product"))
+
+
+def _variance_rules(cfg: MonitoringConfig) -> Iterator[Rule]:
+    """The page's variance per drafted token measured on the tap's requests: its upper bound (what the page divides
+    by where it exists), and the hour's estimate and requests (SpecDecodeDispersionAboveAssumed)."""
+    min_requests = cfg.statistics.min_requests
+    yield {"record": variance_record(cfg, "bound"),
+           "expr": variance.upper_bound(_window_sums(cfg, VARIANCE_WINDOW, VARIANCE_OFFSET), min_requests)}
+    hour = _window_sums(cfg, cfg.long_window)
+    yield {"record": variance_record(cfg, "estimate"), "expr": variance.estimate(hour)}
+    yield {"record": tapped_requests_record(cfg), "expr": hour.requests}
+
+
 def recording_groups(cfg: MonitoringConfig) -> list[dict[str, Any]]:
     """Layers: no group reads a series recorded in that same group, and every group reads only records of the
     groups before it. A remote ruler (vmalert, Thanos Ruler, Mimir's ruler) writes a group's records to the store
@@ -275,6 +314,7 @@ def recording_groups(cfg: MonitoringConfig) -> list[dict[str, Any]]:
     groups.append(window_group("latency", _latency_rules(cfg)))
     groups.append(window_group("speedup", _speedup_rules(cfg)))
     groups.append(window_group("requests", _request_rules(cfg)))
+    groups.append(window_group("variance", _variance_rules(cfg)))
     groups.append(window_group("capacity", _capacity_rules(cfg)))
     return groups
 
@@ -304,10 +344,11 @@ def _target_query(cfg: MonitoringConfig) -> tuple[str, str]:
 
 
 def alpha_proven_below(cfg: MonitoringConfig, window: str, null: str, below: str, z: float,
-                       inflation: float = 1.0) -> str:
+                       inflation: float = 1.0, measured: bool = False) -> str:
     """α over the window is below ``below``, and the window holds at least min_requests requests' worth of drafted
     tokens which rule out α at ``null`` or above (a z-test, core.evidence; ``null`` may be a series per model, whose
-    own uncertainty ``inflation`` adds to the variance)."""
+    own uncertainty ``inflation`` adds to the variance). ``measured``: the variance is the measured one's upper
+    bound where the tap's requests give one (variance_record), else the configured."""
     level, on = cfg.alert_level, f"\nand on ({by(cfg.level_labels())})\n"
     alpha, evidence, dispersion = alpha_record(cfg, window), evidence_record(cfg, window), cfg.statistics.dispersion
     drafted = record_name(level, m.DRAFT_TOKENS.name, f"rate{window}")
@@ -317,6 +358,8 @@ def alpha_proven_below(cfg: MonitoringConfig, window: str, null: str, below: str
     tokens_per_draft = f"({drafted} / {drafts} or {drafted} * 0 + {fmt_num(dispersion.tokens_per_request)})"
     variance = (f"{fmt_num(dispersion.per_draft_token * inflation)} * {tokens_per_draft} "
                 f"+ {fmt_num(dispersion.per_request * inflation)}")
+    if measured:
+        variance = f"{variance_record(cfg, 'bound')}\nor\n{variance}"
     return (f"{alpha} < {below}{on}{evidence} >= {fmt_num(cfg.statistics.min_draft_tokens)}{on}"
             + proven_below(alpha, null, evidence, variance, z))
 
@@ -353,7 +396,8 @@ def page_proof(cfg: MonitoringConfig) -> str:
     thr, stats = cfg.thresholds.page_acceptance_ratio, cfg.statistics
     null, below = fmt_num(thr + stats.page_margin), fmt_num(thr)
     return "\nor\n".join(
-        f"(\n{alpha_proven_below(cfg, window, null, below, z)}{_vetoes(cfg, list(stats.page_windows[:i]), below)}\n)"
+        f"(\n{alpha_proven_below(cfg, window, null, below, z, measured=True)}"
+        f"{_vetoes(cfg, list(stats.page_windows[:i]), below)}\n)"
         for i, (window, z) in enumerate(page_tests(cfg)))
 
 
@@ -793,6 +837,26 @@ def throughput_cut(cfg: MonitoringConfig) -> Alert:
         "for fewer requests served.", guard_window=w, guard="requests")
 
 
+def dispersion_above_assumed(cfg: MonitoringConfig) -> Alert:
+    """The measured variance per drafted token (the tap's requests over the long window) above the configured bound
+    the page assumes where it measures none: there the stated false-page rate no longer holds."""
+    name, stats = "SpecDecodeDispersionAboveAssumed", cfg.statistics
+    dispersion, w, level = stats.dispersion, cfg.long_window, cfg.alert_level
+    drafted, drafts = (record_name(level, spec.name, f"rate{w}") for spec in (m.DRAFT_TOKENS, m.DRAFTS))
+    assumed = (f"({fmt_num(dispersion.per_draft_token)} * ({drafted} / {drafts} or {drafted} * 0 + "
+               f"{fmt_num(dispersion.tokens_per_request)}) + {fmt_num(dispersion.per_request)})")
+    on = f"\nand on ({by(cfg.level_labels())})\n"
+    return Alert(
+        name, f"{variance_record(cfg, 'estimate')}\n> on ({by(cfg.level_labels())})\n{assumed}"
+              f"{on}{tapped_requests_record(cfg)} >= {fmt_num(stats.min_requests)}",
+        "Requests of {{ $labels.model_name }} scatter more than the page assumes",
+        f"Over the last {w}, the acceptance of {WHERE}'s tapped requests varied by {{{{ $value | printf \"%.2f\" }}}} "
+        f"per drafted token, above the {fmt_num(stats.draft_tokens_per_request)} drafted tokens per request and sd "
+        f"{fmt_num(stats.request_acceptance_sd)} the page assumes where it measures none (statistics in the "
+        "monitoring config): where the tap has too few requests, the page's stated false-page rate does not hold. "
+        "Set draft_tokens_per_request and request_acceptance_sd from the measured figures (the runbook says how).")
+
+
 # The alert table: one entry per alert, in the order of the rules file. A new alert is a function above,
 # an entry here, its severity and for: in monitoring.yaml, a runbook section and a promtool test.
 ALERTS: tuple[Callable[[MonitoringConfig], Alert], ...] = (
@@ -814,6 +878,7 @@ ALERTS: tuple[Callable[[MonitoringConfig], Alert], ...] = (
     speculation_stopped,
     preemptions_raised,
     throughput_cut,
+    dispersion_above_assumed,
 )
 
 

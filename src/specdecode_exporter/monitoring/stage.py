@@ -103,6 +103,10 @@ def families(cfg: MonitoringConfig) -> dict[str, Staged]:
         "request_drafted": Staged("requests", f"{level}_band", m.REQUEST_DRAFT_TOKENS.name,
                                   m.REQUEST_DRAFT_TOKENS.exposed_name, band),
     }
+    for key, spec in (("request_draft_squared", m.REQUEST_DRAFT_TOKENS_SQUARED),
+                      ("request_accepted_squared", m.REQUEST_ACCEPTED_TOKENS_SQUARED),
+                      ("request_product", m.REQUEST_ACCEPTED_DRAFT_TOKENS_PRODUCT)):  # the page's variance, measured
+        out[key] = Staged("requests", level, spec.name, spec.exposed_name, model)
     position = m.ACCEPTED_BY_POSITION
     out["accepted_by_position"] = Staged("page", level, position.name, position.exposed_name, (*model, "position"))
     for key, s in (("emitted", m.EMITTED_TOKENS), ("generated", m.GENERATED_TOKENS), ("drafted", m.DRAFT_TOKENS)):
@@ -150,21 +154,24 @@ def rate(cfg: MonitoringConfig, key: str, window: str, *matchers: str, exact: bo
 CLOCK = "specdecode:stage_clock_seconds"  # the stage's evaluation times: what its records are spaced by
 
 
-def coverage(cfg: MonitoringConfig, window: str) -> str:
+def coverage(cfg: MonitoringConfig, window: str, offset: str = "") -> str:
     """How many steps each of the stage's records over ``window`` stands for: 1 where the stage ran every step (the
     mean spacing of its clock over the step), more where it ran less often. No sample until it has run twice."""
-    clock = f"{CLOCK}[{window}]"
+    clock = f"{CLOCK}[{window}]" + (f" offset {offset}" if offset else "")
     spacing = f"(max_over_time({clock}) - min_over_time({clock})) / (count_over_time({clock}) - 1 > 0)"
     return f"clamp_min({spacing} / {_step_s(cfg)}, 1)"
 
 
-def count(cfg: MonitoringConfig, key: str, window: str, *matchers: str, exact: bool = True) -> str:
+def count(cfg: MonitoringConfig, key: str, window: str, *matchers: str, exact: bool = True, offset: str = "",
+          by_labels: tuple[str, ...] | None = None) -> str:
     """What ``key`` counted over ``window``: the sum of its step increases (each scrape's increment once, where the
     stage ran every step). A series that began inside the window counts from its second sample. ``exact``: the
     window is a duration (not a value the mixin's _config may change) and no record at its start counts."""
     window = within(window) if exact else window
-    total = f"sum_over_time({record(cfg, key, *matchers)}[{window}])"
-    return f"{total}\n* on () group_left ()\n{coverage(cfg, window)}"
+    total = f"sum_over_time({record(cfg, key, *matchers)}[{window}]" + (f" offset {offset})" if offset else ")")
+    if by_labels is not None:  # pooled further (a band's records per model)
+        total = f"sum by ({by(by_labels)}) ({total})"
+    return f"{total}\n* on () group_left ()\n{coverage(cfg, window, offset)}"
 
 
 def record_names(cfg: MonitoringConfig) -> set[str]:
