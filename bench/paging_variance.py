@@ -73,7 +73,7 @@ from specdecode_exporter.core import metrics as m  # noqa: E402
 from specdecode_exporter.core.dispersion import Moments  # noqa: E402
 from specdecode_exporter.core.monitoring_config import MonitoringConfig  # noqa: E402
 from specdecode_exporter.core.validation import duration_seconds  # noqa: E402
-from specdecode_exporter.monitoring import rules, variance  # noqa: E402
+from specdecode_exporter.monitoring import rules, stage, variance  # noqa: E402
 from specdecode_exporter.monitoring.promql import by, fmt_num, record_name  # noqa: E402
 from specdecode_exporter.monitoring.rules import rule_groups  # noqa: E402
 
@@ -111,14 +111,18 @@ def measured_page(cfg: MonitoringConfig) -> Rule:
     fixed = generated_page(cfg)
     proof = rules.page_proof(cfg)
     labels = by(cfg.level_labels())
+    # The rules read the measured bound's record (rules.variance_record) where it exists: here the bench's series.
+    rule_bound = rules.variance_record(cfg, "bound")
     for window in cfg.statistics.page_windows:
-        old = f"/ ({configured_variance(cfg, window)}))"
+        old = f"/ ({rule_bound}\nor\n{configured_variance(cfg, window)}))"
         if proof.count(old) != 1:
             raise RuntimeError(f"the page's variance over {window} is not where the bench expects it: update it")
         measured = f"max by ({labels}) ({VARIANCE_SERIES})\nor\n{configured_variance(cfg, window)}"
         proof = proof.replace(old, f"/ ({measured}))")
     doc = rule_groups(cfg)
-    records = {r["record"]: r["expr"] for g in doc["groups"] for r in g["rules"] if "record" in r}
+    staged = stage.record_names(cfg)  # recorded into the bench's TSDB first (paging.record_stage)
+    records = {r["record"]: r["expr"] for g in doc["groups"] for r in g["rules"]
+               if "record" in r and r["record"] not in staged}
     return Rule("measured", inline_records(proof, records), fixed.hold_s, fixed.step_s, fixed.longest_window_s,
                 fixed.holds)
 
