@@ -3014,14 +3014,136 @@
           "type": "timeseries"
         },
         {
-          "collapsed": false,
+          "datasource": {
+            "type": "prometheus",
+            "uid": "${datasource}"
+          },
+          "description": "What the page's test divides by. Per sidecar over $window: source=measured, the upper confidence bound of v measured on the tapped requests (never below α(1 − α)), once the window holds statistics.min_requests requests; source=assumed, the monitoring config's bound (draft_tokens_per_request, request_acceptance_sd). Dashed: the rules' bound over the fleet (the hour before the last 10 minutes), which the page uses where it exists. Right axis: the tapped requests of the last hour it rests on. Measured above assumed for an hour is SpecDecodeDispersionAboveAssumed.",
+          "fieldConfig": {
+            "defaults": {
+              "custom": {
+                "fillOpacity": 10,
+                "lineWidth": 2,
+                "showPoints": "never",
+                "spanNulls": false
+              },
+              "min": 0,
+              "noValue": "No traffic",
+              "unit": "short"
+            },
+            "overrides": [
+              {
+                "matcher": {
+                  "id": "byFrameRefID",
+                  "options": "B"
+                },
+                "properties": [
+                  {
+                    "id": "custom.lineStyle",
+                    "value": {
+                      "dash": [
+                        10,
+                        10
+                      ],
+                      "fill": "dash"
+                    }
+                  },
+                  {
+                    "id": "custom.fillOpacity",
+                    "value": 0
+                  }
+                ]
+              },
+              {
+                "matcher": {
+                  "id": "byFrameRefID",
+                  "options": "C"
+                },
+                "properties": [
+                  {
+                    "id": "unit",
+                    "value": "short"
+                  },
+                  {
+                    "id": "custom.axisPlacement",
+                    "value": "right"
+                  }
+                ]
+              }
+            ]
+          },
           "gridPos": {
-            "h": 1,
+            "h": 8,
             "w": 24,
             "x": 0,
             "y": 60
           },
           "id": 27,
+          "options": {
+            "legend": {
+              "calcs": [
+                "lastNotNull",
+                "min",
+                "mean"
+              ],
+              "displayMode": "table",
+              "placement": "bottom",
+              "showLegend": true
+            },
+            "tooltip": {
+              "mode": "multi",
+              "sort": "desc"
+            }
+          },
+          "repeatDirection": "h",
+          "targets": [
+            {
+              "datasource": {
+                "type": "prometheus",
+                "uid": "${datasource}"
+              },
+              "expr": "max by (model_name, source) (specdecode_acceptance_variance_per_draft_token{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", window=\"$window\"})",
+              "instant": false,
+              "legendFormat": "{{source}} {{model_name}}",
+              "range": true,
+              "refId": "A"
+            },
+            {
+              "datasource": {
+                "type": "prometheus",
+                "uid": "${datasource}"
+              },
+              "expr": "model:specdecode_acceptance_variance_per_draft_token:bound1h{namespace=~\"$namespace\", model_name=~\"$model_name\"}",
+              "instant": false,
+              "legendFormat": "page's bound {{model_name}}",
+              "range": true,
+              "refId": "B"
+            },
+            {
+              "datasource": {
+                "type": "prometheus",
+                "uid": "${datasource}"
+              },
+              "expr": "model:specdecode_requests:tapped1h{namespace=~\"$namespace\", model_name=~\"$model_name\"}",
+              "instant": false,
+              "legendFormat": "requests (1h) {{model_name}}",
+              "range": true,
+              "refId": "C"
+            }
+          ],
+          "title": "The page's variance per drafted token: measured or assumed",
+          "transparent": false,
+          "type": "timeseries"
+        },
+        {
+          "collapsed": false,
+          "gridPos": {
+            "h": 1,
+            "w": 24,
+            "x": 0,
+            "y": 68
+          },
+          "id": 28,
           "panels": [],
           "title": "Routing: the traffic spec decode slows down, sent to a pool without it (proxy.route)",
           "type": "row"
@@ -3052,9 +3174,9 @@
             "h": 8,
             "w": 8,
             "x": 0,
-            "y": 61
+            "y": 69
           },
-          "id": 28,
+          "id": 29,
           "options": {
             "legend": {
               "calcs": [
@@ -3113,9 +3235,9 @@
             "h": 8,
             "w": 8,
             "x": 8,
-            "y": 61
+            "y": 69
           },
-          "id": 29,
+          "id": 30,
           "options": {
             "legend": {
               "calcs": [
@@ -3191,9 +3313,9 @@
             "h": 8,
             "w": 8,
             "x": 16,
-            "y": 61
+            "y": 69
           },
-          "id": 30,
+          "id": 31,
           "options": {
             "legend": {
               "calcs": [
@@ -3234,9 +3356,9 @@
             "h": 1,
             "w": 24,
             "x": 0,
-            "y": 69
+            "y": 77
           },
-          "id": 31,
+          "id": 32,
           "panels": [],
           "title": "Where along the draft does acceptance fall off, and which k is better?",
           "type": "row"
@@ -3285,9 +3407,9 @@
             "h": 9,
             "w": 8,
             "x": 0,
-            "y": 70
+            "y": 78
           },
-          "id": 32,
+          "id": 33,
           "options": {
             "barRadius": 0,
             "barWidth": 0.97,
@@ -3393,9 +3515,9 @@
             "h": 9,
             "w": 8,
             "x": 8,
-            "y": 70
+            "y": 78
           },
-          "id": 33,
+          "id": 34,
           "options": {
             "legend": {
               "calcs": [
@@ -3466,9 +3588,9 @@
             "h": 9,
             "w": 8,
             "x": 16,
-            "y": 70
+            "y": 78
           },
-          "id": 34,
+          "id": 35,
           "options": {
             "displayMode": "gradient",
             "legend": {
@@ -3517,9 +3639,9 @@
             "h": 1,
             "w": 24,
             "x": 0,
-            "y": 79
+            "y": 87
           },
-          "id": 35,
+          "id": 36,
           "panels": [],
           "title": "Token flow",
           "type": "row"
@@ -3579,9 +3701,9 @@
             "h": 8,
             "w": 8,
             "x": 0,
-            "y": 80
+            "y": 88
           },
-          "id": 36,
+          "id": 37,
           "options": {
             "legend": {
               "calcs": [
@@ -3673,9 +3795,9 @@
             "h": 8,
             "w": 8,
             "x": 8,
-            "y": 80
+            "y": 88
           },
-          "id": 37,
+          "id": 38,
           "options": {
             "legend": {
               "calcs": [
@@ -3734,9 +3856,9 @@
             "h": 8,
             "w": 8,
             "x": 16,
-            "y": 80
+            "y": 88
           },
-          "id": 38,
+          "id": 39,
           "options": {
             "legend": {
               "calcs": [
@@ -3777,9 +3899,9 @@
             "h": 1,
             "w": 24,
             "x": 0,
-            "y": 88
+            "y": 96
           },
-          "id": 39,
+          "id": 40,
           "panels": [],
           "title": "Latency beside it (vLLM)",
           "type": "row"
@@ -3808,9 +3930,9 @@
             "h": 8,
             "w": 8,
             "x": 0,
-            "y": 89
+            "y": 97
           },
-          "id": 40,
+          "id": 41,
           "options": {
             "legend": {
               "calcs": [
@@ -3880,9 +4002,9 @@
             "h": 8,
             "w": 8,
             "x": 8,
-            "y": 89
+            "y": 97
           },
-          "id": 41,
+          "id": 42,
           "options": {
             "legend": {
               "calcs": [
@@ -3969,9 +4091,9 @@
             "h": 8,
             "w": 8,
             "x": 16,
-            "y": 89
+            "y": 97
           },
-          "id": 42,
+          "id": 43,
           "options": {
             "legend": {
               "calcs": [
@@ -4023,9 +4145,9 @@
             "h": 1,
             "w": 24,
             "x": 0,
-            "y": 97
+            "y": 105
           },
-          "id": 43,
+          "id": 44,
           "panels": [],
           "title": "Is it still speculating? Which k at which batch size?",
           "type": "row"
@@ -4071,9 +4193,9 @@
             "h": 8,
             "w": 6,
             "x": 0,
-            "y": 98
+            "y": 106
           },
-          "id": 44,
+          "id": 45,
           "options": {
             "legend": {
               "calcs": [
@@ -4135,9 +4257,9 @@
             "h": 8,
             "w": 6,
             "x": 6,
-            "y": 98
+            "y": 106
           },
-          "id": 45,
+          "id": 46,
           "options": {
             "legend": {
               "calcs": [
@@ -4193,9 +4315,9 @@
             "h": 8,
             "w": 4,
             "x": 12,
-            "y": 98
+            "y": 106
           },
-          "id": 46,
+          "id": 47,
           "options": {
             "cellHeight": "sm",
             "footer": {
@@ -4288,9 +4410,9 @@
             "h": 8,
             "w": 8,
             "x": 16,
-            "y": 98
+            "y": 106
           },
-          "id": 47,
+          "id": 48,
           "options": {
             "legend": {
               "calcs": [
@@ -4353,9 +4475,9 @@
             "h": 1,
             "w": 24,
             "x": 0,
-            "y": 106
+            "y": 114
           },
-          "id": 48,
+          "id": 49,
           "panels": [],
           "title": "What it costs against the control pods: memory and throughput (window $window)",
           "type": "row"
@@ -4408,9 +4530,9 @@
             "h": 8,
             "w": 8,
             "x": 0,
-            "y": 107
+            "y": 115
           },
-          "id": 49,
+          "id": 50,
           "options": {
             "legend": {
               "calcs": [
@@ -4503,9 +4625,9 @@
             "h": 8,
             "w": 8,
             "x": 8,
-            "y": 107
+            "y": 115
           },
-          "id": 50,
+          "id": 51,
           "options": {
             "legend": {
               "calcs": [
@@ -4614,9 +4736,9 @@
             "h": 8,
             "w": 8,
             "x": 16,
-            "y": 107
+            "y": 115
           },
-          "id": 51,
+          "id": 52,
           "options": {
             "legend": {
               "calcs": [
@@ -4679,9 +4801,9 @@
             "h": 1,
             "w": 24,
             "x": 0,
-            "y": 115
+            "y": 123
           },
-          "id": 52,
+          "id": 53,
           "panels": [],
           "title": "What the alerts see",
           "type": "row"
@@ -4772,9 +4894,9 @@
             "h": 8,
             "w": 12,
             "x": 0,
-            "y": 116
+            "y": 124
           },
-          "id": 53,
+          "id": 54,
           "options": {
             "legend": {
               "calcs": [
@@ -4867,9 +4989,9 @@
             "h": 8,
             "w": 12,
             "x": 12,
-            "y": 116
+            "y": 124
           },
-          "id": 54,
+          "id": 55,
           "options": {
             "legend": {
               "calcs": [
@@ -4921,9 +5043,9 @@
             "h": 1,
             "w": 24,
             "x": 0,
-            "y": 124
+            "y": 132
           },
-          "id": 55,
+          "id": 56,
           "panels": [],
           "title": "Health",
           "type": "row"
@@ -4975,9 +5097,9 @@
             "h": 6,
             "w": 4,
             "x": 0,
-            "y": 125
+            "y": 133
           },
-          "id": 56,
+          "id": 57,
           "options": {
             "colorMode": "background",
             "graphMode": "none",
@@ -5060,9 +5182,9 @@
             "h": 6,
             "w": 4,
             "x": 4,
-            "y": 125
+            "y": 133
           },
-          "id": 57,
+          "id": 58,
           "options": {
             "colorMode": "background",
             "graphMode": "none",
@@ -5122,9 +5244,9 @@
             "h": 6,
             "w": 6,
             "x": 8,
-            "y": 125
+            "y": 133
           },
-          "id": 58,
+          "id": 59,
           "options": {
             "legend": {
               "calcs": [
@@ -5183,9 +5305,9 @@
             "h": 6,
             "w": 4,
             "x": 14,
-            "y": 125
+            "y": 133
           },
-          "id": 59,
+          "id": 60,
           "options": {
             "legend": {
               "calcs": [
@@ -5241,9 +5363,9 @@
             "h": 6,
             "w": 6,
             "x": 18,
-            "y": 125
+            "y": 133
           },
-          "id": 60,
+          "id": 61,
           "options": {
             "cellHeight": "sm",
             "footer": {
@@ -5314,9 +5436,9 @@
             "h": 5,
             "w": 24,
             "x": 0,
-            "y": 131
+            "y": 139
           },
-          "id": 61,
+          "id": 62,
           "options": {
             "cellHeight": "sm",
             "footer": {

@@ -942,6 +942,26 @@ def sidecar_targets(ctx: Context) -> Any:
 
 
 Panel = Callable[[Context], Any]
+def page_variance(ctx: Context) -> Any:
+    """The variance per drafted token the page divides by: measured on the tapped requests, or assumed."""
+    gauge = ctx.windowed(m.ACCEPTANCE_VARIANCE.name)
+    bound = q.selector(rules.variance_record(ctx.cfg, "bound"), ctx.rule_matchers)
+    requests = q.selector(rules.tapped_requests_record(ctx.cfg), ctx.rule_matchers)
+    return (ts_panel(
+        "The page's variance per drafted token: measured or assumed",
+        "What the page's test divides by. Per sidecar over $window: source=measured, the upper confidence bound of "
+        "v measured on the tapped requests (never below α(1 − α)), once the window holds statistics.min_requests "
+        "requests; source=assumed, the monitoring config's bound (draft_tokens_per_request, request_acceptance_sd). "
+        "Dashed: the rules' bound over the fleet (the hour before the last 10 minutes), which the page uses where it "
+        "exists. Right axis: the tapped requests of the last hour it rests on. Measured above assumed for an hour is "
+        "SpecDecodeDispersionAboveAssumed.",
+        queries((f"max by (model_name, source) ({gauge})", "{{source}} {{model_name}}"),
+                (bound, "page's bound {{model_name}}"), (requests, "requests (1h) {{model_name}}")),
+        "short", w=24, h=8)
+        .min(0).override_by_query("B", dashed())
+        .override_by_query("C", override_props(unit="short", custom__axisPlacement="right")))
+
+
 # The dashboard's rows, top to bottom, and the panels of each, left to right (wrapping at 24 columns).
 # A new panel is a function above and its name here.
 ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
@@ -952,7 +972,8 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
     ("Acceptance over time", (alpha_over_time, speedup_over_time, alpha_by_pod, mean_length_over_time)),
     ("How is α distributed?", (interval_heatmap, interval_quantiles, intervals_below_page)),
     ("Per request: which traffic does spec decode hurt? (the request tap)",
-     (request_heatmap, alpha_by_band, requests_below_page, speed_by_acceptance, requests_without_metrics)),
+     (request_heatmap, alpha_by_band, requests_below_page, speed_by_acceptance, requests_without_metrics,
+      page_variance)),
     ("Routing: the traffic spec decode slows down, sent to a pool without it (proxy.route)",
      (routed_classes, routed_requests, routed_speedup)),
     ("Where along the draft does acceptance fall off, and which k is better?",
