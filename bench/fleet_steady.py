@@ -184,6 +184,8 @@ class RecordHistory:
                         kept = {k: v for k, v in {**labels, **pod_labels}.items() if k in family.by or not family.by}
                         series[name + "{" + ",".join(f'{k}="{v}"' for k, v in sorted(kept.items())) + "}"] = (
                             int(intervals[name]), reads[name])
+        if stage.CLOCK in reads:  # one series, whatever the fleet
+            series[stage.CLOCK + "{}"] = (int(intervals[stage.CLOCK]), reads[stage.CLOCK])
         for name, rng in reads.items():  # the baseline's: per model, from the window groups
             if ":" in name and name not in {s.split("{", 1)[0] for s in series} and name in intervals:
                 for model in range(min(pods, fleet.MODELS)):
@@ -201,7 +203,8 @@ class RecordHistory:
             for name, step, rng in sorted(self.series):
                 first = self.origin - int(rng) - 2 * step
                 for t in range(first, self.origin, step):
-                    out.write(f"{name} 1.0 {t}\n")
+                    value = t if name.startswith(stage.CLOCK) else 1.0  # the clock's value is its time
+                    out.write(f"{name.removesuffix('{}')} {value} {t}\n")
                     written += 1
             out.write("# EOF\n")
         return written

@@ -5,8 +5,8 @@ series for an hour re-read that hour for every pod every time (Prometheus spent 
 page cost, at 100 pods). So, as Sloth and Pyrra build their long SLO windows from a short recorded stage: each
 counter and histogram the rules need is summed, at every ``statistics.evaluation_interval`` (15 s), to the level the
 alerts and panels read (model; model and band; model, spec_decode and le), as its increase since the previous
-evaluation: ``x - x offset 15s`` per series (a counter that fell was reset: its increase is its new value, as
-rate() counts it; a series without a sample 15 s ago counts nothing yet), then summed. Each series' two instant
+evaluation: ``clamp_min(x - x offset 15s, 0)`` per series (a counter that fell was reset and counts nothing for that
+step; a series without a sample 15 s ago counts nothing yet), then summed. Each series' two instant
 samples are all the stage reads, whatever the scrape interval.
 
 Every longer window is built from those per-model records: the count a window holds is the sum of its records
@@ -54,17 +54,18 @@ def _record(cfg: MonitoringConfig, s: Staged) -> str:
 
 
 def step_increase(raw: str, step: str) -> str:
-    """Each series' increase over the last ``step`` (its samples then and now, the latest at or before each): a
-    counter that fell was reset, and its increase is its new value."""
-    delta = f"({raw} - {raw} offset {step})"
-    return f"({delta} >= 0\nor\n{raw} and {delta} < 0)"
+    """Each series' increase over the last ``step`` (its samples then and now, the latest at or before each). A
+    counter that fell was reset and counts nothing for that step: at most one step's increments lost per restart,
+    and no spike where a restarted sidecar resumes from vLLM's own lifetime count (rate() would count it all at
+    once). One vector match per family: the stage is most of the rules' cost at a fleet's size."""
+    return f"clamp_min({raw} - {raw} offset {step}, 0)"
 
 
 def _expr(cfg: MonitoringConfig, s: Staged) -> str:
     raw = selector(s.exposed, ", ".join(p for p in (cfg.metric_selector, *s.matchers) if p))
     if s.how == "increase":
         increase = step_increase(raw, cfg.statistics.evaluation_interval)
-        return f"sum by ({by(s.by)}) {increase}" if s.by else increase  # no labels: each series as it is
+        return f"sum by ({by(s.by)}) ({increase})" if s.by else increase  # no labels: each series as it is
     return f"{s.how} by ({by(s.by)}) ({raw})"
 
 
@@ -134,12 +135,14 @@ def _step_s(cfg: MonitoringConfig) -> str:
     return fmt_num(duration_seconds(cfg.statistics.evaluation_interval))
 
 
-def within(window: str) -> str:
-    """``window`` as a range that holds each of the stage's records once: a Prometheus 2 range is closed at both
-    ends, and a ruler that evaluates on the stage's grid would find a record at each (promtool does)."""
+def within(window: str, step: str) -> str:
+    """``window`` as the range of the stage's records that covers what rate() and increase() over the raw samples
+    covered: the n − 1 intervals between a window's n scrapes, one step short of it (the page's budgets and the
+    paging bench's delays were measured on those), and a millisecond less so that a Prometheus 2 range, closed at
+    both ends, never holds a record at its start on a ruler that evaluates on the stage's grid (promtool does)."""
     if not DURATION.fullmatch(window):
         raise ValueError(f"{window}: a count's window must be a duration")
-    ms = round(duration_seconds(window) * 1000) - 1
+    ms = max(round((duration_seconds(window) - duration_seconds(step)) * 1000) - 1, 1)
     parts = [(ms // 3_600_000, "h"), (ms // 60_000 % 60, "m"), (ms // 1000 % 60, "s"), (ms % 1000, "ms")]
     return "".join(f"{n}{unit}" for n, unit in parts if n)
 
@@ -147,7 +150,8 @@ def within(window: str) -> str:
 def rate(cfg: MonitoringConfig, key: str, window: str, *matchers: str, exact: bool = False) -> str:
     """The per-second rate of ``key`` over ``window`` (per level series): its step increases averaged, over the
     step. A gauge's ``avg``/``count`` record is averaged as it is. ``exact``: as count's."""
-    averaged = f"avg_over_time({record(cfg, key, *matchers)}[{within(window) if exact else window}])"
+    span = within(window, cfg.statistics.evaluation_interval) if exact else window
+    averaged = f"avg_over_time({record(cfg, key, *matchers)}[{span}])"
     return f"{averaged} / {_step_s(cfg)}" if family(cfg, key).how == "increase" else averaged
 
 
@@ -167,7 +171,7 @@ def count(cfg: MonitoringConfig, key: str, window: str, *matchers: str, exact: b
     """What ``key`` counted over ``window``: the sum of its step increases (each scrape's increment once, where the
     stage ran every step). A series that began inside the window counts from its second sample. ``exact``: the
     window is a duration (not a value the mixin's _config may change) and no record at its start counts."""
-    window = within(window) if exact else window
+    window = within(window, cfg.statistics.evaluation_interval) if exact else window
     total = f"sum_over_time({record(cfg, key, *matchers)}[{window}]" + (f" offset {offset})" if offset else ")")
     if by_labels is not None:  # pooled further (a band's records per model)
         total = f"sum by ({by(by_labels)}) ({total})"
