@@ -76,6 +76,7 @@ class RuleReads:
     longest_selector: str  # as the rules write it, e.g. specdecode_draft_tokens_total[2h]
     proof_selector: str  # the longest range whose samples prove the windows full: longest_selector, else a record's
     proof_s: float
+    proof_step_s: float | None  # the interval of the proof's record's group (None: the scrape interval)
     record_ranges: tuple[str, ...]  # ranges over the rules' own records, e.g. model:x:rate1h[1d] offset 1h
 
 
@@ -93,11 +94,13 @@ def rule_reads(rules_yaml: str, page_names: frozenset[str]) -> RuleReads:
             elif name in page_names and duration_s(window) + duration_s(offset or "") > longest:
                 longest = duration_s(window) + duration_s(offset or "")
                 selector = f"{name}[{window}]" + (f" offset {offset}" if offset else "")
-    proof, proof_s = selector, longest
+    proof, proof_s, proof_step = selector, longest, None
+    steps = {rule["record"]: duration_s(group.get("interval") or "1m")
+             for group in yaml.safe_load(rules_yaml)["groups"] for rule in group["rules"] if "record" in rule}
     for record in records:
         if " offset " not in record and (span := duration_s(record.split("[", 1)[1])) > proof_s:
-            proof, proof_s = record, span
-    return RuleReads(names, longest, selector, proof, proof_s, tuple(sorted(records)))
+            proof, proof_s, proof_step = record, span, steps[record.split("[", 1)[0]]
+    return RuleReads(names, longest, selector, proof, proof_s, proof_step, tuple(sorted(records)))
 
 
 def sample_names(page: fleet.MovingPage) -> frozenset[str]:
@@ -184,10 +187,11 @@ class RecordHistory:
                         kept = {k: v for k, v in {**labels, **pod_labels}.items() if k in family.by or not family.by}
                         series[name + "{" + ",".join(f'{k}="{v}"' for k, v in sorted(kept.items())) + "}"] = (
                             int(intervals[name]), reads[name])
+        staged_any = bool(series)  # vLLM's own page gives the stage nothing to record but its clock
         if stage.CLOCK in reads:  # one series, whatever the fleet
             series[stage.CLOCK + "{}"] = (int(intervals[stage.CLOCK]), reads[stage.CLOCK])
         for name, rng in reads.items():  # the baseline's: per model, from the window groups
-            if ":" in name and name not in {s.split("{", 1)[0] for s in series} and name in intervals:
+            if staged_any and ":" in name and name not in {s.split("{", 1)[0] for s in series} and name in intervals:
                 for model in range(min(pods, fleet.MODELS)):
                     model_labels = f'namespace="fleet",model_name="{page.model_label.split(chr(34))[1]}-{model}"'
                     series[f"{name}{{{model_labels}}}"] = (int(intervals[name]), rng)
@@ -317,7 +321,7 @@ def _observe(prom: Process, page_name: str, pods: int, size: fleet.Size, reads: 
         return SteadyMeasurement(
             page=page_name, pods=pods, interval_s=size.interval_s,
             targets_up=int(fleet.scalar(client, "count(up == 1)")), history_samples=history_samples,
-            window_samples=window, window_expected=int(reads.proof_s // size.interval_s),
+            window_samples=window, window_expected=int(reads.proof_s // (reads.proof_step_s or size.interval_s)),
             round_s=statistics.median(sum(r.values()) for r in rounds) if rounds else float("nan"),
             groups=tuple(sorted(per_group.items(), key=lambda item: -item[1])), cpu_cores=cpu_cores,
             compactions=int(compactions),

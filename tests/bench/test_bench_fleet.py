@@ -62,7 +62,9 @@ def test_the_backfilled_history_is_what_the_pod_server_serves_at_that_second() -
     assert all(f" {second}\n" in line + "\n" for line in lines.splitlines())
 
 
-def test_the_rules_read_two_hours_of_the_sidecars_series_and_nothing_of_vllms_page() -> None:
+def test_the_rules_read_no_range_of_the_sidecars_series_and_nothing_of_vllms_page() -> None:
+    """Two stages: the rules read the pods' series a step back, never over a range; their two hours are the stage's
+    records' (what the steady bench backfills, and proves full)."""
     rules = fleet.RULES.read_text(encoding="utf-8")
     vllm = fleet_steady.rule_reads(rules, fleet_steady.sample_names(fleet.MovingPage.parse(
         fleet.VLLM_PAGE.read_text(encoding="utf-8"))))
@@ -70,7 +72,8 @@ def test_the_rules_read_two_hours_of_the_sidecars_series_and_nothing_of_vllms_pa
     sidecar_names = frozenset({"specdecode_draft_tokens_total", "specdecode_accepted_tokens_total", "process_cpu"})
     sidecar = fleet_steady.rule_reads(rules, sidecar_names)
     assert sidecar.names == sidecar_names - {"process_cpu"}
-    assert sidecar.longest_s == 2 * 3600 and sidecar.longest_selector.endswith("[2h]")
+    assert sidecar.longest_s == 0 and sidecar.longest_selector == ""
+    assert sidecar.proof_s > 7000 and ":stage_" in sidecar.proof_selector  # [1h59m44s999ms]: a stage record's
     assert any("[1d] offset 1h" in r for r in sidecar.record_ranges)  # the baseline's range over its own records
     assert fleet_steady.duration_s("1h30m") == 5400
 
@@ -145,8 +148,9 @@ def _assert_steady_rows(text: str) -> None:
         assert int(row["pods"]) == int(row["targets up"]) == fleet_steady.STEADY_SMOKE.pods[-1], row
         assert row["groups evaluated"] == f"{groups}/{groups}" and row["rule failures"] == "0", row
     fewest, full = map(int, rows[fleet.SIDECAR]["longest window: samples per series (fewest / full)"].split(" / "))
-    assert full == 2 * 3600 / fleet_steady.STEADY_SMOKE.interval_s and fewest >= 0.95 * full, rows[fleet.SIDECAR]
+    # The longest window is a stage record's (2 h less one step, at the stage's 15 s), the raw series read a step back.
+    assert full == int((2 * 3600 - 15 - 0.001) // 15) and fewest >= 0.95 * full, rows[fleet.SIDECAR]
     assert int(rows[fleet.SIDECAR]["history backfilled (samples)"]) > 0
-    assert rows[fleet.VLLM]["history backfilled (samples)"] == "0"
+    assert 0 < int(rows[fleet.VLLM]["history backfilled (samples)"]) < 1000  # the stage's clock alone
     assert re.search(r"The groups. evaluation times summed: \*\*\d+\.\d\d s per round\*\*", text)
     assert "Extrapolated, not measured" in text and "cores" in text
