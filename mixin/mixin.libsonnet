@@ -3102,7 +3102,7 @@
                 "type": "prometheus",
                 "uid": "${datasource}"
               },
-              "expr": "max by (model_name, source) (specdecode_acceptance_variance_per_draft_token{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\", window=\"$window\"})",
+              "expr": "max by (model_name, source) (specdecode_acceptance_variance_per_draft_token{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", window=\"$window\"})",
               "instant": false,
               "legendFormat": "{{source}} {{model_name}}",
               "range": true,

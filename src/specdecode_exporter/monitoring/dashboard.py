@@ -944,7 +944,7 @@ def sidecar_targets(ctx: Context) -> Any:
 Panel = Callable[[Context], Any]
 def page_variance(ctx: Context) -> Any:
     """The variance per drafted token the page divides by: measured on the tapped requests, or assumed."""
-    gauge = ctx.windowed(m.ACCEPTANCE_VARIANCE.name)
+    gauge = q.selector(m.ACCEPTANCE_VARIANCE.name, ctx.tapped.also('window="$window"'))  # per model: no engine
     bound = q.selector(rules.variance_record(ctx.cfg, "bound"), ctx.rule_matchers)
     requests = q.selector(rules.tapped_requests_record(ctx.cfg), ctx.rule_matchers)
     return (ts_panel(
