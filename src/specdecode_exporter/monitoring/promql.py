@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from specdecode_exporter.core import metrics as m
-from specdecode_exporter.core.verdict import CapacityBounds, VerdictBands
+from specdecode_exporter.core.verdict import VerdictBands
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,14 +51,6 @@ def rate_sum(metric: str, scope: Scope, window: str, *matchers: str) -> str:
 def guarded_ratio(numerator: str, denominator: str) -> str:
     """numerator / denominator, with no sample (rather than NaN or Inf) where the denominator is 0."""
     return f"{numerator}\n/\n({denominator} > 0)"
-
-
-def sampled_increase(metric: str, scope: Scope, window: str) -> str:
-    """Σ of the counter's increase over the window, as far as the samples cover it: increase() stretches the (n − 1)
-    intervals between a series' n samples to the whole window; times (n − 1)/n it is about the count those samples
-    saw (a scrape gap, fewer samples, counts for less). The evidence of a test, never its estimate."""
-    inner = f"{selector(metric, scope.matchers)}[{window}]"
-    return f"sum by ({scope.by_clause}) (increase({inner}) * (1 - 1 / count_over_time({inner})))"
 
 
 def proven_below(estimate: str, null: str, evidence: str, variance: str, z: float) -> str:
@@ -125,24 +117,12 @@ def bucket_at_or_below(bounds: Sequence[float], x: float) -> float:
     return chosen
 
 
-def share_below(histogram: str, bound: float, scope: Scope, window: str) -> str:
-    """The share of a histogram's observations at or below ``bound`` (one of its bucket bounds)."""
-    return guarded_ratio(rate_sum(f"{histogram}_bucket", scope, window, f'le="{fmt_num(bound)}"'),
-                         rate_sum(f"{histogram}_count", scope, window))
-
-
-def per_request(query: Callable[[str], str]) -> str:
-    """``query`` over the per-request α histogram: the request tap's where it has data for a result's labels, else
-    the engine's own (vLLM's proposed vllm:request_spec_decode_acceptance_rate, re-exported by the sidecar)."""
-    return f"{query(m.REQUEST_ACCEPTANCE.name)}\nor\n{query(m.ENGINE_REQUEST_ACCEPTANCE.name)}"
-
-
 def verdict_code(alpha: str, speedup: str, bands: VerdictBands, tail: str | None = None,
                  costs: Sequence[str] = ()) -> str:
     """core.verdict.judge() in PromQL: 0 hurting, 1 marginal, 2 paying off, no sample without traffic.
     ``speedup`` is the observed speedup where there is one, else the modelled; ``tail`` the observed P99
     speedup, where there is one; ``costs`` conditions that are 1 while spec decode costs no more than the bounds
-    allow against the control pods, 0 beyond (capacity_within_bounds). All must carry the same labels."""
+    allow against the control pods, 0 beyond (dashboard.Context.capacity_costs). All must carry the same labels."""
     hurting, paying = fmt_num(bands.hurting_below), fmt_num(bands.paying_off_from)
     page = fmt_num(bands.page_acceptance_ratio)
     # Comparisons bind looser than + and * in PromQL: every one is parenthesised.
@@ -154,30 +134,6 @@ def verdict_code(alpha: str, speedup: str, bands: VerdictBands, tail: str | None
     return f"(({speedup}) >= bool {hurting})\n+\n{paying_off}"
 
 
-def _marked(scope: Scope, spec_decode: str | None) -> Scope:
-    """The spec-decode ("true") or control ("false") pods' series; both with None (``by`` then says which)."""
-    return scope if spec_decode is None else Scope(scope.also(f'spec_decode="{spec_decode}"'), scope.by)
-
-
-def preemptions_per_request(scope: Scope, window: str, spec_decode: str | None = None) -> str:
-    """Preemptions per finished request of the spec-decode or control pods, pooled."""
-    marked = _marked(scope, spec_decode)
-    return guarded_ratio(rate_sum(m.PREEMPTIONS.exposed_name, marked, window),
-                         rate_sum(f"{m.REQUEST_TPOT.name}_count", marked, window))
-
-
-def generated_per_engine(scope: Scope, window: str, spec_decode: str | None = None) -> str:
-    """Generated tokens per second per engine (each series is one engine) of the spec-decode or control pods."""
-    selected = selector(m.GENERATED_TOKENS.exposed_name, _marked(scope, spec_decode).matchers)
-    return f"avg by ({scope.by_clause}) (rate({selected}[{window}]))"
-
-
-def kv_cache_usage(scope: Scope, window: str, spec_decode: str | None = None) -> str:
-    """Mean KV-cache usage per engine of the spec-decode or control pods."""
-    selected = selector(m.KV_CACHE_USAGE.name, _marked(scope, spec_decode).matchers)
-    return f"avg by ({scope.by_clause}) (avg_over_time({selected}[{window}]))"
-
-
 def spec_pods_waiting(scope: Scope, window_label: str) -> str:
     """Mean requests waiting per spec-decode engine, from the sidecars' windowed gauge (control targets, whose
     specdecode_info says method="off", left out)."""
@@ -185,28 +141,6 @@ def spec_pods_waiting(scope: Scope, window_label: str) -> str:
     info = selector(m.INFO.name, scope.also('method!="off"'))
     return (f"avg by ({scope.by_clause}) ({waiting}\nand ignoring (window, api, method, num_speculative_tokens)\n"
             f"{info})")
-
-
-def throughput_ratio(scope: Scope, window: str, window_label: str, min_waiting: float) -> str:
-    """Spec-decode pods' generated tokens/s per engine over the control pods', at comparable load: only while the
-    spec-decode pods queue at least ``min_waiting`` requests on average (running at their capacity)."""
-    return (f"({generated_per_engine(scope, window, 'true')}\n/\n({generated_per_engine(scope, window, 'false')} > 0))"
-            f"\nand on ({scope.by_clause})\n({spec_pods_waiting(scope, window_label)} >= {fmt_num(min_waiting)})")
-
-
-def capacity_within_bounds(scope: Scope, window: str, window_label: str, bounds: CapacityBounds) -> tuple[str, str]:
-    """The verdict's two capacity conditions (core.verdict.CapacityBounds), each 1 within its bound, 0 beyond."""
-    increase = (f"({preemptions_per_request(scope, window, 'true')})\n-\n"
-                f"({preemptions_per_request(scope, window, 'false')})")
-    return (f"({increase}) <= bool {fmt_num(bounds.max_preemptions_per_request_increase)}",
-            f"({throughput_ratio(scope, window, window_label, bounds.min_waiting_requests)}) >= bool "
-            f"{fmt_num(bounds.min_throughput_ratio)}")
-
-
-def tpot_mean(scope: Scope, window: str) -> str:
-    """Exact mean time per output token pooled over the scope: Σ _sum / Σ _count of the re-exported histogram."""
-    name = m.REQUEST_TPOT.name
-    return guarded_ratio(rate_sum(f"{name}_sum", scope, window), rate_sum(f"{name}_count", scope, window))
 
 
 def baseline_over_current(record: str, matchers: str = "") -> str:
