@@ -300,9 +300,11 @@ RANGE_OR_OFFSET = re.compile(r"(?<![\w:])([a-zA-Z_][a-zA-Z0-9_:]*)(?:\{[^}]*\})?
 @pytest.mark.parametrize("profile", [None, "e2e"])
 def test_no_rule_ranges_over_raw_series(profile: str | None) -> None:
     """Two stages: no rule reads the pods' raw series over a range; only the short stage's groups read them a step
-    back (offset statistics.evaluation_interval); every window reads the stage's per-model records (docs/fleet.md)."""
+    back (offset: their own interval, at most 1m, DESIGN.md §11); every window reads the stage's per-model records
+    (docs/fleet.md)."""
     cfg = monitoring_config.load(profile=profile) if profile else monitoring_config.load()
-    stage_groups = {g["name"] for g in stage.stage_groups(cfg)}
+    stage_groups = {g["name"]: g["interval"] for g in stage.stage_groups(cfg)}
+    assert max(duration_seconds(step) for step in stage_groups.values()) <= 60
     ranges = 0
     for group in rule_groups(cfg)["groups"]:
         for rule in group["rules"]:
@@ -310,20 +312,19 @@ def test_no_rule_ranges_over_raw_series(profile: str | None) -> None:
                 where = f"{group['name']}: {rule.get('record') or rule.get('alert')} reads {name}"
                 ranges += bool(window)
                 assert ":" in name or not window, f"{where}[{window}]"
-                assert ":" in name or not offset or (group["name"] in stage_groups
-                                                     and offset == cfg.statistics.evaluation_interval), where
+                assert ":" in name or not offset or offset == stage_groups.get(group["name"]), where
     assert ranges > 50  # the windows do read the stage's records over ranges
 
 
 def test_every_group_carries_its_own_interval() -> None:
     """The rules cost the same whatever the ruler's global interval: the short stage, the page's evidence and the
     alerts every
-    statistics.evaluation_interval (their budgets count evaluations), the window records every
-    windows.evaluation_interval (1m: a quarter of the ruler's CPU at a 15 s global interval, bench.fleet_steady);
-    emptied, those groups fall back to the ruler's default."""
+    statistics.evaluation_interval (their budgets count evaluations), the window records and the rest of the stage
+    every minute (windows.evaluation_interval, stage.WINDOW_STEP: a quarter of the ruler's CPU at a 15 s global
+    interval, bench.fleet_steady); emptied, the window groups fall back to the ruler's default."""
     cfg = monitoring_config.load()
     budgeted = ({rules.evidence_group(w) for w in rules.tested_windows(cfg)} | {"specdecode.alerts"}
-                | {g["name"] for g in stage.stage_groups(cfg)})
+                | {f"specdecode.rules.stage.{stage.EVIDENCE_GROUP}"})
     groups = yaml.safe_load(RULES.read_text(encoding="utf-8"))["groups"]
     assert cfg.windows.evaluation_interval == "1m" and cfg.statistics.evaluation_interval == "15s"
     assert {g["name"]: g.get("interval") for g in groups} == {

@@ -3,19 +3,25 @@
 A fleet's ruler pays for every raw sample a rule reads, at every evaluation. Rules that range over each pod's raw
 series for an hour re-read that hour for every pod every time (Prometheus spent 8x on them what scraping vLLM's own
 page cost, at 100 pods). So, as Sloth and Pyrra build their long SLO windows from a short recorded stage: each
-counter and histogram the rules need is summed, at every ``statistics.evaluation_interval`` (15 s), to the level the
-alerts and panels read (model; model and band; model, spec_decode and le), as its increase since the previous
-evaluation: ``clamp_min(x - x offset 15s, 0)`` per series (a counter that fell was reset and counts nothing for that
-step; a series without a sample 15 s ago counts nothing yet), then summed. Each series' two instant
-samples are all the stage reads, whatever the scrape interval.
+counter and histogram the rules need is summed, at every step of its stage group, to the level the alerts and panels
+read (model; model and band; model, spec_decode and le), as its increase since the previous evaluation:
+``clamp_min(x - x offset <step>, 0)`` per series (a counter that fell was reset and counts nothing for that step; a
+series without a sample a step ago counts nothing yet), then summed. Each series' two instant samples are all the
+stage reads, whatever the scrape interval.
+
+Two steps. The page's evidence (drafted and accepted tokens, drafts, collection errors) is staged at
+``statistics.evaluation_interval`` (15 s): the page's budgets and delays count its evaluations. Everything else
+(histograms, per-request and band counters, latency, positions, routing) feeds windows of 10 minutes and more and is
+staged every minute (WINDOW_STEP): a quarter of the raw reads, and most of the stage's series.
 
 Every longer window is built from those per-model records: the count a window holds is the sum of its records
 (exactly what the samples saw, each scrape's increment once: the page's evidence), its rate their mean over the
 step. So a 2 h window reads 480 samples of one series per model, not 480 of every pod's.
 
-A ruler that evaluates the stage less often than configured (promtool at another interval, missed iterations)
-samples increases instead of summing all of them; the stage's clock (the time of each of its evaluations) scales the
-sum by the spacing it actually ran at, so such a window's count is an estimate, never a multiple, of the true one.
+A ruler that evaluates a stage group at another spacing than its step (promtool evaluates every group at the test's
+interval; missed iterations) samples increases, or overlaps them; each group's clock (the time of each of its
+evaluations) scales the sum by the spacing it actually ran at over its step, so such a window's count is an
+estimate, never a multiple, of the true one.
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ class Staged:
     """One raw family summed to one level at each step: ``increase`` for counters, ``avg``/``count`` of a gauge's
     series."""
 
-    group: str  # the stage group it is recorded in (specdecode.rules.stage.<group>)
+    group: str  # the stage group it is recorded in (specdecode.rules.stage.<group>; STAGE_GROUPS)
     level: str  # the record's level (its name's first part)
     name: str  # the metric part of the record's name
     exposed: str  # the raw series it reads
@@ -61,10 +67,25 @@ def step_increase(raw: str, step: str) -> str:
     return f"clamp_min({raw} - {raw} offset {step}, 0)"
 
 
+STAGE_GROUPS = ("page", "acceptance", "latency", "requests", "series")
+EVIDENCE_GROUP = STAGE_GROUPS[0]  # the page's evidence: staged as often as the page's tests evaluate
+
+
+# The other groups' step: their records feed windows of 10 minutes and more, which read them at any interval (the
+# window groups' windows.evaluation_interval, a value the mixin's _config may change; this one is not, since the
+# records' arithmetic divides by it). DESIGN.md: no rule ranges over raw series for more than 1m.
+WINDOW_STEP = "1m"
+
+
+def step(cfg: MonitoringConfig, group: str) -> str:
+    """How often ``group`` is evaluated, and the span of each of its records' increases."""
+    return cfg.statistics.evaluation_interval if group == EVIDENCE_GROUP else WINDOW_STEP
+
+
 def _expr(cfg: MonitoringConfig, s: Staged) -> str:
     raw = selector(s.exposed, ", ".join(p for p in (cfg.metric_selector, *s.matchers) if p))
     if s.how == "increase":
-        increase = step_increase(raw, cfg.statistics.evaluation_interval)
+        increase = step_increase(raw, step(cfg, s.group))
         return f"sum by ({by(s.by)}) ({increase})" if s.by else increase  # no labels: each series as it is
     return f"{s.how} by ({by(s.by)}) ({raw})"
 
@@ -88,7 +109,7 @@ def families(cfg: MonitoringConfig) -> dict[str, Staged]:
         "accepted_tokens": Staged("page", level, m.ACCEPTED_TOKENS.name, m.ACCEPTED_TOKENS.exposed_name, model),
         # Per series: the health alerts name the pod and the target.
         "collect_errors": Staged("page", "target", m.COLLECT_ERRORS.name, m.COLLECT_ERRORS.exposed_name, ()),
-        "route_requests": Staged("page", level, m.ROUTE_REQUESTS.name, m.ROUTE_REQUESTS.exposed_name,
+        "route_requests": Staged("acceptance", level, m.ROUTE_REQUESTS.name, m.ROUTE_REQUESTS.exposed_name,
                                  (*model, *ROUTE_CLASS_LABELS)),
         "tpot_sum": Staged("latency", level, f"{tpot}_sum", f"{tpot}_sum", sides),
         "pod_tpot_count": Staged("latency", "instance", f"{tpot}_count", f"{tpot}_count",
@@ -109,10 +130,10 @@ def families(cfg: MonitoringConfig) -> dict[str, Staged]:
                       ("request_product", m.REQUEST_ACCEPTED_DRAFT_TOKENS_PRODUCT)):  # the page's variance, measured
         out[key] = Staged("requests", level, spec.name, spec.exposed_name, model)
     position = m.ACCEPTED_BY_POSITION
-    out["accepted_by_position"] = Staged("page", level, position.name, position.exposed_name, (*model, "position"))
+    out["accepted_by_position"] = Staged("acceptance", level, position.name, position.exposed_name, (*model, "position"))
     for key, s in (("emitted", m.EMITTED_TOKENS), ("generated", m.GENERATED_TOKENS), ("drafted", m.DRAFT_TOKENS)):
         out[f"series_{key}"] = Staged("series", "engine", s.name, s.exposed_name, series)
-    histograms = {"interval": ("page", m.INTERVAL_ACCEPTANCE.name, model),
+    histograms = {"interval": ("acceptance", m.INTERVAL_ACCEPTANCE.name, model),
                   "tpot": ("latency", tpot, sides),
                   "request": ("requests", m.REQUEST_ACCEPTANCE.name, model),
                   "engine_request": ("requests", m.ENGINE_REQUEST_ACCEPTANCE.name, model)}
@@ -131,39 +152,51 @@ def record(cfg: MonitoringConfig, key: str, *matchers: str) -> str:
     return selector(_record(cfg, family(cfg, key)), ", ".join(matchers))
 
 
-def _step_s(cfg: MonitoringConfig) -> str:
-    return fmt_num(duration_seconds(cfg.statistics.evaluation_interval))
+def _step_s(cfg: MonitoringConfig, key: str) -> str:
+    return fmt_num(duration_seconds(step(cfg, family(cfg, key).group)))
 
 
-def within(window: str, step: str) -> str:
-    """``window`` as the range of the stage's records that covers what rate() and increase() over the raw samples
-    covered: the n − 1 intervals between a window's n scrapes, one step short of it (the page's budgets and the
-    paging bench's delays were measured on those), and a millisecond less so that a Prometheus 2 range, closed at
-    both ends, never holds a record at its start on a ruler that evaluates on the stage's grid (promtool does)."""
+def within(window: str, trim_s: float) -> str:
+    """``window`` less ``trim_s`` and a millisecond: a Prometheus 2 range is closed at both ends, and on a ruler that
+    evaluates on the stage's grid (promtool does) the record at the window's start covers the step before it."""
     if not DURATION.fullmatch(window):
         raise ValueError(f"{window}: a count's window must be a duration")
-    ms = max(round((duration_seconds(window) - duration_seconds(step)) * 1000) - 1, 1)
+    ms = max(round((duration_seconds(window) - trim_s) * 1000) - 1, 1)
     parts = [(ms // 3_600_000, "h"), (ms // 60_000 % 60, "m"), (ms // 1000 % 60, "s"), (ms % 1000, "ms")]
     return "".join(f"{n}{unit}" for n, unit in parts if n)
+
+
+def span(cfg: MonitoringConfig, key: str, window: str) -> str:
+    """The range of ``key``'s records that covers ``window``. The page's evidence: one step short of it, as rate() and
+    increase() over the raw samples covered the n − 1 intervals between a window's n scrapes (the page's budgets and
+    the paging bench's delays were measured on those). Every other family: the whole window, its records' steps
+    tiling it exactly."""
+    trim = duration_seconds(step(cfg, EVIDENCE_GROUP)) if family(cfg, key).group == EVIDENCE_GROUP else 0.0
+    return within(window, trim)
 
 
 def rate(cfg: MonitoringConfig, key: str, window: str, *matchers: str, exact: bool = False) -> str:
     """The per-second rate of ``key`` over ``window`` (per level series): its step increases averaged, over the
     step. A gauge's ``avg``/``count`` record is averaged as it is. ``exact``: as count's."""
-    span = within(window, cfg.statistics.evaluation_interval) if exact else window
-    averaged = f"avg_over_time({record(cfg, key, *matchers)}[{span}])"
-    return f"{averaged} / {_step_s(cfg)}" if family(cfg, key).how == "increase" else averaged
+    covered = span(cfg, key, window) if exact else window
+    averaged = f"avg_over_time({record(cfg, key, *matchers)}[{covered}])"
+    return f"{averaged} / {_step_s(cfg, key)}" if family(cfg, key).how == "increase" else averaged
 
 
-CLOCK = "specdecode:stage_clock_seconds"  # the stage's evaluation times: what its records are spaced by
+CLOCK = "specdecode:stage_clock_seconds"  # each stage group's evaluation times (label stage): its records' spacing
 
 
-def coverage(cfg: MonitoringConfig, window: str, offset: str = "") -> str:
-    """How many steps each of the stage's records over ``window`` stands for: 1 where the stage ran every step (the
-    mean spacing of its clock over the step), more where it ran less often. No sample until it has run twice."""
-    clock = f"{CLOCK}[{window}]" + (f" offset {offset}" if offset else "")
-    spacing = f"(max_over_time({clock}) - min_over_time({clock})) / (count_over_time({clock}) - 1 > 0)"
-    return f"clamp_min({spacing} / {_step_s(cfg)}, 1)"
+def clock(group: str) -> str:
+    return f'{CLOCK}{{stage="{group}"}}'
+
+
+def coverage(cfg: MonitoringConfig, key: str, window: str, offset: str = "") -> str:
+    """How many steps each of ``key``'s records over ``window`` stands for: the mean spacing of its group's clock over
+    the step. 1 where the group ran every step, more where it ran less often, less where it ran more often (its
+    increases overlap). No sample until it has run twice."""
+    ticks = f"{clock(family(cfg, key).group)}[{window}]" + (f" offset {offset}" if offset else "")
+    spacing = f"(max_over_time({ticks}) - min_over_time({ticks})) / (count_over_time({ticks}) - 1 > 0)"
+    return f"({spacing} / {_step_s(cfg, key)})"
 
 
 def count(cfg: MonitoringConfig, key: str, window: str, *matchers: str, exact: bool = True, offset: str = "",
@@ -171,26 +204,22 @@ def count(cfg: MonitoringConfig, key: str, window: str, *matchers: str, exact: b
     """What ``key`` counted over ``window``: the sum of its step increases (each scrape's increment once, where the
     stage ran every step). A series that began inside the window counts from its second sample. ``exact``: the
     window is a duration (not a value the mixin's _config may change) and no record at its start counts."""
-    window = within(window, cfg.statistics.evaluation_interval) if exact else window
+    window = span(cfg, key, window) if exact else window
     total = f"sum_over_time({record(cfg, key, *matchers)}[{window}]" + (f" offset {offset})" if offset else ")")
     if by_labels is not None:  # pooled further (a band's records per model)
         total = f"sum by ({by(by_labels)}) ({total})"
-    return f"{total}\n* on () group_left ()\n{coverage(cfg, window, offset)}"
+    return f"{total}\n* on () group_left ()\n{coverage(cfg, key, window, offset)}"
 
 
 def record_names(cfg: MonitoringConfig) -> set[str]:
     return {_record(cfg, s) for s in families(cfg).values()} | {CLOCK}
 
 
-STAGE_GROUPS = ("page", "latency", "requests", "series")
-
-
 def stage_groups(cfg: MonitoringConfig) -> list[dict[str, Any]]:
-    """The stage's groups, evaluated as often as the page's tests (whose evidence counts their evaluations)."""
+    """The stage's groups, each evaluated every step of its own, with its clock."""
     staged = families(cfg).values()
-    clock = [{"record": CLOCK, "expr": "time()"}]
-    return [{"name": f"specdecode.rules.stage.{group}", "interval": cfg.statistics.evaluation_interval,
-             "rules": [*(clock if group == STAGE_GROUPS[0] else []),
+    return [{"name": f"specdecode.rules.stage.{group}", "interval": step(cfg, group),
+             "rules": [{"record": CLOCK, "expr": "time()", "labels": {"stage": group}},
                        *({"record": _record(cfg, s), "expr": _expr(cfg, s)} for s in staged if s.group == group)]}
             for group in STAGE_GROUPS]
 
