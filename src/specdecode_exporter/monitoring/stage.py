@@ -130,7 +130,8 @@ def families(cfg: MonitoringConfig) -> dict[str, Staged]:
                       ("request_product", m.REQUEST_ACCEPTED_DRAFT_TOKENS_PRODUCT)):  # the page's variance, measured
         out[key] = Staged("requests", level, spec.name, spec.exposed_name, model)
     position = m.ACCEPTED_BY_POSITION
-    out["accepted_by_position"] = Staged("acceptance", level, position.name, position.exposed_name, (*model, "position"))
+    out["accepted_by_position"] = Staged("acceptance", level, position.name, position.exposed_name,
+                                         (*model, "position"))
     for key, s in (("emitted", m.EMITTED_TOKENS), ("generated", m.GENERATED_TOKENS), ("drafted", m.DRAFT_TOKENS)):
         out[f"series_{key}"] = Staged("series", "engine", s.name, s.exposed_name, series)
     histograms = {"interval": ("acceptance", m.INTERVAL_ACCEPTANCE.name, model),
