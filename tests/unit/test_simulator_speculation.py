@@ -4,6 +4,8 @@ proposed scheduled-steps counter), and memory pressure (KV cache, preemptions, a
 
 from __future__ import annotations
 
+import itertools
+
 import httpx
 import pytest
 
@@ -106,7 +108,7 @@ def test_k_token_drafts_count_exactly_k_tokens_each_after_a_stretch_of_shorter_o
     for _ in range(int(120 / 0.37)):  # observed at an odd interval, mid-step
         sim.advance(0.37)
         seen.append(engine(sim))
-    assert all(b.drafts >= a.drafts and b.draft_tokens >= a.draft_tokens for a, b in zip(seen, seen[1:]))
+    assert all(b.drafts >= a.drafts and b.draft_tokens >= a.draft_tokens for a, b in itertools.pairwise(seen))
     at = {round(0.37 * (i + 1), 2): e for i, e in enumerate(seen)}
 
     def length(start: float, end: float) -> float:
