@@ -236,6 +236,7 @@ def test_a_diffusion_model_is_up_without_spec_figures_and_says_why() -> None:
         assert run_check(harness.simulator_url + "/metrics", 0.1, 2.0, out, err) == 0, err.getvalue()
         assert "api      vllm-diffusion" in out.getvalue()
         assert "diffusion model: speculative decoding metrics do not apply" in out.getvalue()
+        assert "variance per drafted token" not in out.getvalue(), "nothing is drafted, nothing pages"
     finally:
         harness.stop()
 

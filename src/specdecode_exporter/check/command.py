@@ -126,7 +126,10 @@ def best_k_line(series: SeriesView, schedule: BatchSchedule, cost: float) -> lis
 
 def variance_lines(view: TargetView, statistics: Statistics) -> list[str]:
     """The variance per drafted token the page divides by, per series: assumed here (check sees no per-request
-    results), with k̄ from the target's counters; where it is measured instead."""
+    results), with k̄ from the target's counters; where it is measured instead. None where speculative decoding
+    metrics do not apply (a diffusion model: nothing drafted, nothing to page on)."""
+    if view.api in NOT_APPLICABLE:
+        return []
     dispersion = statistics.dispersion
     lines: list[str] = []
     for series in view.series:
