@@ -273,7 +273,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     # A failed collection is check's one-line answer on stderr, not a log line beside it; a bug still logs.
     setup_logging("error", "logfmt")
     return run_check(args.url, duration, timeout, sys.stdout, sys.stderr,
-                     send_test_completion=args.send_test_completion)
+                     send_test_completion=args.send_test_completion,
+                     adaptive_verification=args.adaptive_verification)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -326,6 +327,10 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
                             "carry the per-request metrics the request tap reads (vLLM's --per-request-spec-decode-"
                             "metrics summary, --enable-per-request-metrics); exit code 1 if the answer cannot tell. "
                             "Without it, check sends nothing and only names those flags")
+    check.add_argument("--adaptive-verification", action="store_true",
+                       help="vLLM runs with enable_adaptive_verification (it does not export that): withhold α and "
+                            "what builds on it, as the sidecar's target key adaptive_verification does, rather than "
+                            "guess whether its drafted-token counter counts proposed or verified tokens")
     check.set_defaults(handler=cmd_check)
 
     demo = commands.add_parser("demo", help="run the simulator and the sidecar together")

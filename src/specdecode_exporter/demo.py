@@ -1,10 +1,11 @@
 """`specdecode-exporter demo`: everything the sidecar does, on loopback, with no vLLM.
 
 Two simulated vLLM pods of the same model: one with speculative decoding (the packaged demo scenario: healthy →
-degraded → restart → recovered, looping) and a control pod with it off, the first's baseline. The sidecar collects
-both and runs the request tap in front of the first, and a small client sends it traffic through the tap: two
-workloads at three temperatures, streamed and not, so the per-request figures fill in too. The tap routes (enforce
-mode): a class whose α it shows below the break-even goes to the control pod, its canary measuring the speedup.
+degraded → restart → recovered → busy, looping; in busy vLLM's dynamic speculative decoding drafts 2 of its 3 tokens)
+and a control pod with it off, the first's baseline. The sidecar collects both and runs the request tap in front of
+the first, and a small client sends it traffic through the tap: two workloads at three temperatures, streamed and
+not, so the per-request figures fill in too. The tap routes (enforce mode): a class whose α it shows below the
+break-even goes to the control pod, its canary measuring the speedup.
 """
 
 from __future__ import annotations
@@ -142,12 +143,15 @@ specdecode-exporter demo is running (Ctrl-C to stop).
   status page      {sidecar}/      (α, observed speedup against the control pod, per-request bands, charts)
   metrics          {sidecar}/metrics
   status (JSON)    {sidecar}/api/v1/status
-  simulated vLLM   {spec}/metrics   (spec decode on; scenario: healthy → degraded → restart → recovered)
+  simulated vLLM   {spec}/metrics   (spec decode on; scenario: healthy → degraded → restart → recovered → busy)
   control pod      {control}/metrics   (the same model, spec decode off: the baseline)
   request tap      {tap}/v1/completions   (the demo sends traffic through it; it routes classes whose α is
                    below break-even to the control pod: Routing on the status page, specdecode_route_* metrics)
 Watch α drop below 0.5 in the 'degraded' phase (90 s in), the observed speedup with it and the verdict (over 1m
 here) turn to 'hurting'; then an acceptance gate stops speculation silently (the status page says so, the
-speculative token share falls to 0). A backgrounded `make demo &` stops with `kill %1` (SIGTERM):
+speculative token share falls to 0). In 'busy' (6 min in) the load triples and vLLM's dynamic speculative decoding
+drafts 2 tokens instead of 3: the mean draft length falls from 3 to 2 and climbs back after, α stays over the tokens
+verified, and the per-position curve is absent with its reason. A backgrounded `make demo &` stops with `kill %1`:
   curl -s {sidecar}/metrics | grep -E 'specdecode_(acceptance_ratio|observed_speedup|speculative_token_share)\\{{'
+  curl -s {sidecar}/metrics | grep -E 'specdecode_mean_draft_length\\{{'
 """, flush=True)

@@ -236,6 +236,7 @@ def test_a_diffusion_model_is_up_without_spec_figures_and_says_why() -> None:
         assert run_check(harness.simulator_url + "/metrics", 0.1, 2.0, out, err) == 0, err.getvalue()
         assert "api      vllm-diffusion" in out.getvalue()
         assert "diffusion model: speculative decoding metrics do not apply" in out.getvalue()
+        assert "variance per drafted token" not in out.getvalue(), "nothing is drafted, nothing pages"
     finally:
         harness.stop()
 
@@ -261,6 +262,13 @@ def test_vllm_adaptive_verification_withholds_alpha_rather_than_guessing() -> No
         (target,) = harness.status()["targets"]  # type: ignore[attr-defined]
         assert "not settled by vLLM's source" in target["withheld"]
         assert "not settled by vLLM&#x27;s source" in httpx.get(harness.sidecar_url + "/", timeout=5).text
+        out, err = io.StringIO(), io.StringIO()  # `check --adaptive-verification`: the same refusal
+        assert run_check(harness.simulator_url + "/metrics", 0.1, 2.0, out, err, adaptive_verification=True) == 0
+        row = out.getvalue().splitlines()[4].split()  # the series' row: model, engine, α, α since start, mean
+        # len, draft len, k, speedup, …
+        assert row[:2] == [MODEL, "0"] and row[2:6] == ["–"] * 4 and row[7] == "–", out.getvalue()
+        assert "Withheld: adaptive verification" in out.getvalue() and "No drafted tokens" not in out.getvalue()
+        assert "variance per drafted token" not in out.getvalue()
         harness.exporter.apply_config(dataclasses.replace(harness.exporter.config, targets=(plain,)))
         for _ in range(3):
             harness.step(STEP)

@@ -13,8 +13,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_make_demo_on_a_fresh_machine_installs_the_runtime_only_and_builds_once(tmp_path: Path) -> None:
     venv = tmp_path / "venv"  # none yet: every step a fresh machine takes
     # --no-print-directory: under `make test` this make is a sub-make and would print "Entering directory" lines.
-    result = subprocess.run(["make", "--no-print-directory", "-n", "demo", f"VENV={venv}", "DEMO_PORT=9911"], cwd=ROOT, capture_output=True,
-                            text=True, check=True, timeout=60)
+    result = subprocess.run(["make", "--no-print-directory", "-n", "demo", f"VENV={venv}", "DEMO_PORT=9911"],
+                            cwd=ROOT, capture_output=True, text=True, check=True, timeout=60)
     commands = [line for line in result.stdout.splitlines() if not line.startswith("touch ")]
     assert commands == ["bash scripts/bootstrap-venv.sh --runtime", "bash scripts/install-package.sh",
                         f"{venv}/bin/specdecode-exporter demo --web.listen-address 127.0.0.1:9911"]

@@ -119,7 +119,7 @@ def test_restart_resets_counters_and_changes_created() -> None:
 def test_demo_scenario_phases_restart_and_loop() -> None:
     sim = Simulator(default_scenario("demo"), clock=lambda: 0.0)
     phases = sim.scenario.phases
-    assert [p.name for p in phases] == ["healthy", "degraded", "restart", "recovered"]
+    assert [p.name for p in phases] == ["healthy", "degraded", "restart", "recovered", "busy"]
     assert sim.scenario.loop
     sim.advance(10)
     assert sim.state()["phase"]["name"] == "healthy"

@@ -14,8 +14,8 @@ from specdecode_exporter.simulator.cli import add_arguments, build_scenario, env
 
 def test_packaged_scenarios_load() -> None:
     demo = default_scenario()
-    assert demo.loop and [p.name for p in demo.phases] == ["healthy", "degraded", "restart", "recovered"]
-    assert [p.restart for p in demo.phases] == [False, False, True, False]
+    assert demo.loop and [p.name for p in demo.phases] == ["healthy", "degraded", "restart", "recovered", "busy"]
+    assert [p.restart for p in demo.phases] == [False, False, True, False, False]
     assert 120 <= sum(p.duration for p in demo.phases) <= 600
     steady = default_scenario("steady")
     assert steady.phases == () and steady.models[0].acceptance_rate == 0.75

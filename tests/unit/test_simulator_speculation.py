@@ -4,6 +4,8 @@ proposed scheduled-steps counter), and memory pressure (KV cache, preemptions, a
 
 from __future__ import annotations
 
+import itertools
+
 import httpx
 import pytest
 
@@ -92,6 +94,33 @@ def test_a_step_at_k_0_generates_without_drafts_and_is_counted() -> None:
     e = engine(sim)
     assert (e.drafts, e.draft_tokens) == (0, 0) and e.generation_tokens > 100_000
     assert e.scheduled_steps[0] > 0 and sum(e.scheduled_steps[1:]) == 0
+
+
+def test_k_token_drafts_count_exactly_k_tokens_each_after_a_stretch_of_shorter_ones() -> None:
+    """The sidecar calls a window's drafts shorter than k when its tokens per draft are below k by one part in a
+    million: a schedule's stretch of short drafts must leave no fractional tokens behind that a later window of
+    k-token drafts reads as a varying length. Both counters only grow, however often they are looked at."""
+    sim = Simulator(parse_scenario_text(
+        "models: [{name: m, num_speculative_tokens_per_batch_size: [[1, 16, 3], [17, 256, 2]]}]\n"
+        "phases: [{name: light, duration: 30s}, {name: busy, duration: 30s, drafts_per_second: 613.77},"
+        " {name: light-again, duration: 60s}]\n", "s.yaml"), clock=lambda: 0.0)
+    seen: list[EngineSnapshot] = []
+    for _ in range(int(120 / 0.37)):  # observed at an odd interval, mid-step
+        sim.advance(0.37)
+        seen.append(engine(sim))
+    assert all(b.drafts >= a.drafts and b.draft_tokens >= a.draft_tokens for a, b in itertools.pairwise(seen))
+    at = {round(0.37 * (i + 1), 2): e for i, e in enumerate(seen)}
+
+    def length(start: float, end: float) -> float:
+        a, b = at[start], at[end]
+        return (b.draft_tokens - a.draft_tokens) / (b.drafts - a.drafts)
+
+    assert length(0.37, 29.6) == 3.0  # light: 200 drafts/s, 10 running
+    assert length(31.08, 59.57) == 2.0  # busy: about 25 running, k = 2 above 16
+    assert length(61.05, 119.88) == 3.0  # exactly 3 again, not 3 less a token's fraction
+    assert 2.0 < length(0.37, 119.88) < 3.0
+    busy_a, busy_b = at[31.08], at[59.57]
+    assert busy_b.per_pos[2] == busy_a.per_pos[2], "no draft reached the third position"
 
 
 def served_metrics(sim: Simulator) -> Exposition:

@@ -13,6 +13,7 @@ from specdecode_exporter.check import per_request as check_per_request
 from specdecode_exporter.core.monitoring_config import Statistics
 from specdecode_exporter.pipeline.derive import acceptance_ratio
 from specdecode_exporter.pipeline.engines import NOT_APPLICABLE
+from specdecode_exporter.pipeline.engines.vllm_v1 import ADAPTIVE_VERIFICATION_WHY
 from specdecode_exporter.pipeline.schedule import (
     BatchSchedule,
     schedule_summary,
@@ -51,6 +52,11 @@ def metrics_hint(url: str, error: str | None) -> str:
     return f" (did you mean {urlunsplit((parts.scheme, parts.netloc, '/metrics', '', ''))}?)"
 
 
+def withheld(view: TargetView) -> str | None:
+    """Why α and what builds on it are withheld: vLLM with adaptive verification declared (the sidecar's rule)."""
+    return ADAPTIVE_VERIFICATION_WHY if view.config.adaptive_verification and view.api == "vllm-v1" else None
+
+
 def render(view: TargetView, duration: float) -> str:
     cost = view.config.cost
     lines = [f"target   {view.config.url}", f"api      {view.api}", ""]
@@ -77,7 +83,9 @@ def render(view: TargetView, duration: float) -> str:
         ))
     widths = [max(len(str(row[i])) for row in rows) for i in range(len(header))]
     lines += ["  ".join(str(cell).ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in rows]
-    if not any(s.windows for s in view.series):
+    if (why := withheld(view)) is not None:
+        lines += ["", f"Withheld: {why} (--adaptive-verification)."]
+    elif not any(s.windows for s in view.series):
         lines += ["", f"No drafted tokens in the last {duration:g}s: send traffic, or check for longer (--duration)."]
     lines += [""] + [f"{series.key.model_name or ''} {series.key.engine or ''}".strip()
                      + f": {series.judgement.verdict.value} ({series.judgement.reason})" for series in view.series]
@@ -126,7 +134,10 @@ def best_k_line(series: SeriesView, schedule: BatchSchedule, cost: float) -> lis
 
 def variance_lines(view: TargetView, statistics: Statistics) -> list[str]:
     """The variance per drafted token the page divides by, per series: assumed here (check sees no per-request
-    results), with k̄ from the target's counters; where it is measured instead."""
+    results), with k̄ from the target's counters; where it is measured instead. None where speculative decoding
+    metrics do not apply (a diffusion model: nothing drafted, nothing to page on) or α is withheld."""
+    if view.api in NOT_APPLICABLE or withheld(view) is not None:
+        return []
     dispersion = statistics.dispersion
     lines: list[str] = []
     for series in view.series:
@@ -155,12 +166,13 @@ def per_request_line(view: TargetView, send_completion: bool, timeout: float) ->
 
 
 def run_check(url: str, duration: float, timeout: float, out: TextIO, err: TextIO,
-              send_test_completion: bool = False) -> int:
+              send_test_completion: bool = False, adaptive_verification: bool = False) -> int:
     """Collect, print the verdict; with ``send_test_completion``, also one 1-token completion to tell whether vLLM
     returns the per-request metrics the request tap reads (exit code 1 when that could not be told). Results go to
     ``out``; what went wrong goes to ``err``, one line each, so `check … > verdict.txt` keeps only results."""
     window = Window(f"{duration:g}s", duration + CHECK_STEP_SECONDS)
-    config = Config(targets=(TargetConfig(name="check", url=url, timeout=timeout),), windows=(window,),
+    target = TargetConfig(name="check", url=url, timeout=timeout, adaptive_verification=adaptive_verification)
+    config = Config(targets=(target,), windows=(window,),
                     collect_interval=CHECK_STEP_SECONDS)
     exporter = Exporter(config)
     view = asyncio.run(collect_for(exporter, duration))

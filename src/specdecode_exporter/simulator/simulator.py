@@ -171,6 +171,9 @@ class _Engine:
     draft_tokens: float = 0.0
     per_pos: list[float] = field(default_factory=list)
     drafted_per_pos: list[float] = field(default_factory=list)  # a batch-size schedule drafts < k at some steps
+    # Drafts by the tokens each drafted (index 0…k; 0: a control pod's steps). Exposed as whole drafts per length,
+    # so a stretch of k-token drafts adds exactly k tokens per draft, whatever shorter drafts came before it.
+    drafts_by_length: list[float] = field(default_factory=list)
     generation: float = 0.0
     prompt: float = 0.0
     requests: dict[str, float] = field(default_factory=dict)
@@ -196,6 +199,7 @@ class _Engine:
     def __post_init__(self) -> None:
         self.per_pos = [0.0] * self.k
         self.drafted_per_pos = [0.0] * self.k
+        self.drafts_by_length = [0.0] * (self.k + 1)
         self.scheduled = [0.0] * (self.k + 1)
         self.gate = RollingMean(float(self.gate_window))
         self.requests = {reason: 0.0 for reason, _ in FINISH_REASON_SHARES}
@@ -207,6 +211,7 @@ class _Engine:
 
 def _integrate(e: _Engine, r: Rates, dt: float) -> None:
     e.drafts += r.drafts * dt
+    e.drafts_by_length[r.k] += r.drafts * dt
     e.draft_tokens += r.draft_tokens * dt
     for i, rate in enumerate(r.per_pos):
         e.per_pos[i] += rate * dt
@@ -231,6 +236,16 @@ def _integrate(e: _Engine, r: Rates, dt: float) -> None:
     e.histograms["e2e"].observe(n_req, r.e2e_seconds)
     e.v0_accepted += r.v0_accepted * dt
     e.v0_emitted += r.v0_emitted * dt
+
+
+def _exposed_drafts(spec: ModelSpec, e: _Engine) -> tuple[int, int]:
+    """(drafts, drafted tokens) as the counters show them. Whole drafts of whole lengths where every draft has one
+    (draft_fill 1, no trim counted as verified): a window of k-token drafts then shows exactly k tokens per draft,
+    before and after a stretch of shorter ones (a batch-size schedule), and both counters only grow."""
+    if spec.draft_fill == 1.0 and not (spec.adaptive_verification_share and spec.draft_tokens_count == "verified"):
+        whole = tuple(exposed(n) for n in e.drafts_by_length)
+        return sum(whole), sum(length * n for length, n in enumerate(whole))
+    return exposed(e.drafts), exposed(e.draft_tokens)
 
 
 class RollingMean:
@@ -280,6 +295,7 @@ def _gate(e: _Engine, spec: ModelSpec, requests: float, mean_length: float) -> N
 def _account(e: _Engine, g: Generation, prompt_tokens: int) -> None:
     """One served request in an engine's counters and histograms (exact observations, not spread)."""
     e.drafts += g.spec_steps
+    e.drafts_by_length[min(g.drafted_per_step, e.k)] += g.spec_steps
     e.draft_tokens += g.drafted
     for prefix in g.accepted_per_step:
         for i in range(prefix):
@@ -590,10 +606,7 @@ class Simulator:
         return ModelSnapshot(spec=spec, live=live, fractions=fractions, engines=engines)
 
     def _engine_snapshot(self, spec: ModelSpec, e: _Engine) -> EngineSnapshot:
-        drafts = exposed(e.drafts)
-        fixed_k = (spec.draft_fill == 1.0 and not spec.num_speculative_tokens_per_batch_size
-                   and not (spec.adaptive_verification_share and spec.draft_tokens_count == "verified"))
-        draft_tokens = drafts * e.k if fixed_k else exposed(e.draft_tokens)
+        drafts, draft_tokens = _exposed_drafts(spec, e)
         per_pos = tuple(exposed(x) for x in e.per_pos)
         v0 = None
         if e.v0_logged:
