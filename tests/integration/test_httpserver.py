@@ -14,6 +14,7 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 from fastapi.responses import PlainTextResponse
+from starlette.types import Receive, Scope, Send
 
 from specdecode_exporter.core.httpserver import DateHeader, QuietServer, ThreadedServer, bind_socket
 
@@ -68,7 +69,7 @@ def test_quiet_server_serves_a_date_and_stops_without_a_tick() -> None:
 
 
 def test_date_header_formats_once_a_second() -> None:
-    async def app(scope: dict[str, object], receive: object, send: object) -> None:  # never called here
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:  # never called here
         raise AssertionError
 
     dated = DateHeader(app)

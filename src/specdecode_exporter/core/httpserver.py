@@ -11,7 +11,7 @@ import threading
 import time
 from email.utils import formatdate
 from types import FrameType, TracebackType
-from typing import Literal
+from typing import Literal, cast
 
 import uvicorn
 from fastapi import FastAPI
@@ -87,7 +87,7 @@ class QuietServer(uvicorn.Server):
 
     def __init__(self, config: uvicorn.Config) -> None:
         if config.date_header and not isinstance(config.app, str):
-            config.app, config.date_header = DateHeader(config.app), False
+            config.app, config.date_header = DateHeader(cast(ASGIApp, config.app)), False
         super().__init__(config)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Future[None] | None = None
