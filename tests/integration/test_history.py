@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from specdecode_exporter.pipeline import derive
+from specdecode_exporter.pipeline.derive import span_stats
 from specdecode_exporter.sidecar import series as series_module
 from specdecode_exporter.sidecar.collection import HISTORY_SECONDS, HISTORY_STEP_SECONDS, HistoryPoint, TargetView
 from specdecode_exporter.simulator import ModelSpec, steady_scenario
@@ -29,7 +30,6 @@ def harness() -> Iterator[Harness]:
 def test_history_keeps_a_point_a_step_and_the_newest_worked_out_only_when_read(
         harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
     solved: list[float] = []
-    span_stats = series_module.span_stats
 
     def counted(*args: object, **kwargs: object) -> derive.WindowStats | None:
         solved.append(1.0)
