@@ -246,7 +246,8 @@ def run_side_by_side(rep: Report, body: bytes, pipeline_s: float | None, rounds:
             f"{interval:g} s with httpx and parses it with prometheus_client, and the floor (a raw keep-alive "
             f"socket, the body read, nothing parsed). {rounds} rounds of {span:.0f} s after {warmup:.0f} s of "
             "warm-up (two scrapes seen), fresh processes each round, the three processes side by side in each (the "
-            "machine's noise hits all three; the figure is the median of the rounds' ratios, their range below); CPU from /proc per process. Pipeline = bench "
+            "machine's noise hits all three; the figure is the median of the rounds' ratios, their range below); "
+            "CPU from /proc per process. Pipeline = bench "
             f"1's in-process collect+derive of this page ({fmt_ms(pipeline)}, same run). No sidecar can cost less "
             "than the floor plus the pipeline: fetch+parse / (floor + pipeline) is the best ratio this page "
             "allows.\n")
