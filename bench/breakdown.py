@@ -50,7 +50,7 @@ PARTS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
     ("scrape: HTTP server (uvicorn, starlette)", ((_H11, "H11Protocol.data_received"),
                                                   (_H11, "RequestResponseCycle.run_asgi"))),
     ("status model", (("specdecode_exporter.sidecar.web", "status_json"),)),
-    ("uvicorn's tick (once a second)", (("specdecode_exporter.core.httpserver", "QuietServer.main_loop"),)),
+    ("uvicorn's main loop (woken only to stop)", (("specdecode_exporter.core.httpserver", "QuietServer.main_loop"),)),
     ("socket reads (stream callbacks)", (("asyncio.streams", "StreamReaderProtocol.data_received"),
                                          ("asyncio.streams", "StreamReaderProtocol.eof_received"))),
     ("logging", (("logging", "Logger.handle"),)),

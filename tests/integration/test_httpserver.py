@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import email.utils
 import inspect
 import socket
 import threading
@@ -13,8 +14,9 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 from fastapi.responses import PlainTextResponse
+from starlette.types import Receive, Scope, Send
 
-from specdecode_exporter.core.httpserver import QuietServer, ThreadedServer, bind_socket
+from specdecode_exporter.core.httpserver import DateHeader, QuietServer, ThreadedServer, bind_socket
 
 
 def test_accepted_connections_have_nodelay() -> None:
@@ -45,8 +47,7 @@ def test_accepted_connections_have_nodelay() -> None:
     assert asyncio.run(main()) != 0
 
 
-def test_quiet_server_serves_a_date_and_stops_without_waiting_for_its_tick(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(QuietServer, "TICK_SECONDS", 600.0)  # a stop that waited for the tick would never end
+def test_quiet_server_serves_a_date_and_stops_without_a_tick() -> None:
     app = FastAPI()
 
     @app.get("/")
@@ -55,9 +56,26 @@ def test_quiet_server_serves_a_date_and_stops_without_waiting_for_its_tick(monke
 
     server = ThreadedServer(app, bind_socket(), lifespan="off", name="quiet-stop").start()
     response = httpx.get(server.base_url + "/")
-    assert response.text == "ok" and response.headers["date"].endswith("GMT")
+    assert response.text == "ok" and response.headers.get_list("date") == [response.headers["date"]]
+    served = email.utils.parsedate_to_datetime(response.headers["date"])
+    assert abs(served.timestamp() - time.time()) < 5 and response.headers["date"].endswith("GMT")
+    time.sleep(1.1)  # the Date moves with the clock, no tick needed
+    later = email.utils.parsedate_to_datetime(httpx.get(server.base_url + "/").headers["date"])
+    assert later > served
+    started = time.monotonic()
     server.stop(timeout=10.0)
+    assert time.monotonic() - started < 5, "the stop waited for something instead of waking the loop"
     assert "quiet-stop" not in {thread.name for thread in threading.enumerate()}
+
+
+def test_date_header_formats_once_a_second() -> None:
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:  # never called here
+        raise AssertionError
+
+    dated = DateHeader(app)
+    first = dated.now()
+    assert dated.now() is first  # the same second: the bytes already formatted
+    assert email.utils.parsedate_to_datetime(first.decode()).tzinfo is not None
 
 
 # QuietServer replaces uvicorn's Server.main_loop, which is not public API (uvicorn is pinned in pyproject.toml).
@@ -74,41 +92,40 @@ def _app() -> FastAPI:
     return app
 
 
-def test_uvicorn_runs_the_quiet_main_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_uvicorn_runs_the_quiet_main_loop_which_ticks_once(monkeypatch: pytest.MonkeyPatch) -> None:
     ticks: list[int] = []
 
     async def on_tick(self: uvicorn.Server, counter: int) -> bool:
         ticks.append(counter)
         return await uvicorn.Server.on_tick(self, counter)
 
-    monkeypatch.setattr(QuietServer, "TICK_SECONDS", 0.01)
     monkeypatch.setattr(QuietServer, "on_tick", on_tick)
     server = ThreadedServer(_app(), bind_socket(), lifespan="off").start()
     try:
         deadline = time.monotonic() + 30
-        while len(ticks) < 3 and time.monotonic() < deadline:
+        while not ticks and time.monotonic() < deadline:
             time.sleep(0.01)
+        time.sleep(0.5)  # uvicorn's own loop would have ticked 5 times more by now
         assert httpx.get(server.base_url + "/").headers["date"].endswith("GMT")
+        assert ticks == [0], f"uvicorn no longer runs QuietServer.main_loop (ticks {ticks[:5]})"
     finally:
         server.stop(timeout=10.0)
-    assert len(ticks) >= 3, "uvicorn never ticked: does Server.serve still await self.main_loop()?"
-    # uvicorn's own loop ticks with 0, 1, 2, …; ours with every counter a Date refresh (counter % 10 == 0).
-    assert ticks[:3] == [0, 10, 20], f"uvicorn no longer runs QuietServer.main_loop (ticks {ticks[:5]})"
+    assert ticks[:1] == [0], "uvicorn never ticked: does Server.serve still await self.main_loop()?"
 
 
-def test_uvicorn_on_tick_refreshes_the_date_every_tenth_counter_and_reports_exit() -> None:
+def test_uvicorn_on_tick_sets_the_headers_at_counter_zero_and_reports_exit() -> None:
     assert list(inspect.signature(uvicorn.Server.main_loop).parameters) == ["self"]
     assert list(inspect.signature(uvicorn.Server.on_tick).parameters) == ["self", "counter"]
     assert inspect.iscoroutinefunction(uvicorn.Server.on_tick)
     config = uvicorn.Config(_app(), log_config=None)
-    config.load()
     server = QuietServer(config)
+    config.load()
+    assert isinstance(config.app, DateHeader) and not config.date_header  # uvicorn's Date off: ours instead
 
     async def tick(counter: int) -> tuple[bool, list[bytes]]:
         stop = await server.on_tick(counter)
         return stop, [name for name, _ in server.server_state.default_headers]
 
-    assert asyncio.run(tick(1)) == (False, [])  # not a tenth: the headers are left alone
-    assert asyncio.run(tick(10)) == (False, [b"date", b"server"])
+    assert asyncio.run(tick(0)) == (False, [b"server"])  # counter 0 sets the headers, with no Date of uvicorn's
     server.request_exit()
-    assert asyncio.run(tick(20))[0] is True
+    assert asyncio.run(tick(0))[0] is True

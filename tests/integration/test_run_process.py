@@ -27,6 +27,11 @@ FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "captured_vllm_c
 NOT_IN_RUN = ("specdecode_exporter.probe", "specdecode_exporter.simulator", "specdecode_exporter.monitoring",
               "specdecode_exporter.check", "specdecode_exporter.demo", "grafana_foundation_sdk", "matplotlib",
               "_jsonnet", "jinja2", "httpx", "httpcore", "rich", "pygments", "numpy")
+# With the tap off, of the tap only its settings (tap.route: the config's proxy.route) and the types of what the
+# tap reports (tap.request_stats, tap.model: the /metrics families and the status page, empty): never its relay,
+# its process or the stream readers.
+TAP_WHEN_OFF = {"specdecode_exporter.tap", "specdecode_exporter.tap.model", "specdecode_exporter.tap.request_stats",
+                "specdecode_exporter.tap.route"}
 RUN = """
 import json, os, signal, sys
 from specdecode_exporter import cli
@@ -90,6 +95,8 @@ def test_the_run_process_imports_only_what_run_uses_and_logs_nothing_per_collect
     assert "specdecode_exporter.sidecar.web" in modules and "specdecode_exporter.pipeline.transport" in modules
     loaded = [m for m in modules if any(m == p or m.startswith(p + ".") for p in NOT_IN_RUN)]
     assert loaded == [], loaded
+    tap = {m for m in modules if m == "specdecode_exporter.tap" or m.startswith("specdecode_exporter.tap.")}
+    assert tap <= TAP_WHEN_OFF, sorted(tap - TAP_WHEN_OFF)
     log = [line for line in proc.log.read_text().splitlines() if line.startswith("ts=")]  # after the command line
     assert len(log) == 2 and "msg=starting" in log[0] and "msg=stopped" in log[1], log  # info: nothing else
     assert state["rss_kib"] < 60 * 1024  # bench 3 measures it (≤ 50 MB is its target); this catches a regression

@@ -8,11 +8,12 @@ import pytest
 
 from specdecode_exporter.tap.http1 import (
     CHUNK_END,
+    EVENT_CHUNK_TAIL,
     ChunkedDecoder,
     frame_chunk,
-    is_whole_chunk,
     parse_head,
     replace_content_length,
+    whole_chunks,
 )
 from specdecode_exporter.tap.openai import plan_request, read_response_body
 from specdecode_exporter.tap.sse import SseWatcher, UsageStripper
@@ -84,13 +85,19 @@ def test_chunked_body_split_anywhere(split: int) -> None:
     assert done and consumed == len(BODY)  # "NEXT" (the next message) is left alone
 
 
-def test_whole_chunk_fast_path() -> None:
-    assert is_whole_chunk(frame_chunk(b"data: x\n\n"))
-    assert not is_whole_chunk(frame_chunk(b"a") + frame_chunk(b"b"))
-    assert not is_whole_chunk(frame_chunk(b"data: x\n\n")[:-1])
-    assert not is_whole_chunk(b"0\r\n\r\n")
-    assert not is_whole_chunk(b"zz\r\nab\r\n")
-    assert not is_whole_chunk(b"2;x=1\r\nab\r\n")
+def test_whole_chunks_fast_path() -> None:
+    event = frame_chunk(b"data: x\n\n")
+    assert whole_chunks(event) and whole_chunks(event, EVENT_CHUNK_TAIL)
+    # Several chunks in one read (a loaded relay reads a stream's chunks together): whole, they go as they are.
+    assert whole_chunks(frame_chunk(b"a") + frame_chunk(b"b")) and whole_chunks(event * 7, EVENT_CHUNK_TAIL)
+    assert not whole_chunks(frame_chunk(b"a") + frame_chunk(b"b"), EVENT_CHUNK_TAIL)  # not whole events
+    assert not whole_chunks(event + frame_chunk(b"data: x"), EVENT_CHUNK_TAIL)  # the last event unfinished
+    assert not whole_chunks(event + event[:-1]) and not whole_chunks(event[:-1])  # the last chunk cut short
+    assert not whole_chunks(event + event[:3]) and not whole_chunks(b"")
+    assert not whole_chunks(b"0\r\n\r\n") and not whole_chunks(event + b"0\r\n\r\n")  # the body's end
+    assert not whole_chunks(b"zz\r\nab\r\n") and not whole_chunks(event + b"zz\r\nab\r\n")
+    assert not whole_chunks(b"2;x=1\r\nab\r\n")
+    assert not whole_chunks(b"1\r\n\n\r\n", EVENT_CHUNK_TAIL)  # the tail overlaps the size line's CRLF
     decoder = ChunkedDecoder()
     seen = [decoder.at_boundary]
     decoder.feed(b"5\r\nab", 0, [])  # in the middle of a chunk: never the fast path
@@ -109,6 +116,10 @@ def test_stream_readers_pass_only_chunks_with_nothing_to_see() -> None:
     assert stripper.passes(plain) and watcher.passes(plain) and watcher.passes(terminal)
     assert not stripper.passes(terminal) and not stripper.passes(usage) and not watcher.passes(usage)
     assert not stripper.passes(partial) and not watcher.passes(partial)
+    # A read of several chunks passes when each chunk alone would, and not when any one would not.
+    assert stripper.passes(plain * 5) and watcher.passes(plain + terminal + plain)
+    assert not stripper.passes(plain * 3 + terminal) and not watcher.passes(plain + usage)
+    assert not stripper.passes(plain + partial) and not watcher.passes(plain * 2 + partial)
 
 
 def test_bad_chunk_size_fails_the_decoder() -> None:

@@ -15,14 +15,14 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, Protocol, TypeVar
 from urllib.parse import urlsplit
 
 import certifi
 
 from specdecode_exporter.core.failure import FailureReason
 from specdecode_exporter.core.log import event
-from specdecode_exporter.core.slices import run_sliced
+from specdecode_exporter.core.slices import Slice, run_sliced
 from specdecode_exporter.pipeline import capacity, latency
 from specdecode_exporter.pipeline.capacity import CapacityStats
 from specdecode_exporter.pipeline.engines import (
@@ -43,7 +43,14 @@ from specdecode_exporter.pipeline.store import SeriesKey, Store
 from specdecode_exporter.pipeline.transport import LeanClient
 from specdecode_exporter.sidecar.config import Config, TargetConfig, Window
 from specdecode_exporter.sidecar.discover import served_model
-from specdecode_exporter.sidecar.series import BaselineFor, ControlFor, SeriesContext, SeriesView, series_view
+from specdecode_exporter.sidecar.series import (
+    BaselineFor,
+    ControlFor,
+    SeriesContext,
+    SeriesView,
+    WindowView,
+    series_view,
+)
 
 LOG_REPEAT_SECONDS = 60.0
 HISTORY_SECONDS = 3600.0  # what the status page's charts show
@@ -60,17 +67,42 @@ class HistoryPoint(NamedTuple):
     expected_speedup: float | None = None  # modelled, charted beside the observed one
 
 
-def history_point(now: float, series: SeriesView) -> HistoryPoint | None:
-    view = next((w for w in series.windows if w.acceptance is not None or w.latency is not None), None)
-    if view is None:
-        return None
-    return HistoryPoint(now, view.acceptance.acceptance_ratio if view.acceptance else None,
-                        view.latency.tpot_mean if view.latency else None,
-                        view.observed.mean if view.observed else None,
-                        view.acceptance.expected_speedup if view.acceptance else None)
+class PendingPoint:
+    """A series' newest history point, its values worked out at the first read: every collection makes one, but
+    only the status page reads the newest, and only one a step (HISTORY_STEP_SECONDS) is kept (then worked out)."""
+
+    __slots__ = ("_point", "_window", "at")
+
+    def __init__(self, at: float, window: WindowView) -> None:
+        self.at, self._window = at, window
+        self._point: HistoryPoint | None = None
+
+    def point(self) -> HistoryPoint:
+        if self._point is None:
+            view = self._window
+            acceptance, latency_stats = view.acceptance, view.latency
+            self._point = HistoryPoint(self.at, acceptance.acceptance_ratio if acceptance else None,
+                                       latency_stats.tpot_mean if latency_stats else None,
+                                       view.observed.mean if view.observed else None,
+                                       acceptance.expected_speedup if acceptance else None)
+        return self._point
 
 
-def extended(points: tuple[HistoryPoint, ...], point: HistoryPoint) -> tuple[HistoryPoint, ...]:
+def history_window(series: SeriesView) -> WindowView | None:
+    """The window the charts follow: the shortest with acceptance or latency figures (checked without working
+    them out); None when there is none (no point this time)."""
+    return next((w for w in series.windows if w.has_acceptance or w.has_latency), None)
+
+
+class Timed(Protocol):
+    @property
+    def at(self) -> float: ...
+
+
+P = TypeVar("P", bound=Timed)
+
+
+def extended(points: tuple[P, ...], point: P) -> tuple[P, ...]:
     """The history with one more point: about one per step, none older than HISTORY_SECONDS, and always the
     latest (it replaces the previous latest until a step has passed since the point before), so a chart reaches
     up to now. Immutable: the status page (another thread) may be reading the previous tuple."""
@@ -80,6 +112,28 @@ def extended(points: tuple[HistoryPoint, ...], point: HistoryPoint) -> tuple[His
     while first < len(points) and point.at - points[first].at > HISTORY_SECONDS:
         first += 1
     return (*points[first:], point)
+
+
+class History(Mapping[SeriesKey, tuple[HistoryPoint, ...]]):
+    """Each series' history as a view publishes it: the points kept, and the newest worked out when first read."""
+
+    __slots__ = ("_points", "_read")
+
+    def __init__(self, points: dict[SeriesKey, tuple[HistoryPoint | PendingPoint, ...]]) -> None:
+        self._points = points
+        self._read: dict[SeriesKey, tuple[HistoryPoint, ...]] = {}
+
+    def __getitem__(self, key: SeriesKey) -> tuple[HistoryPoint, ...]:
+        read = self._read.get(key)
+        if read is None:
+            read = self._read[key] = tuple(p.point() if isinstance(p, PendingPoint) else p for p in self._points[key])
+        return read
+
+    def __iter__(self) -> Iterator[SeriesKey]:
+        return iter(self._points)
+
+    def __len__(self) -> int:
+        return len(self._points)
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,7 +260,8 @@ class TargetCollector:
     last_success_wall: float | None = None
     last_success_monotonic: float | None = None
     peer_view: Callable[[str], TargetView | None] = lambda name: None  # another target's latest view
-    history: dict[SeriesKey, tuple[HistoryPoint, ...]] = field(default_factory=dict)
+    # Each series' history: the points kept, then the newest (pending: worked out when read or kept).
+    history: dict[SeriesKey, tuple[HistoryPoint | PendingPoint, ...]] = field(default_factory=dict)
     _published: TargetView | None = field(default=None, init=False)
 
     @property
@@ -257,14 +312,16 @@ class TargetCollector:
                                  sni_hostname=self.config.tls.server_name if self.config.tls else None)
             if result.failure is not None:
                 raise CollectionFailure(result.failure, result.detail)
+            piece = Slice()  # the fetch waited on the socket: the slice on the loop starts with its body
             text, selection = self.selected(result)
-            await asyncio.sleep(0)  # a scrape waiting meanwhile goes first: the decode is the next piece
+            await piece.boundary()  # a scrape waiting meanwhile goes first (once a slice has run): the decode next
             try:
                 decoded = self.decode_selection(text, selection, result)
             except ModelNameNeeded:
                 await self._discover_model(client)
+                piece = Slice()  # that waited on the socket too
                 decoded = self.decode_selection(text, selection, result)
-            await asyncio.sleep(0)  # and again before the store update
+            await piece.boundary()  # and again before the store update
             self.store_decoded(decoded)
         except CollectionFailure as failure:
             return self.fail(failure, time.perf_counter() - started)
@@ -276,14 +333,16 @@ class TargetCollector:
         self._recovered()
         self.last_success_wall = time.time()
         self.last_success_monotonic = self.clock()
-        return await self._publish_sliced(duration=time.perf_counter() - started)
+        return await self._publish_sliced(duration=time.perf_counter() - started, piece=piece)
 
-    async def _publish_sliced(self, duration: float) -> TargetView:
+    async def _publish_sliced(self, duration: float, piece: Slice | None = None) -> TargetView:
         """publish(up=True) with the views built in slices: a 1 MB target's take ~20 ms, which a scrape arriving
-        meanwhile would otherwise wait out. A reload meanwhile (it republishes) has the last word."""
-        await asyncio.sleep(0)
+        meanwhile would otherwise wait out. A reload meanwhile (it republishes) has the last word. ``piece``: the
+        slice the collection is in (its decode and store came before the views)."""
+        piece = piece or Slice()
+        await piece.boundary()
         config, app, now = self.config, self.app, self.clock()
-        series = tuple(await run_sliced(self._series_views(now)))
+        series = tuple(await run_sliced(self._series_views(now), under_way=piece))
         if config is not self.config or app is not self.app:
             return self.publish(up=True, duration=duration)
         self._published = self._assembled(now, series, up=True, duration=duration, error=None)
@@ -459,7 +518,7 @@ class TargetCollector:
             last_success_wall=self.last_success_wall,
             last_error=error,
             last_success_monotonic=self.last_success_monotonic,
-            history=dict(self.history),
+            history=History(dict(self.history)),
         )
 
     def _remember(self, now: float, series: tuple[SeriesView, ...]) -> None:
@@ -467,9 +526,13 @@ class TargetCollector:
         for key in [k for k in self.history if k not in live]:
             del self.history[key]
         for view in series:
-            point = history_point(now, view)
-            if point is not None:
-                self.history[view.key] = extended(self.history.get(view.key, ()), point)
+            window = history_window(view)
+            if window is not None:
+                points = extended(self.history.get(view.key, ()), PendingPoint(now, window))
+                kept = points[-2] if len(points) >= 2 else None
+                if isinstance(kept, PendingPoint):  # kept from now on: its values now, its window let go
+                    points = (*points[:-2], kept.point(), points[-1])
+                self.history[view.key] = points
 
 
 def store_limits(config: Config) -> tuple[float, float, int]:

@@ -6,7 +6,7 @@ import functools
 import platform
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from importlib.metadata import PackageNotFoundError, version
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector, CollectorRegistry
@@ -19,9 +19,11 @@ from specdecode_exporter.pipeline.derive import WindowStats
 from specdecode_exporter.pipeline.latency import TPOT_QUANTILES, TTFT_QUANTILES, Histogram, LatencyStats
 from specdecode_exporter.sidecar.collection import TargetView
 from specdecode_exporter.sidecar.series import SeriesView, WindowView
-from specdecode_exporter.tap import TapStats
 from specdecode_exporter.tap.request_stats import BandKey, BandTotals, RequestsView
 from specdecode_exporter.tap.route import RoutesView
+
+if TYPE_CHECKING:
+    from specdecode_exporter.tap.relay import TapStats  # the relay's: loaded only where the tap runs
 
 Labels = dict[str, str]
 

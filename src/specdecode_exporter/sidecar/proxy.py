@@ -9,6 +9,7 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from specdecode_exporter.core import dispersion
 from specdecode_exporter.core.dispersion import MomentsHistory, WindowVariance
@@ -16,10 +17,12 @@ from specdecode_exporter.core.httpserver import bind_socket
 from specdecode_exporter.sidecar.collection import TargetView
 from specdecode_exporter.sidecar.config import Config, ProxyConfig, split_listen_address
 from specdecode_exporter.sidecar.expose import Labels
-from specdecode_exporter.tap import TapStats
-from specdecode_exporter.tap.process import BreakEvens, TapProcess, TapProcessSettings
 from specdecode_exporter.tap.request_stats import RequestsView, TapSettings
 from specdecode_exporter.tap.route import RoutesView
+
+if TYPE_CHECKING:  # the tap's process and relay load only when the tap is on (TapRuntime.__post_init__)
+    from specdecode_exporter.tap.process import BreakEvens, TapProcess
+    from specdecode_exporter.tap.relay import TapStats
 
 Views = Callable[[], list[TargetView]]
 HISTORY_KEEP_SECONDS = 3600.0  # the tap's sums are kept this long at least (the config's longest window, if longer)
@@ -54,6 +57,8 @@ class TapRuntime:
     _pushing: asyncio.Task[None] | None = None
 
     def __post_init__(self) -> None:
+        from specdecode_exporter.tap.process import TapProcess, TapProcessSettings
+
         self.history = MomentsHistory(HISTORY_KEEP_SECONDS).recorded(self.clock(), {})
         self.process = TapProcess(TapProcessSettings(
             self.config.upstream, self.config.workload_header, self.config.connect_timeout,

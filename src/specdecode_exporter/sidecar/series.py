@@ -95,6 +95,12 @@ class WindowView:
         return self._acceptance
 
     @property
+    def has_latency(self) -> bool:
+        """``latency is not None``, without working it out."""
+        known = self._latency
+        return has_latency(self._span) if known is UNREAD else known is not None
+
+    @property
     def latency(self) -> LatencyStats | None:
         """None without latency families."""
         if self._latency is UNREAD:

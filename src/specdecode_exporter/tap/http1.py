@@ -79,26 +79,39 @@ def frame_chunk(payload: bytes) -> bytes:
     return b"%x\r\n%b\r\n" % (len(payload), payload)
 
 
-def is_whole_chunk(data: bytes) -> bool:
-    """Whether ``data``, read at a chunk boundary, is exactly one whole non-empty chunk. Nothing is copied."""
-    eol = data.find(b"\r\n", 0, 18)
-    if eol <= 0:
-        return False
-    try:
-        size = int(data[:eol], 16)
-    except ValueError:
-        return False
-    return size > 0 and len(data) == eol + 4 + size and data.endswith(b"\r\n")
+CHUNK_TAIL = b"\r\n"
+EVENT_CHUNK_TAIL = b"\n\n\r\n"  # a chunk whose payload ends an SSE event
+
+
+def whole_chunks(data: bytes, tail: bytes = CHUNK_TAIL) -> bool:
+    """Whether ``data``, read at a chunk boundary, is one or more whole non-empty chunks, each ending with ``tail``
+    (EVENT_CHUNK_TAIL: each payload ends an SSE event). A loaded relay reads several of a stream's chunks at once;
+    this walks their size lines only (a find and an int a chunk), so such a read is forwarded as it is instead of
+    being decoded and framed again. Nothing but the size lines is copied."""
+    pos, end, least = 0, len(data), max(1, len(tail) - 2)
+    while True:
+        eol = data.find(b"\r\n", pos, pos + 18)
+        if eol <= pos:
+            return False
+        try:
+            size = int(data[pos:eol], 16)
+        except ValueError:
+            return False
+        pos = eol + 4 + size
+        if size < least or pos > end or not data.startswith(tail, pos - len(tail)):
+            return False
+        if pos == end:
+            return True
 
 
 class PlainChunks:
-    """The fast-path check for a chunked body the tap only forwards: any whole chunk goes through as it is."""
+    """The fast-path check for a chunked body the tap only forwards: any whole chunks go through as they are."""
 
     __slots__ = ()
 
     @staticmethod
     def passes(chunk: bytes) -> bool:
-        return is_whole_chunk(chunk)
+        return whole_chunks(chunk)
 
 
 CHUNK_END = b""  # marker appended to a decoder's output after the last payload piece of each chunk

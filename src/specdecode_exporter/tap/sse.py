@@ -11,7 +11,7 @@ import json
 import re
 from typing import Any
 
-from specdecode_exporter.tap.http1 import is_whole_chunk
+from specdecode_exporter.tap.http1 import EVENT_CHUNK_TAIL, whole_chunks
 
 # What marks the events the tap reads, in any JSON spelling ("choices":[] as vLLM writes it, "choices": [] as
 # Python's json.dumps does). A match only makes an event a candidate: it is parsed before anything is decided, so a
@@ -82,14 +82,13 @@ class SseWatcher:
         return len(self._carry)
 
     def passes(self, chunk: bytes) -> bool:
-        """Whether a read (at a chunk boundary) is one whole HTTP chunk of whole events with nothing to read in them.
-        The patterns contain a quote, which a chunk's size line and CRLFs never do, so the chunk is searched as is."""
+        """Whether a read (at a chunk boundary) is whole HTTP chunks of whole events with nothing to read in them.
+        The patterns contain a quote, which a chunk's size line and CRLFs never do, so the read is searched as is."""
         return (
             not self._carry
-            and chunk.endswith(b"\n\n\r\n")
             and not EMPTY_CHOICES_MARK(chunk)
             and not TIMINGS_MARK(chunk)
-            and is_whole_chunk(chunk)
+            and whole_chunks(chunk, EVENT_CHUNK_TAIL)
         )
 
     def feed(self, payload: bytes) -> None:
@@ -132,14 +131,14 @@ class UsageStripper:
         return len(self._carry) + len(self._held or b"")
 
     def passes(self, chunk: bytes) -> bool:
-        """Whether a read (at a chunk boundary) is one whole HTTP chunk that goes to the client unchanged."""
+        """Whether a read (at a chunk boundary) is whole HTTP chunks of whole events that go to the client unchanged
+        (none is a terminal or usage event: each chunk alone would pass feed() as it is)."""
         return (
             not self._carry
             and self._held is None
-            and chunk.endswith(b"\n\n\r\n")
             and not FINISH_MARK(chunk)
             and not EMPTY_CHOICES_MARK(chunk)
-            and is_whole_chunk(chunk)
+            and whole_chunks(chunk, EVENT_CHUNK_TAIL)
         )
 
     def feed(self, payload: bytes) -> bytes:
