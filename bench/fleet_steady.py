@@ -188,8 +188,10 @@ class RecordHistory:
                         series[name + "{" + ",".join(f'{k}="{v}"' for k, v in sorted(kept.items())) + "}"] = (
                             int(intervals[name]), reads[name])
         staged_any = bool(series)  # vLLM's own page gives the stage nothing to record but its clock
-        if stage.CLOCK in reads:  # one series, whatever the fleet
-            series[stage.CLOCK + "{}"] = (int(intervals[stage.CLOCK]), reads[stage.CLOCK])
+        if stage.CLOCK in reads:  # one series per stage group, whatever the fleet
+            for group in stage.stage_groups(cfg):
+                series[stage.clock(group["name"].rsplit(".", 1)[1]).replace(" ", "")] = (
+                    int(duration_s(group["interval"])), reads[stage.CLOCK])
         for name, rng in reads.items():  # the baseline's: per model, from the window groups
             if staged_any and ":" in name and name not in {s.split("{", 1)[0] for s in series} and name in intervals:
                 for model in range(min(pods, fleet.MODELS)):
