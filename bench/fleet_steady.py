@@ -98,7 +98,8 @@ def rule_reads(rules_yaml: str, page_names: frozenset[str]) -> RuleReads:
     steps = {rule["record"]: duration_s(group.get("interval") or "1m")
              for group in yaml.safe_load(rules_yaml)["groups"] for rule in group["rules"] if "record" in rule}
     for record in records:
-        if " offset " not in record and (span := duration_s(record.split("[", 1)[1])) > proof_s:
+        if (" offset " not in record and not record.startswith(stage.CLOCK)  # a clock per stage group: not one series
+                and (span := duration_s(record.split("[", 1)[1])) > proof_s):
             proof, proof_s, proof_step = record, span, steps[record.split("[", 1)[0]]
     return RuleReads(names, longest, selector, proof, proof_s, proof_step, tuple(sorted(records)))
 
@@ -168,8 +169,10 @@ class RecordHistory:
     @classmethod
     def of(cls, page: fleet.MovingPage, job: str, pods: int, rules_yaml: str, now: int) -> RecordHistory:
         cfg = monitoring_config.shipped()
-        reads = {match.group(1): duration_s(match.group(2)) + duration_s(match.group(3) or "")
-                 for match in RANGE.finditer(rules_yaml)}
+        reads: dict[str, float] = {}
+        for match in RANGE.finditer(rules_yaml):  # each record over the longest range a rule reads it
+            span = duration_s(match.group(2)) + duration_s(match.group(3) or "")
+            reads[match.group(1)] = max(span, reads.get(match.group(1), 0.0))
         intervals = {rule["record"]: duration_s(group.get("interval") or "1m")
                      for group in yaml.safe_load(rules_yaml)["groups"] for rule in group["rules"] if "record" in rule}
         pages = [[(prefix.split("{", 1)[0], dict(LABEL.findall(prefix.replace(page.model_label, page.model_label[:-1]
