@@ -17,7 +17,7 @@ from specdecode_exporter.core.httpserver import bind_socket
 from specdecode_exporter.sidecar.collection import TargetView
 from specdecode_exporter.sidecar.config import Config, ProxyConfig, split_listen_address
 from specdecode_exporter.sidecar.expose import Labels
-from specdecode_exporter.tap.request_stats import RequestsView, TapSettings
+from specdecode_exporter.tap.request_stats import ADAPTIVE_VERIFICATION_WITHHELD, RequestsView, TapSettings
 from specdecode_exporter.tap.route import RoutesView
 
 if TYPE_CHECKING:  # the tap's process and relay load only when the tap is on (TapRuntime.__post_init__)
@@ -52,6 +52,8 @@ class TapRuntime:
     log: tuple[str, str] = ("info", "logfmt")  # level and format
     current: Callable[[], Config] | None = None  # the config in force (reloads change windows and statistics)
     clock: Callable[[], float] = time.monotonic
+    withheld: str | None = None  # why vLLM's per-request draft counts are not read (the target's adaptive
+    # verification: TapSettings.withheld); fixed at start, as the rest of the tap's settings
     process: TapProcess = field(init=False)
     history: MomentsHistory = field(init=False)
     _pushing: asyncio.Task[None] | None = None
@@ -62,7 +64,8 @@ class TapRuntime:
         self.history = MomentsHistory(HISTORY_KEEP_SECONDS).recorded(self.clock(), {})
         self.process = TapProcess(TapProcessSettings(
             self.config.upstream, self.config.workload_header, self.config.connect_timeout,
-            TapSettings(temperature_edges=self.config.temperature_bands, max_workloads=self.config.max_workloads),
+            TapSettings(temperature_edges=self.config.temperature_bands, max_workloads=self.config.max_workloads,
+                        withheld=self.withheld),
             self.config.route.settings() if self.config.route is not None else None, self.config.drain_timeout,
             *self.log), self.sock)
 
@@ -131,4 +134,5 @@ def tap_runtime(config: Config, views: Views = list, current: Callable[[], Confi
     target = next(t for t in config.targets if t.name == proxy.target)
     host, port = split_listen_address(proxy.listen_address)
     return TapRuntime(proxy, {"target": target.name, **dict(target.labels)}, bind_socket(host, port), views,
-                      (config.log_level, config.log_format), current or (lambda: config))
+                      (config.log_level, config.log_format), current or (lambda: config),
+                      withheld=ADAPTIVE_VERIFICATION_WITHHELD if target.adaptive_verification else None)

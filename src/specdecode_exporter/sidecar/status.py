@@ -280,6 +280,7 @@ def requests_json(view: RequestsView, page_threshold: float, uptime: float,
                    for model in models},
         "without_spec_metrics": reasons,
         "hint": NOT_ENABLED_HINT if reasons.get("not_enabled") else None,
+        "withheld": view.withheld,
         "variance": variance_json(variances),
         "variance_method": VARIANCE_METHOD,
     }

@@ -279,7 +279,7 @@ def requests_rows(target: dict[str, Any], page_threshold: float, uptime_seconds:
         f"<tr><td>{e(b['model_name'])}</td><td>{e(b['workload'])}</td><td>{e(b['temperature'])}</td>"
         f"<td>{b['requests']}</td><td>{_cell(b['acceptance_ratio'], '{:.2f}')}</td></tr>" for b in requests["bands"])
     missing = ", ".join(f"{e(reason)} {count}" for reason, count in requests["without_spec_metrics"].items())
-    hint = f"<p class='hint'>{e(requests['hint'])}</p>" if requests["hint"] else ""
+    hint = "".join(f"<p class='hint'>{e(note)}</p>" for note in (requests.get("withheld"), requests["hint"]) if note)
     table = ("<table><tr><th>model</th><th>workload</th><th>temperature</th><th>requests since start</th>"
              "<th>α since start</th></tr>"
              f"{bands}</table>") if bands else "<p>no tapped request with spec-decode metrics yet</p>"

@@ -119,7 +119,8 @@ class _TapWorker:
         self.break_evens: BreakEvens = ()
         self.recorder = RequestRecorder(settings.recording)
         self.router = (ClassRouter(settings.route, self.recorder.band_key,
-                                   lambda model: break_even_for(self.break_evens, model))
+                                   lambda model: break_even_for(self.break_evens, model),
+                                   figures=self.recorder.figures)
                        if settings.route is not None else None)
         self.tap: Tap | None = None
 

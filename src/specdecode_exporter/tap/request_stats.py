@@ -24,6 +24,14 @@ SPEED_BUCKETS: tuple[float, ...] = (1, 2, 5, 10, 20, 30, 50, 75, 100, 150, 200, 
 UNSET = "unset"
 OTHER = "other"
 MAX_LABEL_LENGTH = 64
+# Why a vLLM response's per-request draft counts are not read (TapSettings.withheld), in the sidecar's words for its
+# own counters (pipeline/engines/vllm_v1.py ADAPTIVE_VERIFICATION_WHY), and the reason such requests are counted by.
+ADAPTIVE_VERIFICATION_WITHHELD = (
+    "adaptive verification: whether a response's metrics.speculative_decoding.num_draft_tokens counts the proposed "
+    "or the verified draft tokens is not settled by vLLM's source, so the per-request α (the request drafted and "
+    "accepted tokens, the acceptance histogram, the variance's sums) and the routing decisions on it are withheld, "
+    "not guessed")
+WITHHELD = "withheld"
 
 
 @dataclass(frozen=True)
@@ -34,6 +42,9 @@ class TapSettings:
     max_workloads: int = 10  # distinct workload values kept; the rest are "other"
     max_models: int = 32  # the same for model names (clients name them; a hostile one could name many)
     acceptance_edges: tuple[float, ...] = (0.5, 0.65)  # bands of per-request α for the speed histogram
+    # Why vLLM's per-request draft counts (metrics.speculative_decoding) are not read: the target declares adaptive
+    # verification (ADAPTIVE_VERIFICATION_WITHHELD). None: they are read.
+    withheld: str | None = None
 
 
 def temperature_band(temperature: float | None, edges: Sequence[float]) -> str:
@@ -121,6 +132,7 @@ class RequestsView(NamedTuple):
     # model → Σ D, Σ A, Σ D², Σ A², Σ A·D (and steps) of its requests with metrics: the measured variance per drafted
     # token (core.dispersion) over any window. Per model, not per class: the page tests a model's pooled α.
     moments: Mapping[str, Moments] = {}
+    withheld: str | None = None  # TapSettings.withheld of the tap that counted them
 
 
 @dataclass
@@ -141,9 +153,10 @@ class RequestRecorder:
         if 200 <= result.status < 300:  # a model name takes a slot only once the upstream has served it
             capped(request.model, self.models, self.settings.max_models)
         model = known(request.model, self.models)
-        figures = spec_figures(result.metrics, result.timings)
+        figures = self.figures(result)
         if figures is None:
-            reason = result.reason or "no_spec_metrics"
+            withheld = self.settings.withheld is not None and spec_figures(result.metrics, None) is not None
+            reason = WITHHELD if withheld else result.reason or "no_spec_metrics"
             self.without_metrics[(model, reason)] = self.without_metrics.get((model, reason), 0) + 1
             return
         totals = self.bands.setdefault(self.band_key(request), BandTotals())
@@ -163,6 +176,11 @@ class RequestRecorder:
             band = (model, acceptance_band(alpha, self.settings.acceptance_edges))
             self.speed[band] = self.speed.get(band, Histogram.empty(SPEED_BUCKETS)).observed(speed)
 
+    def figures(self, result: TapResult) -> RequestSpec | None:
+        """The response's spec-decode figures as the tap may read them: vLLM's none while they are withheld (the
+        router judges on these too)."""
+        return spec_figures(None if self.settings.withheld is not None else result.metrics, result.timings)
+
     def band_key(self, request: TapRequest) -> BandKey:
         """The request's labels: the model as served before (else "other"), the workload capped, the temperature
         banded (the router labels classes so)."""
@@ -172,7 +190,7 @@ class RequestRecorder:
 
     def view(self) -> RequestsView:
         return RequestsView({k: v.frozen() for k, v in self.bands.items()}, dict(self.without_metrics),
-                            dict(self.speed), dict(self.moments))
+                            dict(self.speed), dict(self.moments), self.settings.withheld)
 
 
 def capped(raw: str | None, seen: set[str], limit: int) -> str:
@@ -227,7 +245,7 @@ def combined(first: RequestsView, then: RequestsView) -> RequestsView:
     moments = dict(first.moments)
     for model, sums in then.moments.items():
         moments[model] = sums if model not in moments else moments[model] + sums
-    return RequestsView(bands, without, speed, moments)
+    return RequestsView(bands, without, speed, moments, then.withheld or first.withheld)
 
 
 def _summed(first: Histogram, then: Histogram) -> Histogram:

@@ -38,7 +38,7 @@ from specdecode_exporter.tap.model import (
     TapRequest,
     TapResult,
 )
-from specdecode_exporter.tap.request_stats import BandKey, spec_figures, temperature_band
+from specdecode_exporter.tap.request_stats import BandKey, RequestSpec, spec_figures, temperature_band
 
 OBSERVE, ENFORCE = "observe", "enforce"
 MODES = (OBSERVE, ENFORCE)
@@ -168,12 +168,16 @@ class ClassRouter:
 
     def __init__(self, settings: RouteSettings, band: Callable[[TapRequest], BandKey],
                  break_even: Callable[[str], float | None], rng: random.Random | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 figures: Callable[[TapResult], RequestSpec | None] | None = None) -> None:
         self.settings = settings
         self._band = band  # the request figures' labelling, so that both label a class alike
         self._break_even = break_even
         self._random = (rng or random.Random()).random
         self._clock = clock
+        # A response's spec-decode figures, the evidence: the recorder's (RequestRecorder.figures: none of vLLM's
+        # while they are withheld), else all that the response carries.
+        self._figures = figures or (lambda result: spec_figures(result.metrics, result.timings))
         self._enforce = settings.mode == ENFORCE
         self._classes: dict[ClassKey, _Class] = {}
         self._chars_per_token: dict[str, tuple[float, float]] = {}  # model → (characters, tokens) seen
@@ -227,7 +231,7 @@ class ClassRouter:
             if clock is not None:
                 arm.tpot_clock = arm.tpot_clock.added(clock)
             arm.e2e = arm.e2e.added(e2e)
-        figures = spec_figures(result.metrics, result.timings)
+        figures = self._figures(result)
         if figures is None or not self._is_evidence(state.routed, route.reason):
             return
         state.evidence = state.evidence.added(figures.draft_tokens, figures.accepted_tokens)
