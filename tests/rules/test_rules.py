@@ -300,7 +300,7 @@ RANGE_OR_OFFSET = re.compile(r"(?<![\w:])([a-zA-Z_][a-zA-Z0-9_:]*)(?:\{[^}]*\})?
 @pytest.mark.parametrize("profile", [None, "e2e"])
 def test_no_rule_ranges_over_raw_series(profile: str | None) -> None:
     """Two stages: no rule reads the pods' raw series over a range; only the short stage's groups read them a step
-    back (offset: their own interval, at most 1m, DESIGN.md §11); every window reads the stage's per-model records
+    back (offset: their own interval, at most 1m); every window reads the stage's per-model records
     (docs/fleet.md)."""
     cfg = monitoring_config.load(profile=profile) if profile else monitoring_config.load()
     stage_groups = {g["name"]: g["interval"] for g in stage.stage_groups(cfg)}

@@ -339,7 +339,7 @@ REQUESTS_WITHOUT_SPEC = MetricSpec(
     "specdecode_requests_without_spec_metrics", "counter",
     "Completion requests through the tap without per-request spec-decode metrics, by reason: not_enabled (start "
     "vLLM with --per-request-spec-decode-metrics summary), n_gt_1, multi_prompt, no_usage, http_error, "
-    "client_disconnected, upstream_failed, unparsable.",
+    "client_disconnected, upstream_failed, unparsable, withheld (the target declares adaptive_verification).",
     ("target", "model_name", "reason"),
 )
 REQUEST_SPEED = MetricSpec(

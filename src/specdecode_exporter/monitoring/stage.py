@@ -73,7 +73,7 @@ EVIDENCE_GROUP = STAGE_GROUPS[0]  # the page's evidence: staged as often as the 
 
 # The other groups' step: their records feed windows of 10 minutes and more, which read them at any interval (the
 # window groups' windows.evaluation_interval, a value the mixin's _config may change; this one is not, since the
-# records' arithmetic divides by it). DESIGN.md: no rule ranges over raw series for more than 1m.
+# records' arithmetic divides by it). No rule ranges over raw series for more than a minute (docs/fleet.md).
 WINDOW_STEP = "1m"
 
 
