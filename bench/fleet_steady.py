@@ -278,6 +278,8 @@ class SteadyMeasurement:
     groups_evaluated: int
     missed_iterations: int
     rule_failures: int
+    rss_mb: float = float("nan")  # Prometheus' resident memory at the end of the hold
+    heap_mb: float = float("nan")  # its Go heap in use, then
 
     def per_100(self, value: float) -> float:
         return value * 100 / self.pods
@@ -332,7 +334,9 @@ def _observe(prom: Process, page_name: str, pods: int, size: fleet.Size, reads: 
             compactions=int(compactions),
             groups_evaluated=sum(1 for t in _by_group(client, LAST_EVALUATION).values() if t > 0),
             missed_iterations=int(sum(fleet.own_metric(client, "prometheus_rule_group_iterations_missed_total"))),
-            rule_failures=int(sum(fleet.own_metric(client, "prometheus_rule_evaluation_failures_total"))))
+            rule_failures=int(sum(fleet.own_metric(client, "prometheus_rule_evaluation_failures_total"))),
+            rss_mb=sum(fleet.own_metric(client, "process_resident_memory_bytes")) / 2**20,
+            heap_mb=sum(fleet.own_metric(client, "go_memstats_heap_inuse_bytes")) / 2**20)
 
 
 def _cpu_and_compactions(client: httpx.Client) -> tuple[float, float]:
@@ -408,7 +412,8 @@ def describe(size: fleet.Size) -> str:
 STEADY_HEADER = ["pods", "page", "targets up", "history backfilled (samples)",
                  "longest window: samples per series (fewest / full)", "rule evaluation per round (all groups)",
                  "per 100 pods", "share of the interval", "slowest group", "Prometheus CPU (cores)",
-                 "compactions in the hold", "missed iterations", "rule failures", "groups evaluated"]
+                 "RSS (MB)", "heap in use (MB)", "compactions in the hold", "missed iterations", "rule failures",
+                 "groups evaluated"]
 
 
 def table_rows(result: SteadyResult) -> Iterator[list[str]]:
@@ -419,8 +424,8 @@ def table_rows(result: SteadyResult) -> Iterator[list[str]]:
                f"{1000 * m.round_s:.0f} ms", f"{m.per_100(1000 * m.round_s):.0f} ms",
                f"{100 * m.round_s / m.interval_s:.1f} %",
                f"{m.groups[0][0]} ({1000 * m.groups[0][1]:.0f} ms)" if m.groups else "—", f"{m.cpu_cores:.2f}",
-               str(m.compactions), str(m.missed_iterations), str(m.rule_failures),
-               f"{m.groups_evaluated}/{result.groups_in_file}"]
+               f"{m.rss_mb:.0f}", f"{m.heap_mb:.0f}", str(m.compactions), str(m.missed_iterations),
+               str(m.rule_failures), f"{m.groups_evaluated}/{result.groups_in_file}"]
 
 
 def group_table(result: SteadyResult) -> list[str]:
@@ -455,6 +460,7 @@ def summary(result: SteadyResult, short_hold: Sequence[fleet.Measurement] = ()) 
               f"iterations, {m.groups[0][0]} took {m.groups[0][1]:.0f} s against a {m.interval_s:g} s interval, "
               f"{m.round_s:.0f} s summed; its {m.cpu_cores:.2f} cores are what it got, not what it needed."
               for m in sidecars if m.missed_iterations > 0 and m.groups]
+    lines.append(_memory(result, sidecar, vllm))
     short = next((m for m in short_hold if m.page == fleet.SIDECAR and m.pods == sidecar.pods), None)
     if short is not None and short.rule_seconds > 0:
         lines.append(f"A fresh Prometheus' figure for the same fleet (the table above, windows nearly empty): "
@@ -474,6 +480,27 @@ def summary(result: SteadyResult, short_hold: Sequence[fleet.Measurement] = ()) 
                      "(its label sets from the pods' pages) is backfilled at its group's interval over its longest "
                      "range (RecordHistory), with the pods' raw history.")
     return lines
+
+
+def _memory(result: SteadyResult, sidecar: SteadyMeasurement, vllm: SteadyMeasurement) -> str:
+    """Prometheus' RSS and heap on the sidecar's page against vLLM's, and per 100 more pods where two fleet sizes
+    were measured (the slope: what the fleet adds, without the process' fixed memory)."""
+    line = (f"Memory at {sidecar.pods} pods: RSS {sidecar.rss_mb:.0f} MB against {vllm.rss_mb:.0f} MB on vLLM's page "
+            f"({sidecar.rss_mb / vllm.rss_mb:.2f}×), Go heap in use {sidecar.heap_mb:.0f} MB against "
+            f"{vllm.heap_mb:.0f} MB ({sidecar.heap_mb / vllm.heap_mb:.2f}×).")
+    sizes = sorted({m.pods for m in result.measurements})
+    if len(sizes) > 1:
+        small, large = sizes[0], sizes[-1]
+
+        def slope(page: str, value: Callable[[SteadyMeasurement], float]) -> float:
+            return (value(result.at(page, large)) - value(result.at(page, small))) * 100 / (large - small)
+
+        rss = slope(fleet.SIDECAR, lambda m: m.rss_mb), slope(fleet.VLLM, lambda m: m.rss_mb)
+        heap = slope(fleet.SIDECAR, lambda m: m.heap_mb), slope(fleet.VLLM, lambda m: m.heap_mb)
+        line += (f" Per 100 more pods ({small} → {large}): RSS +{rss[0]:.1f} MB against +{rss[1]:.1f} MB "
+                 f"(**{rss[0] / rss[1]:.2f}×**), heap +{heap[0]:.1f} MB against +{heap[1]:.1f} MB "
+                 f"(**{heap[0] / heap[1]:.2f}×**).")
+    return line
 
 
 def _extrapolate(kept_up: Sequence[SteadyMeasurement], vllm: SteadyMeasurement,
