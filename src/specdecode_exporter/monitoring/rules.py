@@ -122,6 +122,10 @@ def _latency_rules(cfg: MonitoringConfig) -> Iterator[Rule]:
     long_w = cfg.long_window
     yield {"record": tpot_requests_record(cfg), "expr": stage.count(cfg, "tpot_count", long_w)}
     yield {"record": tpot_buckets_record(cfg), "expr": stage.count(cfg, "tpot_bucket", long_w)}
+    # Per pod, for the tests against each pod's own baseline: recorded once a minute here, so that the alerts (every
+    # 15 s) read one sample per pod instead of its hour of stage records.
+    pod_window = cfg.sidecar_alert_window
+    yield {"record": pod_tpot_requests_record(cfg), "expr": stage.count(cfg, "pod_tpot_count", pod_window)}
 
 
 def _speedup_rules(cfg: MonitoringConfig) -> Iterator[Rule]:
@@ -135,6 +139,11 @@ def _speedup_rules(cfg: MonitoringConfig) -> Iterator[Rule]:
 
 def tpot_requests_record(cfg: MonitoringConfig) -> str:
     return record_name(cfg.alert_level, m.REQUEST_TPOT.name + "_count", f"sampled_increase{cfg.long_window}")
+
+
+def pod_tpot_requests_record(cfg: MonitoringConfig) -> str:
+    return record_name(stage.family(cfg, "pod_tpot_count").level, m.REQUEST_TPOT.name + "_count",
+                       f"sampled_increase{cfg.sidecar_alert_window}")
 
 
 def tpot_buckets_record(cfg: MonitoringConfig) -> str:
@@ -611,7 +620,7 @@ def _slower_proven_pods(cfg: MonitoringConfig, h: str) -> str:
         return f"max by ({by(pod)}) ({selector(TPOT, matchers)})"
 
     spread = TPOT_SD.format(p99=tpot("p99"), p50=tpot("p50"))
-    n = stage.count(cfg, "pod_tpot_count", w)
+    n = pod_tpot_requests_record(cfg)
     z = f"(1 - {speedup} / {h})\n* {tpot('mean')}\n/ ({spread} > 0)\n* sqrt({n})"
     return (f"{_per_pod_speedup(cfg, 'mean')} < {h}\nand on ({by(cfg.level_labels())})\n"
             f"min by ({by(cfg.level_labels())}) (\n{z}\nand on ({by(pod)})\n{n} >= "
@@ -666,8 +675,7 @@ def tail_regression(cfg: MonitoringConfig) -> Alert:
     on = f"and on ({by(cfg.level_labels())})"
     fleet = (f"{latency_record(cfg, OBSERVED, 'p99', w)} < {hurting}\n{on}\n"
              f"{latency_record(cfg, OBSERVED, 'p50', w)} > {hurting}\n{on}\n({_tail_proven_fleet(cfg, w)})")
-    tail_requests = (f"max by ({by(cfg.level_labels())}) ("
-                     f"{stage.count(cfg, 'pod_tpot_count', cfg.sidecar_alert_window)})")
+    tail_requests = f"max by ({by(cfg.level_labels())}) ({pod_tpot_requests_record(cfg)})"
     pods = (f"{_per_pod_speedup(cfg, 'p99')} < {hurting}\n{on}\n{_per_pod_speedup(cfg, 'p50')} > {hurting}\n{on}\n"
             f"{tail_requests} >= {fmt_num(cfg.statistics.min_requests / 0.01)}")
     return Alert(
