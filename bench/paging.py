@@ -1,6 +1,6 @@
 """The page over a simulated month: detection delay and false pages of SpecDecodeAcceptanceRateLow, per traffic rate.
 
-    .venv/bin/python bench/paging.py            # quick: a month of α 0.55 per rate, 10 days of drops (~3-4 min)
+    .venv/bin/python bench/paging.py            # quick: a month of α 0.55 per rate, 10 days of drops (~19 min)
     .venv/bin/python bench/paging.py --long     # three months of α 0.55 per rate, a month of drops per rate
     .venv/bin/python bench/paging.py --update-docs   # and write the table into README.md and alerts/runbook.md
 
