@@ -1,6 +1,6 @@
 """The page over a simulated month: detection delay and false pages of SpecDecodeAcceptanceRateLow, per traffic rate.
 
-    .venv/bin/python bench/paging.py            # quick: a month of α 0.55 per rate, 10 days of drops (~3-4 min)
+    .venv/bin/python bench/paging.py            # quick: a month of α 0.55 per rate, 10 days of drops (~19 min)
     .venv/bin/python bench/paging.py --long     # three months of α 0.55 per rate, a month of drops per rate
     .venv/bin/python bench/paging.py --update-docs   # and write the table into README.md and alerts/runbook.md
 
@@ -20,8 +20,10 @@ Scenarios per rate R ∈ {0.2, 1, 10, 100, 1000}:
 
 Evaluation (why this way): the samples are written as OpenMetrics and backfilled into a real TSDB with
 ``promtool tsdb create-blocks-from openmetrics``; a real Prometheus then evaluates the page's generated expression
-(``rule_groups`` of the shipped monitoring config, its recording rules substituted by their own expressions, i.e. the
-recordings evaluated at the same instant, as ``promtool test rules`` orders the groups) with ``query_range`` at the
+(``rule_groups`` of the shipped monitoring config; the stage's records, then the measured variance's from them, are
+first recorded into the TSDB at their groups' intervals with ``promtool tsdb create-blocks-from rules``, as a ruler
+writes them; the other recording rules are substituted by their own expressions, i.e. the recordings evaluated at the
+same instant, as ``promtool test rules`` orders the groups) with ``query_range`` at the
 groups' evaluation interval, and ``for:`` is applied to the result as Prometheus' rule manager does (pending at the
 first true evaluation, firing once it has held ``for:``, reset by any evaluation without it). A month of ``promtool
 test rules`` per rate would take hours; the cross-check below replays one drop through ``promtool test rules`` with
@@ -65,7 +67,6 @@ from specdecode_exporter.monitoring.promql import Scope, acceptance_ratio, rate_
 from specdecode_exporter.monitoring.rules import rule_groups  # noqa: E402
 
 Floats = npt.NDArray[np.float64]
-Rule_ = dict[str, Any]  # a rule of a rules file
 PAGE = rules.PAGE
 RATES = (0.2, 1.0, 10.0, 100.0, 1000.0)
 T0 = 1_704_067_200  # 2024-01-01T00:00:00Z: every series starts here, on the evaluation grid
@@ -388,9 +389,7 @@ def generated_page(cfg: MonitoringConfig) -> Rule:
     ``proof or (holds and ALERTS{firing})``; the two parts are evaluated apart and ALERTS is the bench's own state,
     after checking that they make up the generated expression."""
     doc = rule_groups(cfg)
-    staged = stage.record_names(cfg)  # recorded into the bench's TSDB first (record_stage), as a ruler records them
-    records = {r["record"]: r["expr"] for g in doc["groups"] for r in g["rules"]
-               if "record" in r and r["record"] not in staged}
+    records = inlined_records(cfg)
     group = next(g for g in doc["groups"] if any(r.get("alert") == PAGE for r in g["rules"]))
     rule = next(r for r in group["rules"] if r.get("alert") == PAGE)
     proof, holds = rules.page_proof(cfg), rules.page_holds(cfg)
@@ -401,28 +400,72 @@ def generated_page(cfg: MonitoringConfig) -> Rule:
                 max(duration_seconds(w) for w in cfg.statistics.page_windows), inline_records(holds, records))
 
 
-def record_stage(promtool: str, url: str, cfg: MonitoringConfig, workdir: Path, data: Path, days: float) -> None:
-    """The short stage's records over the whole span, as the ruler would have written them (its groups at their
-    interval, through `promtool tsdb create-blocks-from rules` against the Prometheus on the raw samples), moved into
-    ``data``; Prometheus must be restarted to read them."""
+def recorded_passes(cfg: MonitoringConfig) -> list[tuple[str, list[dict[str, Any]]]]:
+    """The groups whose records the bench writes into its TSDB before evaluating the page, in the order a ruler's
+    groups read each other's: the stage (from the raw samples), then the group of the page's measured variance (from
+    the stage). Inlined, the variance's hour of stage records, read at every 15 s of a month in each page window, took
+    Prometheus hours; recorded at its group's interval it is one series read back, as the ruler's page reads it."""
+    bound = rules.variance_record(cfg, "bound")
+    variance = [g for g in rule_groups(cfg)["groups"] if any(r.get("record") == bound for r in g["rules"])]
+    return [("stage", stage.stage_groups(cfg)), ("variance", variance)]
+
+
+def recorded_names(cfg: MonitoringConfig) -> set[str]:
+    """Every record of recorded_passes: read from the TSDB, never inlined."""
+    return {r["record"] for _, groups in recorded_passes(cfg) for g in groups for r in g["rules"] if "record" in r}
+
+
+def inlined_records(cfg: MonitoringConfig) -> dict[str, str]:
+    """The other records, by name: their expressions replace them where an evaluated expression reads them."""
+    recorded = recorded_names(cfg)
+    return {r["record"]: r["expr"] for g in rule_groups(cfg)["groups"] for r in g["rules"]
+            if "record" in r and r["record"] not in recorded}
+
+
+def _reads(expr: str, name: str) -> bool:
+    return re.search(rf"(?<![\w:]){re.escape(name)}(?![\w:])", expr) is not None
+
+
+def passes_read(cfg: MonitoringConfig, read: str) -> list[tuple[str, list[dict[str, Any]]]]:
+    """recorded_passes cut to the records that ``read`` (the evaluated expressions) reads, directly or through a
+    later pass's records; the records of no pass inlined (a pass reads only the TSDB and the passes before it)."""
+    inlined = inlined_records(cfg)
+    out: list[tuple[str, list[dict[str, Any]]]] = []
+    for name, groups in reversed(recorded_passes(cfg)):
+        kept = [{**g, "rules": [{**r, "expr": inline_records(r["expr"], inlined)} for r in g["rules"]
+                                if "record" in r and _reads(read, r["record"])]} for g in groups]
+        kept = [g for g in kept if g["rules"]]
+        read += "\n" + "\n".join(r["expr"] for g in kept for r in g["rules"])
+        out.insert(0, (name, kept))
+    return out
+
+
+def record_passes(promtool: str, prometheus: str, cfg: MonitoringConfig, workdir: Path, data: Path, days: float,
+                  read: str, seconds: dict[str, float]) -> None:
+    """The records ``read`` needs (passes_read) over the whole span, as the ruler would have written them: each pass's
+    groups at their interval through `promtool tsdb create-blocks-from rules` against a Prometheus on ``data`` as the
+    passes before left it, the blocks moved into ``data``; Prometheus must be restarted to read the last pass."""
     from specdecode_exporter.monitoring.build import dump_yaml
 
-    stage_rules, out = workdir / "stage.rules.yaml", workdir / "stage-blocks"
-    page = generated_page(cfg)  # only the stage's records the page reads: the rest is not paged on
-    read = "\n".join(page.expressions)
-    def reads(rule: Rule_) -> bool:
-        return re.search(rf"(?<![\w:]){re.escape(rule['record'])}(?![\w:])", read) is not None
-
-    groups = [{**g, "rules": [r for r in g["rules"] if reads(r)]} for g in stage.stage_groups(cfg)]
-    stage_rules.write_text(dump_yaml({"groups": [g for g in groups if g["rules"]]}))
-    proc = subprocess.run([promtool, "tsdb", "create-blocks-from", "rules", "--quiet", f"--url={url}",
-                           f"--start={T0}", f"--end={T0 + int(days * DAY)}", f"--output-dir={out}",
-                           str(stage_rules)], capture_output=True, text=True, timeout=3600, check=False)
-    if proc.returncode != 0:
-        raise RuntimeError(f"promtool create-blocks-from rules failed: {proc.stderr[-2000:]}")
-    for block in out.iterdir():
-        if block.is_dir():
-            shutil.move(str(block), str(data / block.name))
+    for name, groups in passes_read(cfg, read):
+        if not groups:
+            continue
+        t = time.perf_counter()
+        pass_rules, out = workdir / f"{name}.rules.yaml", workdir / f"{name}-blocks"
+        pass_rules.write_text(dump_yaml({"groups": groups}))
+        proc = start_prometheus(prometheus, workdir, data)
+        try:
+            done = subprocess.run([promtool, "tsdb", "create-blocks-from", "rules", "--quiet", f"--url={proc.url}",
+                                   f"--start={T0}", f"--end={T0 + int(days * DAY)}", f"--output-dir={out}",
+                                   str(pass_rules)], capture_output=True, text=True, timeout=3600, check=False)
+        finally:
+            proc.stop()
+        if done.returncode != 0:
+            raise RuntimeError(f"promtool create-blocks-from rules ({name}) failed: {done.stderr[-2000:]}")
+        for block in out.iterdir():
+            if block.is_dir():
+                shutil.move(str(block), str(data / block.name))
+        seconds[name] = time.perf_counter() - t
 
 
 def baseline_page(step_s: float) -> Rule:
@@ -636,14 +679,9 @@ def _evaluate(checked: Sequence[Rule], scens: Sequence[Scenario], series: dict[s
     backfill(promtool, workdir / "samples.om", workdir / "tsdb")
     (workdir / "samples.om").unlink()
     seconds["backfill"] = time.perf_counter() - t
-    t = time.perf_counter()
     days, empty, out = max(s.days for s in scens), np.zeros(0), []
-    proc = start_prometheus(prometheus, workdir, workdir / "tsdb")
-    try:
-        record_stage(promtool, proc.url, cfg, workdir, workdir / "tsdb", days)
-    finally:
-        proc.stop()
-    seconds["stage"] = time.perf_counter() - t
+    record_passes(promtool, prometheus, cfg, workdir, workdir / "tsdb", days,
+                  "\n".join(e for rule in checked for e in rule.expressions), seconds)
     t = time.perf_counter()
     proc = start_prometheus(prometheus, workdir, workdir / "tsdb")
     try:

@@ -11,12 +11,13 @@ the request tap's counters simulated too: per pod the requests, Σ D, Σ A, Σ D
 
 Two pages are evaluated on the same samples:
 
-* **fixed bound**: the generated page as shipped, whose variance per drafted token is the monitoring config's bound
+* **fixed bound**: the generated page as it reads where no per-request data arrives (its measured variance's record
+  taken out), whose variance per drafted token is the monitoring config's bound
   k̄(¼ − s²) + m·s² with s = 0.2, m = 30 (≈ 1.83 at k̄ = 3), whatever the traffic;
 * **measured v**: the same page (windows, bars, vetoes, hysteresis unchanged), its variance replaced by the upper
   bound of v measured over the last ``--variance-window`` of the tap's sums of all pods (never below α̂(1 − α̂)),
   the configured bound where that window holds fewer than statistics.min_requests requests: what
-  ``monitoring.variance.page_variance`` computes, and how the page rule will read it once the two-stage rules land.
+  ``monitoring.variance.page_variance`` computes, and what the rules' record of it gives the page.
 
 Evaluating the builder's expression inline (six increase() over an hour, each read many times, in each of the five
 page windows) at every 15 s of a month takes Prometheus hours, so the bench computes the measured variance at each
@@ -73,9 +74,8 @@ from specdecode_exporter.core import metrics as m  # noqa: E402
 from specdecode_exporter.core.dispersion import Moments  # noqa: E402
 from specdecode_exporter.core.monitoring_config import MonitoringConfig  # noqa: E402
 from specdecode_exporter.core.validation import duration_seconds  # noqa: E402
-from specdecode_exporter.monitoring import rules, stage, variance  # noqa: E402
+from specdecode_exporter.monitoring import rules, variance  # noqa: E402
 from specdecode_exporter.monitoring.promql import by, fmt_num, record_name  # noqa: E402
-from specdecode_exporter.monitoring.rules import rule_groups  # noqa: E402
 
 RATE = 10.0
 Floats = npt.NDArray[np.float64]
@@ -105,26 +105,34 @@ def measured_bound(cfg: MonitoringConfig, variance_window: str, offset: str | No
 VARIANCE_SERIES = "bench_page_variance_per_draft_token"  # the measured bound, computed by the bench (docstring)
 
 
-def measured_page(cfg: MonitoringConfig) -> Rule:
-    """The generated page with each window's configured variance replaced by the measured one (the bench's series of
-    it, else the configured variance)."""
+def _page_variance(cfg: MonitoringConfig, name: str, variance_over: Callable[[str], str]) -> Rule:
+    """The generated page with each window's variance (the rules' measured bound, else the configured one) replaced
+    by ``variance_over(window)``; everything else unchanged."""
     fixed = generated_page(cfg)
     proof = rules.page_proof(cfg)
-    labels = by(cfg.level_labels())
-    # The rules read the measured bound's record (rules.variance_record) where it exists: here the bench's series.
+    # The rules read the measured bound's record (rules.variance_record) where it exists.
     rule_bound = rules.variance_record(cfg, "bound")
     for window in cfg.statistics.page_windows:
         old = f"/ ({rule_bound}\nor\n{configured_variance(cfg, window)}))"
         if proof.count(old) != 1:
             raise RuntimeError(f"the page's variance over {window} is not where the bench expects it: update it")
-        measured = f"max by ({labels}) ({VARIANCE_SERIES})\nor\n{configured_variance(cfg, window)}"
-        proof = proof.replace(old, f"/ ({measured}))")
-    doc = rule_groups(cfg)
-    staged = stage.record_names(cfg)  # recorded into the bench's TSDB first (paging.record_stage)
-    records = {r["record"]: r["expr"] for g in doc["groups"] for r in g["rules"]
-               if "record" in r and r["record"] not in staged}
-    return Rule("measured", inline_records(proof, records), fixed.hold_s, fixed.step_s, fixed.longest_window_s,
-                fixed.holds)
+        proof = proof.replace(old, f"/ ({variance_over(window)}))")
+    # The stage's records are recorded into the bench's TSDB first (paging.record_passes); the rest inlined.
+    return Rule(name, inline_records(proof, paging.inlined_records(cfg)), fixed.hold_s, fixed.step_s,
+                fixed.longest_window_s, fixed.holds)
+
+
+def measured_page(cfg: MonitoringConfig) -> Rule:
+    """The generated page with each window's variance the bench's series of the measured bound, else the configured
+    variance."""
+    labels = by(cfg.level_labels())
+    return _page_variance(cfg, "measured",
+                          lambda w: f"max by ({labels}) ({VARIANCE_SERIES})\nor\n{configured_variance(cfg, w)}")
+
+
+def fixed_page(cfg: MonitoringConfig) -> Rule:
+    """The generated page with the configured variance only: the page where no per-request data arrives."""
+    return _page_variance(cfg, "fixed", lambda w: configured_variance(cfg, w))
 
 
 def running_count(values: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
@@ -231,6 +239,8 @@ def evaluate(rules_: list[Rule], series: dict[str, list[PodSeries]], variances: 
     append_gauge(workdir / "samples.om", VARIANCE_SERIES, variances)
     paging.backfill(promtool, workdir / "samples.om", workdir / "tsdb")
     (workdir / "samples.om").unlink()
+    paging.record_passes(promtool, prometheus, monitoring_config.shipped(), workdir, workdir / "tsdb", days,
+                         "\n".join(e for rule in rules_ for e in rule.expressions), {})
     proc = paging.start_prometheus(prometheus, workdir, workdir / "tsdb")
     empty, out = np.zeros(0), []
     try:
@@ -277,7 +287,7 @@ def run(sds: list[float], month_days: float, drop_days: float, variance_window: 
         for scenario in (case.month, case.drops):
             series[case.model(scenario)] = [paging.simulate_pod(scenario, pod, traffic, rng)
                                             for pod in range(traffic.pods)]
-    fixed, measured = generated_page(cfg), measured_page(cfg)
+    fixed, measured = fixed_page(cfg), measured_page(cfg)
     seconds = duration_seconds(variance_window)
     offset_s = duration_seconds(offset) if offset else 0.0
     variances = {name: variance_series(pods, max(month_days, drop_days), fixed.step_s, seconds,

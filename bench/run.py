@@ -5,7 +5,7 @@
     .venv/bin/python bench/run.py --only collect,render
     .venv/bin/python bench/run.py --only tap           # the request tap alone (~2 minutes); --long: 64 and 256
                                                        # streams, every relay; --smoke: 4 streams, figures meaningless
-    .venv/bin/python bench/run.py --only paging        # the page over a simulated month (~4 minutes; --long: 3
+    .venv/bin/python bench/run.py --only paging        # the page over a simulated month (~19 minutes; --long: 3
                                                        # months of α 0.55 and a month of drops per rate)
     .venv/bin/python bench/run.py --only fleet         # 100, 500, 1000 simulated pods through one real Prometheus,
                                                        # the sidecar's page against vLLM's own (also: python -m

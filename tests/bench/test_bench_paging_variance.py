@@ -11,6 +11,7 @@ from bench import paging, paging_variance
 from specdecode_exporter.core import dispersion, monitoring_config
 from specdecode_exporter.core import metrics as m
 from specdecode_exporter.core.dispersion import Moments
+from specdecode_exporter.monitoring import rules
 
 
 def test_the_tap_s_sums_have_the_traffic_s_moments() -> None:
@@ -66,3 +67,20 @@ def test_the_series_is_core_dispersion_s_bound_over_the_window() -> None:
                      for name in (spec.exposed_name for spec in paging_variance.SUMS)))
     assert found[i] > 0.25
     assert found[i] == pytest.approx(dispersion.page_variance(sums, 20, 0.0).value)
+
+
+def test_the_fixed_page_reads_no_measured_variance_and_the_generated_page_reads_it_recorded() -> None:
+    """The bench's fixed page is the page without per-request data; the generated page reads the rules' measured
+    bound as a recorded series (paging.record_passes writes it after the stage), never inlined."""
+    cfg = monitoring_config.shipped()
+    bound = rules.variance_record(cfg, "bound")
+    assert bound not in paging_variance.fixed_page(cfg).expr
+    assert paging.generated_page(cfg).expr.count(bound) == len(cfg.statistics.page_windows)
+    assert bound in paging.recorded_names(cfg) and bound not in paging.inlined_records(cfg)
+    page = paging.generated_page(cfg)
+    passes = dict(paging.passes_read(cfg, "\n".join(page.expressions)))
+    [variance_group] = passes["variance"]
+    assert [r["record"] for r in variance_group["rules"]] == [bound]
+    # The stage records what the bound reads (the tap's sums) besides what the page reads itself.
+    staged = {r["record"] for g in passes["stage"] for r in g["rules"]}
+    assert any(name in variance_group["rules"][0]["expr"] for name in staged - {r for r in staged if r in page.expr})
