@@ -188,9 +188,12 @@ def write_rules(out: Path) -> None:
 
 def write_shipped_rules(out: Path, recordings_only: bool = False) -> Path:
     """The shipped rules (the default config) for a ruler that runs a minute or two: their window groups at the
-    ruler's own interval instead of their shipped windows.evaluation_interval (1m), so that every group evaluates
-    within the run; with ``recordings_only``, the recording groups alone."""
-    cfg = with_value(monitoring_config.shipped(), "windows.evaluation_interval", None)
+    ruler's own interval instead of their shipped windows.evaluation_interval (1m), and the whole short stage at the
+    page's step instead of windows.stage_interval (1m), so that every group evaluates within the run; with
+    ``recordings_only``, the recording groups alone."""
+    shipped = monitoring_config.shipped()
+    cfg = with_value(with_value(shipped, "windows.evaluation_interval", None), "windows.stage_interval",
+                     shipped.statistics.evaluation_interval)
     out.write_text(dump_yaml({"groups": recording_groups(cfg)} if recordings_only else rule_groups(cfg)),
                    encoding="utf-8")
     return out

@@ -320,7 +320,7 @@ def test_every_group_carries_its_own_interval() -> None:
     """The rules cost the same whatever the ruler's global interval: the short stage, the page's evidence and the
     alerts every
     statistics.evaluation_interval (their budgets count evaluations), the window records and the rest of the stage
-    every minute (windows.evaluation_interval, stage.WINDOW_STEP: a quarter of the ruler's CPU at a 15 s global
+    every minute (windows.evaluation_interval, windows.stage_interval: a quarter of the ruler's CPU at a 15 s global
     interval, bench.fleet_steady); emptied, the window groups fall back to the ruler's default."""
     cfg = monitoring_config.load()
     budgeted = ({rules.evidence_group(w) for w in rules.tested_windows(cfg)} | {"specdecode.alerts"}

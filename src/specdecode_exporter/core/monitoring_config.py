@@ -96,11 +96,17 @@ class Windows(Section):
     # How often the ruler evaluates the window records (not the page's and the alerts': statistics.evaluation_interval);
     # None: the ruler's own default.
     evaluation_interval: PromDuration | None = None
+    # The step of the short stage's groups other than the page's evidence (at most 1m: no rule ranges over raw
+    # series for longer); the page's evidence is staged every statistics.evaluation_interval.
+    stage_interval: PromDuration = "1m"
 
     def cross_check(self, context: Context) -> Windows:
         for key in ("verdict", "sidecar_alert"):
             if getattr(self, key) not in self.sidecar:
                 raise fail(f"{getattr(self, key)} is not one of windows.sidecar", key)
+        if validation.duration_seconds(self.stage_interval) > 60:
+            raise fail(f"expected at most 1m (the stage reads raw series a step back), got {self.stage_interval}",
+                       "stage_interval")
         return self
 
 

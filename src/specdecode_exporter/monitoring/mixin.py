@@ -90,6 +90,7 @@ BAKED = {
     "statistics.request_acceptance_sd": "the tests' variance per drafted token, worked out at build time",
     "statistics.min_requests": "the tests' minimum evidence, worked out at build time",
     "statistics.evaluation_interval": "the tests' bars count its evaluations (core.evidence)",
+    "windows.stage_interval": "the stage's records are increases over it, and the windows divide by it",
     "statistics.page_windows": "which page windows and recording rules exist; their bars (core.evidence)",
     "statistics.page_budget_shares": "the page's bars are worked out from them (core.evidence)",
     "statistics.page_margin": "the page's null α, where its bars hold",

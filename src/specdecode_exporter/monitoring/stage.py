@@ -12,7 +12,7 @@ stage reads, whatever the scrape interval.
 Two steps. The page's evidence (drafted and accepted tokens, drafts, collection errors) is staged at
 ``statistics.evaluation_interval`` (15 s): the page's budgets and delays count its evaluations. Everything else
 (histograms, per-request and band counters, latency, positions, routing) feeds windows of 10 minutes and more and is
-staged every minute (WINDOW_STEP): a quarter of the raw reads, and most of the stage's series.
+staged every ``windows.stage_interval`` (1m): a quarter of the raw reads, and most of the stage's series.
 
 Every longer window is built from those per-model records: the count a window holds is the sum of its records
 (exactly what the samples saw, each scrape's increment once: the page's evidence), its rate their mean over the
@@ -71,15 +71,11 @@ STAGE_GROUPS = ("page", "acceptance", "latency", "requests", "series")
 EVIDENCE_GROUP = STAGE_GROUPS[0]  # the page's evidence: staged as often as the page's tests evaluate
 
 
-# The other groups' step: their records feed windows of 10 minutes and more, which read them at any interval (the
-# window groups' windows.evaluation_interval, a value the mixin's _config may change; this one is not, since the
-# records' arithmetic divides by it). No rule ranges over raw series for more than a minute (docs/fleet.md).
-WINDOW_STEP = "1m"
-
-
 def step(cfg: MonitoringConfig, group: str) -> str:
-    """How often ``group`` is evaluated, and the span of each of its records' increases."""
-    return cfg.statistics.evaluation_interval if group == EVIDENCE_GROUP else WINDOW_STEP
+    """How often ``group`` is evaluated, and the span of each of its records' increases: the page's evidence every
+    statistics.evaluation_interval, the others every windows.stage_interval (1m; a value the mixin's _config does
+    not change, since the records' arithmetic divides by it)."""
+    return cfg.statistics.evaluation_interval if group == EVIDENCE_GROUP else cfg.windows.stage_interval
 
 
 def _expr(cfg: MonitoringConfig, s: Staged) -> str:
