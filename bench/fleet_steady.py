@@ -95,13 +95,18 @@ def rule_reads(rules_yaml: str, page_names: frozenset[str]) -> RuleReads:
                 longest = duration_s(window) + duration_s(offset or "")
                 selector = f"{name}[{window}]" + (f" offset {offset}" if offset else "")
     proof, proof_s, proof_step = selector, longest, None
-    steps = {rule["record"]: duration_s(group.get("interval") or "1m")
-             for group in yaml.safe_load(rules_yaml)["groups"] for rule in group["rules"] if "record" in rule}
+    steps = record_intervals(rules_yaml)
     for record in records:
         if (" offset " not in record and not record.startswith(stage.CLOCK)  # a clock per stage group: not one series
                 and (span := duration_s(record.split("[", 1)[1])) > proof_s):
             proof, proof_s, proof_step = record, span, steps[record.split("[", 1)[0]]
     return RuleReads(names, longest, selector, proof, proof_s, proof_step, tuple(sorted(records)))
+
+
+def record_intervals(rules_yaml: str) -> dict[str, float]:
+    """Each record's group interval in seconds (a group without one: the ruler's default, 1m)."""
+    return {rule["record"]: duration_s(group.get("interval") or "1m")
+            for group in yaml.safe_load(rules_yaml)["groups"] for rule in group["rules"] if "record" in rule}
 
 
 def sample_names(page: fleet.MovingPage) -> frozenset[str]:
@@ -173,8 +178,7 @@ class RecordHistory:
         for match in RANGE.finditer(rules_yaml):  # each record over the longest range a rule reads it
             span = duration_s(match.group(2)) + duration_s(match.group(3) or "")
             reads[match.group(1)] = max(span, reads.get(match.group(1), 0.0))
-        intervals = {rule["record"]: duration_s(group.get("interval") or "1m")
-                     for group in yaml.safe_load(rules_yaml)["groups"] for rule in group["rules"] if "record" in rule}
+        intervals = record_intervals(rules_yaml)
         pages = [[(prefix.split("{", 1)[0], dict(LABEL.findall(prefix.replace(page.model_label, page.model_label[:-1]
                                                                           + f'-{pod % fleet.MODELS}"'))))
                   for prefix, value, _ in page.lines if value is not None] for pod in range(pods)]
@@ -192,9 +196,8 @@ class RecordHistory:
                             int(intervals[name]), reads[name])
         staged_any = bool(series)  # vLLM's own page gives the stage nothing to record but its clock
         if stage.CLOCK in reads:  # one series per stage group, whatever the fleet
-            for group in stage.stage_groups(cfg):
-                series[stage.clock(group["name"].rsplit(".", 1)[1]).replace(" ", "")] = (
-                    int(duration_s(group["interval"])), reads[stage.CLOCK])
+            for group in stage.STAGE_GROUPS:
+                series[stage.clock(group)] = (int(duration_s(stage.step(cfg, group))), reads[stage.CLOCK])
         for name, rng in reads.items():  # the baseline's: per model, from the window groups
             if staged_any and ":" in name and name not in {s.split("{", 1)[0] for s in series} and name in intervals:
                 for model in range(min(pods, fleet.MODELS)):
