@@ -283,6 +283,7 @@ class SteadyMeasurement:
     rule_failures: int
     rss_mb: float = float("nan")  # Prometheus' resident memory at the end of the hold
     heap_mb: float = float("nan")  # its Go heap in use, then
+    rules: bool = True  # False: the page scraped alone, no rule file (what scraping it costs)
 
     def per_100(self, value: float) -> float:
         return value * 100 / self.pods
@@ -292,46 +293,57 @@ class SteadyMeasurement:
 
 
 def measure(page_name: str, page: fleet.MovingPage, pods: int, size: fleet.Size, reads: RuleReads,
-            workdir: Path) -> SteadyMeasurement:
+            workdir: Path, *, rules: bool = True) -> SteadyMeasurement:
+    """One Prometheus on ``pods`` pods of ``page``: with the rules on backfilled full windows, or (``rules`` False)
+    the page scraped alone, nothing backfilled, which is what scraping it costs."""
     binary = prometheus_binary()
     if binary is None:
         raise RuntimeError("prometheus not found: run scripts/install-tools.sh (Debian package prometheus)")
     run_dir = Path(tempfile.mkdtemp(prefix=f"steady-{page_name}-{pods}-", dir=workdir))
     step = int(size.interval_s)
     origin = int(time.time() - reads.longest_s) - 2 * step  # the window is full at the first evaluation
-    history = History(page, reads.names, fleet.JOBS[page_name], pods, origin, step)
-    records = RecordHistory.of(page, fleet.JOBS[page_name], pods, fleet.RULES.read_text(encoding="utf-8"),
-                               int(time.time()))
-    samples = backfill_records(records, run_dir / "tsdb", run_dir) + backfill(history, run_dir / "tsdb", run_dir)
+    samples = 0
+    if rules:
+        history = History(page, reads.names, fleet.JOBS[page_name], pods, origin, step)
+        records = RecordHistory.of(page, fleet.JOBS[page_name], pods, fleet.RULES.read_text(encoding="utf-8"),
+                                   int(time.time()))
+        samples = (backfill_records(records, run_dir / "tsdb", run_dir)
+                   + backfill(history, run_dir / "tsdb", run_dir))
     with fleet.PodServer(page, origin) as server:
         config = fleet.prometheus_config(f"127.0.0.1:{server.port}", fleet.JOBS[page_name], pods, size.interval_s,
                                          size.rules(run_dir / "rules.yaml"))
+        if not rules:
+            config["rule_files"] = []
         (run_dir / "prometheus.yml").write_text(yaml.safe_dump(config), encoding="utf-8")
         prom = start_process("prometheus", lambda port: [
             binary, f"--config.file={run_dir / 'prometheus.yml'}", f"--storage.tsdb.path={run_dir / 'tsdb'}",
             f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"], run_dir, "/-/ready", timeout=120)
         try:
-            return _observe(prom, page_name, pods, size, reads, samples)
+            return _observe(prom, page_name, pods, size, reads if rules else None, samples)
         finally:
             prom.stop()
 
 
-def _observe(prom: Process, page_name: str, pods: int, size: fleet.Size, reads: RuleReads,
+def _observe(prom: Process, page_name: str, pods: int, size: fleet.Size, reads: RuleReads | None,
              history_samples: int) -> SteadyMeasurement:
+    """``reads`` None: no rules were loaded."""
     with httpx.Client(base_url=prom.url, timeout=120, trust_env=False) as client:
         fleet.wait_until(lambda: fleet.scalar(client, "count(up)") >= pods, 3 * size.interval_s + fleet.UP_WAIT_S)
+        if history_samples and size.hold_s >= SETTLE_QUIET_S:  # a shorter hold (the smoke) measures nothing
+            _settle(client)
         before, started = _cpu_and_compactions(client), time.monotonic()
         rounds = _group_rounds(client, size, since=time.time())
         cpu, compactions = (after - first for after, first in zip(_cpu_and_compactions(client), before, strict=True))
         cpu_cores = cpu / (time.monotonic() - started)
         per_group = {group.rsplit(";", 1)[-1]: statistics.median(r[group] for r in rounds)
                      for group in rounds[-1]} if rounds else {}
-        window = (fleet.scalar(client, f"min(count_over_time({reads.proof_selector}))") if reads.proof_selector
-                  else float("nan"))
+        window = (fleet.scalar(client, f"min(count_over_time({reads.proof_selector}))")
+                  if reads is not None and reads.proof_selector else float("nan"))
         return SteadyMeasurement(
             page=page_name, pods=pods, interval_s=size.interval_s,
             targets_up=int(fleet.scalar(client, "count(up == 1)")), history_samples=history_samples,
-            window_samples=window, window_expected=int(reads.proof_s // (reads.proof_step_s or size.interval_s)),
+            window_samples=window,
+            window_expected=int(reads.proof_s // (reads.proof_step_s or size.interval_s)) if reads else 0,
             round_s=statistics.median(sum(r.values()) for r in rounds) if rounds else float("nan"),
             groups=tuple(sorted(per_group.items(), key=lambda item: -item[1])), cpu_cores=cpu_cores,
             compactions=int(compactions),
@@ -339,7 +351,23 @@ def _observe(prom: Process, page_name: str, pods: int, size: fleet.Size, reads: 
             missed_iterations=int(sum(fleet.own_metric(client, "prometheus_rule_group_iterations_missed_total"))),
             rule_failures=int(sum(fleet.own_metric(client, "prometheus_rule_evaluation_failures_total"))),
             rss_mb=sum(fleet.own_metric(client, "process_resident_memory_bytes")) / 2**20,
-            heap_mb=sum(fleet.own_metric(client, "go_memstats_heap_inuse_bytes")) / 2**20)
+            heap_mb=sum(fleet.own_metric(client, "go_memstats_heap_inuse_bytes")) / 2**20, rules=reads is not None)
+
+
+SETTLE_QUIET_S = 70.0  # Prometheus plans compactions once a minute: one whole tick without one
+SETTLE_MAX_S = 360.0
+
+
+def _settle(client: httpx.Client) -> None:
+    """Wait until the TSDB stops compacting the backfilled blocks (overlapping blocks from several promtool runs are
+    merged in the first minutes): their CPU and memory are the backfill's, not the rules', and would be counted in
+    the hold otherwise. At most SETTLE_MAX_S; the hold still counts any compaction after it."""
+    started = time.monotonic()
+    last, quiet_since = _cpu_and_compactions(client)[1], time.monotonic()
+    while time.monotonic() - started < SETTLE_MAX_S and time.monotonic() - quiet_since < SETTLE_QUIET_S:
+        time.sleep(5)
+        if (now := _cpu_and_compactions(client)[1]) != last:
+            last, quiet_since = now, time.monotonic()
 
 
 def _cpu_and_compactions(client: httpx.Client) -> tuple[float, float]:
@@ -386,8 +414,17 @@ class SteadyResult:
     reads: RuleReads  # of the sidecar's page
     groups_in_file: int
 
-    def at(self, page: str, pods: int) -> SteadyMeasurement:
-        return next(m for m in self.measurements if m.page == page and m.pods == pods)
+    def at(self, page: str, pods: int, rules: bool = True) -> SteadyMeasurement:
+        return next(m for m in self.measurements if m.page == page and m.pods == pods and m.rules == rules)
+
+    def alone(self, page: str, pods: int) -> SteadyMeasurement | None:
+        """The page scraped without the rules, where it was measured."""
+        return next((m for m in self.measurements if m.page == page and m.pods == pods and not m.rules), None)
+
+
+NO_RULES = ", no rules"  # a row's page column where the page was scraped alone
+# Each page alone (what scraping it costs), then with the rules: the rules' own cost is the difference.
+RUNS = ((fleet.VLLM, False), (fleet.VLLM, True), (fleet.SIDECAR, False), (fleet.SIDECAR, True))
 
 
 def run(size: fleet.Size, log: Callable[[str], None] = print) -> SteadyResult:
@@ -398,11 +435,12 @@ def run(size: fleet.Size, log: Callable[[str], None] = print) -> SteadyResult:
                  fleet.VLLM: fleet.MovingPage.parse(fleet.VLLM_PAGE.read_text(encoding="utf-8"))}
         measurements: list[SteadyMeasurement] = []
         for pods in size.pods:
-            for name in (fleet.VLLM, fleet.SIDECAR):  # the baseline first, the same machine minutes apart
+            for name, with_rules in RUNS:  # the baselines first, the same machine minutes apart
                 started = time.perf_counter()
                 reads = rule_reads(rules, sample_names(pages[name]))
-                measurements.append(measure(name, pages[name], pods, size, reads, workdir))
-                log(f"fleet steady: {name} × {pods} pods measured in {time.perf_counter() - started:.0f} s")
+                measurements.append(measure(name, pages[name], pods, size, reads, workdir, rules=with_rules))
+                log(f"fleet steady: {name} × {pods} pods{'' if with_rules else NO_RULES} measured in "
+                    f"{time.perf_counter() - started:.0f} s")
     return SteadyResult(size, tuple(measurements), rule_reads(rules, sample_names(pages[fleet.SIDECAR])),
                         fleet.rule_groups_in_file())
 
@@ -423,10 +461,10 @@ def table_rows(result: SteadyResult) -> Iterator[list[str]]:
     for m in result.measurements:
         window = ("— (none read)" if math.isnan(m.window_samples)
                   else f"{m.window_samples:.0f} / {m.window_expected}")
-        yield [str(m.pods), m.page, str(m.targets_up), str(m.history_samples), window,
+        yield [str(m.pods), m.page + ("" if m.rules else NO_RULES), str(m.targets_up), str(m.history_samples), window,
                f"{1000 * m.round_s:.0f} ms", f"{m.per_100(1000 * m.round_s):.0f} ms",
                f"{100 * m.round_s / m.interval_s:.1f} %",
-               f"{m.groups[0][0]} ({1000 * m.groups[0][1]:.0f} ms)" if m.groups else "—", f"{m.cpu_cores:.2f}",
+               f"{m.groups[0][0]} ({1000 * m.groups[0][1]:.0f} ms)" if m.groups else "—", f"{m.cpu_cores:.3f}",
                f"{m.rss_mb:.0f}", f"{m.heap_mb:.0f}", str(m.compactions), str(m.missed_iterations),
                str(m.rule_failures), f"{m.groups_evaluated}/{result.groups_in_file}"]
 
@@ -444,7 +482,7 @@ def group_table(result: SteadyResult) -> list[str]:
 def summary(result: SteadyResult, short_hold: Sequence[fleet.Measurement] = ()) -> list[str]:
     """The figures at the largest fleet whose Prometheus kept up (no missed iterations), the fleets it did not keep
     up with, what the fresh-Prometheus figure missed, and a larger fleet extrapolated (said so)."""
-    sidecars = sorted((m for m in result.measurements if m.page == fleet.SIDECAR), key=lambda m: m.pods)
+    sidecars = sorted((m for m in result.measurements if m.page == fleet.SIDECAR and m.rules), key=lambda m: m.pods)
     if not sidecars:
         return ["No steady-state fleet was measured."]
     kept_up = [m for m in sidecars if m.missed_iterations == 0] or sidecars[:1]
@@ -463,6 +501,7 @@ def summary(result: SteadyResult, short_hold: Sequence[fleet.Measurement] = ()) 
               f"iterations, {m.groups[0][0]} took {m.groups[0][1]:.0f} s against a {m.interval_s:g} s interval, "
               f"{m.round_s:.0f} s summed; its {m.cpu_cores:.2f} cores are what it got, not what it needed."
               for m in sidecars if m.missed_iterations > 0 and m.groups]
+    lines += _rules_alone(result, sidecar)
     lines.append(_memory(result, sidecar, vllm))
     short = next((m for m in short_hold if m.page == fleet.SIDECAR and m.pods == sidecar.pods), None)
     if short is not None and short.rule_seconds > 0:
@@ -483,6 +522,20 @@ def summary(result: SteadyResult, short_hold: Sequence[fleet.Measurement] = ()) 
                      "(its label sets from the pods' pages) is backfilled at its group's interval over its longest "
                      "range (RecordHistory), with the pods' raw history.")
     return lines
+
+
+def _rules_alone(result: SteadyResult, sidecar: SteadyMeasurement) -> list[str]:
+    """The rules' own cost: the sidecar's page with the rules less the same page scraped alone, against what scraping
+    vLLM's page costs alone (issue 35's figure: in production both pages are scraped)."""
+    vllm_alone, sidecar_alone = result.alone(fleet.VLLM, sidecar.pods), result.alone(fleet.SIDECAR, sidecar.pods)
+    if vllm_alone is None or sidecar_alone is None:
+        return []
+    rules_cpu, rules_heap = sidecar.cpu_cores - sidecar_alone.cpu_cores, sidecar.heap_mb - sidecar_alone.heap_mb
+    return [f"Each page scraped alone, no rules: vLLM's {vllm_alone.cpu_cores:.3f} cores, the sidecar's "
+            f"{sidecar_alone.cpu_cores:.3f}. The rules' own CPU (the sidecar's page with them, less without): "
+            f"**{rules_cpu:.3f} cores, {_ratio(rules_cpu, vllm_alone.cpu_cores)} what scraping vLLM's page costs**. "
+            f"Their heap: {rules_heap:+.0f} MB, against {vllm_alone.heap_mb:.0f} MB for vLLM's page alone (the "
+            "process' fixed heap included)."]
 
 
 def _memory(result: SteadyResult, sidecar: SteadyMeasurement, vllm: SteadyMeasurement) -> str:
@@ -517,6 +570,10 @@ def _extrapolate(kept_up: Sequence[SteadyMeasurement], vllm: SteadyMeasurement,
     else:
         per_100 = (value(last) - value(vllm)) * 100 / last.pods
     return per_100, value(last) + per_100 * (1000 - last.pods) / 100
+
+
+def _ratio(value: float, baseline: float) -> str:
+    return f"{value / baseline:.1f}×" if baseline > 0 else "—"
 
 
 def _times(value: float, baseline: float) -> str:
