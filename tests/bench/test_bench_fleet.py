@@ -152,5 +152,14 @@ def _assert_steady_rows(text: str) -> None:
     assert full == int((2 * 3600 - 15 - 0.001) // 15) and fewest >= 0.95 * full, rows[fleet.SIDECAR]
     assert int(rows[fleet.SIDECAR]["history backfilled (samples)"]) > 0
     assert 0 < int(rows[fleet.VLLM]["history backfilled (samples)"]) < 1000  # the stage's clock alone
+    alone = {cells[1]: dict(zip(fleet_steady.STEADY_HEADER, cells, strict=True))
+             for cells in ([c.strip() for c in line.strip("|").split("|")]
+                           for line in text.splitlines() if re.match(r"\| \d+ \| (sidecar|vllm), no rules \|", line))}
+    # Each page scraped alone too: nothing backfilled, no group loaded, every target up.
+    assert sorted(alone) == sorted(f"{page}{fleet_steady.NO_RULES}" for page in (fleet.SIDECAR, fleet.VLLM)), alone
+    for row in alone.values():
+        assert row["history backfilled (samples)"] == "0" and row["groups evaluated"] == f"0/{groups}", row
+        assert int(row["targets up"]) == fleet_steady.STEADY_SMOKE.pods[-1], row
+    assert re.search(r"The rules' own CPU \(the sidecar's page with them, less without\): \*\*-?\d+\.\d{3} cores, ", text)
     assert re.search(r"The groups. evaluation times summed: \*\*\d+\.\d\d s per round\*\*", text)
     assert "Extrapolated, not measured" in text and "cores" in text
