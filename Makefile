@@ -39,11 +39,12 @@ tools: install  ## promtool, prometheus, alertmanager (Debian), the deployment t
 	bash scripts/install-tools.sh
 	bash scripts/install-deploy-tools.sh --image
 
-lint: install  ## ruff, mypy, the package's layering contracts, and every generated file up to date
+lint: install  ## ruff, mypy, the package's layering contracts, every generated file up to date, every Markdown link and anchor resolving
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 	PYTHONPATH=src $(VENV)/bin/lint-imports --no-cache
 	$(PY) -m specdecode_exporter.monitoring.build --check
+	$(PY) -m devtools.check_links
 
 test: tools lint  ## the installed wheel, the image and the whole suite, a real vLLM (CPU build) and llama-server included (CI runs exactly this)
 	bash scripts/runtime-venv.sh
@@ -66,7 +67,7 @@ test-vllm: install  ## a real vLLM (CPU build) against the sidecar; installs vll
 image: tools  ## build the container image offline (Debian's packages, no registry) and smoke it as Kubernetes runs it
 	bash scripts/build-image.sh --local-base --smoke
 
-generate: install  ## rebuild rules, dashboard, manifests, mixin and README table from the monitoring config
+generate: install  ## rebuild rules, dashboard, manifests, mixin and the metric reference (docs/metrics.md) from the monitoring config
 	$(PY) -m specdecode_exporter.monitoring.build
 
 bench: install  ## benchmarks (about 30 minutes: N = 10/100/500 targets, the request tap at 64 streams, the page over a simulated month, 100/500/1000 simulated pods through one Prometheus, then 100 on full 2h rule windows; bench/run.py --long: longer spans, long soak, the tap at 256 streams and every relay, three simulated months)

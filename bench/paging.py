@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/paging.py            # quick: a month of α 0.55 per rate, 10 days of drops (~19 min)
     .venv/bin/python bench/paging.py --long     # three months of α 0.55 per rate, a month of drops per rate
-    .venv/bin/python bench/paging.py --update-docs   # and write the table into README.md and alerts/runbook.md
+    .venv/bin/python bench/paging.py --update-docs   # and write the table into docs/paging.md and alerts/runbook.md
 
 Traffic (per model, two pods, fleet rate R drafted tokens/s split between them): requests arrive as a Poisson process,
 each drafts 30 tokens in 10 drafts of 3; a request's acceptance probability p is drawn from a Beta distribution with
@@ -784,12 +784,12 @@ def summary(result: Result) -> list[str]:
     ]
 
 
-DOCS = (ROOT / "README.md", ROOT / "alerts" / "runbook.md")
+DOCS = (ROOT / "docs" / "paging.md", ROOT / "alerts" / "runbook.md")
 TABLE_BLOCK = re.compile(r"(<!-- paging-table:start -->\n).*?(<!-- paging-table:end -->)", re.DOTALL)
 
 
 def update_docs(lines: Sequence[str]) -> list[Path]:
-    """Put ``lines`` between the paging-table markers of the README and the runbook; the files changed."""
+    """Put ``lines`` between the paging-table markers of docs/paging.md and the runbook; the files changed."""
     changed = []
     for path in DOCS:
         text = path.read_text(encoding="utf-8")
@@ -806,7 +806,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--long", action="store_true", help=f"{LONG.describe()} (quick: {QUICK.describe()})")
     parser.add_argument("--seed", type=int, default=QUICK.seed)
     parser.add_argument("--update-docs", action="store_true",
-                        help="write the table into README.md and alerts/runbook.md (between the paging-table markers)")
+                        help="write the table into docs/paging.md and alerts/runbook.md (between the paging-table "
+                             "markers)")
     args = parser.parse_args(argv)
     size = LONG if args.long else QUICK
     size = Size(size.month_days, size.drop_days, args.seed)

@@ -1,4 +1,4 @@
-"""Series per pod for one model (the fleet budget, README "Series per pod"): the worst case the default config
+"""Series per pod for one model (the fleet budget, docs/series.md): the worst case the default config
 allows, counted on a real sidecar's /metrics.
 
 A simulated vLLM pod (`simulate`, with the proposed per-request α histogram and scheduled-steps families on, so
@@ -9,7 +9,7 @@ every feature the sidecar derives has data) is collected and tapped by sidecar p
 * the same with proxy.class_histograms: the per-request histograms by class, at exactly their stated cost;
 * the same with routing (observe mode): routing's per-class series, at their stated cost.
 
-The counts per feature are printed (`pytest -s`): they are the README's "Series per pod" table.
+The counts per feature are printed (`pytest -s`): they are the table of docs/series.md.
 """
 
 from __future__ import annotations
@@ -269,7 +269,7 @@ def test_every_class_slot_is_in_use(pods: Pods) -> None:
     assert "unset" in {temperature for _, temperature in classes}
 
 
-def test_class_histograms_cost_what_the_readme_states(pods: Pods) -> None:
+def test_class_histograms_cost_what_the_docs_state(pods: Pods) -> None:
     default = settled(pods.default, complete)
     drilled = settled(pods.class_histograms, complete)
     report("with proxy.class_histograms", drilled)
@@ -279,7 +279,7 @@ def test_class_histograms_cost_what_the_readme_states(pods: Pods) -> None:
     assert drilled.total - default.total == extra
 
 
-def test_routing_costs_what_the_readme_states(pods: Pods) -> None:
+def test_routing_costs_what_the_docs_state(pods: Pods) -> None:
     default = settled(pods.default, complete)
     routed = settled(pods.routing, lambda count: complete(count) and count.by_feature["routing"] > 0)
     report("with routing (observe)", routed)

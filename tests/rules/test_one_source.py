@@ -35,7 +35,8 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     user = tmp_path_factory.mktemp("user") / "my-monitoring.yaml"
     user.write_text(yaml.safe_dump(USER_CONFIG))
     assert build.main(["--config", str(user), "--root", str(root)]) == 0
-    assert not (root / "README.md").exists(), "the project's README is not an artefact of the user's build"
+    for own in ("README.md", "docs/metrics.md"):
+        assert not (root / own).exists(), f"the project's {own} is not an artefact of the user's build"
     assert (root / "mixin/mixin.libsonnet").exists() and (root / "deploy/sidecar/generated/pod-patch.yaml").exists()
     return root
 

@@ -1,4 +1,4 @@
-"""The page's variance per drafted token, measured on the user's traffic (README, "The page").
+"""The page's variance per drafted token, measured on the user's traffic (docs/paging.md).
 
 The page's test (core.evidence) needs v: the variance of α̂ times the drafted tokens it is measured over. The
 configured v (``Dispersion``) is a bound from assumptions (m drafted tokens per request, sd s of requests' α). Where

@@ -1,4 +1,4 @@
-"""What a window of counters proves: the statistics behind every alert on a ratio (README, "The page").
+"""What a window of counters proves: the statistics behind every alert on a ratio (docs/paging.md).
 
 An alert on a ratio is a one-sided test. Over a window it sees D drafted tokens of which A were accepted, and asks
 whether the data rule out the ratio being at its null (the threshold, or for the page the threshold plus a margin):

@@ -1,5 +1,5 @@
 """The exported metric contract (docs/architecture.md, "What the sidecar exports") as data: the collector, the
-README reference table and the golden-file test all read this one table."""
+metric reference (docs/metrics.md) and the golden-file test all read this one table."""
 
 from __future__ import annotations
 
@@ -451,7 +451,7 @@ CONTRACT: tuple[MetricSpec, ...] = (*COLLECTED, *TAP, *ROUTE, *RELOAD)
 
 
 def reference_table() -> str:
-    """The README's metric reference, generated from CONTRACT."""
+    """The metric reference of docs/metrics.md, generated from CONTRACT."""
     rows = ["| metric | type | labels | meaning |", "|---|---|---|---|"]
     for spec in CONTRACT:
         meaning = spec.help.replace(WINDOWED_NOTE, " (windowed)").replace("|", "\\|")

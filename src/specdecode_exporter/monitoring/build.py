@@ -8,7 +8,7 @@
 Artefacts: the Prometheus rules file, the Grafana dashboard, the PrometheusRule and the dashboard ConfigMap in
 deploy/base, the monitoring config the in-cluster sidecar reads (deploy/base/monitoring.yaml), the sidecar
 patch and the kustomize patches derived from it (templates/sidecar-patch.yaml), the jsonnet mixin, and the
-README's metric reference. Everything it reads ships with the package, so it runs from an install too.
+metric reference in docs/metrics.md. Everything it reads ships with the package, so it runs from an install too.
 """
 
 from __future__ import annotations
@@ -36,7 +36,9 @@ NAME = "specdecode-exporter"
 TEMPLATES = Path(__file__).resolve().parent / "templates"  # package data: the build runs from an install too
 SIDECAR_PATCH = TEMPLATES / "sidecar-patch.yaml"
 COMMON_LABELS = {"app.kubernetes.io/name": NAME}
-README_BLOCK = re.compile(r"(<!-- metric-reference:start -->\n).*?(<!-- metric-reference:end -->)", re.DOTALL)
+METRIC_REFERENCE = "docs/metrics.md"
+METRIC_REFERENCE_BLOCK = re.compile(r"(<!-- metric-reference:start -->\n).*?(<!-- metric-reference:end -->)",
+                                    re.DOTALL)
 
 
 class BuildError(ValueError):
@@ -154,11 +156,12 @@ def render_mixin(src: Sources) -> str:
                          f"pip install 'specdecode-exporter[dashboard]' ({exc})") from None
 
 
-def render_readme(src: Sources) -> str:
-    readme = (src.root / "README.md").read_text(encoding="utf-8")
-    if not README_BLOCK.search(readme):
-        raise BuildError("README.md has no <!-- metric-reference:start/end --> markers")
-    return README_BLOCK.sub(lambda match: match.group(1) + reference_table() + "\n" + match.group(2), readme)
+def render_metric_reference(src: Sources) -> str:
+    """docs/metrics.md with the table between its markers generated from the metric contract."""
+    page = (src.root / METRIC_REFERENCE).read_text(encoding="utf-8")
+    if not METRIC_REFERENCE_BLOCK.search(page):
+        raise BuildError(f"{METRIC_REFERENCE} has no <!-- metric-reference:start/end --> markers")
+    return METRIC_REFERENCE_BLOCK.sub(lambda match: match.group(1) + reference_table() + "\n" + match.group(2), page)
 
 
 ARTEFACTS: dict[str, Callable[[Sources], str]] = {
@@ -171,12 +174,12 @@ ARTEFACTS: dict[str, Callable[[Sources], str]] = {
     "deploy/sidecar/generated/container-patch.yaml": render_container_patch,
     "deploy/sidecar/generated/pod-patch.yaml": render_pod_patch,
     "mixin/mixin.libsonnet": render_mixin,
-    "README.md": render_readme,
+    METRIC_REFERENCE: render_metric_reference,
 }
 
 
 def is_project_checkout(root: Path) -> bool:
-    """Whether ``root`` is this project's own checkout, whose README carries the metric reference."""
+    """Whether ``root`` is this project's own checkout, whose docs/metrics.md carries the metric reference."""
     pyproject = root / "pyproject.toml"
     return pyproject.is_file() and f'name = "{NAME}"' in pyproject.read_text(encoding="utf-8")
 
@@ -195,13 +198,13 @@ def sources(config_file: Path | None, profile: str | None = None, root: Path | N
 
 
 def build(src: Sources, check: bool, only: list[str] | None = None) -> int:
-    """Write (or, with ``check``, compare) the artefacts; returns the number that were stale. The README's
-    table is this project's documentation: it is written only into this checkout, not into another --root."""
+    """Write (or, with ``check``, compare) the artefacts; returns the number that were stale. The metric
+    reference is this project's documentation: it is written only into this checkout, not into another --root."""
     stale = 0
     for relative, render in ARTEFACTS.items():
         if only is not None and relative not in only:
             continue
-        if relative == "README.md" and not is_project_checkout(src.root):
+        if relative == METRIC_REFERENCE and not is_project_checkout(src.root):
             continue
         path = src.root / relative
         want = render(src)
@@ -229,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="exit 1 if a committed artefact is out of date")
     parser.add_argument("--root", type=Path, default=None,
                         help="write the artefacts under this directory, in the same layout (default: the current "
-                             "directory; the project's own checkout also gets its README's metric reference)")
+                             "directory; the project's own checkout also gets its docs/metrics.md metric reference)")
     args = parser.parse_args(argv)
     try:
         src = sources(args.config, args.profile, args.root)
