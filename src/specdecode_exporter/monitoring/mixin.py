@@ -1,5 +1,7 @@
-"""The jsonnet mixin (mixin/mixin.libsonnet): the rules and the dashboard, reading the values users tune from
-``_config``, as kubernetes-mixin does::
+"""The jsonnet mixin (mixin/): the rules and the dashboard, reading the values users tune from ``_config``, laid out
+as kubernetes-mixin lays its out (FILES): ``config.libsonnet`` (``_config``), ``lib/utils.libsonnet`` (the helpers
+the expressions call: label matchers from ``_config`` go through ``utils.selector`` alone), ``alerts/``, ``rules/``
+and ``dashboards/`` (one field each), and ``mixin.libsonnet``, which merges them::
 
     (import 'mixin.libsonnet') + { _config+:: { pageAcceptanceRatio: 0.4 } }
 
