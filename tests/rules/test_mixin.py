@@ -57,6 +57,34 @@ def test_the_mixin_composes_like_a_mixin() -> None:
                                                jpathdir=[str(MIXIN.parent)])) == []
 
 
+def test_the_mixin_is_laid_out_as_kubernetes_mixin_and_each_part_renders_with_the_config() -> None:
+    """config.libsonnet, lib/, and a file per field (alerts/, rules/, dashboards/), which mixin.libsonnet merges: a
+    user who imports one part beside the config gets what the entry point gives for that field."""
+    on_disk = {str(path.relative_to(MIXIN.parent)) for path in MIXIN.parent.rglob("*.libsonnet")}
+    assert on_disk == set(mixin.FILES), "a file under mixin/ the build does not write (or one it did not write)"
+    for path, field in mixin.PARTS.items():
+        snippet = f'((import "{mixin.CONFIG}") + (import "{path}")).{field}'
+        alone = json.loads(jsonnet.evaluate_snippet("snippet", snippet, jpathdir=[str(MIXIN.parent)]))
+        assert alone == evaluate(field), path
+        assert json.loads(jsonnet.evaluate_snippet("snippet", f'std.objectFields(import "{path}")',
+                                                   jpathdir=[str(MIXIN.parent)])) == []
+
+
+def test_every_selector_from_the_config_goes_through_the_one_helper() -> None:
+    """No expression tests metricSelector for emptiness inline: each use is an argument of utils.selector, the
+    one place that does (lib/utils.libsonnet)."""
+    reference = mixin.config_ref("metricSelector")
+    for path in mixin.FILES:
+        text = (MIXIN.parent / path).read_text()
+        if path == mixin.UTILS:
+            assert "selector(matchers, beforeOthers=false)::" in text
+            continue
+        assert "== ''" not in text, path
+        assert text.count(reference) == text.count(f"{mixin.SELECTOR}({reference}"), path
+    uses = sum((MIXIN.parent / path).read_text().count(f"{mixin.SELECTOR}(") for path in mixin.PARTS)
+    assert uses > 0, "the shipped rules select the sidecar's series through the helper"
+
+
 # ------------------------------------------------------------------------------------------ _config overrides
 
 # A value of each kind different from every default, so that each override changes what is rendered.

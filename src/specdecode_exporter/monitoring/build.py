@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import copy
 import difflib
+import functools
 import re
 import sys
 from collections.abc import Callable
@@ -146,14 +147,20 @@ def render_sidecar_patch(src: Sources) -> str:
     return header(PATCH_SOURCE) + SIDECAR_PATCH.read_text(encoding="utf-8")
 
 
-def render_mixin(src: Sources) -> str:
+@functools.lru_cache(maxsize=1)
+def _mixin_files(src: Sources) -> dict[str, str]:
     """A monitoring mixin for kube-prometheus and jsonnet users: the same rules and dashboard, as jsonnet that reads
-    the values users tune from _config (monitoring.mixin)."""
+    the values users tune from _config (monitoring.mixin); its files rendered once for all of them."""
     try:
         return mixin.render(src.cfg, header(src.config_name).replace("# ", "// "))
     except ImportError as exc:
         raise BuildError("the mixin's dashboard needs the grafana-foundation-sdk package: "
                          f"pip install 'specdecode-exporter[dashboard]' ({exc})") from None
+
+
+def render_mixin(name: str) -> Callable[[Sources], str]:
+    """The renderer of one of the mixin's files (mixin.FILES)."""
+    return lambda src: _mixin_files(src)[name]
 
 
 def render_metric_reference(src: Sources) -> str:
@@ -173,7 +180,7 @@ ARTEFACTS: dict[str, Callable[[Sources], str]] = {
     "deploy/sidecar/sidecar-patch.yaml": render_sidecar_patch,
     "deploy/sidecar/generated/container-patch.yaml": render_container_patch,
     "deploy/sidecar/generated/pod-patch.yaml": render_pod_patch,
-    "mixin/mixin.libsonnet": render_mixin,
+    **{f"mixin/{name}": render_mixin(name) for name in mixin.FILES},
     METRIC_REFERENCE: render_metric_reference,
 }
 

@@ -1,5 +1,7 @@
-"""The jsonnet mixin (mixin/mixin.libsonnet): the rules and the dashboard, reading the values users tune from
-``_config``, as kubernetes-mixin does::
+"""The jsonnet mixin (mixin/): the rules and the dashboard, reading the values users tune from ``_config``, laid out
+as kubernetes-mixin lays its out (FILES): ``config.libsonnet`` (``_config``), ``lib/utils.libsonnet`` (the helpers
+the expressions call: label matchers from ``_config`` go through ``utils.selector`` alone), ``alerts/``, ``rules/``
+and ``dashboards/`` (one field each), and ``mixin.libsonnet``, which merges them::
 
     (import 'mixin.libsonnet') + { _config+:: { pageAcceptanceRatio: 0.4 } }
 
@@ -272,14 +274,15 @@ def defaults(cfg: MonitoringConfig) -> dict[str, Any]:
 
 
 def _optional_contexts(text: str, placeholders: Placeholders) -> str:
-    """Matchers that may be empty appear as ``{M}`` (alone) or ``M, `` (before others): tokens that drop the
-    braces or the comma when the value is empty, as promql.selector and Scope.also do."""
+    """Matchers that may be empty appear as ``{M}`` (alone) or ``M, `` (before others): calls of the one selector
+    helper (lib/utils.libsonnet), which drops the braces or the comma when the value is empty, as promql.selector
+    and Scope.also do."""
     for token in placeholders.optional:
         if token not in text:
             continue
         value = placeholders.expressions[token]
-        alone = placeholders.token(f"(if {value} == '' then '' else '{{' + {value} + '}}')")
-        first = placeholders.token(f"(if {value} == '' then '' else {value} + ', ')")
+        alone = placeholders.token(f"{SELECTOR}({value})")
+        first = placeholders.token(f"{SELECTOR}({value}, beforeOthers=true)")
         text = text.replace("{" + token + "}", alone).replace(token + ", ", first)
         if token in text:
             raise ValueError(f"{placeholders.expressions[token]} appears outside a selector's matchers: {text!r}")
@@ -330,15 +333,54 @@ def plain(value: Any) -> Any:
 
 
 USAGE = """\
-// Override any value of _config from your own jsonnet, e.g. a lower page threshold and a longer ticket window:
+// Override any value of _config (config.libsonnet) from your own jsonnet, e.g. a lower page threshold and a longer
+// ticket window:
 //   (import 'mixin.libsonnet') + { _config+:: { pageAcceptanceRatio: 0.4, longWindow: '2h' } }
 // Per alert: _config+:: { alerts+: { SpecDecodeAcceptanceRateLow+: { 'for': '5m' } } }; extra labels on every
 // alert: _config+:: { extraAlertLabels+: { team: 'ml-platform' } }.
 """
 
+# The mixin's files (under mixin/), laid out as kubernetes-mixin lays its out: the entry point that imports the
+# others, _config, the one library of helpers, and a file per field. Each field's file reads $._config, so it
+# renders with config.libsonnet (or a _config of your own) merged beside it.
+ENTRY = "mixin.libsonnet"
+CONFIG = "config.libsonnet"
+UTILS = "lib/utils.libsonnet"
+PARTS = {"alerts/alerts.libsonnet": "prometheusAlerts", "rules/rules.libsonnet": "prometheusRules",
+         "dashboards/dashboards.libsonnet": "grafanaDashboards"}
+FILES = (ENTRY, CONFIG, UTILS, *PARTS)
+SELECTOR = "utils.selector"  # the one way label matchers from _config (which may be empty) enter an expression
 
-def render(cfg: MonitoringConfig, header: str) -> str:
-    """The mixin's text, after ``header``. Needs grafana-foundation-sdk (ImportError without it)."""
+UTILS_TEXT = """\
+{
+  // selector(matchers): '{' + matchers + '}', the whole of a selector's matchers; selector(matchers,
+  // beforeOthers=true): matchers + ', ', in front of the expression's own. Nothing where matchers is '' (the
+  // default metricSelector), so an empty selector adds neither braces nor a comma.
+  selector(matchers, beforeOthers=false)::
+    if matchers == '' then '' else if beforeOthers then matchers + ', ' else '{' + matchers + '}',
+
+  // bucketAtOrBelow(bounds, x): the largest of the ascending bucket bounds at or below x, the bucket a threshold
+  // falls on (promql.bucket_at_or_below).
+  bucketAtOrBelow(bounds, x)::
+    std.foldl(function(best, b) if b <= x + 1e-9 then b else best, bounds, null),
+}
+"""
+HELPERS = re.compile(r"\butils\.")
+
+
+def _part(key: str, value: Any, placeholders: Placeholders, path: str) -> str:
+    """One field's file: the field, merged (+::) and hidden, as kube-prometheus expects; the helpers imported
+    where its expressions call them."""
+    body = f"{{\n  {key}+:: {jsonnet(value, placeholders, '  ')},\n}}\n"
+    if not HELPERS.search(body):
+        return body
+    up = "../" * path.count("/")
+    return f"local utils = import '{up}{UTILS}';\n\n{body}"
+
+
+def render(cfg: MonitoringConfig, header: str) -> dict[str, str]:
+    """The mixin's files (paths relative to mixin/), each after ``header``. Needs grafana-foundation-sdk
+    (ImportError without it)."""
     from specdecode_exporter.monitoring import dashboard
 
     placeholders = Placeholders()
@@ -346,7 +388,11 @@ def render(cfg: MonitoringConfig, header: str) -> str:
     groups = rule_groups(symbolic_cfg)["groups"]
     alerts = [g for g in groups if any("alert" in r for r in g["rules"])]
     records = [g for g in groups if g not in alerts]
-    body = {"_config": defaults(cfg), "prometheusAlerts": {"groups": alerts}, "prometheusRules": {"groups": records},
-            "grafanaDashboards": {"specdecode.json": plain(dashboard.build(symbolic_cfg))}}
-    fields = ",\n".join(f"  {key}+:: {jsonnet(value, placeholders, '  ')}" for key, value in body.items())
-    return header + USAGE + "{\n" + fields + ",\n}\n"
+    fields = {"prometheusAlerts": {"groups": alerts}, "prometheusRules": {"groups": records},
+              "grafanaDashboards": {"specdecode.json": plain(dashboard.build(symbolic_cfg))}}
+    imports = " +\n".join(f"(import '{path}')" for path in (CONFIG, *PARTS))
+    files = {ENTRY: header + USAGE + imports + "\n",
+             CONFIG: header + USAGE + _part("_config", defaults(cfg), placeholders, CONFIG),
+             UTILS: header + "// The helpers every expression of the mixin calls.\n" + UTILS_TEXT}
+    files.update({path: header + _part(key, fields[key], placeholders, path) for path, key in PARTS.items()})
+    return files

@@ -112,8 +112,8 @@ def bucket_at_or_below(bounds: Sequence[float], x: float) -> float:
     """The largest of the (ascending) bucket ``bounds`` at or below ``x``: the bucket a threshold falls on."""
     chosen = max(b for b in bounds if b <= x + 1e-9)
     if isinstance(x, Derivable):
-        return x.derive(chosen, lambda e: f"std.foldl(function(best, b) if b <= {e} + 1e-9 then b else best, "
-                                          f"{json.dumps(list(bounds))}, null)")
+        # the same choice in jsonnet: the mixin's helper (monitoring.mixin.UTILS_TEXT)
+        return x.derive(chosen, lambda e: f"utils.bucketAtOrBelow({json.dumps(list(bounds))}, {e})")
     return chosen
 
 
