@@ -31,11 +31,14 @@ from specdecode_exporter.core.monitoring_config import MonitoringConfig
 from specdecode_exporter.core.validation import ConfigError
 from specdecode_exporter.monitoring import mixin
 from specdecode_exporter.monitoring.rules import rule_groups
+from specdecode_exporter.sidecar.config import reference_table as config_reference_table
 
 NAME = "specdecode-exporter"
 TEMPLATES = Path(__file__).resolve().parent / "templates"  # package data: the build runs from an install too
 SIDECAR_PATCH = TEMPLATES / "sidecar-patch.yaml"
 COMMON_LABELS = {"app.kubernetes.io/name": NAME}
+CONFIG_BLOCK = re.compile(r"(<!-- config-reference:start -->\n).*?(<!-- config-reference:end -->)", re.DOTALL)
+CONFIG_DOC = "docs/configuration.md"
 README_BLOCK = re.compile(r"(<!-- metric-reference:start -->\n).*?(<!-- metric-reference:end -->)", re.DOTALL)
 
 
@@ -161,6 +164,18 @@ def render_readme(src: Sources) -> str:
     return README_BLOCK.sub(lambda match: match.group(1) + reference_table() + "\n" + match.group(2), readme)
 
 
+def render_config_reference(src: Sources) -> str:
+    """docs/configuration.md with the config tree's reference table between its markers (the file is made with
+    just the markers and the table where it does not exist yet)."""
+    path = src.root / CONFIG_DOC
+    doc = path.read_text(encoding="utf-8") if path.exists() else (
+        "# Configuration\n\n<!-- config-reference:start -->\n<!-- config-reference:end -->\n")
+    if not CONFIG_BLOCK.search(doc):
+        raise BuildError(f"{CONFIG_DOC} has no <!-- config-reference:start/end --> markers")
+    table = config_reference_table()
+    return CONFIG_BLOCK.sub(lambda match: match.group(1) + table + "\n" + match.group(2), doc)
+
+
 ARTEFACTS: dict[str, Callable[[Sources], str]] = {
     "alerts/specdecode.rules.yaml": render_rules,
     "grafana/dashboards/specdecode.json": render_dashboard,
@@ -172,6 +187,7 @@ ARTEFACTS: dict[str, Callable[[Sources], str]] = {
     "deploy/sidecar/generated/pod-patch.yaml": render_pod_patch,
     "mixin/mixin.libsonnet": render_mixin,
     "README.md": render_readme,
+    CONFIG_DOC: render_config_reference,
 }
 
 
@@ -201,7 +217,7 @@ def build(src: Sources, check: bool, only: list[str] | None = None) -> int:
     for relative, render in ARTEFACTS.items():
         if only is not None and relative not in only:
             continue
-        if relative == "README.md" and not is_project_checkout(src.root):
+        if relative in ("README.md", CONFIG_DOC) and not is_project_checkout(src.root):
             continue
         path = src.root / relative
         want = render(src)

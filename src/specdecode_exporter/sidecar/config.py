@@ -497,6 +497,18 @@ SETTINGS = tree(ConfigFile)
 configuration reference are built from it."""
 
 
+def reference_table() -> str:
+    """The configuration reference (docs/configuration.md), one row per setting of the tree."""
+    rows = ["| key | type | default | flag | environment variable | reload | what it sets |",
+            "| --- | --- | --- | --- | --- | --- | --- |"]
+    for item in SETTINGS:
+        flag, env = (f"`{item.flag}`", f"`{item.env}`") if item.flag else ("", "")
+        reload = "applied" if item.reload else "restart"
+        rows.append(f"| `{item.key}` | {item.type_name} | `{item.shown}` | {flag} | {env} | {reload} | "
+                    f"{item.help.replace('|', '/')} |")
+    return "\n".join(rows)
+
+
 def parse_windows(value: str | list[Any], where: str) -> tuple[Window, ...]:
     windows: tuple[Window, ...] = validation.validate(Windows, value, where)
     return windows
