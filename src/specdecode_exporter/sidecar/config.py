@@ -1,13 +1,16 @@
-"""YAML + flags → a validated, typed Config (core.validation: every problem is one ConfigError line naming the key).
+"""YAML + flags → a validated, typed Config (core.validation: every problem is one ConfigError line naming the key,
+or the flag or environment variable that gave the value).
 
-The file is read in three steps, each one pydantic validation: the file's sections (ConfigFile), then each
-target (TargetConfig, whose missing timeout and cost_model come from collect.timeout and the top-level cost_model),
-then the request tap (ProxyConfig, with the --proxy.* flags over the file's proxy section, its target and upstream
-defaulting to the first target). TargetConfig, TLSConfig, BaselineConfig and ProxyConfig are what the sidecar
-runs with, and their fields are the keys: a target or proxy key is one field there. Config is the flat view the
-rest of the sidecar reads; ConfigFile maps the file's other sections onto it.
+The sections below are the config tree (core.settings): each setting is declared once, as a field of the section it
+configures, with its help, flag, variable and reload behaviour; SETTINGS lists them, and the command's flags, its
+--help, the reload's notes and docs/configuration.md are built from it. Flags and variables are merged into the
+file's mapping by dotted key (``merged``) before it is read, in three steps of the same validation: the file's
+sections (ConfigFile), then each target (TargetConfig, whose missing timeout and cost_model come from
+collect.timeout and the top-level cost_model), then the request tap (ProxyConfig, its target and upstream defaulting
+to the first target). TargetConfig, TLSConfig, BaselineConfig and ProxyConfig are what the sidecar runs with, and
+their fields are the keys. Config is the validated tree the sidecar reads: the file's sections as they are
+(``config.collect.interval``), the targets and windows resolved, and the monitoring config's verdict settings.
 """
-
 from __future__ import annotations
 
 import re
@@ -406,9 +409,10 @@ class WebSection(Section):
 @dataclass(frozen=True, slots=True)
 class CollectSection(Section):
     NULL_IS_EMPTY = True
-    interval: Duration = setting(5.0, "how often to collect vLLM's metrics")
+    interval: Duration = setting(5.0, "how often to collect the engines' metrics (vLLM V0 targets: at most 2 s)")
     timeout: Duration = setting(3.0, "timeout of one collection, for a target without a timeout of its own")
-    max_body_size: Size = setting(16 * 1024 * 1024, "largest exposition accepted (decoded)")
+    max_body_size: Size = setting(
+        16 * 1024 * 1024, "largest exposition accepted, after gunzip (a larger one fails as too_large)")
     stale_after: Duration = setting(600.0, "drop a label set not seen for this long")
     concurrency: Annotated[Int, Range(1)] = setting(16, "collections in flight at once", flag=False, reload=False)
     max_series_per_target: Annotated[Int, Range(1)] = setting(
@@ -438,7 +442,7 @@ class ConfigFile(Section):
     NULL_IS_EMPTY = True
     web: WebSection = WebSection()
     collect: CollectSection = CollectSection()
-    windows: Windows | None = setting(None, "comma-separated windows for the windowed gauges",
+    windows: Windows | None = setting(None, "windows of the windowed gauges (comma-separated in a flag)",
                                       flag="--collect.windows", shown=DEFAULT_WINDOWS)
     targets: Annotated[tuple[dict[str, Any], ...], BeforeValidator(_target_list)] = ()
     cost_model: CostModelSection = CostModelSection()
