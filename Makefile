@@ -67,7 +67,7 @@ test-vllm: install  ## a real vLLM (CPU build) against the sidecar; installs vll
 image: tools  ## build the container image offline (Debian's packages, no registry) and smoke it as Kubernetes runs it
 	bash scripts/build-image.sh --local-base --smoke
 
-generate: install  ## rebuild rules, dashboard, manifests, mixin and the metric reference (docs/metrics.md) from the monitoring config
+generate: install  ## rebuild rules, dashboard, manifests, mixin and the metric reference (docs/metrics.md) from the monitoring config, and docs/configuration.md's reference from the config tree
 	$(PY) -m specdecode_exporter.monitoring.build
 
 bench: install  ## benchmarks (about 30 minutes: N = 10/100/500 targets, the request tap at 64 streams, the page over a simulated month, 100/500/1000 simulated pods through one Prometheus, then 100 on full 2h rule windows; bench/run.py --long: longer spans, long soak, the tap at 256 streams and every relay, three simulated months)

@@ -21,7 +21,7 @@ from specdecode_exporter.pipeline.parse import Selection, select
 from specdecode_exporter.pipeline.scrape import FetchResult
 from specdecode_exporter.pipeline.store import Store
 from specdecode_exporter.sidecar.collection import TargetCollector
-from specdecode_exporter.sidecar.config import Config, TargetConfig, parse_windows
+from specdecode_exporter.sidecar.config import CollectSection, Config, TargetConfig, parse_windows
 from specdecode_exporter.simulator.exposition import render
 
 INTERVAL = 5.0
@@ -54,9 +54,10 @@ def jump_scan(body: bytes) -> int:
 
 def new_collector(clock: FakeClock, windows: str = "1m,5m,15m,1h") -> TargetCollector:
     target = TargetConfig(name="vllm", url="http://127.0.0.1:1/metrics")
-    config = Config(targets=(target,), windows=parse_windows(windows, "windows"), collect_interval=INTERVAL)
-    store = Store(keep_seconds=config.longest_window + 2 * INTERVAL, stale_after=config.stale_after,
-                  max_series_per_target=config.max_series_per_target)
+    config = Config(targets=(target,), windows=parse_windows(windows, "windows"),
+                    collect=CollectSection(interval=INTERVAL))
+    store = Store(keep_seconds=config.longest_window + 2 * INTERVAL, stale_after=config.collect.stale_after,
+                  max_series_per_target=config.collect.max_series_per_target)
     return TargetCollector(target, config, store, clock)
 
 

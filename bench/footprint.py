@@ -133,13 +133,13 @@ from prometheus_client.openmetrics.exposition import generate_latest as openmetr
 from bench import collect
 from bench.common import FakeClock, proc_rss_mb
 from specdecode_exporter.sidecar.collection import Exporter
-from specdecode_exporter.sidecar.config import Config, TargetConfig, parse_windows
+from specdecode_exporter.sidecar.config import CollectSection, Config, TargetConfig, parse_windows
 from specdecode_exporter.sidecar.heap import collect_after_scrape, tune_gc
 from specdecode_exporter.sidecar.web import MetricsRenderer, build_app
 body, collections = open(sys.argv[1], "rb").read(), int(sys.argv[2])
 clock = FakeClock()
 config = Config(targets=(TargetConfig(name="vllm", url="http://127.0.0.1:1/metrics"),),
-                windows=parse_windows("1m,5m,15m,1h", "windows"), collect_interval=collect.INTERVAL)
+                windows=parse_windows("1m,5m,15m,1h", "windows"), collect=CollectSection(interval=collect.INTERVAL))
 exporter = Exporter(config, clock=clock)
 build_app(exporter, run_collection=False)
 renderer = MetricsRenderer(exporter)

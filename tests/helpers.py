@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import httpx
@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from devtools.procs import in_ci
 from specdecode_exporter.core.httpserver import ThreadedServer, bind_socket
 from specdecode_exporter.sidecar.collection import Exporter, TargetView
-from specdecode_exporter.sidecar.config import Config, TargetConfig, parse_windows
+from specdecode_exporter.sidecar.config import CollectSection, Config, TargetConfig, parse_windows
 from specdecode_exporter.sidecar.web import build_app
 from specdecode_exporter.simulator import ModelSpec, Scenario, Simulator, steady_scenario
 from specdecode_exporter.simulator.clock import ManualClock
@@ -121,7 +121,9 @@ def start_harness(scenario: Scenario | None = None, *, windows: str = "1m,5m", i
     simulator = Simulator(scenario or steady_scenario(ModelSpec()), clock=clock, hang_seconds=hang_seconds)
     sim_server, sim_url = serve_in_thread(simulator)
     target = target or TargetConfig(name="vllm", url=sim_url + url_path, timeout=2.0)
-    cfg = Config(targets=(target,), windows=parse_windows(windows, "windows"), collect_interval=interval,
+    collect = {key: config.pop(key) for key in list(config) if key in {f.name for f in fields(CollectSection)}}
+    cfg = Config(targets=(target,), windows=parse_windows(windows, "windows"),
+                 collect=CollectSection(interval=interval, **collect),  # type: ignore[arg-type]
                  **config)  # type: ignore[arg-type]
     exporter = Exporter(cfg, clock=clock)
     sidecar = ThreadedServer(build_app(exporter, run_collection=False), bind_socket(), name="sidecar").start()

@@ -3,6 +3,9 @@ probe (measure α and the speedup before you ship).
 
 Flags follow Prometheus exporters; each flag can also come from SPECDECODE_<FLAG> (dots and dashes become
 underscores, upper case), e.g. SPECDECODE_WEB_LISTEN_ADDRESS. Precedence: flag > env > config file > default.
+`run`'s flags are the settings of the config tree that have one (sidecar/config.py declares each, beside what it
+configures); they and their variables are merged into the config file's mapping by dotted key before the one
+validation.
 """
 
 from __future__ import annotations
@@ -13,27 +16,20 @@ import importlib
 import os
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
-from typing import Any, NoReturn
+from dataclasses import dataclass
+from typing import NoReturn
 
 from specdecode_exporter.core.log import setup_logging
-from specdecode_exporter.core.validation import ConfigError, Duration, Size, parse_duration, validate
+from specdecode_exporter.core.settings import Setting, env_name
+from specdecode_exporter.core.validation import ConfigError, parse_duration, validate
 from specdecode_exporter.sidecar.config import (
     DEFAULT_TARGET_URL,
-    DEFAULT_WINDOWS,
-    LOG_FORMATS,
-    LOG_LEVELS,
+    SETTINGS,
     Config,
-    FilePath,
     ListenAddress,
-    LogFormat,
-    LogLevel,
-    UrlPath,
-    Windows,
-    check_config,
     config_from_mapping,
     load_config_file,
-    targets_from_flags,
+    target_entries,
 )
 
 PROG = "specdecode-exporter"
@@ -45,10 +41,6 @@ class OneLineArgumentParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         sys.stderr.write(f"{self.prog}: error: {message} (see {self.prog} --help)\n")
         sys.exit(2)
-
-
-def env_name(flag: str) -> str:
-    return "SPECDECODE_" + flag.lstrip("-").replace(".", "_").replace("-", "_").upper()
 
 
 def did_you_mean(word: str, choices: Sequence[str]) -> str:
@@ -81,15 +73,8 @@ def check_environment(run: argparse.ArgumentParser, environ: Mapping[str, str]) 
                               f"(see {PROG} run --help)")
 
 
-@dataclass(frozen=True)
-class Flag:
-    """A flag of `run` that sets one Config field; its value is checked as the config file's key is (``kind``)."""
-
-    flag: str
-    field: str  # Config field it sets
-    kind: Any  # the annotated type of the config file's key
-    help: str
-    default_text: str
+# run's flags: one per setting of the tree that has one (sidecar/config.py declares each beside what it configures).
+RUN_FLAGS: tuple[Setting, ...] = tuple(s for s in SETTINGS if s.flag)
 
 
 def _listen(value: str) -> str:
@@ -97,169 +82,69 @@ def _listen(value: str) -> str:
     return address
 
 
-RUN_FLAGS: tuple[Flag, ...] = (
-    Flag("--web.listen-address", "listen_address", ListenAddress, "address to serve on", ":9877"),
-    Flag("--web.telemetry-path", "telemetry_path", UrlPath, "path under which to expose metrics", "/metrics"),
-    Flag("--web.config.file", "web_config_file", FilePath,
-         "exporter-toolkit web config: TLS and basic auth for the sidecar's endpoints", "none"),
-    Flag("--collect.interval", "collect_interval", Duration, "how often to collect vLLM's metrics", "5s"),
-    Flag("--collect.max-body-size", "max_body_bytes", Size, "largest exposition accepted (decoded)", "16MiB"),
-    Flag("--collect.stale-after", "stale_after", Duration, "drop a label set not seen for this long", "10m"),
-    Flag("--collect.windows", "windows", Windows, "comma-separated windows for the windowed gauges", DEFAULT_WINDOWS),
-    Flag("--log.level", "log_level", LogLevel, f"one of {', '.join(LOG_LEVELS)}", "info"),
-    Flag("--log.format", "log_format", LogFormat, f"one of {', '.join(LOG_FORMATS)}", "logfmt"),
-)
-
-
-# --proxy.route.*: routing (proxy.route), each the config key of the same name; off without a fallback upstream.
-ROUTE_FLAGS: tuple[tuple[str, str, str], ...] = (
-    ("--proxy.route.fallback-upstream", "URL",
-     "turn routing on: a pool of the same model without speculative decoding, http://host:port, where the tap sends "
-     "the classes of requests speculative decoding slows down (default off)"),
-    ("--proxy.route.mode", "MODE", "observe (decide and count only) or enforce (send routed classes to the fallback) "
-                                   "(default observe)"),
-    ("--proxy.route.min-requests", "N", "requests of a class (with spec-decode metrics) per decision (default 50)"),
-    ("--proxy.route.canary-share", "SHARE", "share of a routed class kept on speculative decoding, which measures "
-                                            "its speedup and brings it back (default 0.05)"),
-    ("--proxy.route.prompt-length-bands", "TOKENS", "comma-separated prompt lengths in tokens, e.g. 1024,4096: the "
-                                                    "prompt-length band becomes part of a class (default none)"),
-)
-
-
-def _scalar(text: str) -> int | float | str:
-    """A flag's text as the YAML key's value would be: a number where it reads as one."""
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            continue
-    return text
-
-
-def _route_flags(args: argparse.Namespace) -> dict[str, Any]:
-    """--proxy.route.* (or their env variables) as route.<key>: value, for the proxy section."""
-    out: dict[str, Any] = {}
-    for flag, _, _ in ROUTE_FLAGS:
-        value = _from_env(args, _dest(flag), flag)
-        if value is not None:
-            key = flag.removeprefix("--proxy.route.").replace("-", "_")
-            out[f"route.{key}"] = _scalar(value) if key in ("min_requests", "canary_share") else value
-    return out
-
-
-def _switch(value: bool | str | None) -> bool | str | None:
-    """A switch flag (True) or its env variable's text as the YAML key's value would be; other text is left for the
-    config validator to refuse."""
-    if isinstance(value, str):
-        return {"true": True, "false": False}.get(value.strip().lower(), value)
-    return value
-
-
-def _from_env(args: argparse.Namespace, dest: str, flag: str) -> Any:
-    return _given(args, dest, flag)[0]
-
-
-def _given(args: argparse.Namespace, dest: str, flag: str) -> tuple[Any, str]:
-    """A flag's value and what gave it: the flag, else its environment variable (named in an error about it)."""
-    value = getattr(args, dest, None)
-    if value is not None:
-        return value, flag
-    return os.environ.get(env_name(flag)), env_name(flag)
-
-
-def _proxy_sources(args: argparse.Namespace) -> dict[str, str]:
-    """proxy.<key> → the flag or variable that set it, for the errors the config validation raises about it."""
-    flags = ["--proxy.listen-address", "--proxy.upstream", "--proxy.class-histograms", *(f for f, _, _ in ROUTE_FLAGS)]
-    sources = {}
-    for flag in flags:
-        value, source = _given(args, _dest(flag), flag)
-        if value is not None:
-            sources["proxy." + flag.removeprefix("--proxy.").replace("-", "_")] = source
-    return sources
-
-
-def _named(exc: ConfigError, sources: Mapping[str, str]) -> ConfigError:
-    """The error with the config key it names replaced by the flag or variable that gave the value (and without
-    the config file's path before it: the value did not come from the file)."""
-    message = str(exc)
-    for key, source in sources.items():
-        if message.startswith(key + ":"):
-            return ConfigError(source + message[len(key):])
-        at = message.find(f": {key}:")  # after the file's path
-        if at >= 0:
-            return ConfigError(source + message[at + 2 + len(key):])
-    return exc
-
-
 def _dest(flag: str) -> str:
     return flag.lstrip("-").replace(".", "_").replace("-", "_")
 
 
+def flag_help(setting: Setting) -> str:
+    """A setting's line in `run --help`: its help, its default and its variable."""
+    env = f"{setting.env}=true" if setting.switch else setting.env
+    return f"{setting.help} (default {setting.shown}; env {env})"
+
+
 def add_run_flags(parser: argparse.ArgumentParser) -> None:
+    # Not settings of the tree: the file the tree is read from, and the targets (a list; each flag one entry).
     parser.add_argument("--config.file", dest="config_file", metavar="FILE",
                         help=f"YAML configuration (env {env_name('--config.file')})")
-    parser.add_argument("--monitoring.config-file", dest="monitoring_config_file", metavar="FILE",
-                        help="the monitoring config the verdict reads (thresholds, bands), merged onto the shipped "
-                             f"one; the same file the rules and dashboard are built from "
-                             f"(env {env_name('--monitoring.config-file')})")
     parser.add_argument("--target", action="append", metavar="[NAME=]URL",
-                        help=f"vLLM /metrics URL; repeatable (default {DEFAULT_TARGET_URL}; env SPECDECODE_TARGET, "
-                             "comma-separated)")
-    parser.add_argument("--collect.timeout", dest="collect_timeout", metavar="DURATION",
-                        help="timeout of one collection, for --target targets (default 3s)")
-    parser.add_argument("--proxy.listen-address", dest="proxy_listen_address", metavar="ADDRESS",
-                        help="turn the request tap on: also forward vLLM's OpenAI API here and record each "
-                             f"response's per-request metrics (default off; env {env_name('--proxy.listen-address')})")
-    parser.add_argument("--proxy.upstream", dest="proxy_upstream", metavar="URL",
-                        help="where the tap forwards to, http://host:port (default: the target's scheme, host and "
-                             f"port; env {env_name('--proxy.upstream')})")
-    parser.add_argument("--proxy.class-histograms", dest="proxy_class_histograms", action="store_const", const=True,
-                        help="export the tap's per-request histograms by workload and temperature band too, not only "
-                             "per model (costs series; see the README's series per pod; default off; env "
-                             f"{env_name('--proxy.class-histograms')}=true)")
-    for name, metavar, text in ROUTE_FLAGS:
-        parser.add_argument(name, dest=_dest(name), metavar=metavar, help=f"{text}; env {env_name(name)}")
-    for flag in RUN_FLAGS:
-        parser.add_argument(flag.flag, dest=_dest(flag.flag), metavar="VALUE",
-                            help=f"{flag.help} (default {flag.default_text}; env {env_name(flag.flag)})")
+                        help=f"vLLM /metrics URL; repeatable; replaces the file's targets (default "
+                             f"{DEFAULT_TARGET_URL}; env SPECDECODE_TARGET, comma-separated)")
+    for setting in RUN_FLAGS:
+        assert setting.flag is not None
+        if setting.switch:
+            parser.add_argument(setting.flag, dest=_dest(setting.flag), action="store_const", const=True,
+                                help=flag_help(setting))
+        else:
+            parser.add_argument(setting.flag, dest=_dest(setting.flag), metavar=setting.type_name.upper(),
+                                help=flag_help(setting))
+
+
+def flag_values(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[dict[str, object], dict[str, str]]:
+    """What flags and environment variables give, by dotted key (a flag over its variable), and which of them gave
+    each value (for the error about it)."""
+    values: dict[str, object] = {}
+    origins: dict[str, str] = {}
+    for setting in RUN_FLAGS:
+        assert setting.flag is not None and setting.env is not None
+        value, origin = getattr(args, _dest(setting.flag), None), setting.flag
+        if value is None:
+            value, origin = environ.get(setting.env), setting.env
+        if value is not None:
+            values[setting.key], origins[setting.key] = setting.from_text(value), origin
+    specs, origin = args.target, "--target"
+    if not specs:
+        specs, origin = [u for u in environ.get("SPECDECODE_TARGET", "").split(",") if u], "SPECDECODE_TARGET"
+    if specs:
+        values["targets"], origins["targets"] = target_entries(specs, origin), origin
+    return values, origins
 
 
 def config_from_args(args: argparse.Namespace) -> Config:
-    """Flags > env > config file > defaults."""
-    config_file = _from_env(args, "config_file", "--config.file")
-    monitoring_file = _from_env(args, "monitoring_config_file", "--monitoring.config-file")
-    timeout_text, timeout_source = _given(args, "collect_timeout", "--collect.timeout")
-    timeout = parse_duration(timeout_text, timeout_source) if timeout_text else 3.0
-    urls = args.target or [u for u in (os.environ.get("SPECDECODE_TARGET") or "").split(",") if u]
-    try:
-        flagged_targets = targets_from_flags(urls, timeout) if urls else None
-    except ConfigError as exc:
-        raise exc if args.target else _named(exc, {"--target": "SPECDECODE_TARGET"}) from None
-    proxy_flags = {"listen_address": _from_env(args, "proxy_listen_address", "--proxy.listen-address"),
-                   "upstream": _from_env(args, "proxy_upstream", "--proxy.upstream"),
-                   "class_histograms": _switch(_from_env(args, "proxy_class_histograms", "--proxy.class-histograms")),
-                   **_route_flags(args)}
-    try:
-        config = (load_config_file(config_file, monitoring_file, flagged_targets, proxy_flags) if config_file
-                  else config_from_mapping({}, "defaults", monitoring_file,
-                                           flagged_targets or targets_from_flags([DEFAULT_TARGET_URL], timeout),
-                                           proxy_flags))
-    except ConfigError as exc:
-        raise _named(exc, _proxy_sources(args)) from None
-    overrides: dict[str, Any] = {}
-    for flag in RUN_FLAGS:
-        value, source = _given(args, _dest(flag.flag), flag.flag)
-        if value is not None:
-            overrides[flag.field] = validate(flag.kind, value, source)
-    return check_config(replace(config, **overrides))
+    """Flag > environment variable > config file > default: the flags and variables are merged into the file's
+    mapping by dotted key, and the whole is validated once."""
+    values, origins = flag_values(args, os.environ)
+    config_file = args.config_file or os.environ.get(env_name("--config.file"))
+    if config_file:
+        return load_config_file(config_file, flags=values, origins=origins)
+    return config_from_mapping({}, "defaults", values, origins)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     from specdecode_exporter.sidecar.webconfig import WebSecurity, load_web_config
 
-    security = WebSecurity(load_web_config(config.web_config_file)) if config.web_config_file else None
-    setup_logging(config.log_level, config.log_format)
+    security = WebSecurity(load_web_config(config.web.config_file)) if config.web.config_file else None
+    setup_logging(config.log.level, config.log.format)
     from specdecode_exporter.sidecar.web import serve
 
     return serve(config, load=lambda: config_from_args(args), security=security)

@@ -23,10 +23,12 @@ from specdecode_exporter.core.signals import stop_on_signals
 from specdecode_exporter.sidecar.collection import Exporter
 from specdecode_exporter.sidecar.config import (
     BaselineConfig,
+    CollectSection,
     Config,
     ProxyConfig,
     RouteConfig,
     TargetConfig,
+    WebSection,
     parse_windows,
     split_listen_address,
 )
@@ -60,11 +62,11 @@ def demo_config(listen_address: str, spec_url: str, control_url: str) -> Config:
     return Config(
         targets=(spec, control),
         windows=parse_windows("1m,5m,15m,1h", "windows"),
-        collect_interval=DEMO_INTERVAL_SECONDS,
+        collect=CollectSection(interval=DEMO_INTERVAL_SECONDS),
         # The verdict over 1m (5m by default): the degraded phase turns it to "hurting" within about half a minute,
         # until the acceptance gate stops speculation; over 5m its 150 s are diluted by the healthy phase before.
         verdict_window=DEMO_VERDICT_WINDOW,
-        listen_address=listen_address,
+        web=WebSection(listen_address=listen_address),
         proxy=ProxyConfig(listen_address="127.0.0.1:0", upstream=spec_url, target=spec.name, drain_timeout=1.0,
                           route=RouteConfig(control_url, mode=ENFORCE, min_requests=20, canary_share=0.2)),
     )
@@ -129,7 +131,7 @@ def _run_demo(listen_address: str, duration: float | None, scenario: Scenario) -
 
 
 def _start_sidecar(config: Config) -> tuple[ThreadedServer, TapRuntime]:
-    host, port = split_listen_address(config.listen_address)
+    host, port = split_listen_address(config.web.listen_address)
     exporter = Exporter(config)
     tap = tap_runtime(config, exporter.views, lambda: exporter.config)
     assert tap is not None, "the demo config has a proxy"

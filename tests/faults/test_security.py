@@ -18,6 +18,7 @@ from specdecode_exporter.core.httpserver import ThreadedServer, bind_socket
 from specdecode_exporter.core.validation import ConfigError
 from specdecode_exporter.sidecar.collection import Exporter, TargetView, new_client
 from specdecode_exporter.sidecar.config import (
+    CollectSection,
     Config,
     TargetConfig,
     TLSConfig,
@@ -57,7 +58,7 @@ def test_no_route_or_parameter_steers_collection(good_server: HostileServer) -> 
     bait = serve(scripted(lambda: v1_body(1, 1)))
     try:
         config = Config(targets=(TargetConfig("vllm", good_server.url, timeout=1.0),),
-                        windows=parse_windows("1m", "windows"), collect_interval=0.1)
+                        windows=parse_windows("1m", "windows"), collect=CollectSection(interval=0.1))
         exporter = Exporter(config)
         app = build_app(exporter, run_collection=True)
         routes = sorted(getattr(r, "path", "") for r in app.routes)

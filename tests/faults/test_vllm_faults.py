@@ -14,7 +14,7 @@ import pytest
 
 from specdecode_exporter.core.httpserver import ThreadedServer, bind_socket
 from specdecode_exporter.sidecar.collection import Exporter, TargetView, new_client
-from specdecode_exporter.sidecar.config import Config, TargetConfig, parse_windows
+from specdecode_exporter.sidecar.config import CollectSection, Config, TargetConfig, parse_windows
 from specdecode_exporter.sidecar.web import build_app
 from tests.faults.hostile import (
     HostileServer,
@@ -46,8 +46,9 @@ class Sidecar:
 
     def __post_init__(self) -> None:
         config = Config(targets=(TargetConfig("vllm", self.url, timeout=self.timeout),),
-                        windows=parse_windows("1m", "windows"), collect_interval=5.0,
-                        max_body_bytes=self.max_body_bytes, max_series_per_target=self.max_series_per_target)
+                        windows=parse_windows("1m", "windows"),
+                        collect=CollectSection(interval=5.0, max_body_size=self.max_body_bytes,
+                                               max_series_per_target=self.max_series_per_target))
         self.exporter = Exporter(config, clock=self.clock)
 
     def collect(self, advance: float = 5.0) -> TargetView:
@@ -336,7 +337,7 @@ def test_a_hanging_target_delays_neither_the_others_nor_metrics(hostile: Callabl
     hang = hostile(silent())
     good = hostile(scripted(lambda: v1_body(300, 200)))
     config = Config(targets=(TargetConfig("hang", hang.url, timeout=3.0), TargetConfig("good", good.url, timeout=3.0)),
-                    windows=parse_windows("1m", "windows"), collect_interval=0.2)
+                    windows=parse_windows("1m", "windows"), collect=CollectSection(interval=0.2))
     exporter = Exporter(config)
     with ThreadedServer(build_app(exporter, run_collection=True), bind_socket(), name="sidecar").start() as sidecar:
         time.sleep(2.0)

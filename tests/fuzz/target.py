@@ -34,7 +34,8 @@ class Target:
         config = Config(targets=(TargetConfig("fuzz", "http://127.0.0.1:1/metrics"),),
                         windows=parse_windows("1m,5m", "windows"), max_series_per_target=50)
         self.now = 1000.0
-        self.store = Store(keep_seconds=400, stale_after=120, max_series_per_target=config.max_series_per_target)
+        self.store = Store(keep_seconds=400, stale_after=120,
+                           max_series_per_target=config.collect.max_series_per_target)
         self.collector = TargetCollector(config.targets[0], config, self.store, clock=lambda: self.now)
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(SpecDecodeCollector(lambda: [self.collector.view] if self.collector.view else []))

@@ -17,7 +17,7 @@ import pytest
 
 from specdecode_exporter.core.httpserver import ThreadedServer, bind_socket
 from specdecode_exporter.sidecar.collection import Exporter
-from specdecode_exporter.sidecar.config import Config, TargetConfig, parse_windows
+from specdecode_exporter.sidecar.config import CollectSection, Config, TargetConfig, parse_windows
 from specdecode_exporter.sidecar.web import PROMETHEUS_ACCEPT, build_app
 from specdecode_exporter.simulator import ModelSpec, Simulator, steady_scenario
 from specdecode_exporter.simulator.server import serve_in_thread
@@ -78,7 +78,7 @@ def sidecar(first_fetch_delay: float = 0.0) -> Iterator[Sidecar]:
 
         simulator.snapshot = slow_first  # type: ignore[assignment,method-assign]
     config = Config(targets=(TargetConfig(name="vllm", url=url + "/metrics", timeout=5.0),),
-                    windows=parse_windows("1m", "windows"), collect_interval=INTERVAL)
+                    windows=parse_windows("1m", "windows"), collect=CollectSection(interval=INTERVAL))
     try:
         with ThreadedServer(build_app(Exporter(config), run_collection=True), bind_socket(),
                             name="sidecar").start() as running:

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from specdecode_exporter.core.settings import get
 from specdecode_exporter.sidecar.config import Config, config_from_mapping
 from specdecode_exporter.sidecar.reload import APPLIED, RESTART_ONLY, Reloader
 from specdecode_exporter.simulator import ModelSpec, steady_scenario
@@ -145,6 +146,17 @@ def test_log_settings_are_reported_as_applied(harness: Harness) -> None:
     reload_with(harness, log={"level": "info", "format": "logfmt"})
 
 
+def test_collect_timeout(harness: Harness) -> None:
+    # A target without a timeout of its own takes collect.timeout: the reload's new targets carry it.
+    target = harness.exporter.config.targets[0]
+    data = {"windows": "1m,5m", "collect": {"interval": "5s", "timeout": "1s"},
+            "targets": [{"name": target.name, "url": target.url}]}
+    ok, message = Reloader(harness.exporter, lambda: config_from_mapping(data, "reload")).reload()
+    assert ok, message
+    assert "collect.timeout 3.0 → 1.0 applied" in message
+    assert harness.exporter.config.collect.timeout == 1.0 and harness.exporter.config.targets[0].timeout == 1.0
+
+
 @pytest.mark.parametrize(("key", "value", "field"), [
     ("web.listen_address", ":19877", "listen_address"),
     ("web.telemetry_path", "/m", "telemetry_path"),
@@ -152,22 +164,23 @@ def test_log_settings_are_reported_as_applied(harness: Harness) -> None:
 ])
 def test_restart_only_settings_say_so_and_keep_the_running_value(harness: Harness, key: str, value: object,
                                                                   field: str) -> None:
-    before = getattr(harness.exporter.config, field)
+    before = get(harness.exporter.config, key)
     message = reload_with(harness, **{key: value})
     assert f"{field} changed; it applies after a restart" in message
-    assert getattr(harness.exporter.config, field) == before
+    assert get(harness.exporter.config, key) == before
 
 
 # Every setting the reload reports as applied has a test above (a new setting needs one).
 TESTED: dict[str, Callable[..., None]] = {
-    "windows": test_windows, "collect_interval": test_collect_interval, "max_body_bytes": test_max_body_size,
-    "stale_after": test_stale_after, "max_series_per_target": test_max_series_per_target,
+    "windows": test_windows, "collect.interval": test_collect_interval, "collect.max_body_size": test_max_body_size,
+    "collect.stale_after": test_stale_after, "collect.max_series_per_target": test_max_series_per_target,
+    "collect.timeout": test_collect_timeout,
     "verdict": test_page_threshold, "verdict_window": test_verdict_window,
-    "monitoring_config_file": test_monitoring_config_file, "log_level": test_log_settings_are_reported_as_applied,
-    "log_format": test_log_settings_are_reported_as_applied, "speculation_stopped": test_speculation_stopped,
+    "monitoring.config_file": test_monitoring_config_file, "log.level": test_log_settings_are_reported_as_applied,
+    "log.format": test_log_settings_are_reported_as_applied, "speculation_stopped": test_speculation_stopped,
 }
 
 
 def test_every_applied_setting_has_a_test() -> None:
     assert set(APPLIED) == set(TESTED)
-    assert {"listen_address", "telemetry_path", "concurrency"} <= set(RESTART_ONLY)
+    assert {"web.listen_address", "web.telemetry_path", "collect.concurrency"} <= set(RESTART_ONLY)

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from specdecode_exporter.core.httpserver import ThreadedServer, bind_socket
 from specdecode_exporter.sidecar.collection import Exporter
-from specdecode_exporter.sidecar.config import Config, TargetConfig, parse_windows
+from specdecode_exporter.sidecar.config import CollectSection, Config, TargetConfig, parse_windows
 from specdecode_exporter.sidecar.web import build_app
 from tests.faults.hostile import scripted, serve, v1_body
 
@@ -28,7 +28,7 @@ def test_targets_are_spread_over_the_interval_after_the_first_collection() -> No
     servers = [serve(scripted(_recording(times[i]))).start() for i in range(TARGETS)]
     try:
         config = Config(targets=tuple(TargetConfig(f"t{i}", s.url) for i, s in enumerate(servers)),
-                        windows=parse_windows("1m", "windows"), collect_interval=INTERVAL)
+                        windows=parse_windows("1m", "windows"), collect=CollectSection(interval=INTERVAL))
         with ThreadedServer(build_app(Exporter(config), run_collection=True), bind_socket(), name="sidecar").start():
             time.sleep(2.6 * INTERVAL)
     finally:

@@ -154,7 +154,7 @@ def test_unreachable_target_is_connect_and_metrics_keep_answering() -> None:
 
 
 def test_body_over_the_size_cap_is_too_large() -> None:
-    harness = start_harness(max_body_bytes=1000)
+    harness = start_harness(max_body_size=1000)
     try:
         harness.step(5.0)
         metrics = harness.metrics()

@@ -15,7 +15,7 @@ import pytest
 
 from specdecode_exporter.core.httpserver import ThreadedServer, bind_socket
 from specdecode_exporter.sidecar.collection import Exporter, TargetView
-from specdecode_exporter.sidecar.config import BaselineConfig, Config, TargetConfig, parse_windows
+from specdecode_exporter.sidecar.config import BaselineConfig, CollectSection, Config, TargetConfig, parse_windows
 from specdecode_exporter.sidecar.web import build_app
 from specdecode_exporter.simulator import ModelSpec, Simulator, steady_scenario
 from specdecode_exporter.simulator.clock import ManualClock
@@ -135,7 +135,7 @@ class Pods:
         config = Config(targets=(
             TargetConfig(name="vllm", url=urls[0] + "/metrics", baseline=BaselineConfig(target="control")),
             TargetConfig(name="control", url=urls[1] + "/metrics", spec_decode=False),
-        ), windows=parse_windows("1m,5m", "windows"), collect_interval=5.0)
+        ), windows=parse_windows("1m,5m", "windows"), collect=CollectSection(interval=5.0))
         self.exporter = Exporter(config, clock=self.clock)
         sidecar = ThreadedServer(build_app(self.exporter, run_collection=False), bind_socket(), name="sidecar")
         self._servers.append(sidecar.start())

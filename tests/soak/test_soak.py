@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from specdecode_exporter.pipeline.store import SeriesKey
 from specdecode_exporter.sidecar.collection import Exporter
-from specdecode_exporter.sidecar.config import Config, TargetConfig, parse_windows
+from specdecode_exporter.sidecar.config import CollectSection, Config, TargetConfig, parse_windows
 from specdecode_exporter.sidecar.expose import SpecDecodeCollector
 from specdecode_exporter.simulator import ModelSpec, Simulator, steady_scenario
 from specdecode_exporter.simulator.exposition import render
@@ -82,8 +82,8 @@ class Soak:
         self.rss: list[tuple[float, float]] = []
         self.counts = {"collections": 0, "failed": 0, "restarts": 0, "churned": 0, "scrapes": 0}
         self.config = Config(targets=(TargetConfig("vllm", "http://vllm.soak/metrics", timeout=2.0),),
-                             windows=parse_windows("1m,5m,15m,1h", "windows"), collect_interval=INTERVAL,
-                             stale_after=600.0)
+                             windows=parse_windows("1m,5m,15m,1h", "windows"),
+                             collect=CollectSection(interval=INTERVAL, stale_after=600.0))
         self.exporter = Exporter(self.config, clock=self.clock)
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(SpecDecodeCollector(self.exporter.views))
@@ -199,7 +199,7 @@ def test_soak_rss_flat_and_no_lost_counts() -> None:
     assert lost == 0, report
     assert checked == active
     end = (steps + 1) * INTERVAL
-    recently_retired = sum(engines for at, engines in soak.retired_at if end - at <= soak.config.stale_after)
+    recently_retired = sum(engines for at, engines in soak.retired_at if end - at <= soak.config.collect.stale_after)
     assert len(store.series) == active + recently_retired, "retired models' series expire"
     assert sum(s.restarts for s in store.series.values()) <= soak.counts["restarts"]  # retired took theirs
     assert soak.growth(baseline_index) < RSS_GROWTH_LIMIT_MIB, report

@@ -39,8 +39,8 @@ def write(tmp_path: Path, text: str) -> str:
 
 def test_a_full_config_loads(tmp_path: Path) -> None:
     config = load_config_file(write(tmp_path, GOOD))
-    assert config.listen_address == "127.0.0.1:9999"
-    assert config.collect_interval == 2.0
+    assert config.web.listen_address == "127.0.0.1:9999"
+    assert config.collect.interval == 2.0
     assert [w.name for w in config.windows] == ["1m", "5m"]
     main, draft = config.targets
     assert main.timeout == 1.0 and draft.timeout == 0.5
@@ -188,10 +188,10 @@ def test_class_histograms_off_by_default_on_by_key_flag_or_env(tmp_path: Path,
 
 def test_defaults() -> None:
     config = config_from_mapping({}, "defaults")
-    assert config.collect_interval == 5.0
+    assert config.collect.interval == 5.0
     assert [w.name for w in config.windows] == ["1m", "5m", "15m", "1h"]
-    assert config.listen_address == ":9877"
-    assert config.max_body_bytes == 16 * 1024 * 1024
+    assert config.web.listen_address == ":9877"
+    assert config.collect.max_body_size == 16 * 1024 * 1024
 
 
 def test_windows_keep_their_spelling_shortest_first() -> None:
@@ -208,8 +208,8 @@ def test_flags_override_env_which_overrides_the_file(tmp_path: Path, monkeypatch
     monkeypatch.setenv(env_name("--web.listen-address"), ":1234")
     args = build_parser().parse_args(["run", "--config.file", path, "--web.listen-address", "127.0.0.1:4321"])
     config = config_from_args(args)
-    assert config.collect_interval == 7.0  # env beats file
-    assert config.listen_address == "127.0.0.1:4321"  # flag beats env
+    assert config.collect.interval == 7.0  # env beats file
+    assert config.web.listen_address == "127.0.0.1:4321"  # flag beats env
     assert len(config.targets) == 2  # from the file
 
 

@@ -21,7 +21,7 @@ from specdecode_exporter.pipeline.parse import ParseError, select
 from specdecode_exporter.pipeline.scrape import FetchResult
 from specdecode_exporter.pipeline.store import Store, Totals, WindowSpan
 from specdecode_exporter.sidecar.collection import TargetCollector
-from specdecode_exporter.sidecar.config import Config, TargetConfig, parse_windows
+from specdecode_exporter.sidecar.config import CollectSection, Config, TargetConfig, parse_windows
 from specdecode_exporter.simulator import ModelSpec, Scenario, Simulator
 from specdecode_exporter.simulator.clock import ManualClock
 from specdecode_exporter.simulator.exposition import render
@@ -112,8 +112,8 @@ def test_lines_with_timestamps_never_take_the_fast_path() -> None:
 
 def _collector(clock: ManualClock) -> TargetCollector:
     target = TargetConfig(name="vllm", url="http://127.0.0.1:1/metrics")
-    config = Config(targets=(target,), windows=parse_windows("1m,5m", "windows"), collect_interval=5.0)
-    store = Store(keep_seconds=config.longest_window + 10.0, stale_after=config.stale_after)
+    config = Config(targets=(target,), windows=parse_windows("1m,5m", "windows"), collect=CollectSection(interval=5.0))
+    store = Store(keep_seconds=config.longest_window + 10.0, stale_after=config.collect.stale_after)
     return TargetCollector(target, config, store, clock)
 
 

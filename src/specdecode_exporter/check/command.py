@@ -21,7 +21,7 @@ from specdecode_exporter.pipeline.schedule import (
     vllm_speculative_config,
 )
 from specdecode_exporter.sidecar.collection import Exporter, TargetView
-from specdecode_exporter.sidecar.config import Config, TargetConfig, Window
+from specdecode_exporter.sidecar.config import CollectSection, Config, TargetConfig, Window
 from specdecode_exporter.sidecar.series import SeriesView
 from specdecode_exporter.sidecar.status import verdict_stats
 
@@ -173,7 +173,7 @@ def run_check(url: str, duration: float, timeout: float, out: TextIO, err: TextI
     window = Window(f"{duration:g}s", duration + CHECK_STEP_SECONDS)
     target = TargetConfig(name="check", url=url, timeout=timeout, adaptive_verification=adaptive_verification)
     config = Config(targets=(target,), windows=(window,),
-                    collect_interval=CHECK_STEP_SECONDS)
+                    collect=CollectSection(interval=CHECK_STEP_SECONDS))
     exporter = Exporter(config)
     view = asyncio.run(collect_for(exporter, duration))
     if not view.up:

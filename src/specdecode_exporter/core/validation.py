@@ -25,14 +25,52 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError, core_schema
 
 __all__ = [
-    "Bool", "Choice", "ConfigError", "Context", "Duration", "DurationOrZero", "Int", "Number", "PromDuration",
-    "PromDurationOrZero", "Range", "Section", "Size", "Text", "duration_seconds", "fail", "load_yaml",
-    "parse_duration", "parse_size", "read_yaml", "seconds", "show", "suggest", "validate", "words",
+    "Bool",
+    "Choice",
+    "ConfigError",
+    "Context",
+    "Duration",
+    "DurationOrZero",
+    "Int",
+    "Named",
+    "Number",
+    "PromDuration",
+    "PromDurationOrZero",
+    "Range",
+    "Section",
+    "Size",
+    "SourcedError",
+    "Text",
+    "duration_seconds",
+    "fail",
+    "load_yaml",
+    "parse_duration",
+    "parse_size",
+    "read_yaml",
+    "seconds",
+    "show",
+    "suggest",
+    "validate",
+    "words",
 ]
 
 
 class ConfigError(ValueError):
     """A bad configuration value (a file, a flag, an environment variable); str() is the one line shown."""
+
+
+class SourcedError(ConfigError):
+    """A bad value that a flag or an environment variable gave: the line names it, not a file's key (and no file's
+    path goes before it)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Named:
+    """In an ``Annotated`` type: what the type is called in --help and the configuration reference, and how a value
+    of it is written there (``Duration``'s 600.0 as 10m). Pydantic leaves it alone."""
+
+    name: str
+    text: Callable[[Any], str] = str
 
 
 Context = Mapping[str, Any]
@@ -103,23 +141,26 @@ def _prometheus_text(allow_zero: bool) -> Callable[[object], str]:
         written = str(value).strip()
         if written and _PROMETHEUS_DURATION.fullmatch(written):
             return written
-        millis = round(length * 1000)
-        if abs(millis - length * 1000) > 1e-6:
+        if abs(round(length * 1000) - length * 1000) > 1e-6:
             raise fail(f"expected whole milliseconds (Prometheus' finest unit), got {show(value)}")
-        if millis == 0:
-            return "0s"
-        out = ""
-        for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000), ("ms", 1)):
-            count, millis = divmod(millis, size)
-            out += f"{count}{unit}" if count else ""
-        return out
+        return duration_text(length)
 
     return text
 
 
-Duration = Annotated[float, BeforeValidator(_duration(allow_zero=False))]
+def duration_text(value: float) -> str:
+    """Seconds as a duration is written: 600.0 → 10m, 0.5 → 500ms."""
+    millis, out = round(value * 1000), ""
+    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000), ("ms", 1)):
+        count, millis = divmod(millis, size)
+        out += f"{count}{unit}" if count else ""
+    return out or "0s"
+
+
+_DURATION = Named("duration", duration_text)
+Duration = Annotated[float, BeforeValidator(_duration(allow_zero=False)), _DURATION]
 """Seconds (> 0), from '500ms', '5s', '1m30s', '1h', '1d' or a plain number of seconds."""
-DurationOrZero = Annotated[float, BeforeValidator(_duration(allow_zero=True))]
+DurationOrZero = Annotated[float, BeforeValidator(_duration(allow_zero=True)), _DURATION]
 PromDuration = Annotated[str, BeforeValidator(_prometheus_text(allow_zero=False))]
 """The same syntax as Duration, kept as text for PromQL and label values (the monitoring config)."""
 PromDurationOrZero = Annotated[str, BeforeValidator(_prometheus_text(allow_zero=True))]
@@ -161,7 +202,15 @@ def words(what: str) -> BeforeValidator:
     return BeforeValidator(check)
 
 
-Size = Annotated[int, BeforeValidator(_size)]
+def size_text(size: int) -> str:
+    """Bytes as a size is written: 16777216 → 16MiB."""
+    for unit, factor in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if size % factor == 0:
+            return f"{size // factor}{unit}"
+    return f"{size}B"
+
+
+Size = Annotated[int, BeforeValidator(_size), Named("size", size_text)]
 """Bytes (> 0), from '16MiB', '1GB', '512KiB' or a plain number of bytes."""
 Number = Annotated[float, BeforeValidator(_number)]
 """A finite number; add a Range to bound it."""
@@ -297,12 +346,17 @@ def _adapter(kind: Any) -> TypeAdapter[Any]:
 
 
 def validate(kind: type[T] | Any, data: object, source: str | None = None, context: Context | None = None,
-                at: tuple[str | int, ...] = ()) -> T:
-    """``data`` validated as ``kind``; a ConfigError line (``<source>: <at + key path>: ...``) when it is not."""
+             at: tuple[str | int, ...] = (), origins: Mapping[str, str] | None = None) -> T:
+    """``data`` validated as ``kind``; a ConfigError line (``<source>: <at + key path>: ...``) when it is not.
+    ``origins``: the dotted keys whose values a flag or an environment variable gave, and which: an error at one
+    of them names that flag or variable instead of the key (a SourcedError)."""
     try:
         return typing.cast(T, _adapter(kind).validate_python(data, context=dict(context or {})))
     except ValidationError as exc:
         line = one_line(exc, at)
+        for key, origin in (origins or {}).items():
+            if line.startswith(key) and line[len(key):len(key) + 1] in (":", "[", "."):
+                raise SourcedError(origin + line[len(key):]) from None
         if source:  # a flag's list item reads --flag[1]: ...
             line = f"{source}{line}" if line.startswith("[") else f"{source}: {line}"
         raise ConfigError(line) from None

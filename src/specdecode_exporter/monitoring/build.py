@@ -32,6 +32,7 @@ from specdecode_exporter.core.monitoring_config import MonitoringConfig
 from specdecode_exporter.core.validation import ConfigError
 from specdecode_exporter.monitoring import mixin
 from specdecode_exporter.monitoring.rules import rule_groups
+from specdecode_exporter.sidecar.config import reference_table as config_reference_table
 
 NAME = "specdecode-exporter"
 TEMPLATES = Path(__file__).resolve().parent / "templates"  # package data: the build runs from an install too
@@ -40,6 +41,8 @@ COMMON_LABELS = {"app.kubernetes.io/name": NAME}
 METRIC_REFERENCE = "docs/metrics.md"
 METRIC_REFERENCE_BLOCK = re.compile(r"(<!-- metric-reference:start -->\n).*?(<!-- metric-reference:end -->)",
                                     re.DOTALL)
+CONFIG_BLOCK = re.compile(r"(<!-- config-reference:start -->\n).*?(<!-- config-reference:end -->)", re.DOTALL)
+CONFIG_DOC = "docs/configuration.md"
 
 
 class BuildError(ValueError):
@@ -171,6 +174,18 @@ def render_metric_reference(src: Sources) -> str:
     return METRIC_REFERENCE_BLOCK.sub(lambda match: match.group(1) + reference_table() + "\n" + match.group(2), page)
 
 
+def render_config_reference(src: Sources) -> str:
+    """docs/configuration.md with the config tree's reference table between its markers (the file is made with
+    just the markers and the table where it does not exist yet)."""
+    path = src.root / CONFIG_DOC
+    doc = path.read_text(encoding="utf-8") if path.exists() else (
+        "# Configuration\n\n<!-- config-reference:start -->\n<!-- config-reference:end -->\n")
+    if not CONFIG_BLOCK.search(doc):
+        raise BuildError(f"{CONFIG_DOC} has no <!-- config-reference:start/end --> markers")
+    table = config_reference_table()
+    return CONFIG_BLOCK.sub(lambda match: match.group(1) + table + "\n" + match.group(2), doc)
+
+
 ARTEFACTS: dict[str, Callable[[Sources], str]] = {
     "alerts/specdecode.rules.yaml": render_rules,
     "grafana/dashboards/specdecode.json": render_dashboard,
@@ -182,6 +197,7 @@ ARTEFACTS: dict[str, Callable[[Sources], str]] = {
     "deploy/sidecar/generated/pod-patch.yaml": render_pod_patch,
     **{f"mixin/{name}": render_mixin(name) for name in mixin.FILES},
     METRIC_REFERENCE: render_metric_reference,
+    CONFIG_DOC: render_config_reference,
 }
 
 
@@ -211,7 +227,7 @@ def build(src: Sources, check: bool, only: list[str] | None = None) -> int:
     for relative, render in ARTEFACTS.items():
         if only is not None and relative not in only:
             continue
-        if relative == METRIC_REFERENCE and not is_project_checkout(src.root):
+        if relative in (METRIC_REFERENCE, CONFIG_DOC) and not is_project_checkout(src.root):
             continue
         path = src.root / relative
         want = render(src)

@@ -288,7 +288,7 @@ class TargetCollector:
     @property
     def interval(self) -> float:
         limit = self.engine.max_collect_interval if self.engine else None
-        return min(self.app.collect_interval, limit) if limit else self.app.collect_interval
+        return min(self.app.collect.interval, limit) if limit else self.app.collect.interval
 
     def _bearer_token(self) -> str | None:
         path = self.config.bearer_token_file
@@ -307,7 +307,7 @@ class TargetCollector:
     async def collect(self, client: StreamingClient) -> TargetView:
         started = time.perf_counter()  # durations are real time even when tests drive a fake clock
         try:
-            result = await fetch(client, self.config.url, self.config.timeout, self.app.max_body_bytes,
+            result = await fetch(client, self.config.url, self.config.timeout, self.app.collect.max_body_size,
                                  self._bearer_token(), self.clock,
                                  sni_hostname=self.config.tls.server_name if self.config.tls else None)
             if result.failure is not None:
@@ -537,7 +537,8 @@ class TargetCollector:
 
 def store_limits(config: Config) -> tuple[float, float, int]:
     """The store's keep_seconds, stale_after and max_series_per_target under ``config``."""
-    return config.longest_window + 2 * config.collect_interval, config.stale_after, config.max_series_per_target
+    collect = config.collect
+    return config.longest_window + 2 * collect.interval, collect.stale_after, collect.max_series_per_target
 
 
 @dataclass
@@ -661,7 +662,7 @@ class Exporter:
         self.store.drop_target(target)
 
     async def run(self) -> None:
-        self._limit = asyncio.Semaphore(self.config.concurrency)
+        self._limit = asyncio.Semaphore(self.config.collect.concurrency)
         try:
             for collector in self.collectors.values():
                 self._start(collector)

@@ -1,13 +1,16 @@
-"""YAML + flags → a validated, typed Config (core.validation: every problem is one ConfigError line naming the key).
+"""YAML + flags → a validated, typed Config (core.validation: every problem is one ConfigError line naming the key,
+or the flag or environment variable that gave the value).
 
-The file is read in three steps, each one pydantic validation: the file's sections (ConfigFile), then each
-target (TargetConfig, whose missing timeout and cost_model come from collect.timeout and the top-level cost_model),
-then the request tap (ProxyConfig, with the --proxy.* flags over the file's proxy section, its target and upstream
-defaulting to the first target). TargetConfig, TLSConfig, BaselineConfig and ProxyConfig are what the sidecar
-runs with, and their fields are the keys: a target or proxy key is one field there. Config is the flat view the
-rest of the sidecar reads; ConfigFile maps the file's other sections onto it.
+The sections below are the config tree (core.settings): each setting is declared once, as a field of the section it
+configures, with its help, flag, variable and reload behaviour; SETTINGS lists them, and the command's flags, its
+--help, the reload's notes and docs/configuration.md are built from it. Flags and variables are merged into the
+file's mapping by dotted key (``merged``) before it is read, in three steps of the same validation: the file's
+sections (ConfigFile), then each target (TargetConfig, whose missing timeout and cost_model come from
+collect.timeout and the top-level cost_model), then the request tap (ProxyConfig, its target and upstream defaulting
+to the first target). TargetConfig, TLSConfig, BaselineConfig and ProxyConfig are what the sidecar runs with, and
+their fields are the keys. Config is the validated tree the sidecar reads: the file's sections as they are
+(``config.collect.interval``), the targets and windows resolved, and the monitoring config's verdict settings.
 """
-
 from __future__ import annotations
 
 import re
@@ -21,6 +24,7 @@ from pydantic import AfterValidator, BeforeValidator, Field, GetCoreSchemaHandle
 from pydantic_core import core_schema
 
 from specdecode_exporter.core import monitoring_config, validation
+from specdecode_exporter.core.settings import put, setting, tree
 from specdecode_exporter.core.validation import (
     Bool,
     Choice,
@@ -29,10 +33,12 @@ from specdecode_exporter.core.validation import (
     Duration,
     DurationOrZero,
     Int,
+    Named,
     Number,
     Range,
     Section,
     Size,
+    SourcedError,
     Text,
     fail,
     show,
@@ -140,15 +146,19 @@ def _increasing(bands: tuple[float, ...]) -> tuple[float, ...]:
     return bands
 
 
-Windows = Annotated[tuple[Window, ...], BeforeValidator(_windows)]
-Url = Annotated[str, BeforeValidator(_url)]
-ListenAddress = Annotated[str, BeforeValidator(_listen_address)]
-UrlPath = Annotated[str, BeforeValidator(_url_path)]
-FilePath = Annotated[str, words("a path")]
+def _windows_text(windows: tuple[Window, ...]) -> str:
+    return ",".join(w.name for w in windows)
+
+
+Windows = Annotated[tuple[Window, ...], BeforeValidator(_windows), Named("windows", _windows_text)]
+Url = Annotated[str, BeforeValidator(_url), Named("URL")]
+ListenAddress = Annotated[str, BeforeValidator(_listen_address), Named("address")]
+UrlPath = Annotated[str, BeforeValidator(_url_path), Named("path")]
+FilePath = Annotated[str, words("a path"), Named("file")]
 Cost = Annotated[Number, Range(0, 10)]
 Seconds = Annotated[Number, Range(0, above=True)]
-LogLevel = Annotated[str, Choice(*LOG_LEVELS)]
-LogFormat = Annotated[str, Choice(*LOG_FORMATS)]
+LogLevel = Annotated[str, Choice(*LOG_LEVELS), Named("level")]
+LogFormat = Annotated[str, Choice(*LOG_FORMATS), Named("format")]
 
 
 # ---------- targets ----------
@@ -287,17 +297,28 @@ def _bands(value: object) -> object:
     return edges
 
 
+def _numbers_text(numbers: tuple[int, ...]) -> str:
+    return ",".join(str(n) for n in numbers) or "none"
+
+
 @dataclass(frozen=True, slots=True)
 class RouteConfig(Section):
     """proxy.route (flags --proxy.route.*): routing, on when a fallback upstream is set. Validated here, so that
     the tap's own process imports no validation (tap/route.py's RouteSettings is what it runs on)."""
 
-    fallback_upstream: Annotated[str, BeforeValidator(_fallback)]  # a pool of the same model without spec decode
-    mode: Annotated[str, Choice(*MODES)] = OBSERVE  # observe: decide and count only; enforce: route
-    min_requests: Annotated[Int, Range(2)] = 50  # requests of a class (with spec-decode metrics) per decision
-    canary_share: Annotated[Number, Range(0, 1, above=True)] = 0.05  # share of a routed class kept on speculation
-    # Edges in prompt tokens; empty: not a class dimension.
-    prompt_length_bands: Annotated[tuple[int, ...], BeforeValidator(_bands)] = ()
+    fallback_upstream: Annotated[str, BeforeValidator(_fallback), Named("URL")] = setting(
+        help="turn routing on: a pool of the same model without speculative decoding, http://host:port, where the "
+             "tap sends the classes of requests speculative decoding slows down", reload=False, shown="off")
+    mode: Annotated[str, Choice(*MODES), Named("mode")] = setting(
+        OBSERVE, "observe (decide and count only) or enforce (send routed classes to the fallback)", reload=False)
+    min_requests: Annotated[Int, Range(2)] = setting(
+        50, "requests of a class (with spec-decode metrics) per decision", reload=False)
+    canary_share: Annotated[Number, Range(0, 1, above=True)] = setting(
+        0.05, "share of a routed class kept on speculative decoding, which measures its speedup and brings it back",
+        reload=False)
+    prompt_length_bands: Annotated[tuple[int, ...], BeforeValidator(_bands), Named("tokens", _numbers_text)] = setting(
+        (), "comma-separated prompt lengths in tokens, e.g. 1024,4096: the prompt-length band becomes part of a "
+            "class", reload=False)
 
     def settings(self) -> RouteSettings:
         """The same fields, by name (a field added to one and not the other fails here, not silently)."""
@@ -308,20 +329,26 @@ class RouteConfig(Section):
 class ProxyConfig(Section):
     """The request tap: the sidecar also forwards vLLM's OpenAI API and reads each response's per-request metrics."""
 
-    listen_address: ListenAddress
-    upstream: Annotated[str, BeforeValidator(_upstream)]  # http://host:port of vLLM's API (default: the target's
-    # scheme, host and port)
-    target: Text  # the target whose series the tap's figures go with
-    workload_header: Annotated[str, BeforeValidator(_header_name)] = "x-workload"
-    max_workloads: Annotated[Int, Range(1)] = 10
-    # The edges of the temperature label's bands.
-    temperature_bands: Annotated[tuple[Annotated[Number, Range(0, 10)], ...], AfterValidator(_increasing)] = (
-        0.3, 0.7)
-    connect_timeout: Duration = 3.0
-    drain_timeout: DurationOrZero = 20.0  # on shutdown: how long requests in flight may take to finish
-    # The per-request histograms also by workload and temperature band (a drill-down that multiplies their series by
-    # the classes in use); off, they are per model, and α per class stays exact from the counters.
-    class_histograms: Bool = False
+    listen_address: ListenAddress = setting(
+        help="turn the request tap on: also forward vLLM's OpenAI API here and record each response's per-request "
+             "metrics", reload=False, shown="off")
+    upstream: Annotated[str, BeforeValidator(_upstream), Named("URL")] = setting(
+        help="where the tap forwards to, http://host:port", reload=False, shown="the target's scheme, host and port")
+    target: Text = setting(help="the target whose series the tap's figures go with", flag=False, reload=False,
+                           shown="the first target")
+    workload_header: Annotated[str, BeforeValidator(_header_name)] = setting(
+        "x-workload", "the request header that names a request's workload", flag=False, reload=False)
+    max_workloads: Annotated[Int, Range(1)] = setting(
+        10, "workloads kept as label values (more are counted as other)", flag=False, reload=False)
+    temperature_bands: Annotated[tuple[Annotated[Number, Range(0, 10)], ...], AfterValidator(_increasing)] = setting(
+        (0.3, 0.7), "the edges of the temperature label's bands", flag=False, reload=False)
+    connect_timeout: Duration = setting(3.0, "timeout of connecting to the upstream", flag=False, reload=False)
+    drain_timeout: DurationOrZero = setting(
+        20.0, "on shutdown: how long requests in flight may take to finish", flag=False, reload=False)
+    class_histograms: Bool = setting(
+        False, "export the tap's per-request histograms by workload and temperature band too, not only per model "
+               "(a drill-down that multiplies their series by the classes in use; α per class stays exact from the "
+               "counters)", reload=False)
     route: RouteConfig | None = None  # routing to a pool without spec decode: off unless a fallback is set
 
 
@@ -345,14 +372,10 @@ def api_base(url: str) -> str:
 
 
 def proxy_config(section: Mapping[str, Any] | None, targets: tuple[TargetConfig, ...],
-                 flags: Mapping[str, object]) -> ProxyConfig | None:
-    """The proxy section with --proxy.* flags winning (--proxy.route.* as route.<key>); None (the tap off) when no
-    listen address is set."""
-    raw = {**(section or {}), **{k: v for k, v in flags.items() if v is not None and not k.startswith("route.")}}
-    route_flags = {k.removeprefix("route."): v for k, v in flags.items() if v is not None and k.startswith("route.")}
-    if route_flags:
-        route = raw.get("route")
-        raw["route"] = {**(route if isinstance(route, Mapping) else {}), **route_flags}
+                 origins: Mapping[str, str] | None = None) -> ProxyConfig | None:
+    """The proxy section (the --proxy.* flags are merged into it already); None (the tap off) when no listen address
+    is set."""
+    raw = dict(section or {})
     if raw.get("listen_address") is None:
         if raw.get("route") is not None:
             raise ConfigError("proxy.route: routing needs the request tap: set proxy.listen_address "
@@ -364,42 +387,51 @@ def proxy_config(section: Mapping[str, Any] | None, targets: tuple[TargetConfig,
         raise ConfigError(f"proxy.target: {target!r} is not one of the targets ({', '.join(names)})")
     if not raw.get("upstream"):
         raw["upstream"] = api_base(next(t.url for t in targets if t.name == target))
-    proxy: ProxyConfig = validation.validate(ProxyConfig, {**raw, "target": target}, at=("proxy",))
+    proxy: ProxyConfig = validation.validate(ProxyConfig, {**raw, "target": target}, at=("proxy",), origins=origins)
     return proxy
 
 
 # ---------- the file ----------
 
+DEFAULT_WINDOWS = ",".join(monitoring_config.shipped().sidecar_windows)
+
+
 @dataclass(frozen=True, slots=True)
 class WebSection(Section):
     NULL_IS_EMPTY = True
-    listen_address: ListenAddress = ":9877"
-    telemetry_path: UrlPath = "/metrics"
-    config_file: FilePath | None = None
+    listen_address: ListenAddress = setting(":9877", "address to serve on", reload=False)
+    telemetry_path: UrlPath = setting("/metrics", "path under which to expose metrics", reload=False)
+    config_file: FilePath | None = setting(
+        None, "exporter-toolkit web config: TLS and basic auth for the sidecar's endpoints", flag="--web.config.file",
+        reload=False)
 
 
 @dataclass(frozen=True, slots=True)
 class CollectSection(Section):
     NULL_IS_EMPTY = True
-    interval: Duration = 5.0
-    timeout: Duration = 3.0
-    max_body_size: Size = 16 * 1024 * 1024
-    stale_after: Duration = 600.0
-    concurrency: Annotated[Int, Range(1)] = 16
-    max_series_per_target: Annotated[Int, Range(1)] = 1000
+    interval: Duration = setting(5.0, "how often to collect the engines' metrics (vLLM V0 targets: at most 2 s)")
+    timeout: Duration = setting(3.0, "timeout of one collection, for a target without a timeout of its own")
+    max_body_size: Size = setting(
+        16 * 1024 * 1024, "largest exposition accepted, after gunzip (a larger one fails as too_large)")
+    stale_after: Duration = setting(600.0, "drop a label set not seen for this long")
+    concurrency: Annotated[Int, Range(1)] = setting(16, "collections in flight at once", flag=False, reload=False)
+    max_series_per_target: Annotated[Int, Range(1)] = setting(
+        1000, "label sets kept per target; more are dropped and counted", flag=False)
 
 
 @dataclass(frozen=True, slots=True)
 class LogSection(Section):
     NULL_IS_EMPTY = True
-    level: LogLevel = "info"
-    format: LogFormat = "logfmt"
+    level: LogLevel = setting("info", f"one of {', '.join(LOG_LEVELS)}")
+    format: LogFormat = setting("logfmt", f"one of {', '.join(LOG_FORMATS)}")
 
 
 @dataclass(frozen=True, slots=True)
 class MonitoringSection(Section):
     NULL_IS_EMPTY = True
-    config_file: FilePath | None = None
+    config_file: FilePath | None = setting(
+        None, "the monitoring config the verdict reads (thresholds, bands), merged onto the shipped one; the same "
+              "file the rules and dashboard are built from", shown="the shipped one")
 
 
 @dataclass(frozen=True, slots=True)
@@ -410,21 +442,25 @@ class ConfigFile(Section):
     NULL_IS_EMPTY = True
     web: WebSection = WebSection()
     collect: CollectSection = CollectSection()
-    windows: Windows | None = None  # None: the monitoring config's windows.sidecar
+    windows: Windows | None = setting(None, "windows of the windowed gauges (comma-separated in a flag)",
+                                      flag="--collect.windows", shown=DEFAULT_WINDOWS)
     targets: Annotated[tuple[dict[str, Any], ...], BeforeValidator(_target_list)] = ()
     cost_model: CostModelSection = CostModelSection()
-    page_threshold: Annotated[Number, Range(0, 1)] | None = None  # overrides the monitoring config's, for this
-    # sidecar's verdict only (the alert rules keep the monitoring config's)
+    page_threshold: Annotated[Number, Range(0, 1)] | None = setting(
+        None, "the verdict's page threshold, for this sidecar only (the alert rules keep the monitoring config's)",
+        flag=False, shown="the monitoring config's")
     log: LogSection = LogSection()
     monitoring: MonitoringSection = MonitoringSection()
-    proxy: Annotated[dict[str, Any] | None, BeforeValidator(_proxy_keys)] = None
+    proxy: Annotated[dict[str, Any] | None, BeforeValidator(_proxy_keys)] = field(
+        default=None, metadata={"section": ProxyConfig})  # validated once the targets are known
 
-    def targets_config(self) -> tuple[TargetConfig, ...]:
-        """The file's targets; a target without timeout or cost_model takes collect.timeout and cost_model."""
+    def targets_config(self, origins: Mapping[str, str] | None = None) -> tuple[TargetConfig, ...]:
+        """The file's targets (or --target's); a target without timeout or cost_model takes collect.timeout and
+        cost_model."""
         default_cost = self.cost_model.resolve(CostModel())
         raw = [{"name": "vllm", "timeout": self.collect.timeout, "cost_model": None, **t} for t in self.targets]
         targets: tuple[TargetConfig, ...] = validation.validate(
-            tuple[TargetConfig, ...], raw, context={"cost_model": default_cost}, at=("targets",))
+            tuple[TargetConfig, ...], raw, context={"cost_model": default_cost}, at=("targets",), origins=origins)
         return targets
 
 
@@ -432,13 +468,15 @@ class ConfigFile(Section):
 
 @dataclass(frozen=True, slots=True)
 class Config:
+    """The validated tree the sidecar runs with: the file's sections as they are (``config.collect.interval``), the
+    targets and windows resolved, and what the monitoring config gives the verdict."""
+
     targets: tuple[TargetConfig, ...] = ()
     windows: tuple[Window, ...] = ()
-    collect_interval: float = 5.0
-    max_body_bytes: int = 16 * 1024 * 1024
-    stale_after: float = 600.0
-    concurrency: int = 16
-    max_series_per_target: int = 1000
+    web: WebSection = WebSection()
+    collect: CollectSection = CollectSection()
+    log: LogSection = LogSection()
+    monitoring: MonitoringSection = MonitoringSection()  # config_file None: the shipped monitoring config
     # From the monitoring config (the shipped one unless monitoring.config_file names another).
     verdict: VerdictBands = field(default_factory=lambda: monitoring_config.shipped().verdict)
     verdict_window: str = field(default_factory=lambda: monitoring_config.shipped().verdict_window)
@@ -446,13 +484,7 @@ class Config:
         default_factory=lambda: monitoring_config.shipped().speculation_stopped)
     # The page's statistics: the configured variance (m, s) and min_requests, for the measured variance's gauge.
     statistics: monitoring_config.Statistics = field(default_factory=lambda: monitoring_config.shipped().statistics)
-    monitoring_config_file: str | None = None  # None: the shipped monitoring config
     proxy: ProxyConfig | None = None  # the request tap, off unless a listen address is given
-    listen_address: str = ":9877"
-    telemetry_path: str = "/metrics"
-    web_config_file: str | None = None
-    log_level: str = "info"
-    log_format: str = "logfmt"
     source: str = "flags"  # where the config came from, for messages
 
     @property
@@ -464,7 +496,21 @@ class Config:
         return self.verdict.page_acceptance_ratio
 
 
-DEFAULT_WINDOWS = ",".join(monitoring_config.shipped().sidecar_windows)
+SETTINGS = tree(ConfigFile)
+"""Every setting of the sidecar (``run``), in the order declared: the flags, --help, the reload's notes and the
+configuration reference are built from it."""
+
+
+def reference_table() -> str:
+    """The configuration reference (docs/configuration.md), one row per setting of the tree."""
+    rows = ["| key | type | default | flag | environment variable | reload | what it sets |",
+            "| --- | --- | --- | --- | --- | --- | --- |"]
+    for item in SETTINGS:
+        flag, env = (f"`{item.flag}`", f"`{item.env}`") if item.flag else ("", "")
+        reload = "applied" if item.reload else "restart"
+        rows.append(f"| `{item.key}` | {item.type_name} | `{item.shown}` | {flag} | {env} | {reload} | "
+                    f"{item.help.replace('|', '/')} |")
+    return "\n".join(rows)
 
 
 def parse_windows(value: str | list[Any], where: str) -> tuple[Window, ...]:
@@ -477,49 +523,49 @@ def split_listen_address(address: str) -> tuple[str, int]:
     return (host.strip("[]") or "0.0.0.0"), int(port)
 
 
-def load_monitoring(file: ConfigFile, monitoring_file: str | None) -> tuple[str | None,
-                                                                           monitoring_config.MonitoringConfig]:
-    """The monitoring config the verdict reads: ``monitoring_file`` (a flag) wins over monitoring.config_file."""
-    path = monitoring_file or file.monitoring.config_file
+def load_monitoring(file: ConfigFile) -> monitoring_config.MonitoringConfig:
+    """The monitoring config the verdict reads: monitoring.config_file, else the shipped one."""
+    path = file.monitoring.config_file
     try:
-        return path, monitoring_config.load(path) if path else monitoring_config.shipped()
+        return monitoring_config.load(path) if path else monitoring_config.shipped()
     except ConfigError as exc:
         raise ConfigError(f"monitoring.config_file: {exc}") from None
 
 
-def config_from_mapping(data: Any, source: str, monitoring_file: str | None = None,
-                        targets_override: tuple[TargetConfig, ...] | None = None,
-                        proxy_flags: Mapping[str, object] | None = None) -> Config:
-    """The config from a YAML mapping; --target and --proxy.* flags, given here, take part in validation."""
-    file: ConfigFile = validation.validate(ConfigFile, data)
-    targets = file.targets_config()
-    if targets_override is not None:
-        targets = targets_override
+def merged(data: Any, flags: Mapping[str, object]) -> Any:
+    """The file's mapping with the values of flags and environment variables (by dotted key) over it: the one place
+    they meet, before the one validation. A file that is not a mapping is left for the validation to refuse."""
+    if data is not None and not isinstance(data, Mapping):
+        return data
+    for key, value in flags.items():
+        data = put(data, key, value)
+    return data if data is not None else {}
+
+
+def config_from_mapping(data: Any, source: str, flags: Mapping[str, object] | None = None,
+                        origins: Mapping[str, str] | None = None) -> Config:
+    """The config from a YAML mapping, with ``flags`` (dotted key → value) over it; ``origins`` names the flag or
+    variable that gave each, for the error about it."""
+    file: ConfigFile = validation.validate(ConfigFile, merged(data, flags or {}), origins=origins)
+    targets = file.targets_config(origins)
     if not targets:  # the vLLM beside the sidecar
         targets = (TargetConfig(name="vllm", url=DEFAULT_TARGET_URL, timeout=file.collect.timeout),)
-    monitoring_path, monitoring = load_monitoring(file, monitoring_file)
+    monitoring = load_monitoring(file)
     verdict = monitoring.verdict
     if file.page_threshold is not None:
         verdict = replace(verdict, page_acceptance_ratio=file.page_threshold)
     config = Config(
         targets=targets,
         windows=file.windows or parse_windows(list(monitoring.sidecar_windows), "monitoring windows.sidecar"),
-        collect_interval=file.collect.interval,
-        max_body_bytes=file.collect.max_body_size,
-        stale_after=file.collect.stale_after,
-        concurrency=file.collect.concurrency,
-        max_series_per_target=file.collect.max_series_per_target,
+        web=file.web,
+        collect=file.collect,
+        log=file.log,
+        monitoring=file.monitoring,
         verdict=verdict,
         verdict_window=monitoring.verdict_window,
         speculation_stopped=monitoring.speculation_stopped,
         statistics=monitoring.statistics,
-        monitoring_config_file=monitoring_path,
-        proxy=proxy_config(file.proxy, targets, proxy_flags or {}),
-        listen_address=file.web.listen_address,
-        telemetry_path=file.web.telemetry_path,
-        web_config_file=file.web.config_file,
-        log_level=file.log.level,
-        log_format=file.log.format,
+        proxy=proxy_config(file.proxy, targets, origins),
         source=source,
     )
     return check_config(config)
@@ -531,8 +577,8 @@ def check_config(config: Config) -> Config:
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         raise ConfigError(f"targets: duplicate target name {duplicates[0]!r}; every target needs its own name")
-    if config.telemetry_path in RESERVED_PATHS:
-        raise ConfigError(f"web.telemetry_path: {config.telemetry_path} is used by the exporter itself")
+    if config.web.telemetry_path in RESERVED_PATHS:
+        raise ConfigError(f"web.telemetry_path: {config.web.telemetry_path} is used by the exporter itself")
     controls = {t.name for t in config.targets if not t.spec_decode}
     for i, target in enumerate(config.targets):
         wanted = target.baseline.target if target.baseline else None
@@ -543,22 +589,27 @@ def check_config(config: Config) -> Config:
     return config
 
 
-def load_config_file(path: str, monitoring_file: str | None = None,
-                     targets_override: tuple[TargetConfig, ...] | None = None,
-                     proxy_flags: Mapping[str, object] | None = None) -> Config:
+def load_config_file(path: str, monitoring_file: str | None = None, flags: Mapping[str, object] | None = None,
+                     origins: Mapping[str, str] | None = None) -> Config:
+    """The config file at ``path`` with ``flags`` over it (``monitoring_file``: --monitoring.config-file's)."""
     data = validation.read_yaml(path, "config file")
+    if monitoring_file is not None:
+        flags = {**(flags or {}), "monitoring.config_file": monitoring_file}
     try:
-        return config_from_mapping(data, path, monitoring_file, targets_override, proxy_flags)
+        return config_from_mapping(data, path, flags, origins)
+    except SourcedError:  # names the flag or variable that gave the value, not the file
+        raise
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None
 
 
-def targets_from_flags(urls: list[str], timeout: float) -> tuple[TargetConfig, ...]:
-    """``--target URL`` or ``--target name=URL``; the first unnamed target is called vllm."""
-    targets: list[TargetConfig] = []
-    for i, spec in enumerate(urls):
+def target_entries(specs: list[str], source: str) -> list[dict[str, str]]:
+    """``--target URL`` or ``--target name=URL`` as the targets key's entries; the first unnamed target is called
+    vllm. Each URL is checked here, so that its error names ``source`` (the flag or the variable)."""
+    entries = []
+    for i, spec in enumerate(specs):
         name, sep, url = spec.partition("=")
         if not sep or "://" in name:
             name, url = ("vllm" if i == 0 else f"vllm-{i + 1}"), spec
-        targets.append(TargetConfig(name=name, url=validation.validate(Url, url, "--target"), timeout=timeout))
-    return tuple(targets)
+        entries.append({"name": name, "url": validation.validate(Url, url, source)})
+    return entries

@@ -134,5 +134,5 @@ def tap_runtime(config: Config, views: Views = list, current: Callable[[], Confi
     target = next(t for t in config.targets if t.name == proxy.target)
     host, port = split_listen_address(proxy.listen_address)
     return TapRuntime(proxy, {"target": target.name, **dict(target.labels)}, bind_socket(host, port), views,
-                      (config.log_level, config.log_format), current or (lambda: config),
+                      (config.log.level, config.log.format), current or (lambda: config),
                       withheld=ADAPTIVE_VERIFICATION_WITHHELD if target.adaptive_verification else None)

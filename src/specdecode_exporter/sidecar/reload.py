@@ -13,25 +13,29 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields, replace
+from typing import Any
 
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from specdecode_exporter.core import metrics as m
 from specdecode_exporter.core.log import event, reconfigure_logging
+from specdecode_exporter.core.settings import get
 from specdecode_exporter.core.validation import ConfigError
 from specdecode_exporter.sidecar.collection import Exporter
-from specdecode_exporter.sidecar.config import Config
+from specdecode_exporter.sidecar.config import SETTINGS, Config
 from specdecode_exporter.sidecar.webconfig import WebSecurity
 
-RESTART_ONLY = ("listen_address", "telemetry_path", "web_config_file", "concurrency", "proxy")
-# Config fields a reload applies, with the names a user knows them by. Targets are described by apply_config.
+# From the config tree: the settings a reload applies and those that wait for a restart (the tap, proxy.*, as one).
+_SECTIONS = ("web", "collect", "log", "monitoring")  # Config's fields that are the file's sections, as they are
+_RUNTIME = [s for s in SETTINGS if s.key.partition(".")[0] in (*_SECTIONS, "windows")]
+RESTART_ONLY = (*(s.key for s in _RUNTIME if not s.reload), "proxy")
+# Config fields a reload applies, with the names a user knows them by: the tree's settings by their keys, and what
+# the monitoring config gives the verdict. Targets are described by apply_config.
 APPLIED = {
-    "windows": "windows", "collect_interval": "collect.interval", "max_body_bytes": "collect.max_body_size",
-    "stale_after": "collect.stale_after", "max_series_per_target": "collect.max_series_per_target",
+    **{s.key: s.key for s in _RUNTIME if s.reload},
     "verdict": "verdict (page_threshold and bands)", "verdict_window": "verdict window",
     "speculation_stopped": "speculation_stopped",
-    "monitoring_config_file": "monitoring.config_file", "log_level": "log.level", "log_format": "log.format",
 }
 NOT_SETTINGS = ("targets", "source")
 
@@ -42,18 +46,41 @@ def _shown(value: object) -> str:
     return str(value)
 
 
+def _keys() -> list[str]:
+    """Config's settings in its order, a section's by their dotted keys."""
+    keys = []
+    for item in fields(Config):
+        if item.name in _SECTIONS:
+            keys += [s.key for s in _RUNTIME if s.key.startswith(item.name + ".")]
+        elif item.name not in NOT_SETTINGS:
+            keys.append(item.name)
+    return keys
+
+
 def describe_changes(running: Config, new: Config) -> list[str]:
     """One note per changed setting, saying whether the reload applied it."""
     notes = []
-    for item in fields(Config):
-        old_value, new_value = getattr(running, item.name), getattr(new, item.name)
-        if item.name in NOT_SETTINGS or old_value == new_value:
+    for key in _keys():
+        old_value, new_value = get(running, key), get(new, key)
+        if old_value == new_value:
             continue
-        if item.name in RESTART_ONLY:
-            notes.append(f"{item.name} changed; it applies after a restart")
+        if key in RESTART_ONLY:
+            notes.append(f"{key} changed; it applies after a restart")
         else:
-            notes.append(f"{APPLIED[item.name]} {_shown(old_value)} → {_shown(new_value)} applied")
+            notes.append(f"{APPLIED.get(key, key)} {_shown(old_value)} → {_shown(new_value)} applied")
     return notes
+
+
+def keep_running(config: Config, running: Config) -> Config:
+    """``config`` with the restart-only settings of ``running``: what is actually in force."""
+    for key in RESTART_ONLY:
+        config = _with(config, key, get(running, key))
+    return config
+
+
+def _with(node: Any, key: str, value: object) -> Any:
+    head, dot, rest = key.partition(".")
+    return replace(node, **{head: _with(getattr(node, head), rest, value) if dot else value})
 
 
 @dataclass
@@ -70,7 +97,7 @@ class Reloader:
         try:
             config = self.load()
             notes = describe_changes(running, config)
-            if self.web is not None and config.web_config_file == running.web_config_file:
+            if self.web is not None and config.web.config_file == running.web.config_file:
                 notes += self.web.reload()
         except ConfigError as exc:
             self.last_successful = False
@@ -82,10 +109,10 @@ class Reloader:
                   detail=str(exc)[:200])
             return False, f"{type(exc).__name__}: {exc}"
         # Keep what is actually in force, so the next reload compares against it.
-        config = replace(config, **{key: getattr(running, key) for key in RESTART_ONLY})
+        config = keep_running(config, running)
         notes += self.exporter.apply_config(config)
-        if (config.log_level, config.log_format) != (running.log_level, running.log_format):
-            reconfigure_logging(config.log_level, config.log_format)
+        if config.log != running.log:
+            reconfigure_logging(config.log.level, config.log.format)
         self.last_successful = True
         self.last_success_time = time.time()
         message = "; ".join(notes) or "no changes"

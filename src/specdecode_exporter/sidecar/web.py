@@ -126,7 +126,7 @@ def _lifespan(exporter: Exporter, renderer: MetricsRenderer, reloader: Reloader 
         task = asyncio.create_task(exporter.run(), name="collection") if run_collection else None
         # The page is rendered right after the collection that precedes each scrape, not by the scrape.
         page = renderer.spec_decode
-        fresh = asyncio.create_task(page.keep_fresh(PAGE_POLL_SECONDS, config.collect_interval, woken=run_collection),
+        fresh = asyncio.create_task(page.keep_fresh(PAGE_POLL_SECONDS, config.collect.interval, woken=run_collection),
                                     name="metrics page")
         undo_sighup = _on_sighup(reloader)
         try:
@@ -167,7 +167,7 @@ def build_app(exporter: Exporter, run_collection: bool = True, reloader: Reloade
                            stats.fallback_available if stats is not None else None,
                            tap.variances() if tap is not None else ())
 
-    @app.get(config.telemetry_path)
+    @app.get(config.web.telemetry_path)
     async def metrics(request: Request) -> Response:  # on the loop: a scrape is mostly a copy of rendered bytes
         encoder, content_type = choose_encoder(request.headers.get("accept", ""))
         compress = accepts_gzip(request.headers.get("accept-encoding", ""))
@@ -192,7 +192,7 @@ def build_app(exporter: Exporter, run_collection: bool = True, reloader: Reloade
 
     @app.get("/", response_class=HTMLResponse)
     async def landing() -> HTMLResponse:
-        return HTMLResponse(status_html(await current_status(), config.telemetry_path))
+        return HTMLResponse(status_html(await current_status(), config.web.telemetry_path))
 
     if reloader is not None:
         @app.post("/-/reload")
@@ -209,7 +209,7 @@ def serve(config: Config, load: Callable[[], Config] | None = None, security: We
     """Run the sidecar until SIGTERM/SIGINT; SIGHUP or POST /-/reload calls ``load`` again. Returns the exit code."""
     exporter = Exporter(config)
     reloader = Reloader(exporter, load or (lambda: config), security)
-    host, port = split_listen_address(config.listen_address)
+    host, port = split_listen_address(config.web.listen_address)
     try:
         tap = tap_runtime(config, exporter.views, lambda: exporter.config)
     except OSError as exc:
@@ -226,9 +226,9 @@ def serve(config: Config, load: Callable[[], Config] | None = None, security: We
                                lifespan="on", loop="auto",
                                ssl_context_factory=(lambda _config, _default: context) if context else None)
     server = QuietServer(uv_config)
-    event(logging.INFO, "starting", version=exporter_version(), listen_address=config.listen_address,
-          telemetry_path=config.telemetry_path, targets=",".join(t.url for t in config.targets),
-          interval=f"{config.collect_interval:g}s", windows=",".join(w.name for w in config.windows),
+    event(logging.INFO, "starting", version=exporter_version(), listen_address=config.web.listen_address,
+          telemetry_path=config.web.telemetry_path, targets=",".join(t.url for t in config.targets),
+          interval=f"{config.collect.interval:g}s", windows=",".join(w.name for w in config.windows),
           tls=security is not None and security.ssl_context is not None,
           basic_auth=security is not None and bool(security.users),
           request_tap=f"{config.proxy.listen_address} -> {config.proxy.upstream}" if config.proxy else "off",
@@ -237,7 +237,7 @@ def serve(config: Config, load: Callable[[], Config] | None = None, security: We
     try:
         sock = bind_socket(host, port)
     except OSError as exc:
-        event(logging.ERROR, "cannot listen", listen_address=config.listen_address, detail=exc.strerror or str(exc),
+        event(logging.ERROR, "cannot listen", listen_address=config.web.listen_address, detail=exc.strerror or str(exc),
               change_with="--web.listen-address (web.listen_address in the config file)")
         return 1
     # uvicorn re-raises a captured SIGTERM once it has shut down gracefully, with the handler found before it

@@ -1,0 +1,190 @@
+"""One declared config tree: a setting is one field of the section it configures, declared once with ``setting``.
+
+    interval: Duration = setting(5.0, "how often to collect vLLM's metrics")
+
+The field's dotted key (``collect.interval``), its type (the annotation), its default and help, its flag
+(``--collect.interval``, from the key unless named), its environment variable (``SPECDECODE_COLLECT_INTERVAL``, from
+the flag) and whether a reload applies it are all read from there by ``tree``: the command's flags and ``--help``,
+the merge of flags and variables into the config mapping (before the one validation), the reload's notes and the
+configuration reference (docs/configuration.md) are built from it. Adding a setting is adding such a field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Iterator, Mapping
+from typing import Any, Union
+
+from specdecode_exporter.core.validation import Named, Section
+
+ENV_PREFIX = "SPECDECODE_"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Declared:
+    """What ``setting`` stores in a field's metadata."""
+
+    help: str
+    flag: str | bool  # True: from the key; a string: this flag; False: the file only
+    reload: bool
+    shown: str | None  # the default as the reference writes it, where the value alone would not say it
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Setting:
+    """One setting of the tree, as ``tree`` reads it from its field."""
+
+    key: str  # dotted: collect.interval
+    kind: Any  # the field's annotation
+    default: Any  # dataclasses.MISSING: required (within its section)
+    help: str
+    flag: str | None
+    reload: bool
+    shown: str
+
+    @property
+    def env(self) -> str | None:
+        return env_name(self.flag) if self.flag else None
+
+    @property
+    def type_name(self) -> str:
+        return type_name(self.kind)
+
+    @property
+    def switch(self) -> bool:
+        """A flag without a value (the key is true or false)."""
+        return _base(self.kind) is bool
+
+    def from_text(self, text: object) -> object:
+        """A flag's or variable's text as the config file's value would be (a number, true or false, where the
+        type wants one); the validation of the key judges it, as it judges the file's."""
+        if not isinstance(text, str) or _named(self.kind) is not None:
+            return text
+        base = _base(self.kind)
+        if base is bool:
+            return {"true": True, "false": False}.get(text.strip().lower(), text)
+        if base in (int, float):
+            for number in (int, float):
+                try:
+                    return number(text)
+                except ValueError:
+                    continue
+        return text
+
+
+def setting(default: Any = dataclasses.MISSING, help: str = "", *, flag: str | bool = True, reload: bool = True,
+            shown: str | None = None) -> Any:
+    """A field of a config section that is a setting (see the module's docstring)."""
+    return dataclasses.field(default=default, metadata={"setting": Declared(help, flag, reload, shown)})
+
+
+def env_name(flag: str) -> str:
+    """--web.listen-address → SPECDECODE_WEB_LISTEN_ADDRESS."""
+    return ENV_PREFIX + flag.lstrip("-").replace(".", "_").replace("-", "_").upper()
+
+
+def tree(section: type[Section], prefix: str = "") -> tuple[Setting, ...]:
+    """Every setting of ``section`` and the sections below it, in the order they are declared."""
+    return tuple(_walk(section, prefix))
+
+
+def _walk(section: type[Section], prefix: str) -> Iterator[Setting]:
+    hints = typing.get_type_hints(section, include_extras=True)
+    for field in dataclasses.fields(typing.cast(Any, section)):
+        key = prefix + field.name
+        declared = field.metadata.get("setting")
+        child = field.metadata.get("section") or _section(hints[field.name])
+        if isinstance(declared, Declared):
+            yield _setting(key, hints[field.name], field, declared)
+        elif child is not None:
+            yield from _walk(child, key + ".")
+
+
+def _setting(key: str, kind: Any, field: dataclasses.Field[Any], declared: Declared) -> Setting:
+    flag = ("--" + key.replace("_", "-")) if declared.flag is True else (declared.flag or None)
+    default = field.default
+    shown = declared.shown or ("required" if default is dataclasses.MISSING else value_text(default, kind))
+    return Setting(key, kind, default, declared.help, flag, declared.reload, shown)
+
+
+def value_text(value: object, kind: Any) -> str:
+    """A value as a user writes it: 5s, 16MiB, 0.3,0.7, none."""
+    if value is None:
+        return "none"
+    named = _named(kind)
+    if named is not None:
+        return named.text(value)
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, tuple):
+        return ",".join(str(item) for item in value) or "none"
+    return str(value)
+
+
+def type_name(kind: Any) -> str:
+    named = _named(kind)
+    if named is not None:
+        return named.name
+    base = _base(kind)
+    names = {bool: "bool", int: "integer", float: "number", str: "string", tuple: "list"}
+    return names.get(base, "value") if isinstance(base, type) else "value"
+
+
+def _strip(kind: Any) -> Any:
+    """The type without Annotated and without ``| None``."""
+    while True:
+        origin = typing.get_origin(kind)
+        if origin is typing.Annotated:
+            kind = typing.get_args(kind)[0]
+        elif origin in (Union, types.UnionType):
+            args = [a for a in typing.get_args(kind) if a is not type(None)]
+            if len(args) != 1:
+                return kind
+            kind = args[0]
+        else:
+            return kind
+
+
+def _base(kind: Any) -> Any:
+    stripped = _strip(kind)
+    return typing.get_origin(stripped) or stripped
+
+
+def _named(kind: Any) -> Named | None:
+    """The Named marker of ``kind`` (Annotated, possibly within ``| None``)."""
+    while True:
+        if typing.get_origin(kind) is typing.Annotated:
+            found = [m for m in kind.__metadata__ if isinstance(m, Named)]
+            if found:
+                return found[0]
+            kind = typing.get_args(kind)[0]
+        elif typing.get_origin(kind) in (Union, types.UnionType):
+            args = [a for a in typing.get_args(kind) if a is not type(None)]
+            if len(args) != 1:
+                return None
+            kind = args[0]
+        else:
+            return None
+
+
+def _section(kind: Any) -> type[Section] | None:
+    stripped = _strip(kind)
+    return stripped if isinstance(stripped, type) and issubclass(stripped, Section) else None
+
+
+def put(mapping: Mapping[str, Any] | None, key: str, value: object) -> dict[str, Any]:
+    """A copy of ``mapping`` with the dotted ``key`` set to ``value`` (sections on the way made or copied; a section
+    that is not a mapping is replaced, as the flag wins over it)."""
+    out = dict(mapping) if isinstance(mapping, Mapping) else {}
+    head, dot, rest = key.partition(".")
+    out[head] = put(out.get(head), rest, value) if dot else value
+    return out
+
+
+def get(tree_value: object, key: str) -> Any:
+    """The value at a dotted key of a runtime config (sections are attributes)."""
+    for part in key.split("."):
+        tree_value = getattr(tree_value, part)
+    return tree_value
