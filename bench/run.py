@@ -135,8 +135,9 @@ def run_render(rep: Report, rounds: int, tap_rounds: int, tap_seconds: float) ->
             "simulator renders 5 s apart, every counter moves). In-process, interleaved rounds, CPU time, medians: "
             "one collection (collect + derive, no fetch); the page rendered once per collection as Prometheus asks "
             "for it (OpenMetrics, gzipped), in slices that hand the event loop back; a scrape of the rendered page; "
-            "and, same rounds, the scrape as it was before (prometheus_client renders the page at the scrape, then "
-            f"gzip). The page is {c.page_kib:.0f} KiB, {c.gzip_kib:.0f} KiB gzipped. The cyclic GC runs on the "
+            "and, same rounds, the scrape as it was before (the page written whole at the scrape, no line "
+            f"remembered from the last render, then gzip). The page is {c.page_kib:.0f} KiB, "
+            f"{c.gzip_kib:.0f} KiB gzipped. The cyclic GC runs on the "
             "sidecar's schedule (sidecar/heap.py): its pass after each scrape is timed on its own; it collects what "
             "the collections and renders left, which the scrape would otherwise pay for whenever a pass fell "
             "into it.\n")
