@@ -40,7 +40,18 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.append(str(ROOT))  # appended, so a PYTHONPATH with a patched src/specdecode_exporter/ still wins
 
-from bench import breakdown, collect, corpus, fleet, fleet_steady, footprint, paging, soak, whole_process  # noqa: E402
+from bench import (  # noqa: E402
+    breakdown,
+    collect,
+    corpus,
+    fleet,
+    fleet_common,
+    fleet_steady,
+    footprint,
+    paging,
+    soak,
+    whole_process,
+)
 from bench import serve as serve_bench  # noqa: E402
 from bench import tap as tap_bench  # noqa: E402
 from bench.common import fmt_ms, markdown_table  # noqa: E402
@@ -375,7 +386,7 @@ def run_paging(rep: Report, size: paging.Size) -> None:
         rep.add(line)
 
 
-def run_fleet(rep: Report, size: fleet.Size, steady: fleet.Size) -> None:
+def run_fleet(rep: Report, size: fleet_common.Size, steady: fleet_common.Size) -> None:
     rep.h("8. Fleet: N pods through one Prometheus")
     rep.add(f"bench/fleet.py (`python -m bench.fleet`), {size.describe()}. One pod's page is the real sidecar's "
             "/metrics (`specdecode-exporter run` with the request tap on, against `specdecode-exporter simulate`, "
