@@ -1,5 +1,5 @@
 """What the sidecar exposes, sample by sample, from the latest TargetViews and the tap's view: ``fill_families``
-and ``write_request_families`` put every sample into a ``SampleSink``; ``PageLines`` writes them as text lines
+and ``add_request_families`` put every sample into a ``SampleSink``; ``PageLines`` writes them as text lines
 through the one exposition writer (core/exposition.py). The collectors at the end hand the same text to a
 prometheus_client registry (its public parser reads it back into families), for whatever wants one."""
 
