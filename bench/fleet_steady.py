@@ -9,7 +9,7 @@ bench.fleet holds each Prometheus 30 s (2 minutes with --size long), so the rule
 samples and the rule evaluation it measures is a fresh Prometheus' cost, not the one a user pays from the second
 hour on. Here every window the rules read over a page's series is full from the first evaluation: before
 Prometheus starts, the pods' history over the rules' longest range (offset included) is written at the scrape
-interval as OpenMetrics, from the same moving page and clock as the pod server (bench.fleet.PodServer), and turned
+interval as OpenMetrics, from the same moving page and clock as the pod server (fleet_common.PodServer), and turned
 into TSDB blocks by `promtool tsdb create-blocks-from openmetrics`. Prometheus then starts on those blocks with the
 generated rules and scrapes the live pods, whose series go on from the history's last sample (a gap of at most about
 one interval). Only the series the rules read are written: Prometheus selects by metric name first, so the others
@@ -41,30 +41,25 @@ from pathlib import Path
 import httpx
 import yaml
 
-from bench import fleet
+from bench import fleet_common
 from bench.common import markdown_table
+from bench.fleet_common import duration_s
 from devtools.procs import Process, prometheus_binary, promtool_binary, start_process
 from specdecode_exporter.core import monitoring_config
 from specdecode_exporter.monitoring import stage
 
-STEADY = fleet.Size("steady", (100,), 15.0, 120.0, shipped_intervals=True)  # two evaluations of the 1m groups
+STEADY = fleet_common.Size("steady", (100,), 15.0, 120.0, shipped_intervals=True)  # two evaluations of the 1m groups
 # The same with every window group at the 15 s interval too (what the rules cost before they carried their own).
-STEADY_15S = fleet.Size("steady-15s", (100,), 15.0, 120.0)
-STEADY_SMOKE = fleet.Size("steady-smoke", (2,), 5.0, 10.0)
+STEADY_15S = fleet_common.Size("steady-15s", (100,), 15.0, 120.0)
+STEADY_SMOKE = fleet_common.Size("steady-smoke", (2,), 5.0, 10.0)
 # 100 and 1,000 pods on full windows: since the rules read no raw range, only the records' history is long.
-STEADY_FLEET = fleet.Size("steady-fleet", (100, 1000), 15.0, 120.0, shipped_intervals=True)
+STEADY_FLEET = fleet_common.Size("steady-fleet", (100, 1000), 15.0, 120.0, shipped_intervals=True)
 SIZES = {s.name: s for s in (STEADY, STEADY_15S, STEADY_SMOKE, STEADY_FLEET)}
-DURATION_UNITS_S = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
 RANGE = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{[^}]*\})?\[((?:\d+(?:ms|[smhdwy]))+)\]"
                    r"(?:\s+offset\s+((?:\d+(?:ms|[smhdwy]))+))?")
 IDENTIFIER = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 POD_SLOT = "\x00"  # where a history line's pod labels go, filled per pod
 PROMTOOL_TIMEOUT_S = 600.0
-
-
-def duration_s(text: str) -> float:
-    """A PromQL duration (``2h``, ``1h30m``) in seconds."""
-    return sum(int(n) * DURATION_UNITS_S[unit] for n, unit in re.findall(r"(\d+)(ms|[smhdwy])", text))
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +104,7 @@ def record_intervals(rules_yaml: str) -> dict[str, float]:
             for group in yaml.safe_load(rules_yaml)["groups"] for rule in group["rules"] if "record" in rule}
 
 
-def sample_names(page: fleet.MovingPage) -> frozenset[str]:
+def sample_names(page: fleet_common.MovingPage) -> frozenset[str]:
     return frozenset(prefix.split("{", 1)[0] for prefix, value, _ in page.lines if value is not None)
 
 
@@ -120,7 +115,7 @@ def sample_names(page: fleet.MovingPage) -> frozenset[str]:
 class History:
     """The pods' past as the pod server would have served it: every ``step_s`` from ``origin`` (the page's second 0)."""
 
-    page: fleet.MovingPage
+    page: fleet_common.MovingPage
     names: frozenset[str]
     job: str
     pods: int
@@ -129,7 +124,7 @@ class History:
 
     def block(self, timestamp: int, model: int) -> str:
         """One scrape of one model's page at ``timestamp``: the read series, OpenMetrics lines with a pod slot."""
-        factor = 1.0 + (timestamp - self.origin) / fleet.RAMP_S
+        factor = 1.0 + (timestamp - self.origin) / fleet_common.RAMP_S
         renamed = self.page.model_label[:-1] + f'-{model}"'
         lines = []
         for prefix, value, grows in self.page.lines:
@@ -141,7 +136,7 @@ class History:
         return "".join(lines)
 
     def pod_labels(self) -> list[str]:
-        return [",".join(f'{key}="{value}"' for key, value in {"job": self.job, **fleet.pod_labels(n)}.items())
+        return [",".join(f'{key}="{value}"' for key, value in {"job": self.job, **fleet_common.pod_labels(n)}.items())
                 for n in range(self.pods)]
 
     def write(self, path: Path, steps: range) -> int:
@@ -150,9 +145,9 @@ class History:
         written = 0
         with path.open("w", encoding="utf-8") as out:
             for k in steps:
-                for model in range(fleet.MODELS):
+                for model in range(fleet_common.MODELS):
                     block = self.block(self.origin + k * self.step_s, model)
-                    for pod in range(model, self.pods, fleet.MODELS):
+                    for pod in range(model, self.pods, fleet_common.MODELS):
                         out.write(block.replace(POD_SLOT, labels[pod]))
                         written += block.count("\n")
             out.write("# EOF\n")
@@ -172,7 +167,7 @@ class RecordHistory:
     origin: int
 
     @classmethod
-    def of(cls, page: fleet.MovingPage, job: str, pods: int, rules_yaml: str, now: int) -> RecordHistory:
+    def of(cls, page: fleet_common.MovingPage, job: str, pods: int, rules_yaml: str, now: int) -> RecordHistory:
         cfg = monitoring_config.shipped()
         reads: dict[str, float] = {}
         for match in RANGE.finditer(rules_yaml):  # each record over the longest range a rule reads it
@@ -180,7 +175,7 @@ class RecordHistory:
             reads[match.group(1)] = max(span, reads.get(match.group(1), 0.0))
         intervals = record_intervals(rules_yaml)
         pages = [[(prefix.split("{", 1)[0], dict(LABEL.findall(prefix.replace(page.model_label, page.model_label[:-1]
-                                                                          + f'-{pod % fleet.MODELS}"'))))
+                                                                          + f'-{pod % fleet_common.MODELS}"'))))
                   for prefix, value, _ in page.lines if value is not None] for pod in range(pods)]
         series: dict[str, tuple[int, float]] = {}
         for key, family in stage.families(cfg).items():
@@ -188,7 +183,7 @@ class RecordHistory:
             if name not in reads:
                 continue
             for pod, lines in enumerate(pages):
-                pod_labels = {"job": job, **fleet.pod_labels(pod)}
+                pod_labels = {"job": job, **fleet_common.pod_labels(pod)}
                 for sample, labels in lines:
                     if sample == family.exposed and all(_matches(m, labels) for m in family.matchers):
                         kept = {k: v for k, v in {**labels, **pod_labels}.items() if k in family.by or not family.by}
@@ -200,7 +195,7 @@ class RecordHistory:
                 series[stage.clock(group)] = (int(duration_s(stage.step(cfg, group))), reads[stage.CLOCK])
         for name, rng in reads.items():  # the baseline's: per model, from the window groups
             if staged_any and ":" in name and name not in {s.split("{", 1)[0] for s in series} and name in intervals:
-                for model in range(min(pods, fleet.MODELS)):
+                for model in range(min(pods, fleet_common.MODELS)):
                     model_labels = f'namespace="fleet",model_name="{page.model_label.split(chr(34))[1]}-{model}"'
                     series[f"{name}{{{model_labels}}}"] = (int(intervals[name]), rng)
         return cls(tuple((k, step, rng) for k, (step, rng) in series.items()), now)
@@ -292,7 +287,7 @@ class SteadyMeasurement:
         return dict(self.groups).get(group, float("nan"))
 
 
-def measure(page_name: str, page: fleet.MovingPage, pods: int, size: fleet.Size, reads: RuleReads,
+def measure(page_name: str, page: fleet_common.MovingPage, pods: int, size: fleet_common.Size, reads: RuleReads,
             workdir: Path, *, rules: bool = True) -> SteadyMeasurement:
     """One Prometheus on ``pods`` pods of ``page``: with the rules on backfilled full windows, or (``rules`` False)
     the page scraped alone, nothing backfilled, which is what scraping it costs."""
@@ -304,14 +299,14 @@ def measure(page_name: str, page: fleet.MovingPage, pods: int, size: fleet.Size,
     origin = int(time.time() - reads.longest_s) - 2 * step  # the window is full at the first evaluation
     samples = 0
     if rules:
-        history = History(page, reads.names, fleet.JOBS[page_name], pods, origin, step)
-        records = RecordHistory.of(page, fleet.JOBS[page_name], pods, fleet.RULES.read_text(encoding="utf-8"),
-                                   int(time.time()))
+        history = History(page, reads.names, fleet_common.JOBS[page_name], pods, origin, step)
+        records = RecordHistory.of(page, fleet_common.JOBS[page_name], pods,
+                                   fleet_common.RULES.read_text(encoding="utf-8"), int(time.time()))
         samples = (backfill_records(records, run_dir / "tsdb", run_dir)
                    + backfill(history, run_dir / "tsdb", run_dir))
-    with fleet.PodServer(page, origin) as server:
-        config = fleet.prometheus_config(f"127.0.0.1:{server.port}", fleet.JOBS[page_name], pods, size.interval_s,
-                                         size.rules(run_dir / "rules.yaml"))
+    with fleet_common.PodServer(page, origin) as server:
+        config = fleet_common.prometheus_config(f"127.0.0.1:{server.port}", fleet_common.JOBS[page_name], pods,
+                                                size.interval_s, size.rules(run_dir / "rules.yaml"))
         if not rules:
             config["rule_files"] = []
         (run_dir / "prometheus.yml").write_text(yaml.safe_dump(config), encoding="utf-8")
@@ -324,11 +319,12 @@ def measure(page_name: str, page: fleet.MovingPage, pods: int, size: fleet.Size,
             prom.stop()
 
 
-def _observe(prom: Process, page_name: str, pods: int, size: fleet.Size, reads: RuleReads | None,
+def _observe(prom: Process, page_name: str, pods: int, size: fleet_common.Size, reads: RuleReads | None,
              history_samples: int) -> SteadyMeasurement:
     """``reads`` None: no rules were loaded."""
     with httpx.Client(base_url=prom.url, timeout=120, trust_env=False) as client:
-        fleet.wait_until(lambda: fleet.scalar(client, "count(up)") >= pods, 3 * size.interval_s + fleet.UP_WAIT_S)
+        fleet_common.wait_until(lambda: fleet_common.scalar(client, "count(up)") >= pods,
+                                3 * size.interval_s + fleet_common.UP_WAIT_S)
         if history_samples and size.hold_s >= SETTLE_QUIET_S:  # a shorter hold (the smoke) measures nothing
             _settle(client)
         before, started = _cpu_and_compactions(client), time.monotonic()
@@ -337,21 +333,23 @@ def _observe(prom: Process, page_name: str, pods: int, size: fleet.Size, reads: 
         cpu_cores = cpu / (time.monotonic() - started)
         per_group = {group.rsplit(";", 1)[-1]: statistics.median(r[group] for r in rounds)
                      for group in rounds[-1]} if rounds else {}
-        window = (fleet.scalar(client, f"min(count_over_time({reads.proof_selector}))")
+        window = (fleet_common.scalar(client, f"min(count_over_time({reads.proof_selector}))")
                   if reads is not None and reads.proof_selector else float("nan"))
         return SteadyMeasurement(
             page=page_name, pods=pods, interval_s=size.interval_s,
-            targets_up=int(fleet.scalar(client, "count(up == 1)")), history_samples=history_samples,
+            targets_up=int(fleet_common.scalar(client, "count(up == 1)")), history_samples=history_samples,
             window_samples=window,
             window_expected=int(reads.proof_s // (reads.proof_step_s or size.interval_s)) if reads else 0,
             round_s=statistics.median(sum(r.values()) for r in rounds) if rounds else float("nan"),
             groups=tuple(sorted(per_group.items(), key=lambda item: -item[1])), cpu_cores=cpu_cores,
             compactions=int(compactions),
             groups_evaluated=sum(1 for t in _by_group(client, LAST_EVALUATION).values() if t > 0),
-            missed_iterations=int(sum(fleet.own_metric(client, "prometheus_rule_group_iterations_missed_total"))),
-            rule_failures=int(sum(fleet.own_metric(client, "prometheus_rule_evaluation_failures_total"))),
-            rss_mb=sum(fleet.own_metric(client, "process_resident_memory_bytes")) / 2**20,
-            heap_mb=sum(fleet.own_metric(client, "go_memstats_heap_inuse_bytes")) / 2**20, rules=reads is not None)
+            missed_iterations=int(sum(fleet_common.own_metric(client,
+                                                              "prometheus_rule_group_iterations_missed_total"))),
+            rule_failures=int(sum(fleet_common.own_metric(client, "prometheus_rule_evaluation_failures_total"))),
+            rss_mb=sum(fleet_common.own_metric(client, "process_resident_memory_bytes")) / 2**20,
+            heap_mb=sum(fleet_common.own_metric(client, "go_memstats_heap_inuse_bytes")) / 2**20,
+            rules=reads is not None)
 
 
 SETTLE_QUIET_S = 70.0  # Prometheus plans compactions once a minute: one whole tick without one
@@ -371,17 +369,17 @@ def _settle(client: httpx.Client) -> None:
 
 
 def _cpu_and_compactions(client: httpx.Client) -> tuple[float, float]:
-    return (sum(fleet.own_metric(client, "process_cpu_seconds_total")),
-            sum(fleet.own_metric(client, "prometheus_tsdb_compactions_total")))
+    return (sum(fleet_common.own_metric(client, "process_cpu_seconds_total")),
+            sum(fleet_common.own_metric(client, "prometheus_tsdb_compactions_total")))
 
 
 LAST_EVALUATION = "prometheus_rule_group_last_evaluation_timestamp_seconds"
 LAST_DURATION = "prometheus_rule_group_last_duration_seconds"
 
 
-def _group_rounds(client: httpx.Client, size: fleet.Size, since: float) -> list[dict[str, float]]:
+def _group_rounds(client: httpx.Client, size: fleet_common.Size, since: float) -> list[dict[str, float]]:
     """Each group's last evaluation time, once per interval over the hold, counted only once every group has
-    evaluated after ``since`` (every target up); waits up to fleet.RULE_WAIT_S past the hold for that."""
+    evaluated after ``since`` (every target up); waits up to fleet_common.RULE_WAIT_S past the hold for that."""
     rounds: list[dict[str, float]] = []
     started = time.monotonic()
     while True:
@@ -390,7 +388,7 @@ def _group_rounds(client: httpx.Client, size: fleet.Size, since: float) -> list[
         if all(stamp > since for stamp in _by_group_in(text, LAST_EVALUATION).values()):
             rounds.append(_by_group_in(text, LAST_DURATION))
         elapsed = time.monotonic() - started
-        if (elapsed >= size.hold_s and len(rounds) >= 2) or elapsed >= size.hold_s + fleet.RULE_WAIT_S:
+        if (elapsed >= size.hold_s and len(rounds) >= 2) or elapsed >= size.hold_s + fleet_common.RULE_WAIT_S:
             return rounds
 
 
@@ -409,7 +407,7 @@ def _by_group_in(metrics_text: str, name: str) -> dict[str, float]:
 
 @dataclass(frozen=True, slots=True)
 class SteadyResult:
-    size: fleet.Size
+    size: fleet_common.Size
     measurements: tuple[SteadyMeasurement, ...]
     reads: RuleReads  # of the sidecar's page
     groups_in_file: int
@@ -424,15 +422,16 @@ class SteadyResult:
 
 NO_RULES = ", no rules"  # a row's page column where the page was scraped alone
 # Each page alone (what scraping it costs), then with the rules: the rules' own cost is the difference.
-RUNS = ((fleet.VLLM, False), (fleet.VLLM, True), (fleet.SIDECAR, False), (fleet.SIDECAR, True))
+RUNS = ((fleet_common.VLLM, False), (fleet_common.VLLM, True), (fleet_common.SIDECAR, False),
+        (fleet_common.SIDECAR, True))
 
 
-def run(size: fleet.Size, log: Callable[[str], None] = print) -> SteadyResult:
-    rules = fleet.RULES.read_text(encoding="utf-8")
+def run(size: fleet_common.Size, log: Callable[[str], None] = print) -> SteadyResult:
+    rules = fleet_common.RULES.read_text(encoding="utf-8")
     with tempfile.TemporaryDirectory(prefix="fleet-steady-") as tmp:
         workdir = Path(tmp)
-        pages = {fleet.SIDECAR: fleet.MovingPage.parse(fleet.sidecar_page(workdir).decode()),
-                 fleet.VLLM: fleet.MovingPage.parse(fleet.VLLM_PAGE.read_text(encoding="utf-8"))}
+        pages = {fleet_common.SIDECAR: fleet_common.MovingPage.parse(fleet_common.sidecar_page(workdir).decode()),
+                 fleet_common.VLLM: fleet_common.MovingPage.parse(fleet_common.VLLM_PAGE.read_text(encoding="utf-8"))}
         measurements: list[SteadyMeasurement] = []
         for pods in size.pods:
             for name, with_rules in RUNS:  # the baselines first, the same machine minutes apart
@@ -441,11 +440,11 @@ def run(size: fleet.Size, log: Callable[[str], None] = print) -> SteadyResult:
                 measurements.append(measure(name, pages[name], pods, size, reads, workdir, rules=with_rules))
                 log(f"fleet steady: {name} × {pods} pods{'' if with_rules else NO_RULES} measured in "
                     f"{time.perf_counter() - started:.0f} s")
-    return SteadyResult(size, tuple(measurements), rule_reads(rules, sample_names(pages[fleet.SIDECAR])),
-                        fleet.rule_groups_in_file())
+    return SteadyResult(size, tuple(measurements), rule_reads(rules, sample_names(pages[fleet_common.SIDECAR])),
+                        fleet_common.rule_groups_in_file())
 
 
-def describe(size: fleet.Size) -> str:
+def describe(size: fleet_common.Size) -> str:
     return (f"{size.describe()}; the history over the rules' longest range backfilled at the scrape interval, the "
             "hold counted once every group has evaluated with every target up")
 
@@ -472,22 +471,23 @@ def table_rows(result: SteadyResult) -> Iterator[list[str]]:
 def group_table(result: SteadyResult) -> list[str]:
     """Each group's evaluation at the largest fleet, the sidecar's page against vLLM's: where the time goes."""
     pods = max(m.pods for m in result.measurements)
-    sidecar, vllm = result.at(fleet.SIDECAR, pods), result.at(fleet.VLLM, pods)
+    sidecar, vllm = result.at(fleet_common.SIDECAR, pods), result.at(fleet_common.VLLM, pods)
     rows = [[group, f"{1000 * vllm.group_s(group):.0f} ms", f"{1000 * seconds:.0f} ms",
              f"{100 * seconds / sidecar.round_s:.0f} %"] for group, seconds in sidecar.groups]
     return markdown_table([f"group ({pods} pods, median evaluation)", "vLLM's own page", "sidecar's page",
                            "share of the sidecar's round"], rows)
 
 
-def summary(result: SteadyResult, short_hold: Sequence[fleet.Measurement] = ()) -> list[str]:
+def summary(result: SteadyResult, short_hold: Sequence[fleet_common.Measurement] = ()) -> list[str]:
     """The figures at the largest fleet whose Prometheus kept up (no missed iterations), the fleets it did not keep
     up with, what the fresh-Prometheus figure missed, and a larger fleet extrapolated (said so)."""
-    sidecars = sorted((m for m in result.measurements if m.page == fleet.SIDECAR and m.rules), key=lambda m: m.pods)
+    sidecars = sorted((m for m in result.measurements if m.page == fleet_common.SIDECAR and m.rules),
+                      key=lambda m: m.pods)
     if not sidecars:
         return ["No steady-state fleet was measured."]
     kept_up = [m for m in sidecars if m.missed_iterations == 0] or sidecars[:1]
     sidecar = kept_up[-1]
-    vllm = result.at(fleet.VLLM, sidecar.pods)
+    vllm = result.at(fleet_common.VLLM, sidecar.pods)
     lines = [f"At {sidecar.pods} pods with the rules' longest window ({result.reads.proof_selector}) full, "
              f"Prometheus' CPU (rules, scrapes and the rest) was **{sidecar.cpu_cores:.2f} cores** on the sidecar's "
              f"page against {vllm.cpu_cores:.2f} on vLLM's own (**{_times(sidecar.cpu_cores, vllm.cpu_cores)}**; the "
@@ -503,7 +503,7 @@ def summary(result: SteadyResult, short_hold: Sequence[fleet.Measurement] = ()) 
               for m in sidecars if m.missed_iterations > 0 and m.groups]
     lines += _rules_alone(result, sidecar)
     lines.append(_memory(result, sidecar, vllm))
-    short = next((m for m in short_hold if m.page == fleet.SIDECAR and m.pods == sidecar.pods), None)
+    short = next((m for m in short_hold if m.page == fleet_common.SIDECAR and m.pods == sidecar.pods), None)
     if short is not None and short.rule_seconds > 0:
         lines.append(f"A fresh Prometheus' figure for the same fleet (the table above, windows nearly empty): "
                      f"{short.rule_seconds:.2f} s; full windows cost **{sidecar.round_s / short.rule_seconds:.1f}×** "
@@ -527,7 +527,8 @@ def summary(result: SteadyResult, short_hold: Sequence[fleet.Measurement] = ()) 
 def _rules_alone(result: SteadyResult, sidecar: SteadyMeasurement) -> list[str]:
     """The rules' own cost: the sidecar's page with the rules less the same page scraped alone, against what scraping
     vLLM's page costs alone (issue 35's figure: in production both pages are scraped)."""
-    vllm_alone, sidecar_alone = result.alone(fleet.VLLM, sidecar.pods), result.alone(fleet.SIDECAR, sidecar.pods)
+    vllm_alone = result.alone(fleet_common.VLLM, sidecar.pods)
+    sidecar_alone = result.alone(fleet_common.SIDECAR, sidecar.pods)
     if vllm_alone is None or sidecar_alone is None:
         return []
     rules_cpu, rules_heap = sidecar.cpu_cores - sidecar_alone.cpu_cores, sidecar.heap_mb - sidecar_alone.heap_mb
@@ -551,8 +552,8 @@ def _memory(result: SteadyResult, sidecar: SteadyMeasurement, vllm: SteadyMeasur
         def slope(page: str, value: Callable[[SteadyMeasurement], float]) -> float:
             return (value(result.at(page, large)) - value(result.at(page, small))) * 100 / (large - small)
 
-        rss = slope(fleet.SIDECAR, lambda m: m.rss_mb), slope(fleet.VLLM, lambda m: m.rss_mb)
-        heap = slope(fleet.SIDECAR, lambda m: m.heap_mb), slope(fleet.VLLM, lambda m: m.heap_mb)
+        rss = slope(fleet_common.SIDECAR, lambda m: m.rss_mb), slope(fleet_common.VLLM, lambda m: m.rss_mb)
+        heap = slope(fleet_common.SIDECAR, lambda m: m.heap_mb), slope(fleet_common.VLLM, lambda m: m.heap_mb)
         line += (f" Per 100 more pods ({small} → {large}): RSS +{rss[0]:.1f} MB against +{rss[1]:.1f} MB "
                  f"(**{rss[0] / rss[1]:.2f}×**), heap +{heap[0]:.1f} MB against +{heap[1]:.1f} MB "
                  f"(**{heap[0] / heap[1]:.2f}×**).")
@@ -580,14 +581,14 @@ def _times(value: float, baseline: float) -> str:
     return f"{value / baseline:.0f}×" if baseline > 0 else "—"
 
 
-def report(result: SteadyResult, short_hold: Sequence[fleet.Measurement] = ()) -> list[str]:
+def report(result: SteadyResult, short_hold: Sequence[fleet_common.Measurement] = ()) -> list[str]:
     if not result.measurements:
         return ["No steady-state fleet was measured."]
     return [*markdown_table(STEADY_HEADER, list(table_rows(result))), "", *group_table(result), "",
             *summary(result, short_hold)]
 
 
-def main(size: fleet.Size) -> int:
+def main(size: fleet_common.Size) -> int:
     """`python -m bench.fleet --size steady` (bench.fleet's entry point hands the steady sizes here)."""
     print(describe(size), flush=True)
     started = time.perf_counter()

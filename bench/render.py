@@ -1,4 +1,4 @@
-"""Bench 2: the sidecar's own /metrics — in-process render, wrk throughput, p99 while collecting."""
+"""Bench 2: the sidecar's own /metrics — wrk throughput, p99 while collecting (the in-process render: serve.py)."""
 
 from __future__ import annotations
 
@@ -6,56 +6,9 @@ import re
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.metrics_core import Metric
-from prometheus_client.registry import Collector
-
-from bench.collect import Pipeline, body_sequence
-from bench.common import interleaved
 from bench.procs import sidecar, static_server
-from specdecode_exporter.sidecar.expose import SpecDecodeCollector
-
-
-class _Static(Collector):
-    def __init__(self, families: list[Metric]) -> None:
-        self.families = families
-
-    def collect(self) -> Iterator[Metric]:
-        return iter(self.families)
-
-
-@dataclass
-class RenderResult:
-    samples: int
-    kib: float
-    render: float  # build families from the views + format, per scrape
-    baseline: float  # format the same, already-built families (prometheus_client's own floor)
-
-    @property
-    def ratio(self) -> float:
-        return self.render / self.baseline
-
-
-def bench_render(rounds: int) -> RenderResult:
-    """8 engines × 4 windows × k=8, views produced by the real collection code."""
-    pipeline = Pipeline(body_sequence(1, 8, 8, 30), warm=29)
-    view = pipeline.collector.view
-    assert view is not None, "the pipeline collected"
-    views = [view]
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(SpecDecodeCollector(lambda: views))
-    static = CollectorRegistry(auto_describe=False)
-    static.register(_Static(list(SpecDecodeCollector(lambda: views).collect())))
-    text = generate_latest(registry)
-    assert text == generate_latest(static)
-    samples = sum(1 for line in text.splitlines() if line and not line.startswith(b"#"))
-    m = interleaved({"render": lambda: generate_latest(registry), "baseline": lambda: generate_latest(static)},
-                    rounds=rounds, number={"render": 20, "baseline": 20})
-    return RenderResult(samples, len(text) / 1024, m["render"], m["baseline"])
-
 
 WRK_LATENCY = re.compile(r"^\s+(50|99)(?:\.000)?%\s+([\d.]+)(us|ms|s)\s*$", re.M)
 WRK_RPS = re.compile(r"Requests/sec:\s+([\d.]+)")

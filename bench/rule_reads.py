@@ -25,9 +25,9 @@ from pathlib import Path
 
 import yaml
 
-from bench import fleet
+from bench import fleet_common
 from bench.common import markdown_table
-from bench.fleet_steady import duration_s
+from bench.fleet_common import duration_s
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "alerts" / "specdecode.rules.yaml"
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--before", default=BEFORE, help="git revision whose rules to compare with")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="specdecode-reads-") as tmp:
-        series = page_series(fleet.sidecar_page(Path(tmp)))
+        series = page_series(fleet_common.sidecar_page(Path(tmp)))
     now, before = group_reads(RULES.read_text(), series), group_reads(rules_at(args.before), series)
     print(f"One sidecar page: {sum(series.values())} series; scraped every {SCRAPE_S:g} s.\n")
     print("\n".join(markdown_table(["rules", "raw samples read per pod per second", "largest groups"],

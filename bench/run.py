@@ -40,7 +40,18 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.append(str(ROOT))  # appended, so a PYTHONPATH with a patched src/specdecode_exporter/ still wins
 
-from bench import breakdown, collect, corpus, fleet, fleet_steady, footprint, paging, soak, whole_process  # noqa: E402
+from bench import (  # noqa: E402
+    breakdown,
+    collect,
+    corpus,
+    fleet,
+    fleet_common,
+    fleet_steady,
+    footprint,
+    paging,
+    soak,
+    whole_process,
+)
 from bench import serve as serve_bench  # noqa: E402
 from bench import tap as tap_bench  # noqa: E402
 from bench.common import fmt_ms, markdown_table  # noqa: E402
@@ -135,8 +146,9 @@ def run_render(rep: Report, rounds: int, tap_rounds: int, tap_seconds: float) ->
             "simulator renders 5 s apart, every counter moves). In-process, interleaved rounds, CPU time, medians: "
             "one collection (collect + derive, no fetch); the page rendered once per collection as Prometheus asks "
             "for it (OpenMetrics, gzipped), in slices that hand the event loop back; a scrape of the rendered page; "
-            "and, same rounds, the scrape as it was before (prometheus_client renders the page at the scrape, then "
-            f"gzip). The page is {c.page_kib:.0f} KiB, {c.gzip_kib:.0f} KiB gzipped. The cyclic GC runs on the "
+            "and, same rounds, the scrape as it was before (the page written whole at the scrape, no line "
+            f"remembered from the last render, then gzip). The page is {c.page_kib:.0f} KiB, "
+            f"{c.gzip_kib:.0f} KiB gzipped. The cyclic GC runs on the "
             "sidecar's schedule (sidecar/heap.py): its pass after each scrape is timed on its own; it collects what "
             "the collections and renders left, which the scrape would otherwise pay for whenever a pass fell "
             "into it.\n")
@@ -374,7 +386,7 @@ def run_paging(rep: Report, size: paging.Size) -> None:
         rep.add(line)
 
 
-def run_fleet(rep: Report, size: fleet.Size, steady: fleet.Size) -> None:
+def run_fleet(rep: Report, size: fleet_common.Size, steady: fleet_common.Size) -> None:
     rep.h("8. Fleet: N pods through one Prometheus")
     rep.add(f"bench/fleet.py (`python -m bench.fleet`), {size.describe()}. One pod's page is the real sidecar's "
             "/metrics (`specdecode-exporter run` with the request tap on, against `specdecode-exporter simulate`, "

@@ -38,8 +38,9 @@ from bench.collect import INTERVAL, Pipeline, body_sequence
 from bench.common import proc_rss_mb, tree_cpu_seconds
 from bench.procs import EXPORTER_BIN, Scraper, child_env, static_server
 from devtools.procs import child_pids, free_port, running
+from specdecode_exporter.core.exposition import OPENMETRICS, LineFormat
 from specdecode_exporter.sidecar.collection import Exporter
-from specdecode_exporter.sidecar.expose import specdecode_registry
+from specdecode_exporter.sidecar.expose import spec_decode_text
 from specdecode_exporter.sidecar.heap import collect_after_scrape, tune_gc
 from specdecode_exporter.sidecar.page import new_gzip
 from specdecode_exporter.sidecar.web import MetricsRenderer
@@ -55,7 +56,7 @@ class PageCosts:
     collect: float  # CPU seconds, medians over the rounds
     render: float  # the page, once per collection (OpenMetrics + its gzip)
     scrape: float  # one scrape of the rendered page (OpenMetrics, gzip)
-    lazy_scrape: float  # the scrape as it was: prometheus_client renders the page and it is gzipped, per scrape
+    lazy_scrape: float  # the scrape as it was: the page rendered whole at the scrape (nothing remembered), gzipped
     render_slices: int  # how many times a render handed the loop back
     longest_slice: float  # the longest stretch a render held the loop, seconds (all rounds)
     gc_pass: float  # the cyclic GC's pass the sidecar makes after each scrape (sidecar/heap.py)
@@ -127,7 +128,7 @@ def _page_costs(rounds: int) -> PageCosts:
         collect.append(time.process_time() - t0)
         t0 = time.process_time()
         gzip = new_gzip()
-        gzip.compress(openmetrics(specdecode_registry(_Views(pipeline).views())))  # type: ignore[no-untyped-call]
+        gzip.compress(spec_decode_text(_Views(pipeline).views(), LineFormat(OPENMETRICS)).encode())
         gzip.flush()
         lazy.append(time.process_time() - t0)
         r, s, n, gap, gzipped, page = asyncio.run(render_and_scrape())

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench import fleet, fleet_steady
+from bench import fleet, fleet_common, fleet_steady
 from devtools.procs import in_ci, prometheus_binary
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,14 +27,14 @@ def _samples(text: bytes) -> dict[tuple[str, tuple[tuple[str, str], ...]], float
 
 
 def test_the_page_moves_its_counters_and_keeps_its_gauges() -> None:
-    page = fleet.MovingPage.parse(fleet.VLLM_PAGE.read_text(encoding="utf-8"))
-    start, later = _samples(page.render(0, 3)), _samples(page.render(fleet.RAMP_S, 3))
+    page = fleet_common.MovingPage.parse(fleet_common.VLLM_PAGE.read_text(encoding="utf-8"))
+    start, later = _samples(page.render(0, 3)), _samples(page.render(fleet_common.RAMP_S, 3))
     assert len(start) == page.samples and start.keys() == later.keys()
-    kinds = {f.name: f.type for f in text_string_to_metric_families(fleet.VLLM_PAGE.read_text(encoding="utf-8"))}
+    kinds = {f.name: f.type for f in text_string_to_metric_families(fleet_common.VLLM_PAGE.read_text(encoding="utf-8"))}
     moved = {name for (name, labels), value in start.items() if later[(name, labels)] != value}
     assert any(name.endswith("_bucket") for name in moved) and any(name.endswith("_total") for name in moved)
     for (name, labels), value in start.items():
-        family = fleet._family(name)
+        family = fleet_common.family(name)
         if kinds.get(family, kinds.get(name)) == "gauge":
             assert later[(name, labels)] == value, name  # a gauge stays
         elif name in moved:
@@ -47,16 +47,17 @@ def test_the_page_moves_its_counters_and_keeps_its_gauges() -> None:
 def test_the_backfilled_history_is_what_the_pod_server_serves_at_that_second() -> None:
     """The history continues the live series: the same values at the same second, the labels Prometheus gives
     the live scrape (job, namespace, pod, instance), only the series the rules read."""
-    page = fleet.MovingPage.parse((ROOT / "tests" / "fixtures" / "captured_vllm_cpu_0.32.0_ngram.prom")
-                                  .read_text(encoding="utf-8"))
+    page = fleet_common.MovingPage.parse((ROOT / "tests" / "fixtures" / "captured_vllm_cpu_0.32.0_ngram.prom")
+                                         .read_text(encoding="utf-8"))
     names = frozenset(sorted(fleet_steady.sample_names(page))[::3])  # a third of the page, whatever it holds
-    history = fleet_steady.History(page, names, fleet.JOBS[fleet.VLLM], pods=13, origin=1_000_000, step_s=15)
+    history = fleet_steady.History(page, names, fleet_common.JOBS[fleet_common.VLLM], pods=13, origin=1_000_000,
+                                   step_s=15)
     second = 1_000_000 + 20 * 15
-    pod_labels = {"job": fleet.JOBS[fleet.VLLM], **fleet.pod_labels(7)}
-    lines = history.block(second, 7 % fleet.MODELS).replace(fleet_steady.POD_SLOT, history.pod_labels()[7])
+    pod_labels = {"job": fleet_common.JOBS[fleet_common.VLLM], **fleet_common.pod_labels(7)}
+    lines = history.block(second, 7 % fleet_common.MODELS).replace(fleet_steady.POD_SLOT, history.pod_labels()[7])
     backfilled = _samples((lines + "# EOF\n").encode().replace(f" {second}\n".encode(), b"\n"))
     live = {(name, tuple(sorted({**dict(labels), **pod_labels}.items()))): value
-            for (name, labels), value in _samples(page.render(second - history.origin, 7 % fleet.MODELS)).items()
+            for (name, labels), value in _samples(page.render(second - history.origin, 7 % fleet_common.MODELS)).items()
             if name in names}
     assert backfilled == live and len(live) > 0
     assert all(f" {second}\n" in line + "\n" for line in lines.splitlines())
@@ -65,9 +66,9 @@ def test_the_backfilled_history_is_what_the_pod_server_serves_at_that_second() -
 def test_the_rules_read_no_range_of_the_sidecars_series_and_nothing_of_vllms_page() -> None:
     """Two stages: the rules read the pods' series a step back, never over a range; their two hours are the stage's
     records' (what the steady bench backfills, and proves full)."""
-    rules = fleet.RULES.read_text(encoding="utf-8")
-    vllm = fleet_steady.rule_reads(rules, fleet_steady.sample_names(fleet.MovingPage.parse(
-        fleet.VLLM_PAGE.read_text(encoding="utf-8"))))
+    rules = fleet_common.RULES.read_text(encoding="utf-8")
+    vllm = fleet_steady.rule_reads(rules, fleet_steady.sample_names(fleet_common.MovingPage.parse(
+        fleet_common.VLLM_PAGE.read_text(encoding="utf-8"))))
     assert vllm.names == frozenset() and vllm.longest_s == 0
     sidecar_names = frozenset({"specdecode_draft_tokens_total", "specdecode_accepted_tokens_total", "process_cpu"})
     sidecar = fleet_steady.rule_reads(rules, sidecar_names)
@@ -75,7 +76,7 @@ def test_the_rules_read_no_range_of_the_sidecars_series_and_nothing_of_vllms_pag
     assert sidecar.longest_s == 0 and sidecar.longest_selector == ""
     assert sidecar.proof_s > 7000 and ":stage_" in sidecar.proof_selector  # [1h59m44s999ms]: a stage record's
     assert any("[1d] offset 1h" in r for r in sidecar.record_ranges)  # the baseline's range over its own records
-    assert fleet_steady.duration_s("1h30m") == 5400
+    assert fleet_common.duration_s("1h30m") == 5400
 
 
 def _rows(text: str) -> list[list[str]]:
@@ -107,18 +108,19 @@ def test_run_py_measures_the_fleet_and_keeps_the_other_sections(tmp_path: Path) 
     text = output.read_text(encoding="utf-8")
     header = fleet.TABLE_HEADER
     rows = {(cells[0], int(cells[1])): dict(zip(header, cells, strict=True)) for cells in _rows(text)}
-    assert sorted(rows) == sorted((page, pods) for page in (fleet.SIDECAR, fleet.VLLM) for pods in fleet.SMOKE.pods)
-    groups = fleet.rule_groups_in_file()
+    assert sorted(rows) == sorted((page, pods) for page in (fleet_common.SIDECAR, fleet_common.VLLM)
+                                  for pods in fleet.SMOKE.pods)
+    groups = fleet_common.rule_groups_in_file()
     for (_page, pods), row in rows.items():
         assert int(row["targets up"]) == pods, row
         assert row["groups evaluated"] == f"{groups}/{groups}" and row["rule failures"] == "0", row
         # Prometheus holds each pod's series plus its own few per target and the rules' outputs.
         assert int(row["head series"]) >= pods * int(row["series per pod (scraped)"]) > 0, row
-    for page in (fleet.SIDECAR, fleet.VLLM):
+    for page in (fleet_common.SIDECAR, fleet_common.VLLM):
         small, large = (int(rows[(page, pods)]["head series"]) for pods in fleet.SMOKE.pods)
         assert large > small, page  # series grow with pods
     # The sidecar exports more than nothing and less than a runaway, and its counters move: the rules record values.
-    assert int(rows[(fleet.SIDECAR, fleet.SMOKE.pods[-1])]["rule samples"]) > 0
+    assert int(rows[(fleet_common.SIDECAR, fleet.SMOKE.pods[-1])]["rule samples"]) > 0
     assert re.search(r"\| head series \| \d+ \| \d+ \| \*\*\d+\.\d\d×\*\* \|", text)
     assert "every target up" in text
     _assert_steady_rows(text)
@@ -142,24 +144,27 @@ def _assert_steady_rows(text: str) -> None:
     rows = {cells[1]: dict(zip(fleet_steady.STEADY_HEADER, cells, strict=True))
             for cells in ([c.strip() for c in line.strip("|").split("|")]
                           for line in text.splitlines() if re.match(r"\| \d+ \| (sidecar|vllm) \|", line))}
-    assert sorted(rows) == sorted((fleet.SIDECAR, fleet.VLLM)), rows
-    groups = fleet.rule_groups_in_file()
+    assert sorted(rows) == sorted((fleet_common.SIDECAR, fleet_common.VLLM)), rows
+    groups = fleet_common.rule_groups_in_file()
     for row in rows.values():
         assert int(row["pods"]) == int(row["targets up"]) == fleet_steady.STEADY_SMOKE.pods[-1], row
         assert row["groups evaluated"] == f"{groups}/{groups}" and row["rule failures"] == "0", row
-    fewest, full = map(int, rows[fleet.SIDECAR]["longest window: samples per series (fewest / full)"].split(" / "))
+    longest = rows[fleet_common.SIDECAR]["longest window: samples per series (fewest / full)"]
+    fewest, full = map(int, longest.split(" / "))
     # The longest window is a stage record's (2 h less one step, at the stage's 15 s), the raw series read a step back.
-    assert full == int((2 * 3600 - 15 - 0.001) // 15) and fewest >= 0.95 * full, rows[fleet.SIDECAR]
-    assert int(rows[fleet.SIDECAR]["history backfilled (samples)"]) > 0
-    assert 0 < int(rows[fleet.VLLM]["history backfilled (samples)"]) < 1000  # the stage's clock alone
+    assert full == int((2 * 3600 - 15 - 0.001) // 15) and fewest >= 0.95 * full, rows[fleet_common.SIDECAR]
+    assert int(rows[fleet_common.SIDECAR]["history backfilled (samples)"]) > 0
+    assert 0 < int(rows[fleet_common.VLLM]["history backfilled (samples)"]) < 1000  # the stage's clock alone
     alone = {cells[1]: dict(zip(fleet_steady.STEADY_HEADER, cells, strict=True))
              for cells in ([c.strip() for c in line.strip("|").split("|")]
                            for line in text.splitlines() if re.match(r"\| \d+ \| (sidecar|vllm), no rules \|", line))}
     # Each page scraped alone too: nothing backfilled, no group loaded, every target up.
-    assert sorted(alone) == sorted(f"{page}{fleet_steady.NO_RULES}" for page in (fleet.SIDECAR, fleet.VLLM)), alone
+    pages = (fleet_common.SIDECAR, fleet_common.VLLM)
+    assert sorted(alone) == sorted(f"{page}{fleet_steady.NO_RULES}" for page in pages), alone
     for row in alone.values():
         assert row["history backfilled (samples)"] == "0" and row["groups evaluated"] == f"0/{groups}", row
         assert int(row["targets up"]) == fleet_steady.STEADY_SMOKE.pods[-1], row
-    assert re.search(r"The rules' own CPU \(the sidecar's page with them, less without\): \*\*-?\d+\.\d{3} cores, ", text)
+    own_cpu = r"The rules' own CPU \(the sidecar's page with them, less without\): \*\*-?\d+\.\d{3} cores, "
+    assert re.search(own_cpu, text)
     assert re.search(r"The groups. evaluation times summed: \*\*\d+\.\d\d s per round\*\*", text)
     assert "Extrapolated, not measured" in text and "cores" in text

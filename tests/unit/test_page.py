@@ -1,4 +1,5 @@
 """The sliced /metrics page: the same bytes as prometheus_client's encoders, in steps that hand the loop back."""
+# The writer itself against prometheus_client's encoders, family by family: tests/unit/test_exposition.py.
 
 from __future__ import annotations
 
@@ -12,21 +13,30 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.openmetrics.exposition import generate_latest as openmetrics
-from prometheus_client.samples import Exemplar, Sample
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
+from prometheus_client.parser import text_string_to_metric_families as parse_text
+from prometheus_client.samples import Sample
 
 from specdecode_exporter.core import metrics as m
+from specdecode_exporter.core.exposition import LINES_PER_STEP, LineFormat, page_pieces
 from specdecode_exporter.core.slices import run_sliced
-from specdecode_exporter.sidecar.expose import Families, SampleSink
-from specdecode_exporter.sidecar.page import (
-    LINES_PER_STEP,
-    Encoder,
-    LineFormat,
-    PageLines,
-    compressed_steps,
-    encode,
-    new_gzip,
-    page_pieces,
-)
+from specdecode_exporter.sidecar.expose import PageLines, SampleSink
+from specdecode_exporter.sidecar.page import Encoder, compressed_steps, new_gzip, text_format
+
+
+class _Families:
+    """A registry as the encoders read one: anything with collect()."""
+
+    def __init__(self, families: list[Metric]) -> None:
+        self.families = families
+
+    def collect(self) -> list[Metric]:
+        return self.families
+
+
+def encode(encoder: Encoder, families: list[Metric]) -> str:
+    """prometheus_client's text for these families, without OpenMetrics' closing # EOF."""
+    return encoder(_Families(families)).decode().removesuffix("# EOF\n")
 
 
 def families() -> list[Metric]:
@@ -42,7 +52,7 @@ def families() -> list[Metric]:
     for le, count in (("0.5", 1.0), ("+Inf", 3.0)):
         histogram.add_sample("specdecode_interval_acceptance_ratio_bucket", {"target": "t", "le": le}, count)
     histogram.samples.append(Sample("specdecode_interval_acceptance_ratio_bucket", {"target": "u", "le": "+Inf"},
-                                    2.0, None, Exemplar({"trace_id": "abc"}, 0.7)))
+                                    2.0, None))
     histogram.add_sample("specdecode_interval_acceptance_ratio_count", {"target": "t"}, 3.0)
     empty = Metric("specdecode_up", "up", "gauge")
     return [gauge, counter, histogram, empty]
@@ -50,7 +60,7 @@ def families() -> list[Metric]:
 
 @pytest.mark.parametrize("encoder", [generate_latest, openmetrics])
 def test_pieces_are_the_encoders_bytes_render_after_render(encoder: Encoder) -> None:
-    line_format = LineFormat(encoder)
+    line_format = LineFormat(text_format(encoder))
     reference = encode(encoder, families())
     first = "".join(page_pieces(families(), line_format))
     second = "".join(page_pieces(families(), line_format))  # from the remembered prefixes
@@ -60,7 +70,7 @@ def test_pieces_are_the_encoders_bytes_render_after_render(encoder: Encoder) -> 
 
 
 def test_prefixes_of_series_gone_are_dropped_once_they_outnumber_the_page() -> None:
-    line_format = LineFormat(generate_latest)
+    line_format = LineFormat(text_format(generate_latest))
     "".join(page_pieces(families(), line_format))
     remembered = len(line_format.prefixes)
     gauge = Metric("specdecode_acceptance_ratio", "α", "gauge")
@@ -73,7 +83,7 @@ def test_prefixes_of_series_gone_are_dropped_once_they_outnumber_the_page() -> N
 
 
 def test_a_page_that_keeps_its_series_keeps_its_prefixes() -> None:
-    line_format = LineFormat(generate_latest)
+    line_format = LineFormat(text_format(generate_latest))
     "".join(page_pieces(families(), line_format))
     remembered = dict(line_format.prefixes)
     "".join(page_pieces(families(), line_format))
@@ -82,7 +92,7 @@ def test_a_page_that_keeps_its_series_keeps_its_prefixes() -> None:
 
 def test_label_names_are_part_of_a_prefix() -> None:
     """Two series with the same label values under different label names are two lines, never one."""
-    line_format = LineFormat(generate_latest)
+    line_format = LineFormat(text_format(generate_latest))
     gauge = Metric("g", "g", "gauge")
     gauge.add_sample("g", {"target": "t", "model_name": "0"}, 1.0)
     gauge.add_sample("g", {"target": "t", "engine": "0"}, 2.0)
@@ -141,12 +151,15 @@ def _fill(sink: SampleSink, scale: float) -> None:
 
 @pytest.mark.parametrize("encoder", [generate_latest, openmetrics])
 def test_page_lines_are_the_families_bytes_render_after_render(encoder: Encoder) -> None:
-    line_format = LineFormat(encoder)
-    for scale in (1.0, 2.5):  # the second render from the remembered prefixes
-        lines, families = PageLines(line_format), Families()
+    """The lines read back by prometheus_client's own parser and written again by its encoder: the same bytes."""
+    line_format = LineFormat(text_format(encoder))
+    parse = parse_openmetrics if encoder is openmetrics else parse_text
+    for scale in (1.0, 2.0):  # the second render from the remembered prefixes
+        lines = PageLines(line_format)
         _fill(lines, scale)
-        _fill(families, scale)
-        assert "".join(lines.pieces()) == encode(encoder, families)
+        text = "".join(lines.pieces())
+        assert text == encode(encoder, list(parse(text + line_format.eof)))
+        assert text.count("\n") == len(m.COLLECTED) * 2 + 3 + 1 + 1 + 4 + 2
     assert len(line_format.prefixes) == 3 + 1 + 1 + 4 + 2  # positions, counter, up, two histograms
 
 

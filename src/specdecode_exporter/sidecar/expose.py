@@ -1,4 +1,7 @@
-"""prometheus_client Collector: fresh metric families from the latest TargetViews on every scrape."""
+"""What the sidecar exposes, sample by sample, from the latest TargetViews and the tap's view: ``fill_families``
+and ``add_request_families`` put every sample into a ``SampleSink``; ``PageLines`` writes them as text lines
+through the one exposition writer (core/exposition.py). The collectors at the end hand the same text to a
+prometheus_client registry (its public parser reads it back into families), for whatever wants one."""
 
 from __future__ import annotations
 
@@ -9,11 +12,13 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from specdecode_exporter.core import metrics as m
 from specdecode_exporter.core.dispersion import WindowVariance
-from specdecode_exporter.core.metrics import go_float, quantile_name
+from specdecode_exporter.core.exposition import FamilyKey, LineFormat, histogram_samples
+from specdecode_exporter.core.metrics import quantile_name
 from specdecode_exporter.pipeline import latency
 from specdecode_exporter.pipeline.derive import WindowStats
 from specdecode_exporter.pipeline.latency import TPOT_QUANTILES, TTFT_QUANTILES, Histogram, LatencyStats
@@ -37,35 +42,8 @@ def exporter_version() -> str:
         return "dev"
 
 
-def bucket_label(bound: float) -> str:
-    """An upper bound as the le label: Go's float format, as Prometheus and vLLM write it (0.05, 1.0, +Inf)."""
-    return go_float(bound)
-
-
-def histogram_samples(name: str, labels: Labels, buckets: Iterable[tuple[float, float]],
-                      total: float) -> Iterator[tuple[str, Labels, float]]:
-    """One histogram's samples, each with its own labels (series of one family may carry different per-target
-    labels): cumulative buckets, then _count (the +Inf bucket) and _sum. Like OpenMetrics, no _count or _sum
-    where a bucket bound is negative (observations may then be negative, and their sum means nothing)."""
-    lowest: float | None = None
-    count = 0.0
-    bucket = name + "_bucket"
-    for le, count in buckets:
-        lowest = le if lowest is None else lowest
-        yield bucket, {**labels, "le": bucket_label(le)}, count
-    if lowest is not None and lowest >= 0:
-        yield name + "_count", labels, count
-        yield name + "_sum", labels, total
-
-
-def add_histogram(family: Metric, labels: Labels, buckets: Iterable[tuple[float, float]], total: float) -> None:
-    for name, sample_labels, value in histogram_samples(family.name, labels, buckets, total):
-        family.add_sample(name, sample_labels, value)
-
-
 class SampleSink(Protocol):
-    """Where fill_families puts the samples: prometheus_client families (Families), or the page's text lines
-    (sidecar/page.py's PageLines)."""
+    """Where fill_families puts the samples: PageLines (text lines), or anything else that takes them."""
 
     def add(self, spec: m.MetricSpec, labels: Labels, value: float | None) -> None: ...
 
@@ -73,23 +51,40 @@ class SampleSink(Protocol):
                   total: float) -> None: ...
 
 
-class Families:
-    """One fresh metric family per contract entry, filled by add() (and histogram() for histograms)."""
+@functools.cache
+def spec_family(spec: m.MetricSpec) -> FamilyKey:
+    """A contract entry's family header key."""
+    return spec.name, spec.type, spec.help, ""
 
-    def __init__(self, specs: tuple[m.MetricSpec, ...] = m.COLLECTED) -> None:
-        self._families = {spec.name: Metric(spec.name, spec.help, spec.type) for spec in specs}
+
+class PageLines:
+    """The families of these contract entries as text: each sample's line is written as it is added, with no
+    family or sample object in between (a 1 MB target's page is ~17k lines: building prometheus_client families
+    and then formatting them cost ~3x as much). The same bytes as prometheus_client's encoders (tests hold them
+    equal)."""
+
+    def __init__(self, line_format: LineFormat, specs: tuple[m.MetricSpec, ...] = m.COLLECTED) -> None:
+        self._format = line_format
+        self._families: dict[str, tuple[FamilyKey, list[str]]] = {spec.name: (spec_family(spec), []) for spec in specs}
 
     def add(self, spec: m.MetricSpec, labels: Labels, value: float | None) -> None:
         """Add a sample; an unknown value (None) adds nothing, so absent data stays absent."""
         if value is not None:
-            self._families[spec.name].add_sample(spec.exposed_name, labels, value)
+            self._families[spec.name][1].append(self._format.line(spec.exposed_name, labels, value))
 
     def histogram(self, spec: m.MetricSpec, labels: Labels, buckets: Iterable[tuple[float, float]],
                   total: float) -> None:
-        add_histogram(self._families[spec.name], labels, buckets, total)
+        lines, line = self._families[spec.name][1], self._format.line
+        lines.extend(line(name, sample_labels, value)
+                     for name, sample_labels, value, _ in histogram_samples(spec.name, labels, buckets, total))
 
-    def __iter__(self) -> Iterator[Metric]:
-        return iter(self._families.values())
+    def pieces(self) -> Iterator[str]:
+        """The families' text, a family at a time (the lines are written by then: joining them is quick)."""
+        for family, lines in self._families.values():
+            yield self._format.header(family) + "".join(lines)
+
+    def text(self) -> str:
+        return "".join(self.pieces())
 
 
 def series_labels(view: TargetView, series: SeriesView) -> Labels:
@@ -233,27 +228,37 @@ def fill_families(families: SampleSink, views: Iterable[TargetView]) -> Iterator
             yield
 
 
-def build_families(views: list[TargetView]) -> Families:
-    families = Families()
-    for _ in fill_families(families, views):
+def spec_decode_text(views: Iterable[TargetView], line_format: LineFormat | None = None) -> str:
+    """The spec-decode families of these views in one piece (the sliced page, sidecar/page.py, writes the same)."""
+    lines = PageLines(line_format if line_format is not None else LineFormat())
+    for _ in fill_families(lines, views):
         pass
-    return families
+    return lines.text()
+
+
+def parsed(text: str) -> Iterator[Metric]:
+    """Families written by the exposition writer (text format), as prometheus_client's public parser reads them:
+    what a prometheus_client registry takes."""
+    yield from text_string_to_metric_families(text)
 
 
 class SpecDecodeCollector(Collector):
+    """The spec-decode families as a prometheus_client collector (tests and benches read them through one; the
+    sidecar's page writes them itself)."""
+
     def __init__(self, views: Callable[[], list[TargetView]]) -> None:
         self._views = views
 
     def collect(self) -> Iterator[Metric]:
-        yield from build_families(self._views())
+        yield from parsed(spec_decode_text(self._views()))
 
     def describe(self) -> Iterator[Metric]:
-        yield from Families()
+        yield from parsed(spec_decode_text([]))
 
 
 def specdecode_registry(views: list[TargetView]) -> CollectorRegistry:
     """A registry whose only collector yields the spec-decode families of exactly these views (what the sliced
-    page in sidecar/page.py must equal, byte for byte)."""
+    page in sidecar/page.py must equal, byte for byte, through prometheus_client's encoders)."""
     registry = CollectorRegistry(auto_describe=True)
     registry.register(SpecDecodeCollector(lambda: views))
     return registry
@@ -273,12 +278,13 @@ def per_model(bands: Mapping[BandKey, BandTotals]) -> dict[str, tuple[Histogram,
     return out
 
 
-def add_request_histograms(families: Families, labels: Labels, acceptance: Histogram, mean_length: Histogram) -> None:
+def add_request_histograms(families: SampleSink, labels: Labels, acceptance: Histogram,
+                           mean_length: Histogram) -> None:
     for spec, histogram in ((m.REQUEST_ACCEPTANCE, acceptance), (m.REQUEST_MEAN_LENGTH, mean_length)):
         families.histogram(spec, labels, zip(histogram.bounds, histogram.counts, strict=True), histogram.total)
 
 
-def add_variance_families(families: Families, view: RequestsView, target: Labels,
+def add_variance_families(families: SampleSink, view: RequestsView, target: Labels,
                           variances: Sequence[WindowVariance]) -> None:
     """Per model, the sums behind the measured variance per drafted token, and the page's v per window."""
     for model, sums in view.moments.items():
@@ -291,12 +297,11 @@ def add_variance_families(families: Families, view: RequestsView, target: Labels
                                              "source": row.variance.source}, row.variance.value)
 
 
-def build_request_families(view: RequestsView, target: Labels, stats: TapStats | None,
-                           class_histograms: bool = False, variances: Sequence[WindowVariance] = ()) -> Families:
-    """The tap's families. Counters by class (α per class exact over any window); the per-request histograms per
-    model, or by class too with proxy.class_histograms (the same family, with workload and temperature labels); the
-    variance's sums and gauge per model."""
-    families = Families(m.TAP)
+def add_request_families(families: SampleSink, view: RequestsView, target: Labels, stats: TapStats | None,
+                         class_histograms: bool = False, variances: Sequence[WindowVariance] = ()) -> None:
+    """The tap's families (m.TAP). Counters by class (α per class exact over any window); the per-request
+    histograms per model, or by class too with proxy.class_histograms (the same family, with workload and
+    temperature labels); the variance's sums and gauge per model."""
     add_variance_families(families, view, target, variances)
     for key, totals in view.bands.items():
         labels = {**target, "model_name": key.model_name, "workload": key.workload, "temperature": key.temperature}
@@ -316,11 +321,10 @@ def build_request_families(view: RequestsView, target: Labels, stats: TapStats |
     if stats is not None:
         families.add(m.TAP_CONNECTIONS, target, stats.connections)
         families.add(m.TAP_BUFFERED_BYTES, target, stats.buffered_bytes)
-    return families
 
 
-def build_route_families(view: RoutesView, target: Labels) -> Families:
-    families = Families(m.ROUTE)
+def add_route_families(families: SampleSink, view: RoutesView, target: Labels) -> None:
+    """Routing's families (m.ROUTE)."""
     for route in view.classes:
         labels = {**target, **route.key.labels()}
         for (upstream, reason), count in route.counts:
@@ -332,12 +336,11 @@ def build_route_families(view: RoutesView, target: Labels) -> Families:
                                             ("end_to_end", experiment.end_to_end)):
                 families.add(m.ROUTE_MEASURED_SPEEDUP, {**labels, "latency": latency_label},
                              measured.speedup if measured is not None else None)
-    return families
 
 
-class RequestsCollector(Collector):
-    """The request tap's families, fresh on every scrape (they change with every request); routing's too, when
-    the tap routes."""
+class TapFamilies:
+    """The request tap's families, fresh at every scrape (they change with every request); routing's too, when
+    the tap routes. Written at a scrape by ``pieces``; ``RequestsCollector`` hands them to a registry."""
 
     def __init__(self, view: Callable[[], RequestsView], target: Callable[[], Labels],
                  stats: Callable[[], TapStats | None], routes: Callable[[], RoutesView | None] = lambda: None,
@@ -346,12 +349,30 @@ class RequestsCollector(Collector):
         self._view, self._target, self._stats, self._routes = view, target, stats, routes
         self._class_histograms, self._variances = class_histograms, variances
 
-    def collect(self) -> Iterator[Metric]:
-        yield from build_request_families(self._view(), self._target(), self._stats(), self._class_histograms,
-                                          self._variances())
+    def pieces(self, line_format: LineFormat) -> Iterator[str]:
+        """The families' text, a family at a time (no render_done: the caller's render goes on)."""
+        target = self._target()
+        lines = PageLines(line_format, m.TAP)
+        add_request_families(lines, self._view(), target, self._stats(), self._class_histograms, self._variances())
+        yield from lines.pieces()
         routes = self._routes()
         if routes is not None:
-            yield from build_route_families(routes, self._target())
+            lines = PageLines(line_format, m.ROUTE)
+            add_route_families(lines, routes, target)
+            yield from lines.pieces()
+
+
+class RequestsCollector(Collector):
+    """The request tap's families (and routing's) as a prometheus_client collector."""
+
+    def __init__(self, view: Callable[[], RequestsView], target: Callable[[], Labels],
+                 stats: Callable[[], TapStats | None], routes: Callable[[], RoutesView | None] = lambda: None,
+                 class_histograms: bool = False,
+                 variances: Callable[[], Sequence[WindowVariance]] = lambda: ()) -> None:
+        self.families = TapFamilies(view, target, stats, routes, class_histograms, variances)
+
+    def collect(self) -> Iterator[Metric]:
+        yield from parsed("".join(self.families.pieces(LineFormat())))
 
     def describe(self) -> Iterator[Metric]:
-        yield from Families(m.TAP)
+        yield from parsed("".join(PageLines(LineFormat(), m.TAP).pieces()))

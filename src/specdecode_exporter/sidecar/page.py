@@ -5,11 +5,10 @@ page (~2 MB, 20k samples) took prometheus_client ~100 ms to render in one piece,
 waited that long. Here a render is a generator of small steps (one series' families, then a few hundred sample
 lines), driven by ``run_sliced`` (core/slices.py), which hands the loop back every ``SLICE_SECONDS``.
 
-A sample line is ``name{labels} value``; its ``name{labels}`` part never changes between collections, so it is
-written once by the encoder itself (the same escaping, byte for byte) and remembered from one render to the
-next; a render then only formats the values. The spec-decode families go straight from the views to lines
-(PageLines); the live families, prometheus_client's own, are formatted from their samples, and one with anything
-else in it (timestamps, exemplars, OpenMetrics-only samples) is handed to the encoder whole.
+The page is written by the project's one exposition writer (core/exposition.py), which remembers each sample
+line's ``name{labels} `` part from one render to the next; a render then only formats the values. The
+spec-decode families go straight from the views to lines (PageLines); the live families (prometheus_client's
+process, platform and GC collectors, the reload and tap families) follow, written fresh at every scrape.
 """
 
 from __future__ import annotations
@@ -20,25 +19,19 @@ import operator
 import time
 import zlib
 from collections.abc import Callable, Hashable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
-from prometheus_client.metrics_core import Metric
-from prometheus_client.samples import Sample
+from prometheus_client.openmetrics import exposition as openmetrics
 
-from specdecode_exporter.core import metrics as m
-from specdecode_exporter.core.metrics import go_float
+from specdecode_exporter.core.exposition import UNDERSCORES, LineFormat, TextFormat
 from specdecode_exporter.core.slices import run_sliced
 from specdecode_exporter.sidecar.collection import TargetView
-from specdecode_exporter.sidecar.expose import fill_families, histogram_samples
+from specdecode_exporter.sidecar.expose import PageLines, fill_families
 
 Encoder = Callable[..., bytes]  # prometheus_client's generate_latest for one of the two text formats
-OPENMETRICS_EOF = b"# EOF\n"
-LINES_PER_STEP = 100  # sample lines formatted between two looks at the clock
-PREFIXES_KEPT_ANYWAY = 64  # a small page's cache is never dropped for being twice its lines
 IDLE_UNTIL_A_SCRAPE = 60.0  # keep_fresh's sleep while no scrape is expected; a scrape ends it at once
 GZIP_LEVEL = 3  # a 1 MB target's 2.1 MB page: 7.8 ms and 88 KB, against 28 ms and 77 KB at zlib's default 6
-_OPENMETRICS_ONLY = ("_created", "_gsum", "_gcount")  # the text format moves these to families of their own
 
 
 class Compressor(Protocol):
@@ -57,145 +50,16 @@ def encoder_key(encoder: Encoder) -> Hashable:
     return encoder
 
 
+def text_format(encoder: Encoder) -> TextFormat:
+    """The format an encoder chosen by prometheus_client's choose_encoder writes (the page is written by
+    core/exposition.py, not by the encoder): OpenMetrics or the text format, and the name escaping asked for."""
+    func, keywords = (encoder.func, encoder.keywords) if isinstance(encoder, functools.partial) else (encoder, {})
+    return TextFormat(openmetrics=func is openmetrics.generate_latest,
+                      escaping=str(keywords.get("escaping", UNDERSCORES)))
+
+
 def new_gzip() -> Compressor:
     return zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, 16 + zlib.MAX_WBITS)  # 16+: gzip framing
-
-
-class _Families:
-    """A registry as the encoders read one: anything with collect()."""
-
-    def __init__(self, families: Iterable[Metric]) -> None:
-        self._families = families
-
-    def collect(self) -> Iterable[Metric]:
-        return self._families
-
-
-def encode(encoder: Encoder, families: Iterable[Metric]) -> str:
-    """The encoder's text for these families, without OpenMetrics' closing # EOF."""
-    text = encoder(_Families(families))
-    return (text[: -len(OPENMETRICS_EOF)] if text.endswith(OPENMETRICS_EOF) else text).decode("utf-8")
-
-
-SampleKey = tuple[str, tuple[str, ...], tuple[str, ...]]  # name, label names, label values
-FamilyKey = tuple[str, str, str, str]  # name, type, documentation, unit: what a family's header is written from
-Labels = dict[str, str]
-
-
-def family_key(family: Metric) -> FamilyKey:
-    return family.name, family.type, family.documentation, family.unit
-
-
-def empty_family(key: FamilyKey) -> Metric:
-    name, type_, documentation, unit = key
-    return Metric(name, documentation, type_, unit)
-
-
-@functools.cache
-def spec_family(spec: m.MetricSpec) -> FamilyKey:
-    """A contract entry's family as prometheus_client makes it (the same header as Families')."""
-    return family_key(Metric(spec.name, spec.help, spec.type))
-
-
-@dataclass
-class LineFormat:
-    """One encoder's family headers and sample-line prefixes, kept from one render to the next. A series gone
-    leaves its prefixes behind until they are more than half of what is kept: then all are dropped, and the next
-    render learns the ones it uses again (tracking which ones each render used cost about as much as the lookup)."""
-
-    encoder: Encoder
-    eof: str = field(init=False)  # what closes a page: OpenMetrics' # EOF, or nothing
-    headers: dict[FamilyKey, str] = field(default_factory=dict)
-    prefixes: dict[SampleKey, str] = field(default_factory=dict)
-    _written: int = 0  # lines written since the last render_done
-
-    def __post_init__(self) -> None:
-        self.eof = self.encoder(_Families([])).decode("utf-8")
-
-    def header(self, family: FamilyKey) -> str:
-        header = self.headers.get(family)
-        if header is None:
-            header = self.headers[family] = encode(self.encoder, [empty_family(family)])
-        return header
-
-    def line(self, family: FamilyKey, name: str, labels: Labels, value: float) -> str:
-        """One sample's line: its remembered prefix and the value; a prefix not seen before is learnt from what the
-        encoder writes for the sample alone."""
-        key = (name, tuple(labels), tuple(labels.values()))
-        prefix = self.prefixes.get(key)
-        if prefix is None:
-            prefix = self.prefixes[key] = self._learn(family, name, labels, value)
-        self._written += 1
-        return prefix + go_float(value) + "\n"
-
-    def _learn(self, family: FamilyKey, name: str, labels: Labels, value: float) -> str:
-        alone = empty_family(family)
-        alone.add_sample(name, labels, value)
-        line = encode(self.encoder, [alone])[len(self.header(family)):]
-        return line[: line.rindex(" ") + 1]
-
-    def lines(self, family: Metric, samples: list[Sample]) -> str:
-        """These samples' lines (a slice of a plain() family's)."""
-        key, line = family_key(family), self.line
-        return "".join([line(key, sample.name, sample.labels, sample.value) for sample in samples])
-
-    def render_done(self) -> None:
-        if len(self.prefixes) > 2 * self._written + PREFIXES_KEPT_ANYWAY:
-            self.prefixes = {}
-        self._written = 0
-
-
-def plain(family: Metric) -> bool:
-    """Whether every sample is ``name{labels} value``, so the remembered prefixes apply."""
-    special = tuple(family.name + suffix for suffix in _OPENMETRICS_ONLY)
-    return all(s.timestamp is None and s.exemplar is None and s.native_histogram is None and s.name not in special
-               for s in family.samples)
-
-
-def family_pieces(family: Metric, line_format: LineFormat) -> Iterator[str]:
-    """One family's text, a hundred lines at a time."""
-    if not plain(family):
-        yield encode(line_format.encoder, [family])
-        return
-    samples = family.samples
-    yield line_format.header(family_key(family)) + line_format.lines(family, samples[:LINES_PER_STEP])
-    for start in range(LINES_PER_STEP, len(samples), LINES_PER_STEP):
-        yield line_format.lines(family, samples[start:start + LINES_PER_STEP])
-
-
-def page_pieces(families: Iterable[Metric], line_format: LineFormat) -> Iterator[str]:
-    for family in families:
-        yield from family_pieces(family, line_format)
-    line_format.render_done()
-
-
-class PageLines:
-    """The spec-decode families as text: each sample's line is written as fill_families adds it, with no
-    prometheus_client family or sample in between (a 1 MB target's page is ~17k lines: building the families
-    and then formatting them cost ~3x as much). The same bytes as Families through the encoder (a test holds
-    them equal)."""
-
-    def __init__(self, line_format: LineFormat, specs: tuple[m.MetricSpec, ...] = m.COLLECTED) -> None:
-        self._format = line_format
-        self._families: dict[str, tuple[FamilyKey, list[str]]] = {spec.name: (spec_family(spec), []) for spec in specs}
-
-    def add(self, spec: m.MetricSpec, labels: Labels, value: float | None) -> None:
-        if value is not None:
-            family, lines = self._families[spec.name]
-            lines.append(self._format.line(family, spec.exposed_name, labels, value))
-
-    def histogram(self, spec: m.MetricSpec, labels: Labels, buckets: Iterable[tuple[float, float]],
-                  total: float) -> None:
-        family, lines = self._families[spec.name]
-        line = self._format.line
-        lines.extend(line(family, name, sample_labels, value)
-                     for name, sample_labels, value in histogram_samples(spec.name, labels, buckets, total))
-
-    def pieces(self) -> Iterator[str]:
-        """The page's text, a family at a time (the lines are written by then: joining them is quick)."""
-        for family, lines in self._families.values():
-            yield self._format.header(family) + "".join(lines)
-        self._format.render_done()
 
 
 def compressed_steps(text: bytes, gzip: Compressor, piece: int = 16 * 1024) -> Iterator[bytes]:
@@ -214,6 +78,7 @@ def spec_decode_steps(views: Iterable[TargetView], line_format: LineFormat) -> I
     for _ in fill_families(lines, views):
         yield ""
     yield from lines.pieces()
+    line_format.render_done()
 
 
 @dataclass(frozen=True)
@@ -262,7 +127,7 @@ class SpecDecodePage:
     def line_format(self, encoder: Encoder) -> LineFormat:
         line_format = self._formats.get(encoder)
         if line_format is None:
-            line_format = self._formats[encoder] = LineFormat(encoder)
+            line_format = self._formats[encoder] = LineFormat(text_format(encoder))
         return line_format
 
     async def get(self, encoder: Encoder, compress: bool) -> Rendered:

@@ -7,7 +7,7 @@ import contextlib
 import logging
 import signal
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -16,14 +16,15 @@ from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector,
 from prometheus_client.exposition import choose_encoder
 from starlette.background import BackgroundTask
 
+from specdecode_exporter.core.exposition import LineFormat, family_pieces
 from specdecode_exporter.core.httpserver import QuietServer, bind_socket
 from specdecode_exporter.core.log import event
 from specdecode_exporter.core.slices import run_sliced
 from specdecode_exporter.sidecar.collection import Exporter
 from specdecode_exporter.sidecar.config import Config, split_listen_address
-from specdecode_exporter.sidecar.expose import RequestsCollector, exporter_version
+from specdecode_exporter.sidecar.expose import TapFamilies, exporter_version
 from specdecode_exporter.sidecar.heap import collect_after_response, tune_gc
-from specdecode_exporter.sidecar.page import Encoder, LineFormat, SpecDecodePage, page_pieces
+from specdecode_exporter.sidecar.page import Encoder, SpecDecodePage, text_format
 from specdecode_exporter.sidecar.proxy import TapRuntime, tap_runtime
 from specdecode_exporter.sidecar.reload import ReloadCollector, Reloader
 from specdecode_exporter.sidecar.status import status_json
@@ -46,18 +47,28 @@ class MetricsRenderer:
         """A scrape reads the page of the views published by the time it came, never an older one (keep_fresh
         renders it ahead of the scrape it expects; any other scrape waits for its render)."""
         self.spec_decode = SpecDecodePage(exporter.views, gzipped=(choose_encoder(PROMETHEUS_ACCEPT)[0],))
-        self._live = CollectorRegistry(auto_describe=True)
+        self._reload = CollectorRegistry(auto_describe=True)
         if reloader is not None:
-            self._live.register(ReloadCollector(reloader))
+            self._reload.register(ReloadCollector(reloader))
         # The per-request families change with every tapped request: rendered on every scrape (empty, with
         # their HELP and TYPE, when the tap is off).
-        self._live.register(RequestsCollector(tap.view, lambda: tap.labels, tap.stats, tap.routes,
-                                              tap.config.class_histograms, tap.variances) if tap is not None
-                            else RequestsCollector(lambda: NO_REQUESTS, dict, lambda: None))
-        ProcessCollector(registry=self._live)
-        PlatformCollector(registry=self._live)
-        GCCollector(registry=self._live)
+        self._tap = (TapFamilies(tap.view, lambda: tap.labels, tap.stats, tap.routes, tap.config.class_histograms,
+                                 tap.variances) if tap is not None
+                     else TapFamilies(lambda: NO_REQUESTS, dict, lambda: None))
+        self._process = CollectorRegistry(auto_describe=True)
+        ProcessCollector(registry=self._process)
+        PlatformCollector(registry=self._process)
+        GCCollector(registry=self._process)
         self._live_formats: dict[Encoder, LineFormat] = {}
+
+    def live_pieces(self, line_format: LineFormat) -> Iterator[str]:
+        """The live families' text: the reload families, the tap's, then the process, platform and GC ones."""
+        for family in self._reload.collect():
+            yield from family_pieces(family, line_format)
+        yield from self._tap.pieces(line_format)
+        for family in self._process.collect():
+            yield from family_pieces(family, line_format)
+        line_format.render_done()
 
     async def render(self, encoder: Encoder, compress: bool = False) -> bytes:
         """The exposition; with ``compress``, gzipped."""
@@ -66,8 +77,8 @@ class MetricsRenderer:
         cached = await self.spec_decode.get(encoder, compress)
         live_format = self._live_formats.get(encoder)
         if live_format is None:
-            live_format = self._live_formats[encoder] = LineFormat(encoder)
-        live = ("".join(await run_sliced(page_pieces(self._live.collect(), live_format))) + live_format.eof).encode()
+            live_format = self._live_formats[encoder] = LineFormat(text_format(encoder))
+        live = ("".join(await run_sliced(self.live_pieces(live_format))) + live_format.eof).encode()
         if not compress:
             return cached.text + live
         assert cached.gzipped is not None
