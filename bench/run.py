@@ -48,6 +48,7 @@ from bench import (  # noqa: E402
     fleet_common,
     fleet_steady,
     footprint,
+    idle_gap,
     paging,
     soak,
     whole_process,
@@ -297,6 +298,23 @@ def run_breakdown(rep: Report, body: bytes) -> None:
             "kernel (socket I/O, epoll, timers).\n")
     rep.table(["part", "CPU per collection", "share"],
               [[part, fmt_ms(seconds), f"{100 * seconds * n / b.total:.1f} %"] for part, seconds in b.per_collection()])
+    run_idle_gap(rep, body)
+
+
+def run_idle_gap(rep: Report, body: bytes) -> None:
+    costs = idle_gap.measure(body)
+    hot = costs[0].median
+    rep.add("\nThe same collection back to back and after an idle gap (bench/idle_gap.py): one TargetCollector in the "
+            "bench's own process (the lean client's fetch, decode, store, views; nothing scraped or rendered) "
+            "collecting this page, moving, from the static server, with the loop asleep for the gap before each "
+            "collection; CPU = the process's CPU clock around each collection, the median. The work is the same at "
+            "every gap: what grows is what a collection finds evicted meanwhile (caches: the loop spinning through "
+            "the gap instead of sleeping cost as much when tried), so the figure depends on the machine's load; on "
+            "a shared machine much of the whole process's CPU per collection above is this, not more work.\n")
+    rep.table(["idle before each collection", "collections", "CPU per collection (median)", "lowest – highest",
+               "vs back to back"],
+              [[f"{c.gap:g} s", str(c.collections), fmt_ms(c.median), f"{fmt_ms(c.low)} – {fmt_ms(c.high)}",
+                f"{c.median / hot:.1f}×"] for c in costs])
 
 
 def run_scale(rep: Report, ns: tuple[int, ...], span: float) -> None:

