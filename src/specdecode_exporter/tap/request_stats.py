@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from specdecode_exporter.core.adaptive_verification import withheld_why
 from specdecode_exporter.core.buckets import ACCEPTANCE_RATIO_BUCKETS
 from specdecode_exporter.core.dispersion import Moments
 from specdecode_exporter.pipeline.latency import Histogram
@@ -24,13 +25,12 @@ SPEED_BUCKETS: tuple[float, ...] = (1, 2, 5, 10, 20, 30, 50, 75, 100, 150, 200, 
 UNSET = "unset"
 OTHER = "other"
 MAX_LABEL_LENGTH = 64
-# Why a vLLM response's per-request draft counts are not read (TapSettings.withheld), in the sidecar's words for its
-# own counters (pipeline/engines/vllm_v1.py ADAPTIVE_VERIFICATION_WHY), and the reason such requests are counted by.
-ADAPTIVE_VERIFICATION_WITHHELD = (
-    "adaptive verification: whether a response's metrics.speculative_decoding.num_draft_tokens counts the proposed "
-    "or the verified draft tokens is not settled by vLLM's source, so the per-request α (the request drafted and "
-    "accepted tokens, the acceptance histogram, the variance's sums) and the routing decisions on it are withheld, "
-    "not guessed")
+# Why a vLLM response's per-request draft counts are not read (TapSettings.withheld), in the sentence the sidecar
+# says of its own counters (core/adaptive_verification.py), and the reason such requests are counted by.
+ADAPTIVE_VERIFICATION_WITHHELD = withheld_why(
+    "a response's metrics.speculative_decoding.num_draft_tokens",
+    "the per-request α (the request drafted and accepted tokens, the acceptance histogram, the variance's sums) and "
+    "the routing decisions on it")
 WITHHELD = "withheld"
 
 

@@ -7,6 +7,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from specdecode_exporter.core.adaptive_verification import withheld_why
 from specdecode_exporter.pipeline.engines.base import (
     Decoder,
     DecodeResult,
@@ -22,10 +23,8 @@ from specdecode_exporter.pipeline.engines.base import (
 from specdecode_exporter.pipeline.latency import Histogram, monotonic
 from specdecode_exporter.pipeline.parse import Layout, Sample, Selection, is_finite_count
 
-ADAPTIVE_VERIFICATION_WHY = (
-    "adaptive verification: whether vllm:spec_decode_num_draft_tokens counts the proposed or the verified draft "
-    "tokens is not settled by vLLM's source, so α, the draft length, the per-position curve and the modelled "
-    "speedup are withheld, not guessed")
+ADAPTIVE_VERIFICATION_WHY = withheld_why(
+    "vllm:spec_decode_num_draft_tokens", "α, the draft length, the per-position curve and the modelled speedup")
 DRAFTS = "vllm:spec_decode_num_drafts_total"
 DRAFTS_CREATED = "vllm:spec_decode_num_drafts_created"
 DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
