@@ -132,19 +132,27 @@ def type_name(kind: Any) -> str:
     return names.get(base, "value") if isinstance(base, type) else "value"
 
 
-def _strip(kind: Any) -> Any:
-    """The type without Annotated and without ``| None``."""
+def _layers(kind: Any) -> Iterator[Any]:
+    """``kind``, then each type it wraps through Annotated and ``| None``; the last is the bare type (or a union of
+    several)."""
     while True:
+        yield kind
         origin = typing.get_origin(kind)
         if origin is typing.Annotated:
             kind = typing.get_args(kind)[0]
         elif origin in (Union, types.UnionType):
             args = [a for a in typing.get_args(kind) if a is not type(None)]
             if len(args) != 1:
-                return kind
+                return
             kind = args[0]
         else:
-            return kind
+            return
+
+
+def _strip(kind: Any) -> Any:
+    """The type without Annotated and without ``| None``."""
+    *_, bare = _layers(kind)
+    return bare
 
 
 def _base(kind: Any) -> Any:
@@ -154,19 +162,12 @@ def _base(kind: Any) -> Any:
 
 def _named(kind: Any) -> Named | None:
     """The Named marker of ``kind`` (Annotated, possibly within ``| None``)."""
-    while True:
-        if typing.get_origin(kind) is typing.Annotated:
-            found = [m for m in kind.__metadata__ if isinstance(m, Named)]
+    for layer in _layers(kind):
+        if typing.get_origin(layer) is typing.Annotated:
+            found = [m for m in layer.__metadata__ if isinstance(m, Named)]
             if found:
                 return found[0]
-            kind = typing.get_args(kind)[0]
-        elif typing.get_origin(kind) in (Union, types.UnionType):
-            args = [a for a in typing.get_args(kind) if a is not type(None)]
-            if len(args) != 1:
-                return None
-            kind = args[0]
-        else:
-            return None
+    return None
 
 
 def _section(kind: Any) -> type[Section] | None:
