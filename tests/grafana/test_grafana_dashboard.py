@@ -249,6 +249,22 @@ def test_ratios_are_guarded(dashboard: dict[str, Any]) -> None:
             assert "and on (" in q.expr and "_count" in q.expr, (q.panel_title, "unguarded quantile")
 
 
+# A range over a raw series reads every pod's samples over the dashboard's whole range (at 7 days, past
+# Prometheus' default query.max-samples on a fleet). The two left: vLLM's inter-token latency (the sidecar does not
+# export it; vLLM's own series, as any vLLM dashboard reads them) and an instant stat (one evaluation, no range).
+RAW_RANGE = re.compile(r"(?<![\w:])(specdecode_\w*|vllm:[\w:]*)(\{[^}]*\})?\[")  # a record has a colon
+RAW_RANGE_ALLOWED = {("Inter-token latency (vLLM) p50 / p99", "vllm:inter_token_latency_seconds_bucket"),
+                     ("Inter-token latency (vLLM) p50 / p99", "vllm:inter_token_latency_seconds_count"),
+                     ("Prometheus → sidecar scrape", "specdecode_up")}
+
+
+def test_no_query_ranges_over_the_pods_raw_series(dashboard: dict[str, Any]) -> None:
+    """Issue 35: every time series reads the rules' recorded series or the sidecar's gauges, cheap at any
+    $__range; a range over a raw series only where said (RAW_RANGE_ALLOWED), and the stat among them instant."""
+    found = {(q.panel_title, match.group(1)) for q in panel_queries(dashboard) for match in RAW_RANGE.finditer(q.expr)}
+    assert found == RAW_RANGE_ALLOWED
+
+
 def test_ratios_aggregate_counters_not_ratio_gauges(dashboard: dict[str, Any]) -> None:
     """Pooled α is sum(rate(accepted)) / sum(rate(drafted)); never an average of per-pod ratio gauges."""
     for q in panel_queries(dashboard):

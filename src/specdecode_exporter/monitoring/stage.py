@@ -7,7 +7,9 @@ counter and histogram the rules need is summed, at every step of its stage group
 read (model; model and band; model, spec_decode and le), as its increase since the previous evaluation:
 ``clamp_min(x - x offset <step>, 0)`` per series (a counter that fell was reset and counts nothing for that step; a
 series without a sample a step ago counts nothing yet), then summed. Each series' two instant samples are all the
-stage reads, whatever the scrape interval.
+stage reads, whatever the scrape interval. Not ``increase(x[<step>])``, though one range read per series would cost
+less than two instant reads and their match: at a 1m scrape interval a 1m range holds one sample and counts
+nothing, where the offset form finds the last sample within Prometheus' lookback.
 
 Two steps. The page's evidence (drafted and accepted tokens, drafts, collection errors) is staged at
 ``statistics.evaluation_interval`` (15 s): the page's budgets and delays count its evaluations. Everything else
@@ -86,10 +88,9 @@ def _expr(cfg: MonitoringConfig, s: Staged) -> str:
     return f"{s.how} by ({by(s.by)}) ({raw})"
 
 
-def _histogram(group: str, level: str, name: str, labels: tuple[str, ...],
-               matchers: tuple[str, ...] = ()) -> list[Staged]:
-    return [Staged(group, level, f"{name}_bucket", f"{name}_bucket", (*labels, "le"), matchers),
-            Staged(group, level, f"{name}_count", f"{name}_count", labels, matchers)]
+def _histogram(group: str, level: str, name: str, labels: tuple[str, ...]) -> list[Staged]:
+    return [Staged(group, level, f"{name}_bucket", f"{name}_bucket", (*labels, "le")),
+            Staged(group, level, f"{name}_count", f"{name}_count", labels)]
 
 
 def families(cfg: MonitoringConfig) -> dict[str, Staged]:
@@ -125,6 +126,13 @@ def families(cfg: MonitoringConfig) -> dict[str, Staged]:
                       ("request_accepted_squared", m.REQUEST_ACCEPTED_TOKENS_SQUARED),
                       ("request_product", m.REQUEST_ACCEPTED_DRAFT_TOKENS_PRODUCT)):  # the page's variance, measured
         out[key] = Staged("requests", level, spec.name, spec.exposed_name, model)
+    # The dashboard's: per model, by what each panel splits on (its queries read no raw range).
+    out["requests_without_spec"] = Staged("requests", level, m.REQUESTS_WITHOUT_SPEC.name,
+                                          m.REQUESTS_WITHOUT_SPEC.exposed_name, (*model, "reason"))
+    out["route_requests_by_pool"] = Staged("acceptance", f"{level}_pool", m.ROUTE_REQUESTS.name,
+                                           m.ROUTE_REQUESTS.exposed_name, (*model, "upstream", "reason"))
+    out["scheduled_steps"] = Staged("acceptance", level, m.SCHEDULED_STEPS.name, m.SCHEDULED_STEPS.exposed_name,
+                                    (*model, "num_speculative_tokens"))
     position = m.ACCEPTED_BY_POSITION
     out["accepted_by_position"] = Staged("acceptance", level, position.name, position.exposed_name,
                                          (*model, "position"))
@@ -133,7 +141,8 @@ def families(cfg: MonitoringConfig) -> dict[str, Staged]:
     histograms = {"interval": ("acceptance", m.INTERVAL_ACCEPTANCE.name, model),
                   "tpot": ("latency", tpot, sides),
                   "request": ("requests", m.REQUEST_ACCEPTANCE.name, model),
-                  "engine_request": ("requests", m.ENGINE_REQUEST_ACCEPTANCE.name, model)}
+                  "engine_request": ("requests", m.ENGINE_REQUEST_ACCEPTANCE.name, model),
+                  "request_speed": ("requests", m.REQUEST_SPEED.name, (*model, "acceptance"))}
     for key, (group, name, labels) in histograms.items():
         bucket, count = _histogram(group, level, name, labels)
         out[f"{key}_bucket"], out[f"{key}_count"] = bucket, count

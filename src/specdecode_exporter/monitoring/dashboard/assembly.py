@@ -63,7 +63,7 @@ def _header(ctx: Context) -> db.Dashboard:
     return (db.Dashboard(cfg.dashboard.title).uid(cfg.dashboard.uid)
             .description("vLLM speculative decoding: acceptance rate α, break-even, modelled speedup, per-position "
                          "acceptance, k advice and latency, from the specdecode-exporter sidecar. Generated from "
-                         "the monitoring config by src/specdecode_exporter/monitoring/dashboard.py.")
+                         "the monitoring config by src/specdecode_exporter/monitoring/dashboard/ (a module per row).")
             .tags(TAGS).editable().tooltip(dm.DashboardCursorSync.CROSSHAIR).time(cfg.dashboard.time_from, "now")
             .timezone("browser").refresh(cfg.dashboard.refresh)
             .timepicker(db.TimePicker().refresh_intervals(["10s", "30s", "1m", "5m", "15m", "1h"]))

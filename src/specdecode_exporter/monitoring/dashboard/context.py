@@ -58,6 +58,11 @@ class Context:
         return q.Scope(label_matchers(names), self.cfg.level_labels())
 
     @property
+    def engines(self) -> str:
+        """The stage's per-engine records (the speculation-stopped test's): scrape and engine identity, no pod."""
+        return label_matchers((*self.extra_variables, "namespace", "job", "instance", "model_name", "engine"))
+
+    @property
     def health(self) -> str:
         """Health series may lack model_name (a target that never answered): scrape identity only."""
         return label_matchers((*self.extra_variables, "namespace", "job", "pod", "instance"))
@@ -90,6 +95,12 @@ class Context:
         """Per-model panels read the rules' short stage, never the pods' raw series over a window: cheap at any
         dashboard range."""
         return stage.Pooled(self.cfg, self.rule_matchers)
+
+    def staged_sum(self, key: str, by_labels: tuple[str, ...], matchers: str = "", window: str = RATE_INTERVAL) -> str:
+        """A counter's rate from the stage's record of it (stage.families' ``key``), summed by the labels a panel
+        splits on: the pods' raw series are never read over the dashboard's range. ``matchers``: the record's own
+        labels to select on (the models' by default)."""
+        return f"sum by ({q.by(by_labels)}) ({stage.rate(self.cfg, key, window, matchers or self.rule_matchers)})"
 
     def alpha(self, window: str = "$window") -> str:
         return self.pooled.ratio("accepted_tokens", "draft_tokens", window)

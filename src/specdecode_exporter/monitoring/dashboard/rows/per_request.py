@@ -77,22 +77,21 @@ def alpha_by_band(ctx: Context) -> Any:
 
 
 def speed_by_acceptance(ctx: Context) -> Any:
-    scope = q.Scope(ctx.tapped.matchers, (*ctx.tapped.by, "acceptance"))
+    median = ctx.pooled.quantile(0.5, "request_speed", "$window", by_also=("acceptance",))
     return ts_panel(
         "Request speed by acceptance band",
         "Median generation speed (output tokens per second) of the tapped requests in each band of their own α: "
         "are the low-α requests the slow ones?",
-        queries((q.histogram_quantile(0.5, m.REQUEST_SPEED.name, scope, "$window"), "α {{acceptance}} {{model_name}}")),
+        queries((median, "α {{acceptance}} {{model_name}}")),
         UNIT_TOKENS_PER_S, w=12, h=8).min(0)
 
 
 def requests_without_metrics(ctx: Context) -> Any:
-    scope = q.Scope(ctx.tapped.matchers, ("reason",))
     return ts_panel(
         "Tapped requests without spec-decode metrics",
         "By reason: not_enabled means vLLM runs without --per-request-spec-decode-metrics; n_gt_1 and "
         "multi_prompt are requests vLLM gives no per-request figures for; the rest are failures.",
-        queries((q.rate_sum(m.REQUESTS_WITHOUT_SPEC.exposed_name, scope, RATE_INTERVAL), "{{reason}}")),
+        queries((ctx.staged_sum("requests_without_spec", ("reason",)), "{{reason}}")),
         "reqps", w=12, h=8).min(0)
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from specdecode_exporter.core import metrics as m
 from specdecode_exporter.monitoring import promql as q
-from specdecode_exporter.monitoring.dashboard.context import RATE_INTERVAL, RED, UNIT_SPEEDUP, Context, Row
+from specdecode_exporter.monitoring.dashboard.context import RED, UNIT_SPEEDUP, Context, Row
 from specdecode_exporter.monitoring.dashboard.panels import line_and_area, queries, steps, ts_panel
 
 ROUTE_CLASS = ("model_name", "workload", "temperature", "prompt_length")
@@ -25,13 +25,12 @@ def routed_classes(ctx: Context) -> Any:
 
 
 def routed_requests(ctx: Context) -> Any:
-    scope = q.Scope(ctx.tapped.matchers, ("upstream", "reason"))
     return ts_panel(
         "Requests by pool and reason",
         "Completions through a routing tap: to the speculative pool (unrouted classes, and the canary of routed "
         "ones) or to the fallback (benefit); fallback_down: meant for the fallback, which was unreachable. In "
         "observe mode the fallback counts say where enforce mode would have sent them.",
-        queries((q.rate_sum(m.ROUTE_REQUESTS.exposed_name, scope, RATE_INTERVAL), "{{upstream}} {{reason}}")),
+        queries((ctx.staged_sum("route_requests_by_pool", ("upstream", "reason")), "{{upstream}} {{reason}}")),
         "reqps", w=8, h=8).min(0)
 
 

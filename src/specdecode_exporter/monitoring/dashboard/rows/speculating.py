@@ -10,6 +10,7 @@ from grafana_foundation_sdk.models import prometheus as pm
 
 from specdecode_exporter.core import metrics as m
 from specdecode_exporter.monitoring import promql as q
+from specdecode_exporter.monitoring import stage
 from specdecode_exporter.monitoring.dashboard.context import RATE_INTERVAL, RED, UNIT_SPEEDUP, Context, Row
 from specdecode_exporter.monitoring.dashboard.panels import (
     dashed,
@@ -23,9 +24,9 @@ from specdecode_exporter.monitoring.dashboard.panels import (
 
 
 def speculative_share(ctx: Context) -> Any:
-    pods = ctx.per_pod()
-    share = q.guarded_ratio(q.rate_sum(m.EMITTED_TOKENS.exposed_name, pods, RATE_INTERVAL),
-                            q.rate_sum(m.GENERATED_TOKENS.exposed_name, pods, RATE_INTERVAL))
+    # The records SpecDecodeSpeculationStopped reads, per engine.
+    share = q.guarded_ratio(stage.rate(ctx.cfg, "series_emitted", RATE_INTERVAL, ctx.engines),
+                            stage.rate(ctx.cfg, "series_generated", RATE_INTERVAL, ctx.engines))
     stopped = ctx.cfg.speculation_stopped.share_below
     return (ts_panel(
         "Speculative token share",
@@ -34,14 +35,12 @@ def speculative_share(ctx: Context) -> Any:
         "once speculation stopped while the engine still generates: an acceptance gate (TensorRT-LLM switches it off "
         "for good), a batch-size schedule at k = 0, an ngram drafter that finds nothing. Below "
         f"{stopped:.0%}: SpecDecodeSpeculationStopped.",
-        queries((share, "{{pod}} {{target}} engine {{engine}}")), "percentunit", w=6)
+        queries((share, "{{instance}} {{target}} engine {{engine}}")), "percentunit", w=6)
         .min(0).max(1).thresholds(steps((None, RED), (stopped, "transparent"))).thresholds_style(line_and_area()))
 
 
 def scheduled_steps(ctx: Context) -> Any:
-    by = ctx.scope.by_clause
-    selected = q.selector(m.SCHEDULED_STEPS.exposed_name, ctx.scope.matchers)
-    steps_by_k = f"sum by ({by}, num_speculative_tokens) (rate({selected}[{RATE_INTERVAL}]))"
+    steps_by_k = ctx.staged_sum("scheduled_steps", (*ctx.cfg.level_labels(), "num_speculative_tokens"))
     return (ts_panel(
         "Scheduler steps by the k the schedule chose",
         "Where vLLM exports it (vllm:spec_decode_scheduled_steps, proposed upstream in vllm#54748): scheduler steps "
