@@ -33,7 +33,7 @@ local utils = import '../lib/utils.libsonnet';
           }
         ]
       },
-      "description": "vLLM speculative decoding: acceptance rate α, break-even, modelled speedup, per-position acceptance, k advice and latency, from the specdecode-exporter sidecar. Generated from the monitoring config by src/specdecode_exporter/monitoring/dashboard.py.",
+      "description": "vLLM speculative decoding: acceptance rate α, break-even, modelled speedup, per-position acceptance, k advice and latency, from the specdecode-exporter sidecar. Generated from the monitoring config by src/specdecode_exporter/monitoring/dashboard/ (a module per row).",
       "editable": true,
       "fiscalYearStartMonth": 0,
       "graphTooltip": 1,
@@ -2063,7 +2063,7 @@ local utils = import '../lib/utils.libsonnet';
                 "type": "prometheus",
                 "uid": "${datasource}"
               },
-              "expr": "histogram_quantile(0.5, sum by (namespace, model_name, acceptance, le) (rate(specdecode_request_output_tokens_per_second_bucket{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\"}[$window])))\nand on (namespace, model_name, acceptance)\n(sum by (namespace, model_name, acceptance) (rate(specdecode_request_output_tokens_per_second_count{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\"}[$window])) > 0)",
+              "expr": "histogram_quantile(0.5, sum by (namespace, model_name, acceptance, le) (avg_over_time(model:specdecode_request_output_tokens_per_second_bucket:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window]) / 60))\nand on (namespace, model_name, acceptance)\n(sum by (namespace, model_name, acceptance) (avg_over_time(model:specdecode_request_output_tokens_per_second_count:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window]) / 60) > 0)",
               "instant": false,
               "legendFormat": "α {{acceptance}} {{model_name}}",
               "range": true,
@@ -2124,7 +2124,7 @@ local utils = import '../lib/utils.libsonnet';
                 "type": "prometheus",
                 "uid": "${datasource}"
               },
-              "expr": "sum by (reason) (rate(specdecode_requests_without_spec_metrics_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\"}[$__rate_interval]))",
+              "expr": "sum by (reason) (avg_over_time(model:specdecode_requests_without_spec_metrics:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$__rate_interval]) / 60)",
               "instant": false,
               "legendFormat": "{{reason}}",
               "range": true,
@@ -2383,7 +2383,7 @@ local utils = import '../lib/utils.libsonnet';
                 "type": "prometheus",
                 "uid": "${datasource}"
               },
-              "expr": "sum by (upstream, reason) (rate(specdecode_route_requests_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\"}[$__rate_interval]))",
+              "expr": "sum by (upstream, reason) (avg_over_time(model_pool:specdecode_route_requests:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$__rate_interval]) / 60)",
               "instant": false,
               "legendFormat": "{{upstream}} {{reason}}",
               "range": true,
@@ -3033,7 +3033,7 @@ local utils = import '../lib/utils.libsonnet';
             "type": "prometheus",
             "uid": "${datasource}"
           },
-          "description": "vLLM's per-request TPOT histogram (true time per generated token; vLLM ≥ 0.11). This is what spec decode should lower: read it beside α. Filters: namespace, pod, model_name, engine (vLLM's own scrape).",
+          "description": "vLLM's per-request TPOT histogram (true time per generated token; vLLM ≥ 0.11), as the sidecars export it (reset-safe; spec_decode=false: control pods), per model from the rules' one-minute stage. This is what spec decode should lower: read it beside α.",
           "fieldConfig": {
             "defaults": {
               "custom": {
@@ -3078,9 +3078,9 @@ local utils = import '../lib/utils.libsonnet';
                 "type": "prometheus",
                 "uid": "${datasource}"
               },
-              "expr": "histogram_quantile(0.5, sum by (model_name, le) (rate(vllm:request_time_per_output_token_seconds_bucket{namespace=~\"$namespace\", pod=~\"$pod\", model_name=~\"$model_name\", engine=~\"$engine\"}[$__rate_interval])))\nand on (model_name)\n(sum by (model_name) (rate(vllm:request_time_per_output_token_seconds_count{namespace=~\"$namespace\", pod=~\"$pod\", model_name=~\"$model_name\", engine=~\"$engine\"}[$__rate_interval])) > 0)",
+              "expr": "histogram_quantile(0.5, sum by (namespace, model_name, spec_decode, le) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_bucket:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$__rate_interval]) / 60))\nand on (namespace, model_name, spec_decode)\n(sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$__rate_interval]) / 60) > 0)",
               "instant": false,
-              "legendFormat": "p50 {{model_name}}",
+              "legendFormat": "p50 {{model_name}} spec_decode={{spec_decode}}",
               "range": true,
               "refId": "A"
             },
@@ -3089,9 +3089,9 @@ local utils = import '../lib/utils.libsonnet';
                 "type": "prometheus",
                 "uid": "${datasource}"
               },
-              "expr": "histogram_quantile(0.99, sum by (model_name, le) (rate(vllm:request_time_per_output_token_seconds_bucket{namespace=~\"$namespace\", pod=~\"$pod\", model_name=~\"$model_name\", engine=~\"$engine\"}[$__rate_interval])))\nand on (model_name)\n(sum by (model_name) (rate(vllm:request_time_per_output_token_seconds_count{namespace=~\"$namespace\", pod=~\"$pod\", model_name=~\"$model_name\", engine=~\"$engine\"}[$__rate_interval])) > 0)",
+              "expr": "histogram_quantile(0.99, sum by (namespace, model_name, spec_decode, le) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_bucket:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$__rate_interval]) / 60))\nand on (namespace, model_name, spec_decode)\n(sum by (namespace, model_name, spec_decode) (avg_over_time(model:specdecode_request_time_per_output_token_seconds_count:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$__rate_interval]) / 60) > 0)",
               "instant": false,
-              "legendFormat": "p99 {{model_name}}",
+              "legendFormat": "p99 {{model_name}} spec_decode={{spec_decode}}",
               "range": true,
               "refId": "B"
             }
@@ -3250,7 +3250,7 @@ local utils = import '../lib/utils.libsonnet';
                 "type": "prometheus",
                 "uid": "${datasource}"
               },
-              "expr": "sum by (model_name) (rate(vllm:generation_tokens_total{namespace=~\"$namespace\", pod=~\"$pod\", model_name=~\"$model_name\", engine=~\"$engine\"}[$__rate_interval]))",
+              "expr": "sum by (model_name) (avg_over_time(model:specdecode_generated_tokens:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$__rate_interval]) / 60)",
               "instant": false,
               "legendFormat": "generated {{model_name}}",
               "range": true,
@@ -3341,9 +3341,9 @@ local utils = import '../lib/utils.libsonnet';
                 "type": "prometheus",
                 "uid": "${datasource}"
               },
-              "expr": "sum by (namespace, model_name, pod, target, engine) (rate(specdecode_emitted_tokens_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$__rate_interval]))\n/\n(sum by (namespace, model_name, pod, target, engine) (rate(specdecode_generated_tokens_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$__rate_interval])) > 0)",
+              "expr": "avg_over_time(engine:specdecode_emitted_tokens:stage_increase{namespace=~\"$namespace\", job=~\"$job\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$__rate_interval]) / 60\n/\n(avg_over_time(engine:specdecode_generated_tokens:stage_increase{namespace=~\"$namespace\", job=~\"$job\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$__rate_interval]) / 60 > 0)",
               "instant": false,
-              "legendFormat": "{{pod}} {{target}} engine {{engine}}",
+              "legendFormat": "{{instance}} {{target}} engine {{engine}}",
               "range": true,
               "refId": "A"
             }
@@ -3405,7 +3405,7 @@ local utils = import '../lib/utils.libsonnet';
                 "type": "prometheus",
                 "uid": "${datasource}"
               },
-              "expr": "sum by (namespace, model_name, num_speculative_tokens) (rate(specdecode_scheduled_steps_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\", model_name=~\"$model_name\", engine=~\"$engine\"}[$__rate_interval]))",
+              "expr": "sum by (namespace, model_name, num_speculative_tokens) (avg_over_time(model:specdecode_scheduled_steps:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$__rate_interval]) / 60)",
               "instant": false,
               "legendFormat": "k={{num_speculative_tokens}} {{model_name}}",
               "range": true,
@@ -4392,7 +4392,7 @@ local utils = import '../lib/utils.libsonnet';
                 "type": "prometheus",
                 "uid": "${datasource}"
               },
-              "expr": "sum by (reason) (rate(specdecode_collect_errors_total{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\"}[$__rate_interval]))",
+              "expr": "sum by (reason) (avg_over_time(target:specdecode_collect_errors:stage_increase{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\"}[$__rate_interval]) / 15)",
               "instant": false,
               "legendFormat": "{{reason}}",
               "range": true,

@@ -50,6 +50,14 @@ local utils = import '../lib/utils.libsonnet';
             "expr": "sum by (namespace, model_name, workload, temperature, prompt_length) (clamp_min(specdecode_route_requests_total%s - specdecode_route_requests_total%s offset 1m, 0))" % [utils.selector($._config.metricSelector), utils.selector($._config.metricSelector)]
           },
           {
+            "record": "model_pool:specdecode_route_requests:stage_increase",
+            "expr": "sum by (namespace, model_name, upstream, reason) (clamp_min(specdecode_route_requests_total%s - specdecode_route_requests_total%s offset 1m, 0))" % [utils.selector($._config.metricSelector), utils.selector($._config.metricSelector)]
+          },
+          {
+            "record": "model:specdecode_scheduled_steps:stage_increase",
+            "expr": "sum by (namespace, model_name, num_speculative_tokens) (clamp_min(specdecode_scheduled_steps_total%s - specdecode_scheduled_steps_total%s offset 1m, 0))" % [utils.selector($._config.metricSelector), utils.selector($._config.metricSelector)]
+          },
+          {
             "record": "model:specdecode_accepted_tokens_by_position:stage_increase",
             "expr": "sum by (namespace, model_name, position) (clamp_min(specdecode_accepted_tokens_by_position_total%s - specdecode_accepted_tokens_by_position_total%s offset 1m, 0))" % [utils.selector($._config.metricSelector), utils.selector($._config.metricSelector)]
           },
@@ -144,6 +152,10 @@ local utils = import '../lib/utils.libsonnet';
             "expr": "sum by (namespace, model_name) (clamp_min(specdecode_request_accepted_draft_tokens_product_total%s - specdecode_request_accepted_draft_tokens_product_total%s offset 1m, 0))" % [utils.selector($._config.metricSelector), utils.selector($._config.metricSelector)]
           },
           {
+            "record": "model:specdecode_requests_without_spec_metrics:stage_increase",
+            "expr": "sum by (namespace, model_name, reason) (clamp_min(specdecode_requests_without_spec_metrics_total%s - specdecode_requests_without_spec_metrics_total%s offset 1m, 0))" % [utils.selector($._config.metricSelector), utils.selector($._config.metricSelector)]
+          },
+          {
             "record": "model:specdecode_request_acceptance_ratio_bucket:stage_increase",
             "expr": "sum by (namespace, model_name, le) (clamp_min(specdecode_request_acceptance_ratio_bucket%s - specdecode_request_acceptance_ratio_bucket%s offset 1m, 0))" % [utils.selector($._config.metricSelector), utils.selector($._config.metricSelector)]
           },
@@ -158,6 +170,14 @@ local utils = import '../lib/utils.libsonnet';
           {
             "record": "model:specdecode_engine_request_acceptance_ratio_count:stage_increase",
             "expr": "sum by (namespace, model_name) (clamp_min(specdecode_engine_request_acceptance_ratio_count%s - specdecode_engine_request_acceptance_ratio_count%s offset 1m, 0))" % [utils.selector($._config.metricSelector), utils.selector($._config.metricSelector)]
+          },
+          {
+            "record": "model:specdecode_request_output_tokens_per_second_bucket:stage_increase",
+            "expr": "sum by (namespace, model_name, acceptance, le) (clamp_min(specdecode_request_output_tokens_per_second_bucket%s - specdecode_request_output_tokens_per_second_bucket%s offset 1m, 0))" % [utils.selector($._config.metricSelector), utils.selector($._config.metricSelector)]
+          },
+          {
+            "record": "model:specdecode_request_output_tokens_per_second_count:stage_increase",
+            "expr": "sum by (namespace, model_name, acceptance) (clamp_min(specdecode_request_output_tokens_per_second_count%s - specdecode_request_output_tokens_per_second_count%s offset 1m, 0))" % [utils.selector($._config.metricSelector), utils.selector($._config.metricSelector)]
           }
         ]
       },
