@@ -160,6 +160,7 @@ def _assert_steady_rows(text: str) -> None:
     for row in alone.values():
         assert row["history backfilled (samples)"] == "0" and row["groups evaluated"] == f"0/{groups}", row
         assert int(row["targets up"]) == fleet_steady.STEADY_SMOKE.pods[-1], row
-    assert re.search(r"The rules' own CPU \(the sidecar's page with them, less without\): \*\*-?\d+\.\d{3} cores, ", text)
+    assert re.search(r"The rules' own CPU \(the sidecar's page with them, less without\): \*\*-?\d+\.\d{3} cores, ",
+                     text)
     assert re.search(r"The groups. evaluation times summed: \*\*\d+\.\d\d s per round\*\*", text)
     assert "Extrapolated, not measured" in text and "cores" in text
