@@ -15,7 +15,7 @@ from specdecode_exporter.pipeline.engines.base import FetchTiming
 from specdecode_exporter.pipeline.scrape import FetchResult
 from specdecode_exporter.pipeline.store import Store
 from specdecode_exporter.sidecar.collection import CollectionFailure, ModelNameNeeded, TargetCollector
-from specdecode_exporter.sidecar.config import Config, TargetConfig, parse_windows
+from specdecode_exporter.sidecar.config import CollectSection, Config, TargetConfig, parse_windows
 from specdecode_exporter.sidecar.expose import SpecDecodeCollector
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
@@ -32,7 +32,7 @@ class Target:
 
     def __init__(self) -> None:
         config = Config(targets=(TargetConfig("fuzz", "http://127.0.0.1:1/metrics"),),
-                        windows=parse_windows("1m,5m", "windows"), max_series_per_target=50)
+                        windows=parse_windows("1m,5m", "windows"), collect=CollectSection(max_series_per_target=50))
         self.now = 1000.0
         self.store = Store(keep_seconds=400, stale_after=120,
                            max_series_per_target=config.collect.max_series_per_target)
