@@ -339,7 +339,7 @@ def _observe(prom: Process, page_name: str, pods: int, size: fleet_common.Size, 
             page=page_name, pods=pods, interval_s=size.interval_s,
             targets_up=int(fleet_common.scalar(client, "count(up == 1)")), history_samples=history_samples,
             window_samples=window,
-            window_expected=int(reads.proof_s // (reads.proof_step_s or size.interval_s)) if reads else 0,
+            window_expected=int(reads.proof_s // (reads.proof_step_s or size.interval_s)) if reads is not None else 0,
             round_s=statistics.median(sum(r.values()) for r in rounds) if rounds else float("nan"),
             groups=tuple(sorted(per_group.items(), key=lambda item: -item[1])), cpu_cores=cpu_cores,
             compactions=int(compactions),
@@ -432,16 +432,15 @@ def run(size: fleet_common.Size, log: Callable[[str], None] = print) -> SteadyRe
         workdir = Path(tmp)
         pages = {fleet_common.SIDECAR: fleet_common.MovingPage.parse(fleet_common.sidecar_page(workdir).decode()),
                  fleet_common.VLLM: fleet_common.MovingPage.parse(fleet_common.VLLM_PAGE.read_text(encoding="utf-8"))}
+        reads = {name: rule_reads(rules, sample_names(page)) for name, page in pages.items()}
         measurements: list[SteadyMeasurement] = []
         for pods in size.pods:
             for name, with_rules in RUNS:  # the baselines first, the same machine minutes apart
                 started = time.perf_counter()
-                reads = rule_reads(rules, sample_names(pages[name]))
-                measurements.append(measure(name, pages[name], pods, size, reads, workdir, rules=with_rules))
+                measurements.append(measure(name, pages[name], pods, size, reads[name], workdir, rules=with_rules))
                 log(f"fleet steady: {name} × {pods} pods{'' if with_rules else NO_RULES} measured in "
                     f"{time.perf_counter() - started:.0f} s")
-    return SteadyResult(size, tuple(measurements), rule_reads(rules, sample_names(pages[fleet_common.SIDECAR])),
-                        fleet_common.rule_groups_in_file())
+    return SteadyResult(size, tuple(measurements), reads[fleet_common.SIDECAR], fleet_common.rule_groups_in_file())
 
 
 def describe(size: fleet_common.Size) -> str:

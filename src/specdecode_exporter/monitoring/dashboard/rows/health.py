@@ -8,8 +8,7 @@ from grafana_foundation_sdk.models import prometheus as pm
 
 from specdecode_exporter.core import metrics as m
 from specdecode_exporter.monitoring import promql as q
-from specdecode_exporter.monitoring import stage
-from specdecode_exporter.monitoring.dashboard.context import GREEN, RATE_INTERVAL, RED, Context, Row
+from specdecode_exporter.monitoring.dashboard.context import GREEN, RED, Context, Row
 from specdecode_exporter.monitoring.dashboard.panels import (
     queries,
     query,
@@ -43,12 +42,12 @@ def scrape_up(ctx: Context) -> Any:
 
 
 def collection_errors(ctx: Context) -> Any:
-    errors = stage.rate(ctx.cfg, "collect_errors", RATE_INTERVAL, ctx.health)  # per target, as the health alerts
+    errors = ctx.staged_sum("collect_errors", ("reason",), ctx.health)  # the per-target record the health alerts read
     return ts_panel(
         "Collection errors by reason",
         "Failed collections per second by reason (connect, timeout, http_status, too_large, parse, "
         "no_spec_metrics). no_spec_metrics after a vLLM upgrade means the metric names changed or spec decode "
-        "is off.", queries((f"sum by (reason) ({errors})", "{{reason}}")),
+        "is off.", queries((errors, "{{reason}}")),
         "ops", w=6, h=6).min(0)
 
 

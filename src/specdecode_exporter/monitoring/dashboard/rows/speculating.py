@@ -40,7 +40,7 @@ def speculative_share(ctx: Context) -> Any:
 
 
 def scheduled_steps(ctx: Context) -> Any:
-    steps_by_k = ctx.staged_sum("scheduled_steps", (*ctx.cfg.level_labels(), "num_speculative_tokens"))
+    steps_by_k = ctx.pooled.rate("scheduled_steps", RATE_INTERVAL, by_also=("num_speculative_tokens",))
     return (ts_panel(
         "Scheduler steps by the k the schedule chose",
         "Where vLLM exports it (vllm:spec_decode_scheduled_steps, proposed upstream in vllm#54748): scheduler steps "
