@@ -76,6 +76,7 @@ from specdecode_exporter.core.monitoring_config import MonitoringConfig  # noqa:
 from specdecode_exporter.core.validation import duration_seconds  # noqa: E402
 from specdecode_exporter.monitoring import rules, variance  # noqa: E402
 from specdecode_exporter.monitoring.promql import by, fmt_num, record_name  # noqa: E402
+from specdecode_exporter.monitoring.rules import VARIANCE_OFFSET, VARIANCE_WINDOW  # noqa: E402
 
 RATE = 10.0
 Floats = npt.NDArray[np.float64]
@@ -331,18 +332,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sds", type=float, nargs="+", default=[0.1, 0.2, 0.3])
     parser.add_argument("--month-days", type=float, default=30.0)
     parser.add_argument("--drop-days", type=float, default=10.0)
-    parser.add_argument("--variance-window", default="1h")
-    parser.add_argument("--variance-offset", default=None, help="the variance's window ends this long before")
+    parser.add_argument("--variance-window", default=VARIANCE_WINDOW, help="the shipped rules' window by default")
+    parser.add_argument("--variance-offset", default=VARIANCE_OFFSET,
+                        help="the variance's window ends this long before (the shipped rules' offset by default; "
+                             "'0' for none)")
     parser.add_argument("--seed", type=int, default=20)
     args = parser.parse_args(argv)
     from bench.common import markdown_table
 
     started = time.perf_counter()
-    rows = run(args.sds, args.month_days, args.drop_days, args.variance_window, args.seed,
-               offset=args.variance_offset)
+    offset = None if args.variance_offset in ("", "0") else args.variance_offset
+    rows = run(args.sds, args.month_days, args.drop_days, args.variance_window, args.seed, offset=offset)
     print(f"_{dt.datetime.now(dt.UTC):%Y-%m-%d}, bench/paging_variance.py: {args.month_days:g} days of α "
           f"{paging.NEAR} and {args.drop_days:g} days of drops per traffic, seed {args.seed}, v measured over "
-          f"{args.variance_window}{' offset ' + args.variance_offset if args.variance_offset else ''}._\n")
+          f"{args.variance_window}{' offset ' + offset if offset else ''}._\n")
     for line in markdown_table(HEADER, rows):
         print(line)
     print(f"\nTotal {time.perf_counter() - started:.0f} s ({DAY:g} s a day simulated).")

@@ -2,6 +2,10 @@
 shards (-promscrape.cluster.*) → single-node victoria-metrics ← vmalert with the generated rules (e2e profile) →
 Alertmanager (the example routing tree) → a local webhook.
 
+The shipped recording groups, which the dashboard reads, run in a second vmalert against a second victoria-metrics
+that the shards also write to. The two rule sets record the same names (the short stage above all) at different
+intervals; in one store each would add its samples to the other's series and both windows would be wrong.
+
 Used by tests/e2e/test_victoriametrics.py. The binaries are Debian's `victoria-metrics` package
 (scripts/install-tools.sh): victoria-metrics, vmagent, vmalert; override with $VICTORIA_METRICS, $VMAGENT, $VMALERT.
 Every process is started and stopped by devtools.procs, like the Prometheus chain (devtools.chain).
@@ -94,6 +98,7 @@ class Fleet:
     victoria: Process
     shards: list[Process]
     vmalert: Process
+    recordings: Process  # a second victoria-metrics: the same scrapes, the shipped recording groups' records
     recorder: Process  # a second vmalert: the shipped recording groups (default config), for the dashboard
     alertmanager: Process
     client: httpx.Client = field(default_factory=lambda: httpx.Client(trust_env=False, timeout=10))
@@ -101,11 +106,12 @@ class Fleet:
     @property
     def processes(self) -> list[Process]:
         sidecars = [proc for pod in self.pods for proc in (pod.simulator, pod.sidecar)]
-        return [*sidecars, self.victoria, *self.shards, self.vmalert, self.recorder, self.alertmanager]
+        return [*sidecars, self.victoria, self.recordings, *self.shards, self.vmalert, self.recorder,
+                self.alertmanager]
 
-    def query(self, expr: str) -> list[dict[str, Any]]:
-        """An instant query on victoria-metrics (what vmalert reads)."""
-        resp = self.client.get(self.victoria.url + "/api/v1/query", params={"query": expr})
+    def query(self, expr: str, store: Process | None = None) -> list[dict[str, Any]]:
+        """An instant query on victoria-metrics (by default the store the page's vmalert reads)."""
+        resp = self.client.get((store or self.victoria).url + "/api/v1/query", params={"query": expr})
         assert resp.status_code == 200, f"{expr}\n-> {resp.status_code} {resp.text[:300]}"
         body = resp.json()
         assert body.get("status") == "success", f"{expr}\n-> {body}"
@@ -116,7 +122,8 @@ class Fleet:
         return {r["metric"].get(label, ""): float(r["value"][1]) for r in self.query(expr)}
 
     def query_range(self, expr: str, start: float, end: float, step: str) -> httpx.Response:
-        return self.client.get(self.victoria.url + "/api/v1/query_range",
+        """A range query on the store of the shipped recordings (what the dashboard reads)."""
+        return self.client.get(self.recordings.url + "/api/v1/query_range",
                                params={"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": step})
 
     def shard_targets(self, shard: Process) -> set[str]:
@@ -144,7 +151,7 @@ class Fleet:
 
     def diagnostics(self) -> str:
         lines = [f"webhook got {len(self.webhook.all())} notification(s)"]
-        for proc in (self.victoria, *self.shards, self.vmalert, self.recorder, self.alertmanager):
+        for proc in (self.victoria, self.recordings, *self.shards, self.vmalert, self.recorder, self.alertmanager):
             lines.append(f"--- {proc.name} ({proc.url}) log tail:\n{tail(proc.log, 10)}")
         return "\n".join(lines)
 
@@ -205,11 +212,13 @@ def scrape_config(pods: Sequence[Pod], names: dict[str, str]) -> dict[str, Any]:
     }
 
 
-def _start_shard(workdir: Path, binary: str, member: int, config: Path, write_url: str, tag: str) -> Process:
+def _start_shard(workdir: Path, binary: str, member: int, config: Path, write_urls: Sequence[str],
+                 tag: str) -> Process:
+    """One vmagent shard; it writes every sample it scrapes to each of ``write_urls``."""
     data = workdir / f"vmagent-{tag}-{member}"
     return start_process(f"vmagent-{tag}-{member}", lambda port: [
         binary, f"-promscrape.config={config}", f"-promscrape.cluster.membersCount={SHARDS}",
-        f"-promscrape.cluster.memberNum={member}", f"-remoteWrite.url={write_url}",
+        f"-promscrape.cluster.memberNum={member}", *(f"-remoteWrite.url={url}" for url in write_urls),
         f"-remoteWrite.tmpDataPath={data}", "-remoteWrite.flushInterval=1s", f"-httpListenAddr=127.0.0.1:{port}",
         "-loggerLevel=WARN",
     ], workdir, "/health")
@@ -221,7 +230,7 @@ def _shard_split(workdir: Path, binary: str, config: Path, client: httpx.Client,
     with contextlib.ExitStack() as probes:
         shards = []
         for member in range(SHARDS):
-            shard = _start_shard(workdir, binary, member, config, nowhere, "probe")
+            shard = _start_shard(workdir, binary, member, config, [nowhere], "probe")
             probes.callback(shard.stop)
             shards.append(shard)
         deadline = time.monotonic() + 30
@@ -245,6 +254,16 @@ def _names_that_split(workdir: Path, binary: str, pods: Sequence[Pod], client: h
         if all(shard & names.keys() for shard in split):
             break
     return names
+
+
+def _start_store(stack: contextlib.ExitStack, workdir: Path, binary: str, name: str) -> Process:
+    store = start_process(name, lambda port: [
+        binary, f"-storageDataPath={workdir / (name + '-data')}", f"-httpListenAddr=127.0.0.1:{port}",
+        # Samples are queryable at once (the default hides the last 30s), and no response cache (a test of minutes).
+        "-search.latencyOffset=1s", "-search.disableCache", "-loggerLevel=WARN",
+    ], workdir, "/health")
+    stack.callback(store.stop)
+    return store
 
 
 def _vmalert_command(binary: str, rules: Path, victoria: str, port: int, alertmanager: str | None) -> list[str]:
@@ -272,17 +291,12 @@ def running_fleet(workdir: Path, specs: Sequence[PodSpec]) -> Iterator[Fleet]:
         pods = [_start_pod(stack, workdir, spec, i, settings) for i, spec in enumerate(specs)]
         names = _names_that_split(workdir, vmagent_bin, pods, client)
 
-        victoria = start_process("victoria-metrics", lambda port: [
-            victoria_bin, f"-storageDataPath={workdir / 'victoria-metrics-data'}", f"-httpListenAddr=127.0.0.1:{port}",
-            # Samples are queryable at once (the default hides the last 30s), and no response cache (a test of
-            # minutes).
-            "-search.latencyOffset=1s", "-search.disableCache", "-loggerLevel=WARN",
-        ], workdir, "/health")
-        stack.callback(victoria.stop)
+        victoria = _start_store(stack, workdir, victoria_bin, "victoria-metrics")
+        recordings = _start_store(stack, workdir, victoria_bin, "victoria-metrics-recordings")
         shards = []
         for member in range(SHARDS):
             shard = _start_shard(workdir, vmagent_bin, member, workdir / "vmagent.yml",
-                                 victoria.url + "/api/v1/write", "shard")
+                                 [store.url + "/api/v1/write" for store in (victoria, recordings)], "shard")
             stack.callback(shard.stop)
             shards.append(shard)
 
@@ -296,7 +310,7 @@ def running_fleet(workdir: Path, specs: Sequence[PodSpec]) -> Iterator[Fleet]:
         shipped = workdir / "specdecode.shipped-recordings.yaml"
         write_shipped_rules(shipped, recordings_only=True)
         recorder = start_process("vmalert-recordings", lambda port: _vmalert_command(
-            vmalert_bin, shipped, victoria.url, port, None), workdir, "/health")
+            vmalert_bin, shipped, recordings.url, port, None), workdir, "/health")
         stack.callback(recorder.stop)
-        yield Fleet(workdir, settings, webhook, pods, names, victoria, shards, vmalert, recorder, alertmanager,
-                    client)
+        yield Fleet(workdir, settings, webhook, pods, names, victoria, shards, vmalert, recordings, recorder,
+                    alertmanager, client)
