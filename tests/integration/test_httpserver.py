@@ -12,8 +12,10 @@ import time
 import httpx
 import pytest
 import uvicorn
-from fastapi import FastAPI
-from fastapi.responses import PlainTextResponse
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse
+from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from specdecode_exporter.core.httpserver import DateHeader, QuietServer, ThreadedServer, bind_socket
@@ -48,13 +50,7 @@ def test_accepted_connections_have_nodelay() -> None:
 
 
 def test_quiet_server_serves_a_date_and_stops_without_a_tick() -> None:
-    app = FastAPI()
-
-    @app.get("/")
-    def root() -> PlainTextResponse:
-        return PlainTextResponse("ok")
-
-    server = ThreadedServer(app, bind_socket(), lifespan="off", name="quiet-stop").start()
+    server = ThreadedServer(_app(), bind_socket(), lifespan="off", name="quiet-stop").start()
     response = httpx.get(server.base_url + "/")
     assert response.text == "ok" and response.headers.get_list("date") == [response.headers["date"]]
     served = email.utils.parsedate_to_datetime(response.headers["date"])
@@ -82,14 +78,11 @@ def test_date_header_formats_once_a_second() -> None:
 # These fail when a uvicorn release no longer runs main_loop or changes what on_tick(counter) does: then check
 # the new main_loop before raising the pin.
 
-def _app() -> FastAPI:
-    app = FastAPI()
-
-    @app.get("/")
-    def root() -> PlainTextResponse:
+def _app() -> Starlette:
+    async def root(_: Request) -> PlainTextResponse:
         return PlainTextResponse("ok")
 
-    return app
+    return Starlette(routes=[Route("/", root)])
 
 
 def test_uvicorn_runs_the_quiet_main_loop_which_ticks_once(monkeypatch: pytest.MonkeyPatch) -> None:

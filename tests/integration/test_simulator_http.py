@@ -158,7 +158,7 @@ def test_faults(served: tuple[Simulator, FakeClock, httpx.Client]) -> None:
     assert client.get("/metrics").status_code == 200
 
 
-def test_build_app_is_a_fastapi_app() -> None:
+def test_build_app_serves_the_simulator_s_routes() -> None:
     app = build_app(Simulator(Scenario(), clock=lambda: 0.0))
     assert {r.path for r in app.routes} >= {"/metrics", "/health", "/v1/completions", "/-/state", "/-/phase",
                                             "/-/restart", "/-/fault"}

@@ -1,5 +1,5 @@
 """Every OpenAI-compatible server, not only vLLM's spelling: a second, real server style through the tap — a
-FastAPI/uvicorn app writing its SSE events with Python's json.dumps defaults (`"choices": []`, as FastChat-style
+Starlette/uvicorn app writing its SSE events with Python's json.dumps defaults (`"choices": []`, as FastChat-style
 servers do) — as the upstream and as the routing fallback. A client that did not ask for usage never sees the usage
 event the tap asked for; everything else reads as that server wrote it."""
 
@@ -11,8 +11,10 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route as Path
 
 from specdecode_exporter.core.httpserver import ThreadedServer, bind_socket
 from specdecode_exporter.tap import TapRequest, start_tap
@@ -21,12 +23,10 @@ from tests.tap.fake_vllm import FakeVllm
 from tests.tap.harness import Recorder, dechunk, fetch, request_bytes, run
 
 
-def python_style_server() -> FastAPI:
+def python_style_server() -> Starlette:
     """Completions as a Python OpenAI-compatible server writes them: json.dumps with its default separators, the
     usage event (`"choices": []`) only when stream_options.include_usage asks for it."""
-    app = FastAPI()
 
-    @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         body: dict[str, Any] = await request.json()
         tokens = int(body.get("max_tokens", 3))
@@ -49,7 +49,7 @@ def python_style_server() -> FastAPI:
 
         return StreamingResponse(events(), media_type="text/event-stream")
 
-    return app
+    return Starlette(routes=[Path("/v1/completions", completions, methods=["POST"])])
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,6 @@ from types import FrameType, TracebackType
 from typing import Literal, cast
 
 import uvicorn
-from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 
@@ -118,7 +117,7 @@ class QuietServer(uvicorn.Server):
 class ThreadedServer:
     """A uvicorn server on its own thread; ``stop()`` (or leaving the ``with`` block) shuts it down."""
 
-    def __init__(self, app: FastAPI, sock: socket.socket, *, lifespan: Literal["auto", "on", "off"] = "on",
+    def __init__(self, app: ASGIApp, sock: socket.socket, *, lifespan: Literal["auto", "on", "off"] = "on",
                  name: str = "http") -> None:
         config = uvicorn.Config(app, log_config=None, lifespan=lifespan, access_log=False,
                                 timeout_graceful_shutdown=1)

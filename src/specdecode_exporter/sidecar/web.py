@@ -1,4 +1,4 @@
-"""FastAPI app: /metrics, /healthz, /readyz, /api/v1/status and the landing page; and the server."""
+"""The ASGI app (Starlette): /metrics, /healthz, /readyz, /api/v1/status and the landing page; and the server."""
 
 from __future__ import annotations
 
@@ -7,14 +7,17 @@ import contextlib
 import logging
 import signal
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 import uvicorn
-from fastapi import FastAPI, Request
-from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 from prometheus_client.exposition import choose_encoder
+from starlette.applications import Starlette
 from starlette.background import BackgroundTask
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
 
 from specdecode_exporter.core.exposition import LineFormat, family_pieces
 from specdecode_exporter.core.httpserver import QuietServer, bind_socket
@@ -120,13 +123,13 @@ def _on_sighup(reloader: Reloader | None) -> Callable[[], None]:
 
 
 def _lifespan(exporter: Exporter, renderer: MetricsRenderer, reloader: Reloader | None, tap: TapRuntime | None,
-              run_collection: bool) -> Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]:
+              run_collection: bool) -> Callable[[Starlette], contextlib.AbstractAsyncContextManager[None]]:
     """What runs beside the app, started and stopped with it: the tap's process, the collection loops, the page
     kept fresh after each collection, and SIGHUP."""
     config: Config = exporter.config  # what the listener was built with; a reload changes exporter.config
 
     @contextlib.asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
         if tap is not None:  # a process of its own: nothing this loop does delays a relayed token
             try:
                 await tap.start()
@@ -155,17 +158,21 @@ def _lifespan(exporter: Exporter, renderer: MetricsRenderer, reloader: Reloader 
     return lifespan
 
 
+def _reload_endpoint(reloader: Reloader) -> Callable[[Request], Awaitable[PlainTextResponse]]:
+    async def reload(_: Request) -> PlainTextResponse:  # on the event loop, like the collection loops it changes
+        ok, message = reloader.reload()
+        return PlainTextResponse(("ok: " if ok else "failed: ") + message + "\n", status_code=200 if ok else 400)
+
+    return reload
+
+
 def build_app(exporter: Exporter, run_collection: bool = True, reloader: Reloader | None = None,
-              security: WebSecurity | None = None, tap: TapRuntime | None = None) -> FastAPI:
+              security: WebSecurity | None = None, tap: TapRuntime | None = None) -> Starlette:
     config: Config = exporter.config  # what the listener was built with; a reload changes exporter.config
     # A scrape reads the last collection completed before it: keep_fresh renders it ahead of the scrape it
     # expects; a scrape it did not expect (an HA pair's other replica, curl) waits for the render.
     renderer = MetricsRenderer(exporter, reloader, tap)
     exporter.collected = renderer.spec_decode.wake
-    app = FastAPI(title="specdecode-exporter", version=exporter_version(),
-                  lifespan=_lifespan(exporter, renderer, reloader, tap, run_collection),
-                  docs_url=None, redoc_url=None, openapi_url=None)
-    app.state.startup_failed = False
 
     async def current_status() -> dict[str, object]:
         if tap is not None:
@@ -178,7 +185,6 @@ def build_app(exporter: Exporter, run_collection: bool = True, reloader: Reloade
                            stats.fallback_available if stats is not None else None,
                            tap.variances() if tap is not None else ())
 
-    @app.get(config.web.telemetry_path)
     async def metrics(request: Request) -> Response:  # on the loop: a scrape is mostly a copy of rendered bytes
         encoder, content_type = choose_encoder(request.headers.get("accept", ""))
         compress = accepts_gzip(request.headers.get("accept-encoding", ""))
@@ -188,31 +194,28 @@ def build_app(exporter: Exporter, run_collection: bool = True, reloader: Reloade
         return Response(await renderer.render(encoder, compress), media_type=content_type, headers=headers,
                         background=BackgroundTask(collect_after_response))  # once the response is sent
 
-    @app.get("/healthz")
-    def healthz() -> PlainTextResponse:
+    async def healthz(_: Request) -> PlainTextResponse:
         return PlainTextResponse("ok\n")
 
-    @app.get("/readyz")
-    def readyz() -> PlainTextResponse:
+    async def readyz(_: Request) -> PlainTextResponse:
         ready, reason = exporter.ready()
         return PlainTextResponse(("ok" if ready else f"not ready: {reason}") + "\n", status_code=200 if ready else 503)
 
-    @app.get("/api/v1/status")
-    async def status() -> JSONResponse:
+    async def status(_: Request) -> JSONResponse:
         return JSONResponse(await current_status())
 
-    @app.get("/", response_class=HTMLResponse)
-    async def landing() -> HTMLResponse:
+    async def landing(_: Request) -> HTMLResponse:
         return HTMLResponse(status_html(await current_status(), config.web.telemetry_path))
 
+    routes = [Route(config.web.telemetry_path, metrics), Route("/healthz", healthz), Route("/readyz", readyz),
+              Route("/api/v1/status", status), Route("/", landing)]
     if reloader is not None:
-        @app.post("/-/reload")
-        async def reload() -> PlainTextResponse:  # on the event loop, like the collection loops it changes
-            ok, message = reloader.reload()
-            return PlainTextResponse(("ok: " if ok else "failed: ") + message + "\n", status_code=200 if ok else 400)
-
-    if security is not None and security.users:
-        app.add_middleware(BasicAuthMiddleware, security=security)
+        routes.append(Route("/-/reload", _reload_endpoint(reloader), methods=["POST"]))
+    middleware = ([Middleware(BasicAuthMiddleware, security=security)] if security is not None and security.users
+                  else [])
+    app = Starlette(routes=routes, middleware=middleware,
+                    lifespan=_lifespan(exporter, renderer, reloader, tap, run_collection))
+    app.state.startup_failed = False
     return app
 
 

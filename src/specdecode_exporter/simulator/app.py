@@ -1,4 +1,4 @@
-"""FastAPI app of the fake vLLM: /metrics, /health, /v1/models, /v1/completions and /-/ control endpoints."""
+"""The fake vLLM's ASGI app (Starlette): /metrics, /health, /v1/models, /v1/completions, /-/ controls."""
 
 from __future__ import annotations
 
@@ -9,8 +9,10 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
 
 from specdecode_exporter.core.validation import ConfigError
 from specdecode_exporter.simulator.exposition import render
@@ -140,12 +142,15 @@ async def serve_completion(sim: Simulator, request: Request, chat: bool) -> Resp
                              media_type="text/event-stream")
 
 
-def build_app(sim: Simulator) -> FastAPI:
-    app = FastAPI(title="specdecode-exporter simulated vLLM", docs_url=None, redoc_url=None, openapi_url=None)
+def build_app(sim: Simulator) -> Starlette:
+    app = Starlette(routes=[*_metrics_routes(sim), *_control_routes(sim)])
     app.state.simulator = sim
+    return app
 
-    @app.get("/prometheus/metrics")  # where trtllm-serve serves Prometheus text
-    @app.get("/metrics")
+
+def _metrics_routes(sim: Simulator) -> list[Route]:
+    """/metrics (and trtllm-serve's /prometheus/metrics), /health, and the OpenAI API."""
+
     async def metrics(request: Request) -> Response:
         if sim.format == "trtllm" and request.url.path == "/metrics":
             return JSONResponse([])  # trtllm-serve's /metrics is JSON iteration statistics
@@ -167,31 +172,35 @@ def build_app(sim: Simulator) -> FastAPI:
                                      headers=headers)
         return Response(body, media_type=content_type(sim.format), headers=headers)
 
-    @app.get("/health")
-    async def health() -> Response:
+    async def health(_: Request) -> Response:
         return Response(status_code=200)
 
-    @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
+    async def models(_: Request) -> JSONResponse:
         now = int(time.time())
-        return {"object": "list", "data": [
+        return JSONResponse({"object": "list", "data": [
             {"id": name, "object": "model", "created": now, "owned_by": "vllm", "root": name, "parent": None}
             for name in sim.model_names()
-        ]}
+        ]})
 
-    @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         return await serve_completion(sim, request, chat=False)
 
-    @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         return await serve_completion(sim, request, chat=True)
 
-    @app.get("/-/state")
-    async def state() -> dict[str, Any]:
-        return sim.state()
+    return [Route("/metrics", metrics, methods=["GET"]),
+            Route("/prometheus/metrics", metrics, methods=["GET"]),  # where trtllm-serve serves Prometheus text
+            Route("/health", health, methods=["GET"]), Route("/v1/models", models, methods=["GET"]),
+            Route("/v1/completions", completions, methods=["POST"]),
+            Route("/v1/chat/completions", chat_completions, methods=["POST"])]
 
-    @app.post("/-/phase")
+
+def _control_routes(sim: Simulator) -> list[Route]:
+    """/-/: the tests' and the demo's hands on the simulation (state, phase, restart, fault)."""
+
+    async def state(_: Request) -> JSONResponse:
+        return JSONResponse(sim.state())
+
     async def phase(request: Request) -> Response:
         try:
             apply_phase_request(sim, await request.json())
@@ -201,12 +210,10 @@ def build_app(sim: Simulator) -> FastAPI:
             return _error(400, "body: expected a JSON object")
         return JSONResponse(sim.state())
 
-    @app.post("/-/restart")
-    async def restart() -> dict[str, Any]:
+    async def restart(_: Request) -> JSONResponse:
         sim.restart()
-        return sim.state()
+        return JSONResponse(sim.state())
 
-    @app.post("/-/fault")
     async def fault(request: Request) -> Response:
         try:
             payload = await request.json()
@@ -218,4 +225,5 @@ def build_app(sim: Simulator) -> FastAPI:
         sim.set_fault(mode)
         return JSONResponse({"fault": sim.fault})
 
-    return app
+    return [Route("/-/state", state, methods=["GET"]), Route("/-/phase", phase, methods=["POST"]),
+            Route("/-/restart", restart, methods=["POST"]), Route("/-/fault", fault, methods=["POST"])]
