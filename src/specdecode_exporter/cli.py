@@ -23,8 +23,9 @@ from specdecode_exporter.core.log import setup_logging
 from specdecode_exporter.core.settings import Setting, env_name
 from specdecode_exporter.core.validation import ConfigError, parse_duration, validate
 from specdecode_exporter.sidecar.config import (
-    DEFAULT_TARGET_URL,
+    CONFIG_FILE_FLAG,
     SETTINGS,
+    TARGET_FLAG,
     Config,
     ListenAddress,
     config_from_mapping,
@@ -94,11 +95,8 @@ def flag_help(setting: Setting) -> str:
 
 def add_run_flags(parser: argparse.ArgumentParser) -> None:
     # Not settings of the tree: the file the tree is read from, and the targets (a list; each flag one entry).
-    parser.add_argument("--config.file", dest="config_file", metavar="FILE",
-                        help=f"YAML configuration (env {env_name('--config.file')})")
-    parser.add_argument("--target", action="append", metavar="[NAME=]URL",
-                        help=f"vLLM /metrics URL; repeatable; replaces the file's targets (default "
-                             f"{DEFAULT_TARGET_URL}; env SPECDECODE_TARGET, comma-separated)")
+    parser.add_argument(CONFIG_FILE_FLAG.flag, dest="config_file", metavar="FILE", help=CONFIG_FILE_FLAG.flag_help)
+    parser.add_argument(TARGET_FLAG.flag, action="append", metavar=TARGET_FLAG.type_name, help=TARGET_FLAG.flag_help)
     for setting in RUN_FLAGS:
         assert setting.flag is not None
         if setting.switch:
@@ -121,9 +119,9 @@ def flag_values(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[d
             value, origin = environ.get(setting.env), setting.env
         if value is not None:
             values[setting.key], origins[setting.key] = setting.from_text(value), origin
-    specs, origin = args.target, "--target"
+    specs, origin = args.target, TARGET_FLAG.flag
     if not specs:
-        specs, origin = [u for u in environ.get("SPECDECODE_TARGET", "").split(",") if u], "SPECDECODE_TARGET"
+        specs, origin = [u for u in environ.get(TARGET_FLAG.env, "").split(",") if u], TARGET_FLAG.env
     if specs:
         values["targets"], origins["targets"] = target_entries(specs, origin), origin
     return values, origins
@@ -133,7 +131,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
     """Flag > environment variable > config file > default: the flags and variables are merged into the file's
     mapping by dotted key, and the whole is validated once."""
     values, origins = flag_values(args, os.environ)
-    config_file = args.config_file or os.environ.get(env_name("--config.file"))
+    config_file = args.config_file or os.environ.get(CONFIG_FILE_FLAG.env)
     if config_file:
         return load_config_file(config_file, flags=values, origins=origins)
     return config_from_mapping({}, "defaults", values, origins)

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from specdecode_exporter.cli import RUN_FLAGS, build_parser, check_environment, config_from_args, flag_help, main
-from specdecode_exporter.core.settings import get, setting, tree
+from specdecode_exporter.core.settings import env_name, get, setting, tree
 from specdecode_exporter.core.validation import ConfigError, Duration, Int, Section, validate
-from specdecode_exporter.sidecar.config import SETTINGS, reference_table
+from specdecode_exporter.sidecar.config import OUTER_FLAGS, SETTINGS, reference_table
 from specdecode_exporter.sidecar.reload import APPLIED, RESTART_ONLY
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,7 +32,19 @@ def test_the_flag_table_is_the_trees_settings_with_a_flag() -> None:
         assert item.flag in options, item.key
         assert options[item.flag].help == flag_help(item)
     flags = {name for name in options if name.startswith("--")}
-    assert flags - {s.flag for s in RUN_FLAGS} == {"--help", "--config.file", "--target"}
+    assert flags - {s.flag for s in RUN_FLAGS} == {"--help", *(outer.flag for outer in OUTER_FLAGS)}
+    assert {outer.flag for outer in OUTER_FLAGS} == {"--config.file", "--target"}
+
+
+def test_the_file_and_the_targets_flags_are_declared_once() -> None:
+    """--config.file and --target are not settings of the tree (a file, a list), but their help, their variables
+    and their rows in the reference come from one declaration each."""
+    options = {name: action for action in run_parser()._actions for name in action.option_strings}
+    rows = reference_table().splitlines()[2:]
+    for outer, row in zip(OUTER_FLAGS, rows, strict=False):
+        assert options[outer.flag].help == outer.flag_help
+        assert outer.env == env_name(outer.flag)  # what check_environment accepts
+        assert f"| `{outer.flag}` | `{outer.env}` |" in row and outer.help in row
 
 
 def test_help_names_each_flag_its_default_and_its_variable(capsys: pytest.CaptureFixture[str]) -> None:
@@ -57,7 +69,7 @@ def test_the_docs_reference_is_the_tree() -> None:
     doc = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
     block = re.search(r"<!-- config-reference:start -->\n(.*?)\n<!-- config-reference:end -->", doc, re.DOTALL)
     assert block is not None and block.group(1) == reference_table()
-    rows = block.group(1).splitlines()[2:]
+    rows = block.group(1).splitlines()[2 + len(OUTER_FLAGS):]
     assert [row.split("|")[1].strip().strip("`") for row in rows] == [s.key for s in SETTINGS]
     for row, item in zip(rows, SETTINGS, strict=True):
         assert (f"`{item.flag}`" in row) == bool(item.flag)

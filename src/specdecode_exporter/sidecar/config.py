@@ -501,10 +501,40 @@ SETTINGS = tree(ConfigFile)
 configuration reference are built from it."""
 
 
+@dataclass(frozen=True)
+class OuterFlag:
+    """A flag of ``run`` that is not a setting of the tree: the file the tree is read from, and the targets (a list
+    of sections, each flag one entry). Declared here so that --help and the reference come from one place."""
+
+    key: str
+    flag: str
+    env: str
+    type_name: str
+    default: str
+    reload: str
+    help: str
+
+    @property
+    def flag_help(self) -> str:
+        return f"{self.help} (default {self.default}; env {self.env})"
+
+
+CONFIG_FILE_FLAG = OuterFlag("", "--config.file", "SPECDECODE_CONFIG_FILE", "file", "none", "the path: restart",
+                             "YAML configuration: every key of this table, and the targets' own keys")
+TARGET_FLAG = OuterFlag("targets", "--target", "SPECDECODE_TARGET", "[NAME=]URL", DEFAULT_TARGET_URL,
+                        "applied (the file's)", "a vLLM /metrics URL; repeatable (the variable: comma-separated); "
+                        "replaces the file's targets, each taking collect.timeout and cost_model")
+OUTER_FLAGS = (CONFIG_FILE_FLAG, TARGET_FLAG)
+
+
 def reference_table() -> str:
-    """The configuration reference (docs/configuration.md), one row per setting of the tree."""
+    """The configuration reference (docs/configuration.md): the file and the targets, then one row per setting of
+    the tree."""
     rows = ["| key | type | default | flag | environment variable | reload | what it sets |",
             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for outer in OUTER_FLAGS:
+        rows.append(f"| {f'`{outer.key}`' if outer.key else ''} | {outer.type_name} | `{outer.default}` | "
+                    f"`{outer.flag}` | `{outer.env}` | {outer.reload} | {outer.help} |")
     for item in SETTINGS:
         flag, env = (f"`{item.flag}`", f"`{item.env}`") if item.flag else ("", "")
         reload = "applied" if item.reload else "restart"
