@@ -520,7 +520,7 @@ class OuterFlag:
 
 
 CONFIG_FILE_FLAG = OuterFlag("", "--config.file", "SPECDECODE_CONFIG_FILE", "file", "none", "the path: restart",
-                             "YAML configuration: every key of this table, and the targets' own keys")
+                             "YAML configuration: the keys below and the targets' own keys (docs/configuration.md)")
 TARGET_FLAG = OuterFlag("targets", "--target", "SPECDECODE_TARGET", "[NAME=]URL", DEFAULT_TARGET_URL,
                         "applied (the file's)", "a vLLM /metrics URL; repeatable (the variable: comma-separated); "
                         "replaces the file's targets, each taking collect.timeout and cost_model")
