@@ -47,14 +47,18 @@ def _log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return Path(env) if env else tmp_path_factory.mktemp("vllm-logs")
 
 
+def _launch(server: h.VllmServer) -> None:
+    try:
+        server.start(START_TIMEOUT)
+    except StartError as e:
+        pytest.fail(str(e), pytrace=False)
+    print(f"\nvLLM up at {server.base_url} after {server.start_seconds:.1f} s (log {server.log_path})")
+
+
 def _start(server: h.VllmServer) -> Iterator[h.VllmServer]:
     _servers.append(server)
     try:
-        try:
-            server.start(START_TIMEOUT)
-        except StartError as e:
-            pytest.fail(str(e), pytrace=False)
-        print(f"\nvLLM up at {server.base_url} after {server.start_seconds:.1f} s (log {server.log_path})")
+        _launch(server)
         yield server
     finally:
         server.stop()  # process-group kill, also when start failed or a test raised
@@ -83,10 +87,8 @@ def vllm_ngram_per_request(vllm_ngram: h.VllmServer) -> h.VllmServer:
     return vllm_ngram
 
 
-@pytest.fixture(scope="module")
-def vllm_nospec(tmp_path_factory: pytest.TempPathFactory) -> Iterator[h.VllmServer]:
-    """The same tiny model without speculative decoding (a baseline), with per-request timings. Module-scoped:
-    started beside the session's ngram server only while one module needs it."""
+@pytest.fixture(scope="session")
+def _vllm_nospec_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[h.VllmServer]:
     _require_setup()
     server = h.VllmServer(
         model=h.model_dir("tiny-llama"),
@@ -95,6 +97,19 @@ def vllm_nospec(tmp_path_factory: pytest.TempPathFactory) -> Iterator[h.VllmServ
         extra_args=["--enable-per-request-metrics"],
     )
     yield from _start(server)
+
+
+@pytest.fixture(scope="module")
+def vllm_nospec(_vllm_nospec_session: h.VllmServer) -> h.VllmServer:
+    """The same tiny model without speculative decoding (a baseline), with per-request timings: one server for
+    every module that needs it (a start is 30-40 s of CPU), idle between them. A module whose test stopped it
+    (tests/vllm/test_routing_real_vllm.py kills the fallback) leaves the next one a server started again."""
+    server = _vllm_nospec_session
+    if server.process is None or not server.process.alive():
+        server.stop()
+        server.log_path = server.log_path.with_name(f"{server.log_path.stem}-again{server.log_path.suffix}")
+        _launch(server)
+    return server
 
 
 @pytest.fixture(scope="session")
