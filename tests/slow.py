@@ -30,8 +30,9 @@ class Slow:
 PROMTOOL = "tests/rules/test_rules.py::test_promtool_unit_tests"
 
 SLOW: tuple[Slow, ...] = (
-    Slow("tests/vllm/", 420, "a real vLLM (CPU build): five server starts of 30-40 s (the session's ngram server and "
-         "its no-spec baseline, a draft-model server, two small-KV servers) and CPU inference"),
+    Slow("tests/vllm/", 390, "a real vLLM (CPU build): five server starts of 30-40 s, two pairs side by side (the "
+         "session's ngram server and its no-spec baseline; two small-KV servers) and a draft-model server, and CPU "
+         "inference"),
     Slow(f"{PROMTOOL}[page.test.yaml]", 185, "promtool evaluates every rule every 15 s over three simulated hours, "
          "for each of six scenarios"),
     Slow("tests/bench/test_bench_fleet.py::test_run_py_measures_the_fleet_and_keeps_the_other_sections", 175,
