@@ -35,7 +35,7 @@ def test_started_side_by_side_each_is_ready_and_stays_up(tmp_path: Path) -> None
 def test_one_that_cannot_start_stops_the_others(tmp_path: Path) -> None:
     broken = Launch("broken", lambda port: [sys.executable, "-c", "raise SystemExit(3)"], tmp_path / "broken", "/")
     good = http_server(tmp_path, "good")
-    with pytest.raises(StartError, match="broken not ready .*exit code 3"):
+    with pytest.raises(StartError, match=r"broken not ready .*exit code 3"):
         start_processes([good, broken], timeout=30)
     # The good one was up or on its way: it is stopped, its port free again.
     log = (tmp_path / "good" / "good.0.log").read_text()
