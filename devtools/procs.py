@@ -16,7 +16,8 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -151,41 +152,103 @@ def _wait_ready(proc: Process, ready_path: str, deadline: float, poll: float) ->
     return False
 
 
+@dataclass(frozen=True)
+class Launch:
+    """What start_process() starts: ``make_cmd(port)`` on a free loopback port, in ``workdir``, ready once GET
+    ``ready_path`` answers 200; its output in ``log`` (default: ``workdir``/name.attempt.log)."""
+
+    name: str
+    make_cmd: Callable[[int], list[str]]
+    workdir: Path
+    ready_path: str
+    env: Mapping[str, str] | None = None
+    log: Path | None = None
+
+
+def _spawn(launch: Launch, attempt: int) -> tuple[Process, float]:
+    launch.workdir.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    log_path = launch.log or launch.workdir / f"{launch.name}.{attempt}.log"
+    command = launch.make_cmd(port)
+    out = open(log_path, "wb")  # noqa: SIM115 - the Process owns it, closed in stop()
+    out.write(("$ " + " ".join(command) + "\n").encode())
+    out.flush()
+    t0 = time.monotonic()
+    popen = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                             env=dict(launch.env) if launch.env is not None else child_env(), cwd=launch.workdir,
+                             start_new_session=True,
+                             preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+    return Process(launch.name, popen, log_path, f"http://127.0.0.1:{port}", _log_file=out), t0
+
+
+def _await_ready(launch: Launch, proc: Process, t0: float, timeout: float, poll: float) -> str | None:
+    """None once ready (``started_seconds`` set); else the process is stopped and this says why."""
+    try:
+        ready = _wait_ready(proc, launch.ready_path, t0 + timeout, poll)
+    except BaseException:
+        proc.stop()
+        raise
+    if ready:
+        proc.started_seconds = time.monotonic() - t0
+        return None
+    proc.stop()
+    return (f"{launch.name} not ready on {proc.url}{launch.ready_path} within {timeout:g}s "
+            f"(exit code {proc.popen.returncode}); log {proc.log}:\n{tail(proc.log, 40)}")
+
+
+def _port_taken(proc: Process) -> bool:
+    return "address already in use" in tail(proc.log).lower()
+
+
+def _start(launch: Launch, timeout: float, attempts: range, poll: float) -> Process:
+    last = ""
+    for attempt in attempts:
+        proc, t0 = _spawn(launch, attempt)
+        reason = _await_ready(launch, proc, t0, timeout, poll)
+        if reason is None:
+            return proc
+        last = reason
+        if not _port_taken(proc):
+            break
+    raise StartError(last)
+
+
 def start_process(name: str, make_cmd: Callable[[int], list[str]], workdir: Path, ready_path: str, *,
                   timeout: float = 60.0, attempts: int = 3, env: Mapping[str, str] | None = None,
                   log: Path | None = None, poll: float = 0.2) -> Process:
     """Start ``make_cmd(port)`` on a free loopback port; return once GET ``ready_path`` answers 200.
 
     Raises StartError with the log's tail when it exits or is not ready within ``timeout``."""
-    last = ""
-    workdir.mkdir(parents=True, exist_ok=True)
-    for attempt in range(attempts):
-        port = free_port()
-        log_path = log or workdir / f"{name}.{attempt}.log"
-        command = make_cmd(port)
-        out = open(log_path, "wb")  # noqa: SIM115 - the Process owns it, closed in stop()
-        out.write(("$ " + " ".join(command) + "\n").encode())
-        out.flush()
-        t0 = time.monotonic()
-        popen = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                 env=dict(env) if env is not None else child_env(), cwd=workdir,
-                                 start_new_session=True,
-                                 preexec_fn=_die_with_parent if sys.platform == "linux" else None)
-        proc = Process(name, popen, log_path, f"http://127.0.0.1:{port}", _log_file=out)
-        try:
-            ready = _wait_ready(proc, ready_path, t0 + timeout, poll)
-        except BaseException:
+    return _start(Launch(name, make_cmd, workdir, ready_path, env, log), timeout, range(attempts), poll)
+
+
+def start_processes(launches: Sequence[Launch], *, timeout: float = 60.0, attempts: int = 3, poll: float = 0.2
+                    ) -> list[Process]:
+    """start_process() for several at once: each spawned from the calling thread (a child's parent-death signal
+    follows the thread that spawned it, so a helper thread's end would kill it), their readiness awaited side by
+    side. All or none: on a failure the started ones are stopped and the first StartError is raised."""
+    spawned: list[tuple[Process, float]] = []
+    try:
+        for launch in launches:
+            spawned.append(_spawn(launch, 0))
+        with ThreadPoolExecutor(max(1, len(launches))) as pool:
+            waits = [pool.submit(_await_ready, launch, proc, t0, timeout, poll)
+                     for launch, (proc, t0) in zip(launches, spawned, strict=True)]
+            reasons = [wait.result() for wait in waits]
+        started = []
+        for launch, (proc, _), reason in zip(launches, spawned, reasons, strict=True):
+            if reason is None:
+                started.append(proc)
+            elif _port_taken(proc):  # another port, from this thread
+                started.append(_start(launch, timeout, range(1, attempts), poll))
+                spawned.append((started[-1], 0.0))  # stopped too, should a later one fail
+            else:
+                raise StartError(reason)
+        return started
+    except BaseException:
+        for proc, _ in spawned:
             proc.stop()
-            raise
-        if ready:
-            proc.started_seconds = time.monotonic() - t0
-            return proc
-        proc.stop()
-        last = (f"{name} not ready on {proc.url}{ready_path} within {timeout:g}s "
-                f"(exit code {popen.returncode}); log {log_path}:\n{tail(log_path, 40)}")
-        if "address already in use" not in tail(log_path).lower():
-            break
-    raise StartError(last)
+        raise
 
 
 @contextlib.contextmanager

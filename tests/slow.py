@@ -30,36 +30,40 @@ class Slow:
 PROMTOOL = "tests/rules/test_rules.py::test_promtool_unit_tests"
 
 SLOW: tuple[Slow, ...] = (
-    Slow("tests/vllm/", 480, "a real vLLM (CPU build): seven server starts of 30-40 s (the session's ngram server, "
-         "the no-spec baseline for three modules, a draft-model server, two small-KV servers) and CPU inference"),
-    Slow(f"{PROMTOOL}[page.test.yaml]", 200, "promtool evaluates every rule every 15 s over three simulated hours, "
+    Slow("tests/vllm/", 390, "a real vLLM (CPU build): five server starts of 30-40 s, two pairs side by side (the "
+         "session's ngram server and its no-spec baseline; two small-KV servers) and a draft-model server, and CPU "
+         "inference"),
+    Slow(f"{PROMTOOL}[page.test.yaml]", 185, "promtool evaluates every rule every 15 s over three simulated hours, "
          "for each of six scenarios"),
-    Slow(f"{PROMTOOL}[page_days.test.yaml]", 160, "promtool evaluates every rule every minute over three simulated "
-         "days (the page's 2h windows over a day's records)"),
-    Slow("tests/e2e/test_alert_chain.py", 160, "the page end to end on Prometheus' and Alertmanager's real "
-         "clocks: restart, blip, page and resolve, dip (for: 15s, 1 s evaluations)"),
-    Slow("tests/integration/test_demo_draft_length.py", 137, "the packaged demo's busy phase in real time "
-         "(25 s healthy, 80 s busy so that a 1m window lies inside it, 30 s recovered)"),
-    Slow("tests/bench/test_bench_fleet.py::test_run_py_measures_the_fleet_and_keeps_the_other_sections", 132,
+    Slow("tests/bench/test_bench_fleet.py::test_run_py_measures_the_fleet_and_keeps_the_other_sections", 175,
          "the fleet bench at its smoke size: simulated pods through a real Prometheus, and the steady state's "
          "backfilled two hours"),
+    Slow("tests/e2e/test_alert_chain.py", 160, "the page end to end on Prometheus' and Alertmanager's real "
+         "clocks: restart, blip, page and resolve, dip (for: 15s, 1 s evaluations)"),
+    Slow(f"{PROMTOOL}[page_days.test.yaml]", 145, "promtool evaluates every rule every minute over three simulated "
+         "days (the page's 2h windows over a day's records)"),
+    Slow("tests/integration/test_demo_draft_length.py", 137, "the packaged demo's busy phase in real time "
+         "(25 s healthy, 80 s busy so that a 1m window lies inside it, 30 s recovered)"),
     Slow("tests/e2e/test_speculation_alerts.py", 110, "fake vLLMs until an acceptance gate closes and the KV "
          "cache starves, then the alerts' for: on Prometheus' real clock"),
     Slow("tests/e2e/test_latency_alerts.py", 80, "three latency alerts fire on Prometheus' real clock"),
     Slow("tests/e2e/test_victoriametrics.py", 75, "vmagent shards, vmalert and Alertmanager on their real clocks, "
          "and the dashboard's queries on VictoriaMetrics"),
-    Slow(f"{PROMTOOL}[drift.test.yaml]", 70, "promtool evaluates every rule every minute over 26 simulated hours "
-         "(the drift alert's 1-day baseline)"),
     Slow("tests/grafana/test_grafana_prometheus.py", 60, "every dashboard query on a real Prometheus that "
          "scraped a live sidecar for a minute or more"),
     Slow("tests/bench/test_bench_paging.py::test_a_small_run_pages_on_drops_and_agrees_with_promtool", 53,
          "the paging bench's small run: simulated days through promtool's rule evaluation"),
+    Slow(f"{PROMTOOL}[drift.test.yaml]", 50, "promtool evaluates every rule every minute over 26 simulated hours "
+         "(the drift alert's 1-day baseline)"),
     Slow("tests/e2e/test_hidden_workload.py", 45, "the tap's per-request alerts on Prometheus' real clock"),
-    Slow("tests/e2e/test_tpot_quantiles.py", 40, "TPOT histograms scraped by a real Prometheus for two windows"),
     Slow("tests/integration/test_demo.py", 45, "the demo's degraded phase in real time"),
+    Slow("tests/e2e/test_tpot_quantiles.py", 40, "TPOT histograms scraped by a real Prometheus for two windows"),
     Slow("tests/integration/test_series_budget.py", 35, "simulated pods and three sidecar processes until every "
          "window, class and workload slot has data"),
-    Slow("tests/soak/", 25, "a soak: restarts, failures and label churn over simulated hours"),
+    Slow("tests/soak/", 30, "a soak: restarts, failures and label churn over simulated hours"),
+    Slow(f"{PROMTOOL}[two_stages.test.yaml]", 25, "promtool evaluates every rule every 15 s over 2.5 simulated "
+         "hours and holds the stage's α to the one-stage rate() at every window, over a reset, a gap, churn and a "
+         "sidecar restart"),
 )
 
 

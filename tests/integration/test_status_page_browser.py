@@ -50,8 +50,9 @@ def started(minutes: float) -> Harness:
     return h
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def harness() -> Iterator[Harness]:
+    """Twenty simulated minutes (about 8 s of collections), once for the module: its tests only read the page."""
     yield from harness_fixture(started(20))
 
 

@@ -126,7 +126,7 @@ def capacity_costs(spec: Pod, control: Pod) -> tuple[float | None, float | None]
         preemptions, requests, generated, waiting = pod
         return CapacityStats(600.0, None, generated * 10, preemptions * 10, requests * 10, 0.5, waiting)
 
-    bounds = monitoring_config.load().verdict.capacity
+    bounds = monitoring_config.shipped().verdict.capacity
     versus = against_control(stats(spec), stats(control), "control", bounds.min_waiting_requests)
     return versus.preemptions_per_request_increase, versus.throughput_ratio
 
@@ -140,7 +140,7 @@ def sidecar_verdict(alpha: float, k: int, cost: CostModel, observed: tuple[float
     mean, p99 = observed if observed is not None else (None, None)
     costs = capacity_costs(*capacity) if capacity is not None else (None, None)
     evidence = Evidence(stats.acceptance_ratio, stats.expected_speedup, mean, None, p99, None, *costs)
-    return judge(evidence, monitoring_config.load().verdict).verdict
+    return judge(evidence, monitoring_config.shipped().verdict).verdict
 
 
 def capacity_series(model: str, capacity: tuple[Pod, Pod]) -> list[dict[str, str]]:
@@ -176,7 +176,7 @@ def grid() -> list[Point]:
 
 def _on_a_boundary(alpha: float, k: int, cost: CostModel) -> bool:
     """Exactly on a band's edge both sides may round differently: such points are left out of the grid."""
-    bands = monitoring_config.load().verdict
+    bands = monitoring_config.shipped().verdict
     speedup = (1 + k * alpha) / (1 + k * cost.per_draft_token)
     edges = ((speedup, bands.hurting_below), (speedup, bands.paying_off_from), (alpha, bands.page_acceptance_ratio))
     return any(abs(a - b) < 1e-9 for a, b in edges)
@@ -220,7 +220,7 @@ def test_sidecar_and_dashboard_verdicts_agree_on_a_grid(tmp_path: Path) -> None:
     # The dashboard reads the rules' short stage: its groups run beside the series (the verdict is made of ratios,
     # which the stage's steps give whatever interval promtool evaluates them at).
     stage_rules = tmp_path / "stage.rules.yaml"
-    stage_rules.write_text(yaml.safe_dump({"groups": stage.stage_groups(monitoring_config.load())}))
+    stage_rules.write_text(yaml.safe_dump({"groups": stage.stage_groups(monitoring_config.shipped())}))
     test_file.write_text(yaml.safe_dump({"rule_files": [str(stage_rules)], "evaluation_interval": "1m", "tests": [{
         "interval": "1m", "input_series": series,
         "promql_expr_test": [{"expr": expr, "eval_time": "10m", "exp_samples": expected}]}]}))

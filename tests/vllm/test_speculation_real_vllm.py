@@ -17,14 +17,13 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
 import httpx
 import pytest
 from prometheus_client.samples import Sample
 
 from . import vllm_harness as h
-from .conftest import _log_dir, _require_setup, _start
+from .conftest import _log_dir, _require_setup, _running
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 
@@ -35,21 +34,26 @@ SMALL_KV_CACHE = ["--max-model-len", "256", "--num-gpu-blocks-override", "4"]  #
 REL = 1e-9
 
 
-def small_kv_server(tmp_path_factory: pytest.TempPathFactory, name: str,
-                    spec: dict[str, Any] | None) -> Iterator[h.VllmServer]:
+@pytest.fixture(scope="module")
+def small_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[h.VllmServer, h.VllmServer]]:
+    """The ngram server and the control, started side by side."""
     _require_setup()
-    yield from _start(h.VllmServer(model=h.model_dir("tiny-llama"), spec_config=spec,
-                                   log_path=_log_dir(tmp_path_factory) / f"vllm-{name}.log", extra_args=SMALL_KV_CACHE))
+    logs = _log_dir(tmp_path_factory)
+    ngram, control = (h.VllmServer(model=h.model_dir("tiny-llama"), spec_config=spec,
+                                   log_path=logs / f"vllm-{name}.log", extra_args=SMALL_KV_CACHE)
+                      for name, spec in (("small-kv-ngram", h.NGRAM_SPEC), ("small-kv-control", None)))
+    with _running(ngram, control):
+        yield ngram, control
 
 
 @pytest.fixture(scope="module")
-def small_ngram(tmp_path_factory: pytest.TempPathFactory) -> Iterator[h.VllmServer]:
-    yield from small_kv_server(tmp_path_factory, "small-kv-ngram", h.NGRAM_SPEC)
+def small_ngram(small_servers: tuple[h.VllmServer, h.VllmServer]) -> h.VllmServer:
+    return small_servers[0]
 
 
 @pytest.fixture(scope="module")
-def small_control(tmp_path_factory: pytest.TempPathFactory) -> Iterator[h.VllmServer]:
-    yield from small_kv_server(tmp_path_factory, "small-kv-control", None)
+def small_control(small_servers: tuple[h.VllmServer, h.VllmServer]) -> h.VllmServer:
+    return small_servers[1]
 
 
 @dataclass(frozen=True)
