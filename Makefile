@@ -8,10 +8,10 @@ RUNTIME_STAMP := $(VENV)/.installed-runtime
 PACKAGE_SOURCES := pyproject.toml README.md $(shell find src -type f ! -name '*.pyc' ! -path '*/__pycache__/*' 2>/dev/null)
 PACKAGE_STAMP := $(VENV)/.installed-package
 DEMO_PORT ?= 9877
-# `make test` and `make test-fast` run pytest on two workers (pytest-xdist, the machine's two cores), which
-# tests/conftest.py hands the tests in units: those tests/slow.py names first, slowest first, then each file's
-# tests together (docs/tests.md). PYTEST_WORKERS=0: one process.
-PYTEST_WORKERS ?= 2
+# `make test` and `make test-fast` run pytest on three workers (pytest-xdist; on two cores, since the slow tests
+# mostly wait on real clocks: docs/tests.md), which tests/conftest.py hands the tests in units: those tests/slow.py
+# names first, slowest first, then each file's tests together. PYTEST_WORKERS=0: one process.
+PYTEST_WORKERS ?= 3
 PYTEST_XDIST := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS))
 export VENV
 

@@ -1,5 +1,5 @@
 """The suite's slow tests, each with why it is slow: what `make test-fast` leaves out (with the real engines) and
-what `make test` starts first on its two pytest-xdist workers, longest first, so that the longest ones do not
+what `make test` starts first on its pytest-xdist workers, longest first, so that the longest ones do not
 begin last (docs/tests.md, whose table this is).
 
 A run with `-n N` hands its tests to the workers in units (tests/conftest.py): an entry here names a directory, a

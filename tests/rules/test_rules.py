@@ -145,7 +145,7 @@ def test_promtool_check_rules(promtool: str) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-# One file a test: each is a unit of its own for `make test`'s two workers (tests/slow.py names the slow ones).
+# One file a test: each is a unit of its own for `make test`'s workers (tests/slow.py names the slow ones).
 @pytest.mark.timeout(960)  # pytest's own limit (300 s) would cut the 15-minute guard below short
 @pytest.mark.parametrize("unit_tests", UNIT_TESTS, ids=lambda path: path.name)
 def test_promtool_unit_tests(promtool: str, unit_tests: Path) -> None:
