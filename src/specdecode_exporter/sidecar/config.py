@@ -24,7 +24,7 @@ from pydantic import AfterValidator, BeforeValidator, Field, GetCoreSchemaHandle
 from pydantic_core import core_schema
 
 from specdecode_exporter.core import monitoring_config, validation
-from specdecode_exporter.core.settings import put, setting, tree
+from specdecode_exporter.core.settings import env_name, put, setting, tree
 from specdecode_exporter.core.validation import (
     Bool,
     Choice,
@@ -508,20 +508,23 @@ class OuterFlag:
 
     key: str
     flag: str
-    env: str
     type_name: str
     default: str
     reload: str
     help: str
 
     @property
+    def env(self) -> str:
+        return env_name(self.flag)
+
+    @property
     def flag_help(self) -> str:
         return f"{self.help} (default {self.default}; env {self.env})"
 
 
-CONFIG_FILE_FLAG = OuterFlag("", "--config.file", "SPECDECODE_CONFIG_FILE", "file", "none", "the path: restart",
+CONFIG_FILE_FLAG = OuterFlag("", "--config.file", "file", "none", "the path: restart",
                              "YAML configuration: the keys below and the targets' own keys (docs/configuration.md)")
-TARGET_FLAG = OuterFlag("targets", "--target", "SPECDECODE_TARGET", "[NAME=]URL", DEFAULT_TARGET_URL,
+TARGET_FLAG = OuterFlag("targets", "--target", "[NAME=]URL", DEFAULT_TARGET_URL,
                         "applied (the file's)", "a vLLM /metrics URL; repeatable (the variable: comma-separated); "
                         "replaces the file's targets, each taking collect.timeout and cost_model")
 OUTER_FLAGS = (CONFIG_FILE_FLAG, TARGET_FLAG)
