@@ -608,6 +608,8 @@ class CrossCheck:
     evaluations: int
     agree: int
     firing: int  # evaluations at which both say firing
+    # where they differ: (seconds after the drop, which of the two fired), for the reader of a failed check
+    disagree: tuple[tuple[float, str], ...] = ()
 
 
 def cross_check(promtool: str, rules_file: Path, workdir: Path, scenario: Scenario, pods: Sequence[PodSeries],
@@ -633,8 +635,9 @@ def cross_check(promtool: str, rules_file: Path, workdir: Path, scenario: Scenar
     if proc.returncode != 0 and not fired:
         raise RuntimeError(f"promtool test rules failed: {proc.stdout[-1500:]}{proc.stderr[-1500:]}")
     bench = set(firing[(firing >= first) & (firing < end)].tolist())
-    agree = sum((t in fired) == (t in bench) for t in times.tolist())
-    return CrossCheck(times.size, agree, len(fired & bench))
+    disagree = tuple((t - drop, "promtool" if t in fired else "bench") for t in times.tolist()
+                     if (t in fired) != (t in bench))
+    return CrossCheck(times.size, times.size - len(disagree), len(fired & bench), disagree)
 
 
 # ------------------------------------------------------------------------------------------------- the run

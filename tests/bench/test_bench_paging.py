@@ -47,7 +47,7 @@ def test_a_small_run_pages_on_drops_and_agrees_with_promtool() -> None:
             pytest.fail("promtool/prometheus not found: run scripts/install-tools.sh")
         pytest.skip("promtool/prometheus not found")
     result = paging.run(paging.Size(month_days=1.0, drop_days=1.0), log=lambda line: None)
-    assert result.cross.evaluations > 0 and result.cross.agree == result.cross.evaluations
+    assert result.cross.evaluations > 0 and result.cross.agree == result.cross.evaluations, result.cross.disagree
     assert result.cross.firing > 0
     for rate in (10.0, 100.0, 1000.0):
         drops = result.outcomes[f"drops-{rate:g}"]
