@@ -134,8 +134,8 @@ class Fleet:
     def rule_alerts(self, alertname: str) -> list[dict[str, Any]]:
         """vmalert's active alerts (pending and firing) of that name."""
         body = self.client.get(self.vmalert.url + "/api/v1/alerts").json()
-        # vmalert answers "alerts": null, not [], while none is active
-        return [a for a in body["data"]["alerts"] or [] if a.get("name", a.get("labels", {}).get("alertname")) == alertname]
+        active = body["data"]["alerts"] or []  # vmalert answers "alerts": null, not [], while none is active
+        return [a for a in active if a.get("name", a.get("labels", {}).get("alertname")) == alertname]
 
     def rule_errors(self, ruler: Process) -> list[str]:
         """Every rule of a vmalert not yet evaluated, or whose last evaluation failed (with its error)."""
