@@ -455,9 +455,13 @@ def record_passes(promtool: str, prometheus: str, cfg: MonitoringConfig, workdir
         pass_rules.write_text(dump_yaml({"groups": groups}))
         proc = start_prometheus(prometheus, workdir, data)
         try:
+            # The rule file by a relative name: promtool aligns each group's evaluations to an offset hashed from
+            # the group's name and file path, and an absolute path in a fresh temporary directory moved the
+            # records' phase against the scrapes from run to run (a page one evaluation later, now and then).
             done = subprocess.run([promtool, "tsdb", "create-blocks-from", "rules", "--quiet", f"--url={proc.url}",
                                    f"--start={T0}", f"--end={T0 + int(days * DAY)}", f"--output-dir={out}",
-                                   str(pass_rules)], capture_output=True, text=True, timeout=3600, check=False)
+                                   pass_rules.name], capture_output=True, text=True, timeout=3600, check=False,
+                                  cwd=workdir)
         finally:
             proc.stop()
         if done.returncode != 0:
