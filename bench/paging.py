@@ -455,21 +455,25 @@ def record_passes(promtool: str, prometheus: str, cfg: MonitoringConfig, workdir
         pass_rules.write_text(dump_yaml({"groups": groups}))
         proc = start_prometheus(prometheus, workdir, data)
         try:
-            # The rule file by a relative name: promtool aligns each group's evaluations to an offset hashed from
-            # the group's name and file path, and an absolute path in a fresh temporary directory moved the
-            # records' phase against the scrapes from run to run (a page one evaluation later, now and then).
-            done = subprocess.run([promtool, "tsdb", "create-blocks-from", "rules", "--quiet", f"--url={proc.url}",
-                                   f"--start={T0}", f"--end={T0 + int(days * DAY)}", f"--output-dir={out}",
-                                   pass_rules.name], capture_output=True, text=True, timeout=3600, check=False,
-                                  cwd=workdir)
+            rule_blocks(promtool, proc.url, pass_rules, T0, T0 + int(days * DAY), out)
         finally:
             proc.stop()
-        if done.returncode != 0:
-            raise RuntimeError(f"promtool create-blocks-from rules ({name}) failed: {done.stderr[-2000:]}")
         for block in out.iterdir():
             if block.is_dir():
                 shutil.move(str(block), str(data / block.name))
         seconds[name] = time.perf_counter() - t
+
+
+def rule_blocks(promtool: str, url: str, rules_file: Path, start: int, end: int, out: Path) -> None:
+    """The records of ``rules_file`` from ``start`` to ``end`` (s) as blocks in ``out``, evaluated by the Prometheus
+    at ``url``. The file is named relatively, from its own directory: promtool aligns each group's evaluations to
+    an offset hashed from the group's name and the file's path, so an absolute path in a fresh temporary directory
+    moved the records' phase against the scrapes from run to run (and the page one evaluation now and then)."""
+    done = subprocess.run([promtool, "tsdb", "create-blocks-from", "rules", "--quiet", f"--url={url}",
+                           f"--start={start}", f"--end={end}", f"--output-dir={out.resolve()}", rules_file.name],
+                          capture_output=True, text=True, timeout=3600, check=False, cwd=rules_file.parent)
+    if done.returncode != 0:
+        raise RuntimeError(f"promtool create-blocks-from rules ({rules_file.name}) failed: {done.stderr[-2000:]}")
 
 
 def baseline_page(step_s: float) -> Rule:

@@ -4,11 +4,22 @@ promtool. Correctness only; the figures are the bench's."""
 
 from __future__ import annotations
 
+import subprocess
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from bench import paging
 from devtools.procs import in_ci, prometheus_binary, promtool_binary
+
+STAGE_GROUP = """groups:
+  - name: specdecode.rules.stage.page
+    interval: 15s
+    rules:
+      - record: specdecode:stage_clock_seconds
+        expr: time()
+"""
 
 
 def test_requests_are_overdispersed_as_stated() -> None:
@@ -58,3 +69,38 @@ def test_a_small_run_pages_on_drops_and_agrees_with_promtool() -> None:
     assert np.isinf(result.before["drops-1"].delays).all()  # its traffic guard: never at 1 drafted token/s
     rows = list(paging.table_rows(result))
     assert [row[0] for row in rows] == [f"{r:g}" for r in paging.RATES] + ["10, then a 2 min pause"]
+
+
+def _record_times(promtool: str, blocks: Path) -> list[int]:
+    (blocks / "wal").mkdir(exist_ok=True)  # older promtools open a WAL to dump
+    dump = subprocess.run([promtool, "tsdb", "dump", str(blocks)], capture_output=True, text=True, timeout=60,
+                          check=True).stdout
+    return sorted(int(line.split()[-1]) for line in dump.splitlines() if line.startswith("{"))
+
+
+@pytest.mark.timeout(120)
+def test_the_records_phase_does_not_follow_the_rule_files_directory(tmp_path: Path) -> None:
+    """The same rule group in two directories gives records at the same times (promtool hashes the file's path
+    into each group's offset; the bench's work directory is a fresh temporary one every run)."""
+    promtool, prometheus = promtool_binary(), prometheus_binary()
+    if promtool is None or prometheus is None:
+        if in_ci():
+            pytest.fail("promtool/prometheus not found: run scripts/install-tools.sh")
+        pytest.skip("promtool/prometheus not found")
+    samples = tmp_path / "in.om"
+    samples.write_text(f"# TYPE x counter\nx_total 1 {paging.T0}\nx_total 2 {paging.T0 + 300}\n# EOF\n")
+    subprocess.run([promtool, "tsdb", "create-blocks-from", "openmetrics", str(samples), str(tmp_path / "data")],
+                   capture_output=True, check=True, timeout=60)
+    proc = paging.start_prometheus(prometheus, tmp_path, tmp_path / "data")
+    times = []
+    try:
+        for directory in (tmp_path / "one", tmp_path / "two" / "deeper"):
+            directory.mkdir(parents=True)
+            (directory / "stage.rules.yaml").write_text(STAGE_GROUP)
+            paging.rule_blocks(promtool, proc.url, directory / "stage.rules.yaml", paging.T0, paging.T0 + 120,
+                               directory / "blocks")
+            times.append(_record_times(promtool, directory / "blocks"))
+    finally:
+        proc.stop()
+    assert len(times[0]) >= 7 and times[0] == times[1]
+    assert set(np.diff(times[0]).tolist()) == {15_000}  # one record per 15 s interval
