@@ -614,10 +614,13 @@ def promtool_series(pods: Sequence[PodSeries], model: str, start: float, end: fl
 @dataclass(frozen=True, slots=True)
 class CrossCheck:
     evaluations: int
-    agree: int
     firing: int  # evaluations at which both say firing
     # where they differ: (seconds after the drop, which of the two fired), for the reader of a failed check
     disagree: tuple[tuple[float, str], ...] = ()
+
+    @property
+    def agree(self) -> int:
+        return self.evaluations - len(self.disagree)
 
 
 def cross_check(promtool: str, rules_file: Path, workdir: Path, scenario: Scenario, pods: Sequence[PodSeries],
@@ -645,7 +648,7 @@ def cross_check(promtool: str, rules_file: Path, workdir: Path, scenario: Scenar
     bench = set(firing[(firing >= first) & (firing < end)].tolist())
     disagree = tuple((t - drop, "promtool" if t in fired else "bench") for t in times.tolist()
                      if (t in fired) != (t in bench))
-    return CrossCheck(times.size, times.size - len(disagree), len(fired & bench), disagree)
+    return CrossCheck(times.size, len(fired & bench), disagree)
 
 
 # ------------------------------------------------------------------------------------------------- the run

@@ -89,8 +89,7 @@ def test_the_records_phase_does_not_follow_the_rule_files_directory(tmp_path: Pa
         pytest.skip("promtool/prometheus not found")
     samples = tmp_path / "in.om"
     samples.write_text(f"# TYPE x counter\nx_total 1 {paging.T0}\nx_total 2 {paging.T0 + 300}\n# EOF\n")
-    subprocess.run([promtool, "tsdb", "create-blocks-from", "openmetrics", str(samples), str(tmp_path / "data")],
-                   capture_output=True, check=True, timeout=60)
+    paging.backfill(promtool, samples, tmp_path / "data")
     proc = paging.start_prometheus(prometheus, tmp_path, tmp_path / "data")
     times = []
     try:
