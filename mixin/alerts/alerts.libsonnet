@@ -21,7 +21,13 @@ local utils = import '../lib/utils.libsonnet';
               "description": "{{ $labels.model_name }}{{ with $labels.namespace }} (namespace {{ . }}){{ end }} accepted only {{ $value | humanizePercentage }} of its drafted tokens (all pods together; page threshold %s) over the shortest of its windows (2m, 3m, 10m, 30m, 2h) that holds enough requests to prove α below %s (at most 1 false page per 30 days). At this rate speculative decoding most likely makes generation slower than plain decoding." % [std.format("%.0f%%", $._config.pageAcceptanceRatio * 100), std.format("%.0f%%", ($._config.pageAcceptanceRatio + 0.05) * 100)],
               "runbook_url": "%s/alerts/runbook.md#specdecodeacceptanceratelow" % [std.rstripChars($._config.runbookBaseURL, "/")]
             }
-          },
+          }
+        ]
+      },
+      {
+        "name": "specdecode.alerts.tickets",
+        "interval": $._config.windowEvaluationInterval,
+        "rules": [
           {
             "alert": "SpecDecodeBelowBreakEven",
             "expr": "model:specdecode_acceptance_ratio:rate1h < (\nmax by (namespace, model_name) (specdecode_break_even_acceptance_ratio{%scost_basis=\"calibrated\"})\nor\nmax by (namespace, model_name) (specdecode_break_even_acceptance_ratio{%scost_basis=\"configured\"})\n)\nand on (namespace, model_name)\nmodel:specdecode_draft_tokens:sampled_increase1h >= 600\nand on (namespace, model_name)\n((\nmax by (namespace, model_name) (specdecode_break_even_acceptance_ratio{%scost_basis=\"calibrated\"})\nor\nmax by (namespace, model_name) (specdecode_break_even_acceptance_ratio{%scost_basis=\"configured\"})\n) - model:specdecode_acceptance_ratio:rate1h)\n* sqrt(model:specdecode_draft_tokens:sampled_increase1h / (0.21 * (model:specdecode_draft_tokens:rate1h / model:specdecode_drafts:rate1h or model:specdecode_draft_tokens:rate1h * 0 + 30) + 1.2))\n> 3.96" % [utils.selector($._config.metricSelector, beforeOthers=true), utils.selector($._config.metricSelector, beforeOthers=true), utils.selector($._config.metricSelector, beforeOthers=true), utils.selector($._config.metricSelector, beforeOthers=true)],

@@ -36,7 +36,8 @@ def test_the_mixin_rules_are_the_rule_file() -> None:
     rules = yaml.safe_load((ROOT / "alerts" / "specdecode.rules.yaml").read_text())["groups"]
     from_mixin = evaluate("prometheusRules")["groups"] + evaluate("prometheusAlerts")["groups"]
     assert sorted(from_mixin, key=lambda g: g["name"]) == sorted(rules, key=lambda g: g["name"])
-    assert {"specdecode.alerts"} == {g["name"] for g in evaluate("prometheusAlerts")["groups"]}
+    alert_groups = {g["name"] for g in evaluate("prometheusAlerts")["groups"]}
+    assert alert_groups == {"specdecode.alerts", "specdecode.alerts.tickets"}
     assert all("alert" in r for g in evaluate("prometheusAlerts")["groups"] for r in g["rules"])
     assert all("record" in r for g in evaluate("prometheusRules")["groups"] for r in g["rules"])
 
@@ -52,7 +53,7 @@ def test_the_mixin_composes_like_a_mixin() -> None:
     mine = '{ prometheusAlerts+:: { groups+: [{name: "mine", rules: []}] } }'
     snippet = f'local m = (import "{MIXIN.name}") + {mine}; [g.name for g in m.prometheusAlerts.groups]'
     names = json.loads(jsonnet.evaluate_snippet("snippet", snippet, jpathdir=[str(MIXIN.parent)]))
-    assert names == ["specdecode.alerts", "mine"]
+    assert names == ["specdecode.alerts", "specdecode.alerts.tickets", "mine"]
     assert json.loads(jsonnet.evaluate_snippet("snippet", f'std.objectFields(import "{MIXIN.name}")',
                                                jpathdir=[str(MIXIN.parent)])) == []
 

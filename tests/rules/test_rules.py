@@ -319,19 +319,21 @@ def test_no_rule_ranges_over_raw_series(profile: str | None) -> None:
 
 
 def test_every_group_carries_its_own_interval() -> None:
-    """The rules cost the same whatever the ruler's global interval: the short stage, the page's evidence and the
-    alerts every
-    statistics.evaluation_interval (their budgets count evaluations), the window records and the rest of the stage
-    every minute (windows.evaluation_interval, windows.stage_interval: a quarter of the ruler's CPU at a 15 s global
-    interval, bench.fleet_steady); emptied, the window groups fall back to the ruler's default."""
+    """The rules cost the same whatever the ruler's global interval: the short stage's page evidence, the page's
+    windows and the page itself every statistics.evaluation_interval (its budget counts evaluations), the window
+    records, the rest of the stage and the tickets every minute (windows.evaluation_interval,
+    windows.stage_interval: a quarter of the ruler's CPU at a 15 s global interval, bench.fleet_steady); emptied, the
+    window groups and the tickets fall back to the ruler's default."""
     cfg = monitoring_config.load()
-    budgeted = ({rules.evidence_group(w) for w in rules.tested_windows(cfg)} | {"specdecode.alerts"}
+    budgeted = ({rules.evidence_group(w) for w in rules.tested_windows(cfg)} | {rules.PAGE_GROUP}
                 | {f"specdecode.rules.stage.{stage.EVIDENCE_GROUP}"})
     groups = yaml.safe_load(RULES.read_text(encoding="utf-8"))["groups"]
     assert cfg.windows.evaluation_interval == "1m" and cfg.statistics.evaluation_interval == "15s"
     assert {g["name"]: g.get("interval") for g in groups} == {
         g["name"]: cfg.statistics.evaluation_interval if g["name"] in budgeted else "1m" for g in groups}
     assert len(budgeted) < len(groups)
+    alerts = {r["alert"]: g.get("interval") for g in groups for r in g["rules"] if "alert" in r}
+    assert alerts.pop(rules.PAGE) == "15s" and set(alerts.values()) == {"1m"} and len(alerts) >= 18
     at_default = rule_groups(mixin.with_value(cfg, "windows.evaluation_interval", None))["groups"]
     staged = {g["name"] for g in stage.stage_groups(cfg)}  # every windows.stage_interval, whatever the ruler's
     assert {g["name"] for g in at_default if "interval" not in g} == {g["name"] for g in groups} - budgeted - staged
