@@ -69,7 +69,7 @@ local utils = import '../lib/utils.libsonnet';
           },
           {
             "alert": "SpecDecodeTargetDown",
-            "expr": "specdecode_up%s == 0\nunless on (job, instance, target)\nsum_over_time(target:specdecode_collect_errors:stage_increase{reason=~\"no_spec_metrics|no_latency_metrics\"}[%s])\n* on () group_left ()\n((max_over_time(specdecode:stage_clock_seconds{stage=\"page\"}[%s]) - min_over_time(specdecode:stage_clock_seconds{stage=\"page\"}[%s])) / (count_over_time(specdecode:stage_clock_seconds{stage=\"page\"}[%s]) - 1 > 0) / 15) > 0" % [utils.selector($._config.metricSelector), $._config.shortWindow, $._config.shortWindow, $._config.shortWindow, $._config.shortWindow],
+            "expr": "specdecode_up%s == 0\nunless on (job, instance, target)\nsum_over_time(target:specdecode_collect_errors:stage_increase{reason=~\"no_spec_metrics|no_latency_metrics\"}[%s])\n* on () group_left ()\n((max_over_time(specdecode:stage_clock_seconds{stage=\"series\"}[%s]) - min_over_time(specdecode:stage_clock_seconds{stage=\"series\"}[%s])) / (count_over_time(specdecode:stage_clock_seconds{stage=\"series\"}[%s]) - 1 > 0) / 60) > 0" % [utils.selector($._config.metricSelector), $._config.shortWindow, $._config.shortWindow, $._config.shortWindow, $._config.shortWindow],
             "for": $._config.alerts.SpecDecodeTargetDown["for"],
             "labels": {
               "severity": $._config.alerts.SpecDecodeTargetDown.severity
@@ -82,7 +82,7 @@ local utils = import '../lib/utils.libsonnet';
           },
           {
             "alert": "SpecDecodeMetricsMissing",
-            "expr": "sum_over_time(target:specdecode_collect_errors:stage_increase{reason=\"no_spec_metrics\"}[%s])\n* on () group_left ()\n((max_over_time(specdecode:stage_clock_seconds{stage=\"page\"}[%s]) - min_over_time(specdecode:stage_clock_seconds{stage=\"page\"}[%s])) / (count_over_time(specdecode:stage_clock_seconds{stage=\"page\"}[%s]) - 1 > 0) / 15) > 0" % [$._config.shortWindow, $._config.shortWindow, $._config.shortWindow, $._config.shortWindow],
+            "expr": "sum_over_time(target:specdecode_collect_errors:stage_increase{reason=\"no_spec_metrics\"}[%s])\n* on () group_left ()\n((max_over_time(specdecode:stage_clock_seconds{stage=\"series\"}[%s]) - min_over_time(specdecode:stage_clock_seconds{stage=\"series\"}[%s])) / (count_over_time(specdecode:stage_clock_seconds{stage=\"series\"}[%s]) - 1 > 0) / 60) > 0" % [$._config.shortWindow, $._config.shortWindow, $._config.shortWindow, $._config.shortWindow],
             "for": $._config.alerts.SpecDecodeMetricsMissing["for"],
             "labels": {
               "severity": $._config.alerts.SpecDecodeMetricsMissing.severity
@@ -160,7 +160,7 @@ local utils = import '../lib/utils.libsonnet';
           },
           {
             "alert": "SpecDecodeLatencyMissing",
-            "expr": "((max by (job, instance, target) (specdecode_baseline_info%s)\nunless on (job, instance, target)\ngroup by (job, instance, target) (specdecode_request_time_per_output_token_seconds_count%s))\nand on (job, instance, target)\nspecdecode_up%s == 1)\nor\nmax by (job, instance, target) (sum_over_time(target:specdecode_collect_errors:stage_increase{reason=\"no_latency_metrics\"}[%s])\n* on () group_left ()\n((max_over_time(specdecode:stage_clock_seconds{stage=\"page\"}[%s]) - min_over_time(specdecode:stage_clock_seconds{stage=\"page\"}[%s])) / (count_over_time(specdecode:stage_clock_seconds{stage=\"page\"}[%s]) - 1 > 0) / 15) > 0)" % [utils.selector($._config.metricSelector), utils.selector($._config.metricSelector), utils.selector($._config.metricSelector), $._config.shortWindow, $._config.shortWindow, $._config.shortWindow, $._config.shortWindow],
+            "expr": "((max by (job, instance, target) (specdecode_baseline_info%s)\nunless on (job, instance, target)\ngroup by (job, instance, target) (specdecode_request_time_per_output_token_seconds_count%s))\nand on (job, instance, target)\nspecdecode_up%s == 1)\nor\nmax by (job, instance, target) (sum_over_time(target:specdecode_collect_errors:stage_increase{reason=\"no_latency_metrics\"}[%s])\n* on () group_left ()\n((max_over_time(specdecode:stage_clock_seconds{stage=\"series\"}[%s]) - min_over_time(specdecode:stage_clock_seconds{stage=\"series\"}[%s])) / (count_over_time(specdecode:stage_clock_seconds{stage=\"series\"}[%s]) - 1 > 0) / 60) > 0)" % [utils.selector($._config.metricSelector), utils.selector($._config.metricSelector), utils.selector($._config.metricSelector), $._config.shortWindow, $._config.shortWindow, $._config.shortWindow, $._config.shortWindow],
             "for": $._config.alerts.SpecDecodeLatencyMissing["for"],
             "labels": {
               "severity": $._config.alerts.SpecDecodeLatencyMissing.severity

@@ -4392,7 +4392,7 @@ local utils = import '../lib/utils.libsonnet';
                 "type": "prometheus",
                 "uid": "${datasource}"
               },
-              "expr": "sum by (reason) (avg_over_time(target:specdecode_collect_errors:stage_increase{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\"}[$__rate_interval]) / 15)",
+              "expr": "sum by (reason) (avg_over_time(target:specdecode_collect_errors:stage_increase{namespace=~\"$namespace\", job=~\"$job\", pod=~\"$pod\", instance=~\"$instance\"}[$__rate_interval]) / 60)",
               "instant": false,
               "legendFormat": "{{reason}}",
               "range": true,

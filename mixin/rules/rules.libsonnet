@@ -27,10 +27,6 @@ local utils = import '../lib/utils.libsonnet';
           {
             "record": "model:specdecode_accepted_tokens:stage_increase",
             "expr": "sum by (namespace, model_name) (clamp_min(specdecode_accepted_tokens_total%s - specdecode_accepted_tokens_total%s offset 15s, 0))" % [utils.selector($._config.metricSelector), utils.selector($._config.metricSelector)]
-          },
-          {
-            "record": "target:specdecode_collect_errors:stage_increase",
-            "expr": "clamp_min(specdecode_collect_errors_total%s - specdecode_collect_errors_total%s offset 15s, 0)" % [utils.selector($._config.metricSelector), utils.selector($._config.metricSelector)]
           }
         ]
       },
@@ -191,6 +187,10 @@ local utils = import '../lib/utils.libsonnet';
             "labels": {
               "stage": "series"
             }
+          },
+          {
+            "record": "target:specdecode_collect_errors:stage_increase",
+            "expr": "clamp_min(specdecode_collect_errors_total%s - specdecode_collect_errors_total%s offset 1m, 0)" % [utils.selector($._config.metricSelector), utils.selector($._config.metricSelector)]
           },
           {
             "record": "engine:specdecode_emitted_tokens:stage_increase",

@@ -11,9 +11,10 @@ stage reads, whatever the scrape interval. Not ``increase(x[<step>])``, though o
 less than two instant reads and their match: at a 1m scrape interval a 1m range holds one sample and counts
 nothing, where the offset form finds the last sample within Prometheus' lookback.
 
-Two steps. The page's evidence (drafted and accepted tokens, drafts, collection errors) is staged at
+Two steps. The page's evidence (drafted and accepted tokens, drafts) is staged at
 ``statistics.evaluation_interval`` (15 s): the page's budgets and delays count its evaluations. Everything else
-(histograms, per-request and band counters, latency, positions, routing) feeds windows of 10 minutes and more and is
+(histograms, per-request and band counters, latency, positions, routing, the collection errors the health tickets
+count) feeds windows of 5 minutes and more and is
 staged every ``windows.stage_interval`` (1m): a quarter of the raw reads, and most of the stage's series.
 
 Every longer window is built from those per-model records: the count a window holds is the sum of its records
@@ -105,7 +106,7 @@ def families(cfg: MonitoringConfig) -> dict[str, Staged]:
         "draft_tokens": Staged("page", level, m.DRAFT_TOKENS.name, m.DRAFT_TOKENS.exposed_name, model),
         "accepted_tokens": Staged("page", level, m.ACCEPTED_TOKENS.name, m.ACCEPTED_TOKENS.exposed_name, model),
         # Per series: the health alerts name the pod and the target.
-        "collect_errors": Staged("page", "target", m.COLLECT_ERRORS.name, m.COLLECT_ERRORS.exposed_name, ()),
+        "collect_errors": Staged("series", "target", m.COLLECT_ERRORS.name, m.COLLECT_ERRORS.exposed_name, ()),
         "route_requests": Staged("acceptance", level, m.ROUTE_REQUESTS.name, m.ROUTE_REQUESTS.exposed_name,
                                  (*model, *ROUTE_CLASS_LABELS)),
         "tpot_sum": Staged("latency", level, f"{tpot}_sum", f"{tpot}_sum", sides),
