@@ -2018,7 +2018,7 @@ local utils = import '../lib/utils.libsonnet';
             "type": "prometheus",
             "uid": "${datasource}"
           },
-          "description": "Median generation speed (output tokens per second) of the tapped requests in each band of their own α: are the low-α requests the slow ones?",
+          "description": "Mean generation speed (output tokens per second) of the tapped requests in each band of their own α: are the low-α requests the slow ones? (The distribution: specdecode_request_output_tokens_per_second.)",
           "fieldConfig": {
             "defaults": {
               "custom": {
@@ -2063,7 +2063,7 @@ local utils = import '../lib/utils.libsonnet';
                 "type": "prometheus",
                 "uid": "${datasource}"
               },
-              "expr": "histogram_quantile(0.5, sum by (namespace, model_name, acceptance, le) (avg_over_time(model:specdecode_request_output_tokens_per_second_bucket:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window]) / 60))\nand on (namespace, model_name, acceptance)\n(sum by (namespace, model_name, acceptance) (avg_over_time(model:specdecode_request_output_tokens_per_second_count:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window]) / 60) > 0)",
+              "expr": "sum by (namespace, model_name, acceptance) (avg_over_time(model:specdecode_request_output_tokens_per_second_sum:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window]) / 60)\n/\n(sum by (namespace, model_name, acceptance) (avg_over_time(model:specdecode_request_output_tokens_per_second_count:stage_increase{namespace=~\"$namespace\", model_name=~\"$model_name\"}[$window]) / 60) > 0)",
               "instant": false,
               "legendFormat": "α {{acceptance}} {{model_name}}",
               "range": true,

@@ -168,8 +168,8 @@ local utils = import '../lib/utils.libsonnet';
             "expr": "sum by (namespace, model_name) (clamp_min(specdecode_engine_request_acceptance_ratio_count%s - specdecode_engine_request_acceptance_ratio_count%s offset 1m, 0))" % [utils.selector($._config.metricSelector), utils.selector($._config.metricSelector)]
           },
           {
-            "record": "model:specdecode_request_output_tokens_per_second_bucket:stage_increase",
-            "expr": "sum by (namespace, model_name, acceptance, le) (clamp_min(specdecode_request_output_tokens_per_second_bucket%s - specdecode_request_output_tokens_per_second_bucket%s offset 1m, 0))" % [utils.selector($._config.metricSelector), utils.selector($._config.metricSelector)]
+            "record": "model:specdecode_request_output_tokens_per_second_sum:stage_increase",
+            "expr": "sum by (namespace, model_name, acceptance) (clamp_min(specdecode_request_output_tokens_per_second_sum%s - specdecode_request_output_tokens_per_second_sum%s offset 1m, 0))" % [utils.selector($._config.metricSelector), utils.selector($._config.metricSelector)]
           },
           {
             "record": "model:specdecode_request_output_tokens_per_second_count:stage_increase",

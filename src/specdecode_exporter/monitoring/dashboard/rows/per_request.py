@@ -77,12 +77,12 @@ def alpha_by_band(ctx: Context) -> Any:
 
 
 def speed_by_acceptance(ctx: Context) -> Any:
-    median = ctx.pooled.quantile(0.5, "request_speed", "$window", by_also=("acceptance",))
+    mean = ctx.pooled.ratio("request_speed_sum", "request_speed_count", "$window", by_also=("acceptance",))
     return ts_panel(
         "Request speed by acceptance band",
-        "Median generation speed (output tokens per second) of the tapped requests in each band of their own α: "
-        "are the low-α requests the slow ones?",
-        queries((median, "α {{acceptance}} {{model_name}}")),
+        "Mean generation speed (output tokens per second) of the tapped requests in each band of their own α: "
+        "are the low-α requests the slow ones? (The distribution: specdecode_request_output_tokens_per_second.)",
+        queries((mean, "α {{acceptance}} {{model_name}}")),
         UNIT_TOKENS_PER_S, w=12, h=8).min(0)
 
 
