@@ -93,6 +93,14 @@ def test_the_shards_split_the_targets(fleet: Fleet, record: list[dict[str, Any]]
     record.append({"line": line, "scenario": "vm-shards", "shard_targets": [len(t) for t in taken]})
 
 
+def stage_records(fleet: Fleet) -> dict[str, dict[str, float]]:
+    """What the α record was computed from, per model: each stage record's samples and sum over the page window."""
+    window = fleet.settings.statistics.page_windows[0]
+    names = ("model:specdecode_accepted_tokens:stage_increase", "model:specdecode_draft_tokens:stage_increase")
+    return {f"{fn}({name})": fleet.values(f"{fn}({name}[{window}])", "model_name")
+            for name in names for fn in ("count_over_time", "sum_over_time")}
+
+
 def test_the_page_reaches_alertmanager(fleet: Fleet, record: list[dict[str, Any]]) -> None:
     settings = fleet.settings
     for_s, threshold = c.seconds(settings.alert(c.PAGE_ALERT).for_), settings.thresholds.page_acceptance_ratio
@@ -132,7 +140,7 @@ def test_the_page_reaches_alertmanager(fleet: Fleet, record: list[dict[str, Any]
     alpha = fleet.values(c.alpha_record(settings, settings.statistics.page_windows[0]) +
                          f'{{namespace="{c.NAMESPACE}"}}', "model_name")
     assert alpha[PAGED] == pytest.approx(LOW_ALPHA, abs=0.05), alpha
-    assert alpha[HEALTHY] == pytest.approx(HEALTHY_ALPHA, abs=0.05), alpha
+    assert alpha[HEALTHY] == pytest.approx(HEALTHY_ALPHA, abs=0.05), (alpha, stage_records(fleet))
     firing = fleet.values(f'ALERTS{{alertname="{c.PAGE_ALERT}", alertstate="firing"}}', "model_name")
     assert set(firing) == {PAGED}, firing
 
