@@ -37,6 +37,7 @@ from devtools.fleet import (
 )
 from devtools.procs import alertmanager_binary
 from devtools.stack import wait_until
+from specdecode_exporter.monitoring import stage
 from tests.grafana.grafana_dashboard_helpers import (
     all_selection,
     annotation_queries,
@@ -96,9 +97,9 @@ def test_the_shards_split_the_targets(fleet: Fleet, record: list[dict[str, Any]]
 def stage_records(fleet: Fleet) -> dict[str, dict[str, float]]:
     """What the α record was computed from, per model: each stage record's samples and sum over the page window."""
     window = fleet.settings.statistics.page_windows[0]
-    names = ("model:specdecode_accepted_tokens:stage_increase", "model:specdecode_draft_tokens:stage_increase")
-    return {f"{fn}({name})": fleet.values(f"{fn}({name}[{window}])", "model_name")
-            for name in names for fn in ("count_over_time", "sum_over_time")}
+    records = (stage.record(fleet.settings, "accepted_tokens"), stage.record(fleet.settings, "draft_tokens"))
+    return {f"{fn}({record})": fleet.values(f"{fn}({record}[{window}])", "model_name")
+            for record in records for fn in ("count_over_time", "sum_over_time")}
 
 
 def test_the_page_reaches_alertmanager(fleet: Fleet, record: list[dict[str, Any]]) -> None:

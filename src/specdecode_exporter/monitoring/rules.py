@@ -300,13 +300,18 @@ def _variance_rules(cfg: MonitoringConfig) -> Iterator[Rule]:
     yield {"record": tapped_requests_record(cfg), "expr": hour.requests}
 
 
+def window_interval(cfg: MonitoringConfig) -> dict[str, str]:
+    """The `interval` of the groups that run every windows.evaluation_interval (none: the ruler's default)."""
+    return {"interval": cfg.windows.evaluation_interval} if cfg.windows.evaluation_interval else {}
+
+
 def recording_groups(cfg: MonitoringConfig) -> list[dict[str, Any]]:
     """Layers: no group reads a series recorded in that same group, and every group reads only records of the
     groups before it. A remote ruler (vmalert, Thanos Ruler, Mimir's ruler) writes a group's records to the store
     and reads them back from it, so a record chained on another of its own group would read the previous
     evaluation's value, or nothing until the write lands (docs/fleet.md)."""
     windows = list(dict.fromkeys([cfg.short_window, cfg.long_window]))
-    every = {"interval": cfg.windows.evaluation_interval} if cfg.windows.evaluation_interval else {}
+    every = window_interval(cfg)
 
     def window_group(name: str, rules: Iterable[Rule]) -> dict[str, Any]:
         return {"name": f"specdecode.rules.{name}", **every, "rules": list(rules)}
@@ -934,10 +939,9 @@ def alert_groups(cfg: MonitoringConfig) -> list[dict[str, Any]]:
     15-minute wait changes nothing. Their bars (ticket_z) still count an evaluation every
     statistics.evaluation_interval: fewer evaluations hold the same budget with room."""
     finished = [finish(make(cfg), cfg) for make in ALERTS]
-    every = {"interval": cfg.windows.evaluation_interval} if cfg.windows.evaluation_interval else {}
     return [{"name": PAGE_GROUP, "interval": cfg.statistics.evaluation_interval,
              "rules": [r for r in finished if r["alert"] == PAGE]},
-            {"name": TICKETS_GROUP, **every, "rules": [r for r in finished if r["alert"] != PAGE]}]
+            {"name": TICKETS_GROUP, **window_interval(cfg), "rules": [r for r in finished if r["alert"] != PAGE]}]
 
 
 def rule_groups(cfg: MonitoringConfig) -> dict[str, Any]:
