@@ -49,6 +49,11 @@ from specdecode_exporter.core.monitoring_config import MonitoringConfig
 SHARDS = 2
 SCRAPE_INTERVAL_S = 1.0
 EVALUATION_INTERVAL_S = 1.0  # vmalert's default for the groups without their own interval
+# Above the delay from a scrape to a queryable sample (vmagent's 1s flush, then victoria-metrics' own buffering):
+# each stage record is `x - x offset 1s`, and a query that cannot see a pod's newest sample yet reads the same
+# sample at both instants and records 0 for that pod. At 1s a loaded machine lost whole pods that way (the paged
+# model's stage read 0 for minutes; the healthy model's α read 1.5 when one record lost a pod the other kept).
+LATENCY_OFFSET_S = 5.0
 COLLECT_INTERVAL_S = 1.0
 DRAFTS_PER_SECOND = 200.0
 SHARD_ATTEMPTS = 12  # a split with an empty shard has chance 2/2^targets; each attempt draws new pod names
@@ -260,8 +265,9 @@ def _names_that_split(workdir: Path, binary: str, pods: Sequence[Pod], client: h
 def _start_store(stack: contextlib.ExitStack, workdir: Path, binary: str, name: str) -> Process:
     store = start_process(name, lambda port: [
         binary, f"-storageDataPath={workdir / (name + '-data')}", f"-httpListenAddr=127.0.0.1:{port}",
-        # Samples are queryable at once (the default hides the last 30s), and no response cache (a test of minutes).
-        "-search.latencyOffset=1s", "-search.disableCache", "-loggerLevel=WARN",
+        # Queries see the store as of LATENCY_OFFSET ago (the default 30s would make a test of minutes wait), and no
+        # response cache.
+        f"-search.latencyOffset={fmt_duration(LATENCY_OFFSET_S)}", "-search.disableCache", "-loggerLevel=WARN",
     ], workdir, "/health")
     stack.callback(store.stop)
     return store
