@@ -26,7 +26,8 @@ FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "captured_vllm_c
 # library (the collection speaks HTTP/1.1 itself), terminal rendering.
 NOT_IN_RUN = ("specdecode_exporter.probe", "specdecode_exporter.simulator", "specdecode_exporter.monitoring",
               "specdecode_exporter.check", "specdecode_exporter.demo", "grafana_foundation_sdk", "matplotlib",
-              "_jsonnet", "jinja2", "httpx", "httpcore", "rich", "pygments", "numpy")
+              "_jsonnet", "jinja2", "httpx", "httpcore", "rich", "pygments", "numpy",
+              "bcrypt")  # basic auth's hashes: imported only where web.config names users
 # With the tap off, of the tap only its settings (tap.route: the config's proxy.route) and the types of what the
 # tap reports (tap.request_stats, tap.model: the /metrics families and the status page, empty): never its relay,
 # its process or the stream readers.

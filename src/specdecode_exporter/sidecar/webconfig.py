@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import anyio.to_thread
-import bcrypt
 from pydantic import BeforeValidator, Field
 
 from specdecode_exporter.core.log import event
@@ -116,6 +115,8 @@ def _users(value: object) -> dict[str, bytes]:
             raise fail(f"user names are non-empty strings without ':', got {user!r}")
         if not isinstance(hashed, str) or not hashed.startswith(("$2a$", "$2b$", "$2y$")):
             raise fail("expected a bcrypt hash ($2a$, $2b$ or $2y$); plain-text passwords are not accepted", user)
+        import bcrypt  # only where basic auth is configured: its extension is 0.7 MB of every sidecar's RSS
+
         try:
             bcrypt.checkpw(b"", hashed.encode())
         except ValueError:
@@ -192,6 +193,8 @@ class WebSecurity:
         # An unknown user is checked against some user's hash anyway, so that a wrong user name costs as much
         # time as a wrong password (no user enumeration by timing).
         reference = hashed or next(iter(self.users.values()))
+        import bcrypt  # imported by _users already, when the config named users
+
         ok = bcrypt.checkpw(password.encode(), reference) and hashed is not None
         with self._lock:
             if len(self._cache) >= _CACHE_LIMIT:
