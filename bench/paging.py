@@ -18,17 +18,17 @@ Scenarios per rate R ∈ {0.2, 1, 10, 100, 1000}:
   the drop to the first firing evaluation;
 * **pause** (10/s only): the same drops, traffic stopping for 2 minutes 30 s after each.
 
-Evaluation (why this way): the samples are written as OpenMetrics and backfilled into a real TSDB with
-``promtool tsdb create-blocks-from openmetrics``; a real Prometheus then evaluates the page's generated expression
-(``rule_groups`` of the shipped monitoring config; the stage's records, then the measured variance's from them, are
-first recorded into the TSDB at their groups' intervals with ``promtool tsdb create-blocks-from rules``, as a ruler
-writes them; the other recording rules are substituted by their own expressions, i.e. the recordings evaluated at the
-same instant, as ``promtool test rules`` orders the groups) with ``query_range`` at the
-groups' evaluation interval, and ``for:`` is applied to the result as Prometheus' rule manager does (pending at the
-first true evaluation, firing once it has held ``for:``, reset by any evaluation without it). A month of ``promtool
-test rules`` per rate would take hours; the cross-check below replays one drop through ``promtool test rules`` with
-the real rule file and compares the firing state at every evaluation. Baseline, same data and same run: the page as
-it was before (α over 5m < 0.5 with ≥ 5 drafted tokens/s, ``for: 10m``).
+Evaluation (why this way): the samples are written as OpenMetrics and backfilled into a real TSDB with ``promtool tsdb
+create-blocks-from openmetrics``; a real Prometheus then evaluates the page's generated expression (``rule_groups`` of
+the shipped monitoring config; the stage's records, the tap's per-request sums from them, then the measured variance's
+from those, are first recorded into the TSDB at their groups' intervals with ``promtool tsdb create-blocks-from rules``,
+as a ruler writes them; the other recording rules are substituted by their own expressions, i.e. the recordings
+evaluated at the same instant, as ``promtool test rules`` orders the groups) with ``query_range`` at the groups'
+evaluation interval, and ``for:`` is applied to the result as Prometheus' rule manager does (pending at the first true
+evaluation, firing once it has held ``for:``, reset by any evaluation without it). A month of ``promtool test rules``
+per rate would take hours; the cross-check below replays one drop through ``promtool test rules`` with the real rule
+file and compares the firing state at every evaluation. Baseline, same data and same run: the page as it was before (α
+over 5m < 0.5 with ≥ 5 drafted tokens/s, ``for: 10m``).
 """
 
 from __future__ import annotations
@@ -402,12 +402,18 @@ def generated_page(cfg: MonitoringConfig) -> Rule:
 
 def recorded_passes(cfg: MonitoringConfig) -> list[tuple[str, list[dict[str, Any]]]]:
     """The groups whose records the bench writes into its TSDB before evaluating the page, in the order a ruler's
-    groups read each other's: the stage (from the raw samples), then the group of the page's measured variance (from
-    the stage). Inlined, the variance's hour of stage records, read at every 15 s of a month in each page window, took
-    Prometheus hours; recorded at its group's interval it is one series read back, as the ruler's page reads it."""
-    bound = rules.variance_record(cfg, "bound")
-    variance = [g for g in rule_groups(cfg)["groups"] if any(r.get("record") == bound for r in g["rules"])]
-    return [("stage", stage.stage_groups(cfg)), ("variance", variance)]
+    groups read each other's: the stage (from the raw samples), the tap's per-request sums over the hour (from the
+    stage), then the group of the page's measured variance (from the sums, some as recorded 10 minutes earlier: an
+    offset on an inlined expression is not PromQL). Inlined, the variance's hour of stage records, read at every 15 s
+    of a month in each page window, took Prometheus hours; recorded at its group's interval it is one series read
+    back, as the ruler's page reads it."""
+    groups = rule_groups(cfg)["groups"]
+
+    def holding(record: str) -> list[dict[str, Any]]:
+        return [g for g in groups if any(r.get("record") == record for r in g["rules"])]
+
+    return [("stage", stage.stage_groups(cfg)), ("sums", holding(rules.tapped_requests_record(cfg))),
+            ("variance", holding(rules.variance_record(cfg, "bound")))]
 
 
 def recorded_names(cfg: MonitoringConfig) -> set[str]:

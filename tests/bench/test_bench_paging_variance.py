@@ -71,7 +71,7 @@ def test_the_series_is_core_dispersion_s_bound_over_the_window() -> None:
 
 def test_the_fixed_page_reads_no_measured_variance_and_the_generated_page_reads_it_recorded() -> None:
     """The bench's fixed page is the page without per-request data; the generated page reads the rules' measured
-    bound as a recorded series (paging.record_passes writes it after the stage), never inlined."""
+    bound as a recorded series (paging.record_passes writes it after the stage and the tap's sums), never inlined."""
     cfg = monitoring_config.shipped()
     bound = rules.variance_record(cfg, "bound")
     assert bound not in paging_variance.fixed_page(cfg).expr
@@ -81,6 +81,10 @@ def test_the_fixed_page_reads_no_measured_variance_and_the_generated_page_reads_
     passes = dict(paging.passes_read(cfg, "\n".join(page.expressions)))
     [variance_group] = passes["variance"]
     assert [r["record"] for r in variance_group["rules"]] == [bound]
-    # The stage records what the bound reads (the tap's sums) besides what the page reads itself.
+    # The bound reads the tap's six sums over the hour, recorded before it (it reads them 10 minutes back: an offset
+    # on an inlined expression would not parse), and they read the stage's records.
+    sums = {r["record"] for g in passes["sums"] for r in g["rules"]}
+    assert sums == {rules.tapped_sum_record(cfg, key, rules.VARIANCE_WINDOW) for key in rules.TAPPED_SUMS}
+    assert all(f"{name} offset {rules.VARIANCE_OFFSET}" in variance_group["rules"][0]["expr"] for name in sums)
     staged = {r["record"] for g in passes["stage"] for r in g["rules"]}
-    assert any(name in variance_group["rules"][0]["expr"] for name in staged - {r for r in staged if r in page.expr})
+    assert all(any(name in r["expr"] for name in staged) for g in passes["sums"] for r in g["rules"])
