@@ -18,15 +18,15 @@ local utils = import '../lib/utils.libsonnet';
           },
           {
             "record": "model:specdecode_drafts:stage_increase",
-            "expr": "sum by (namespace, model_name) (clamp_min(specdecode_drafts_total%s - specdecode_drafts_total%s offset 15s, 0))" % [utils.selector($._config.metricSelector), utils.selector($._config.metricSelector)]
+            "expr": "sum by (namespace, model_name) ((specdecode_drafts_total%s - specdecode_drafts_total%s offset 15s) >= 0)" % [utils.selector($._config.metricSelector), utils.selector($._config.metricSelector)]
           },
           {
             "record": "model:specdecode_draft_tokens:stage_increase",
-            "expr": "sum by (namespace, model_name) (clamp_min(specdecode_draft_tokens_total%s - specdecode_draft_tokens_total%s offset 15s, 0))" % [utils.selector($._config.metricSelector), utils.selector($._config.metricSelector)]
+            "expr": "sum by (namespace, model_name) ((specdecode_draft_tokens_total%s - specdecode_draft_tokens_total%s offset 15s) >= 0)" % [utils.selector($._config.metricSelector), utils.selector($._config.metricSelector)]
           },
           {
             "record": "model:specdecode_accepted_tokens:stage_increase",
-            "expr": "sum by (namespace, model_name) (clamp_min(specdecode_accepted_tokens_total%s - specdecode_accepted_tokens_total%s offset 15s, 0))" % [utils.selector($._config.metricSelector), utils.selector($._config.metricSelector)]
+            "expr": "sum by (namespace, model_name) ((specdecode_accepted_tokens_total%s - specdecode_accepted_tokens_total%s offset 15s) >= 0)" % [utils.selector($._config.metricSelector), utils.selector($._config.metricSelector)]
           }
         ]
       },
@@ -43,27 +43,27 @@ local utils = import '../lib/utils.libsonnet';
           },
           {
             "record": "model:specdecode_route_requests:stage_increase",
-            "expr": "sum by (namespace, model_name, workload, temperature, prompt_length) (clamp_min(specdecode_route_requests_total%s - specdecode_route_requests_total%s offset 1m, 0))" % [utils.selector($._config.metricSelector), utils.selector($._config.metricSelector)]
+            "expr": "sum by (namespace, model_name, workload, temperature, prompt_length) ((specdecode_route_requests_total%s - specdecode_route_requests_total%s offset 1m) >= 0)" % [utils.selector($._config.metricSelector), utils.selector($._config.metricSelector)]
           },
           {
             "record": "model_pool:specdecode_route_requests:stage_increase",
-            "expr": "sum by (namespace, model_name, upstream, reason) (clamp_min(specdecode_route_requests_total%s - specdecode_route_requests_total%s offset 1m, 0))" % [utils.selector($._config.metricSelector), utils.selector($._config.metricSelector)]
+            "expr": "sum by (namespace, model_name, upstream, reason) ((specdecode_route_requests_total%s - specdecode_route_requests_total%s offset 1m) >= 0)" % [utils.selector($._config.metricSelector), utils.selector($._config.metricSelector)]
           },
           {
             "record": "model:specdecode_scheduled_steps:stage_increase",
-            "expr": "sum by (namespace, model_name, num_speculative_tokens) (clamp_min(specdecode_scheduled_steps_total%s - specdecode_scheduled_steps_total%s offset 1m, 0))" % [utils.selector($._config.metricSelector), utils.selector($._config.metricSelector)]
+            "expr": "sum by (namespace, model_name, num_speculative_tokens) ((specdecode_scheduled_steps_total%s - specdecode_scheduled_steps_total%s offset 1m) >= 0)" % [utils.selector($._config.metricSelector), utils.selector($._config.metricSelector)]
           },
           {
             "record": "model:specdecode_accepted_tokens_by_position:stage_increase",
-            "expr": "sum by (namespace, model_name, position) (clamp_min(specdecode_accepted_tokens_by_position_total%s - specdecode_accepted_tokens_by_position_total%s offset 1m, 0))" % [utils.selector($._config.metricSelector), utils.selector($._config.metricSelector)]
+            "expr": "sum by (namespace, model_name, position) ((specdecode_accepted_tokens_by_position_total%s - specdecode_accepted_tokens_by_position_total%s offset 1m) >= 0)" % [utils.selector($._config.metricSelector), utils.selector($._config.metricSelector)]
           },
           {
             "record": "model:specdecode_interval_acceptance_ratio_bucket:stage_increase",
-            "expr": "sum by (namespace, model_name, le) (clamp_min(specdecode_interval_acceptance_ratio_bucket%s - specdecode_interval_acceptance_ratio_bucket%s offset 1m, 0))" % [utils.selector($._config.metricSelector), utils.selector($._config.metricSelector)]
+            "expr": "sum by (namespace, model_name, le) ((specdecode_interval_acceptance_ratio_bucket%s - specdecode_interval_acceptance_ratio_bucket%s offset 1m) >= 0)" % [utils.selector($._config.metricSelector), utils.selector($._config.metricSelector)]
           },
           {
             "record": "model:specdecode_interval_acceptance_ratio_count:stage_increase",
-            "expr": "sum by (namespace, model_name) (clamp_min(specdecode_interval_acceptance_ratio_count%s - specdecode_interval_acceptance_ratio_count%s offset 1m, 0))" % [utils.selector($._config.metricSelector), utils.selector($._config.metricSelector)]
+            "expr": "sum by (namespace, model_name) ((specdecode_interval_acceptance_ratio_count%s - specdecode_interval_acceptance_ratio_count%s offset 1m) >= 0)" % [utils.selector($._config.metricSelector), utils.selector($._config.metricSelector)]
           }
         ]
       },
@@ -80,19 +80,19 @@ local utils = import '../lib/utils.libsonnet';
           },
           {
             "record": "model:specdecode_request_time_per_output_token_seconds_sum:stage_increase",
-            "expr": "sum by (namespace, model_name, spec_decode) (clamp_min(specdecode_request_time_per_output_token_seconds_sum%s - specdecode_request_time_per_output_token_seconds_sum%s offset 1m, 0))" % [utils.selector($._config.metricSelector), utils.selector($._config.metricSelector)]
+            "expr": "sum by (namespace, model_name, spec_decode) ((specdecode_request_time_per_output_token_seconds_sum%s - specdecode_request_time_per_output_token_seconds_sum%s offset 1m) >= 0)" % [utils.selector($._config.metricSelector), utils.selector($._config.metricSelector)]
           },
           {
             "record": "instance:specdecode_request_time_per_output_token_seconds_count:stage_increase",
-            "expr": "sum by (namespace, pod, instance, target, model_name) (clamp_min(specdecode_request_time_per_output_token_seconds_count{%sspec_decode=\"true\"} - specdecode_request_time_per_output_token_seconds_count{%sspec_decode=\"true\"} offset 1m, 0))" % [utils.selector($._config.metricSelector, beforeOthers=true), utils.selector($._config.metricSelector, beforeOthers=true)]
+            "expr": "sum by (namespace, pod, instance, target, model_name) ((specdecode_request_time_per_output_token_seconds_count{%sspec_decode=\"true\"} - specdecode_request_time_per_output_token_seconds_count{%sspec_decode=\"true\"} offset 1m) >= 0)" % [utils.selector($._config.metricSelector, beforeOthers=true), utils.selector($._config.metricSelector, beforeOthers=true)]
           },
           {
             "record": "model:specdecode_preemptions:stage_increase",
-            "expr": "sum by (namespace, model_name, spec_decode) (clamp_min(specdecode_preemptions_total%s - specdecode_preemptions_total%s offset 1m, 0))" % [utils.selector($._config.metricSelector), utils.selector($._config.metricSelector)]
+            "expr": "sum by (namespace, model_name, spec_decode) ((specdecode_preemptions_total%s - specdecode_preemptions_total%s offset 1m) >= 0)" % [utils.selector($._config.metricSelector), utils.selector($._config.metricSelector)]
           },
           {
             "record": "model:specdecode_generated_tokens:stage_increase",
-            "expr": "sum by (namespace, model_name, spec_decode) (clamp_min(specdecode_generated_tokens_total%s - specdecode_generated_tokens_total%s offset 1m, 0))" % [utils.selector($._config.metricSelector), utils.selector($._config.metricSelector)]
+            "expr": "sum by (namespace, model_name, spec_decode) ((specdecode_generated_tokens_total%s - specdecode_generated_tokens_total%s offset 1m) >= 0)" % [utils.selector($._config.metricSelector), utils.selector($._config.metricSelector)]
           },
           {
             "record": "model:specdecode_generating_engines:stage_count",
@@ -104,11 +104,11 @@ local utils = import '../lib/utils.libsonnet';
           },
           {
             "record": "model:specdecode_request_time_per_output_token_seconds_bucket:stage_increase",
-            "expr": "sum by (namespace, model_name, spec_decode, le) (clamp_min(specdecode_request_time_per_output_token_seconds_bucket%s - specdecode_request_time_per_output_token_seconds_bucket%s offset 1m, 0))" % [utils.selector($._config.metricSelector), utils.selector($._config.metricSelector)]
+            "expr": "sum by (namespace, model_name, spec_decode, le) ((specdecode_request_time_per_output_token_seconds_bucket%s - specdecode_request_time_per_output_token_seconds_bucket%s offset 1m) >= 0)" % [utils.selector($._config.metricSelector), utils.selector($._config.metricSelector)]
           },
           {
             "record": "model:specdecode_request_time_per_output_token_seconds_count:stage_increase",
-            "expr": "sum by (namespace, model_name, spec_decode) (clamp_min(specdecode_request_time_per_output_token_seconds_count%s - specdecode_request_time_per_output_token_seconds_count%s offset 1m, 0))" % [utils.selector($._config.metricSelector), utils.selector($._config.metricSelector)]
+            "expr": "sum by (namespace, model_name, spec_decode) ((specdecode_request_time_per_output_token_seconds_count%s - specdecode_request_time_per_output_token_seconds_count%s offset 1m) >= 0)" % [utils.selector($._config.metricSelector), utils.selector($._config.metricSelector)]
           }
         ]
       },
@@ -125,55 +125,55 @@ local utils = import '../lib/utils.libsonnet';
           },
           {
             "record": "model_band:specdecode_requests:stage_increase",
-            "expr": "sum by (namespace, model_name, workload, temperature) (clamp_min(specdecode_requests_total%s - specdecode_requests_total%s offset 1m, 0))" % [utils.selector($._config.metricSelector), utils.selector($._config.metricSelector)]
+            "expr": "sum by (namespace, model_name, workload, temperature) ((specdecode_requests_total%s - specdecode_requests_total%s offset 1m) >= 0)" % [utils.selector($._config.metricSelector), utils.selector($._config.metricSelector)]
           },
           {
             "record": "model_band:specdecode_request_accepted_tokens:stage_increase",
-            "expr": "sum by (namespace, model_name, workload, temperature) (clamp_min(specdecode_request_accepted_tokens_total%s - specdecode_request_accepted_tokens_total%s offset 1m, 0))" % [utils.selector($._config.metricSelector), utils.selector($._config.metricSelector)]
+            "expr": "sum by (namespace, model_name, workload, temperature) ((specdecode_request_accepted_tokens_total%s - specdecode_request_accepted_tokens_total%s offset 1m) >= 0)" % [utils.selector($._config.metricSelector), utils.selector($._config.metricSelector)]
           },
           {
             "record": "model_band:specdecode_request_draft_tokens:stage_increase",
-            "expr": "sum by (namespace, model_name, workload, temperature) (clamp_min(specdecode_request_draft_tokens_total%s - specdecode_request_draft_tokens_total%s offset 1m, 0))" % [utils.selector($._config.metricSelector), utils.selector($._config.metricSelector)]
+            "expr": "sum by (namespace, model_name, workload, temperature) ((specdecode_request_draft_tokens_total%s - specdecode_request_draft_tokens_total%s offset 1m) >= 0)" % [utils.selector($._config.metricSelector), utils.selector($._config.metricSelector)]
           },
           {
             "record": "model:specdecode_request_draft_tokens_squared:stage_increase",
-            "expr": "sum by (namespace, model_name) (clamp_min(specdecode_request_draft_tokens_squared_total%s - specdecode_request_draft_tokens_squared_total%s offset 1m, 0))" % [utils.selector($._config.metricSelector), utils.selector($._config.metricSelector)]
+            "expr": "sum by (namespace, model_name) ((specdecode_request_draft_tokens_squared_total%s - specdecode_request_draft_tokens_squared_total%s offset 1m) >= 0)" % [utils.selector($._config.metricSelector), utils.selector($._config.metricSelector)]
           },
           {
             "record": "model:specdecode_request_accepted_tokens_squared:stage_increase",
-            "expr": "sum by (namespace, model_name) (clamp_min(specdecode_request_accepted_tokens_squared_total%s - specdecode_request_accepted_tokens_squared_total%s offset 1m, 0))" % [utils.selector($._config.metricSelector), utils.selector($._config.metricSelector)]
+            "expr": "sum by (namespace, model_name) ((specdecode_request_accepted_tokens_squared_total%s - specdecode_request_accepted_tokens_squared_total%s offset 1m) >= 0)" % [utils.selector($._config.metricSelector), utils.selector($._config.metricSelector)]
           },
           {
             "record": "model:specdecode_request_accepted_draft_tokens_product:stage_increase",
-            "expr": "sum by (namespace, model_name) (clamp_min(specdecode_request_accepted_draft_tokens_product_total%s - specdecode_request_accepted_draft_tokens_product_total%s offset 1m, 0))" % [utils.selector($._config.metricSelector), utils.selector($._config.metricSelector)]
+            "expr": "sum by (namespace, model_name) ((specdecode_request_accepted_draft_tokens_product_total%s - specdecode_request_accepted_draft_tokens_product_total%s offset 1m) >= 0)" % [utils.selector($._config.metricSelector), utils.selector($._config.metricSelector)]
           },
           {
             "record": "model:specdecode_requests_without_spec_metrics:stage_increase",
-            "expr": "sum by (namespace, model_name, reason) (clamp_min(specdecode_requests_without_spec_metrics_total%s - specdecode_requests_without_spec_metrics_total%s offset 1m, 0))" % [utils.selector($._config.metricSelector), utils.selector($._config.metricSelector)]
+            "expr": "sum by (namespace, model_name, reason) ((specdecode_requests_without_spec_metrics_total%s - specdecode_requests_without_spec_metrics_total%s offset 1m) >= 0)" % [utils.selector($._config.metricSelector), utils.selector($._config.metricSelector)]
           },
           {
             "record": "model:specdecode_request_acceptance_ratio_bucket:stage_increase",
-            "expr": "sum by (namespace, model_name, le) (clamp_min(specdecode_request_acceptance_ratio_bucket%s - specdecode_request_acceptance_ratio_bucket%s offset 1m, 0))" % [utils.selector($._config.metricSelector), utils.selector($._config.metricSelector)]
+            "expr": "sum by (namespace, model_name, le) ((specdecode_request_acceptance_ratio_bucket%s - specdecode_request_acceptance_ratio_bucket%s offset 1m) >= 0)" % [utils.selector($._config.metricSelector), utils.selector($._config.metricSelector)]
           },
           {
             "record": "model:specdecode_request_acceptance_ratio_count:stage_increase",
-            "expr": "sum by (namespace, model_name) (clamp_min(specdecode_request_acceptance_ratio_count%s - specdecode_request_acceptance_ratio_count%s offset 1m, 0))" % [utils.selector($._config.metricSelector), utils.selector($._config.metricSelector)]
+            "expr": "sum by (namespace, model_name) ((specdecode_request_acceptance_ratio_count%s - specdecode_request_acceptance_ratio_count%s offset 1m) >= 0)" % [utils.selector($._config.metricSelector), utils.selector($._config.metricSelector)]
           },
           {
             "record": "model:specdecode_engine_request_acceptance_ratio_bucket:stage_increase",
-            "expr": "sum by (namespace, model_name, le) (clamp_min(specdecode_engine_request_acceptance_ratio_bucket%s - specdecode_engine_request_acceptance_ratio_bucket%s offset 1m, 0))" % [utils.selector($._config.metricSelector), utils.selector($._config.metricSelector)]
+            "expr": "sum by (namespace, model_name, le) ((specdecode_engine_request_acceptance_ratio_bucket%s - specdecode_engine_request_acceptance_ratio_bucket%s offset 1m) >= 0)" % [utils.selector($._config.metricSelector), utils.selector($._config.metricSelector)]
           },
           {
             "record": "model:specdecode_engine_request_acceptance_ratio_count:stage_increase",
-            "expr": "sum by (namespace, model_name) (clamp_min(specdecode_engine_request_acceptance_ratio_count%s - specdecode_engine_request_acceptance_ratio_count%s offset 1m, 0))" % [utils.selector($._config.metricSelector), utils.selector($._config.metricSelector)]
+            "expr": "sum by (namespace, model_name) ((specdecode_engine_request_acceptance_ratio_count%s - specdecode_engine_request_acceptance_ratio_count%s offset 1m) >= 0)" % [utils.selector($._config.metricSelector), utils.selector($._config.metricSelector)]
           },
           {
             "record": "model:specdecode_request_output_tokens_per_second_sum:stage_increase",
-            "expr": "sum by (namespace, model_name, acceptance) (clamp_min(specdecode_request_output_tokens_per_second_sum%s - specdecode_request_output_tokens_per_second_sum%s offset 1m, 0))" % [utils.selector($._config.metricSelector), utils.selector($._config.metricSelector)]
+            "expr": "sum by (namespace, model_name, acceptance) ((specdecode_request_output_tokens_per_second_sum%s - specdecode_request_output_tokens_per_second_sum%s offset 1m) >= 0)" % [utils.selector($._config.metricSelector), utils.selector($._config.metricSelector)]
           },
           {
             "record": "model:specdecode_request_output_tokens_per_second_count:stage_increase",
-            "expr": "sum by (namespace, model_name, acceptance) (clamp_min(specdecode_request_output_tokens_per_second_count%s - specdecode_request_output_tokens_per_second_count%s offset 1m, 0))" % [utils.selector($._config.metricSelector), utils.selector($._config.metricSelector)]
+            "expr": "sum by (namespace, model_name, acceptance) ((specdecode_request_output_tokens_per_second_count%s - specdecode_request_output_tokens_per_second_count%s offset 1m) >= 0)" % [utils.selector($._config.metricSelector), utils.selector($._config.metricSelector)]
           }
         ]
       },
@@ -190,19 +190,19 @@ local utils = import '../lib/utils.libsonnet';
           },
           {
             "record": "target:specdecode_collect_errors:stage_increase",
-            "expr": "clamp_min(specdecode_collect_errors_total%s - specdecode_collect_errors_total%s offset 1m, 0)" % [utils.selector($._config.metricSelector), utils.selector($._config.metricSelector)]
+            "expr": "(specdecode_collect_errors_total%s - specdecode_collect_errors_total%s offset 1m) >= 0" % [utils.selector($._config.metricSelector), utils.selector($._config.metricSelector)]
           },
           {
             "record": "engine:specdecode_emitted_tokens:stage_increase",
-            "expr": "sum by (namespace, model_name, job, instance, target, engine) (clamp_min(specdecode_emitted_tokens_total%s - specdecode_emitted_tokens_total%s offset 1m, 0))" % [utils.selector($._config.metricSelector), utils.selector($._config.metricSelector)]
+            "expr": "sum by (namespace, model_name, job, instance, target, engine) ((specdecode_emitted_tokens_total%s - specdecode_emitted_tokens_total%s offset 1m) >= 0)" % [utils.selector($._config.metricSelector), utils.selector($._config.metricSelector)]
           },
           {
             "record": "engine:specdecode_generated_tokens:stage_increase",
-            "expr": "sum by (namespace, model_name, job, instance, target, engine) (clamp_min(specdecode_generated_tokens_total%s - specdecode_generated_tokens_total%s offset 1m, 0))" % [utils.selector($._config.metricSelector), utils.selector($._config.metricSelector)]
+            "expr": "sum by (namespace, model_name, job, instance, target, engine) ((specdecode_generated_tokens_total%s - specdecode_generated_tokens_total%s offset 1m) >= 0)" % [utils.selector($._config.metricSelector), utils.selector($._config.metricSelector)]
           },
           {
             "record": "engine:specdecode_draft_tokens:stage_increase",
-            "expr": "sum by (namespace, model_name, job, instance, target, engine) (clamp_min(specdecode_draft_tokens_total%s - specdecode_draft_tokens_total%s offset 1m, 0))" % [utils.selector($._config.metricSelector), utils.selector($._config.metricSelector)]
+            "expr": "sum by (namespace, model_name, job, instance, target, engine) ((specdecode_draft_tokens_total%s - specdecode_draft_tokens_total%s offset 1m) >= 0)" % [utils.selector($._config.metricSelector), utils.selector($._config.metricSelector)]
           }
         ]
       },

@@ -5,7 +5,7 @@ series for an hour re-read that hour for every pod every time (Prometheus spent 
 page cost, at 100 pods). So, as Sloth and Pyrra build their long SLO windows from a short recorded stage: each
 counter and histogram the rules need is summed, at every step of its stage group, to the level the alerts and panels
 read (model; model and band; model, spec_decode and le), as its increase since the previous evaluation:
-``clamp_min(x - x offset <step>, 0)`` per series (a counter that fell was reset and counts nothing for that step; a
+``(x - x offset <step>) >= 0`` per series (a counter that fell was reset and counts nothing for that step; a
 series without a sample a step ago counts nothing yet), then summed. Each series' two instant samples are all the
 stage reads, whatever the scrape interval. Not ``increase(x[<step>])``, though one range read per series would cost
 less than two instant reads and their match: at a 1m scrape interval a 1m range holds one sample and counts
@@ -66,8 +66,14 @@ def step_increase(raw: str, step: str) -> str:
     """Each series' increase over the last ``step`` (its samples then and now, the latest at or before each). A
     counter that fell was reset and counts nothing for that step: at most one step's increments lost per restart,
     and no spike where a restarted sidecar resumes from vLLM's own lifetime count (rate() would count it all at
-    once). One vector match per family: the stage is most of the rules' cost at a fleet's size."""
-    return f"clamp_min({raw} - {raw} offset {step}, 0)"
+    once). One vector match per family: the stage is most of the rules' cost at a fleet's size.
+
+    The fallen series is dropped by a comparison filter, not clamped to 0: the sums are the same, and
+    ``clamp_min`` builds every series' labels anew (Prometheus drops the name per sample), 17 % of a stage rule's
+    evaluation at 400 pods (189 ms against 156 ms, an instant query of one band counter). Where every series of a
+    record's group fell in the same step (a one-pod model's reset), that step has no sample instead of a 0: the
+    windows' sums (sum_over_time, scaled by the stage's clock) are the same."""
+    return f"({raw} - {raw} offset {step}) >= 0"
 
 
 STAGE_GROUPS = ("page", "acceptance", "latency", "requests", "series")
