@@ -44,7 +44,7 @@ import yaml
 from bench import fleet_common
 from bench.common import markdown_table
 from bench.fleet_common import duration_s
-from devtools.procs import Process, prometheus_binary, promtool_binary, start_process
+from devtools.procs import Process, child_env, prometheus_binary, promtool_binary, start_process
 from specdecode_exporter.core import monitoring_config
 from specdecode_exporter.monitoring import stage
 
@@ -278,6 +278,7 @@ class SteadyMeasurement:
     rule_failures: int
     rss_mb: float = float("nan")  # Prometheus' resident memory at the end of the hold
     heap_mb: float = float("nan")  # its Go heap in use, then
+    live_heap_mb: float = float("nan")  # its heap goal halved (GOGC 100): what the last GC found live, and its roots
     rules: bool = True  # False: the page scraped alone, no rule file (what scraping it costs)
 
     def per_100(self, value: float) -> float:
@@ -312,7 +313,8 @@ def measure(page_name: str, page: fleet_common.MovingPage, pods: int, size: flee
         (run_dir / "prometheus.yml").write_text(yaml.safe_dump(config), encoding="utf-8")
         prom = start_process("prometheus", lambda port: [
             binary, f"--config.file={run_dir / 'prometheus.yml'}", f"--storage.tsdb.path={run_dir / 'tsdb'}",
-            f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"], run_dir, "/-/ready", timeout=120)
+            f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"], run_dir, "/-/ready", timeout=120,
+            env=child_env({"GOGC": str(GOGC)}))
         try:
             return _observe(prom, page_name, pods, size, reads if rules else None, samples)
         finally:
@@ -349,9 +351,11 @@ def _observe(prom: Process, page_name: str, pods: int, size: fleet_common.Size, 
             rule_failures=int(sum(fleet_common.own_metric(client, "prometheus_rule_evaluation_failures_total"))),
             rss_mb=sum(fleet_common.own_metric(client, "process_resident_memory_bytes")) / 2**20,
             heap_mb=sum(fleet_common.own_metric(client, "go_memstats_heap_inuse_bytes")) / 2**20,
+            live_heap_mb=sum(fleet_common.own_metric(client, "go_memstats_next_gc_bytes")) / (1 + GOGC / 100) / 2**20,
             rules=reads is not None)
 
 
+GOGC = 100  # Go's default, set so that the heap goal halved is the live heap whatever the caller's environment
 SETTLE_QUIET_S = 70.0  # Prometheus plans compactions once a minute: one whole tick without one
 SETTLE_MAX_S = 360.0
 
@@ -451,7 +455,8 @@ def describe(size: fleet_common.Size) -> str:
 STEADY_HEADER = ["pods", "page", "targets up", "history backfilled (samples)",
                  "longest window: samples per series (fewest / full)", "rule evaluation per round (all groups)",
                  "per 100 pods", "share of the interval", "slowest group", "Prometheus CPU (cores)",
-                 "RSS (MB)", "heap in use (MB)", "compactions in the hold", "missed iterations", "rule failures",
+                 "RSS (MB)", "heap in use (MB)", "live heap after GC (MB)", "compactions in the hold",
+                 "missed iterations", "rule failures",
                  "groups evaluated"]
 
 
@@ -463,8 +468,8 @@ def table_rows(result: SteadyResult) -> Iterator[list[str]]:
                f"{1000 * m.round_s:.0f} ms", f"{m.per_100(1000 * m.round_s):.0f} ms",
                f"{100 * m.round_s / m.interval_s:.1f} %",
                f"{m.groups[0][0]} ({1000 * m.groups[0][1]:.0f} ms)" if m.groups else "—", f"{m.cpu_cores:.3f}",
-               f"{m.rss_mb:.0f}", f"{m.heap_mb:.0f}", str(m.compactions), str(m.missed_iterations),
-               str(m.rule_failures), f"{m.groups_evaluated}/{result.groups_in_file}"]
+               f"{m.rss_mb:.0f}", f"{m.heap_mb:.0f}", f"{m.live_heap_mb:.0f}", str(m.compactions),
+               str(m.missed_iterations), str(m.rule_failures), f"{m.groups_evaluated}/{result.groups_in_file}"]
 
 
 def group_table(result: SteadyResult) -> list[str]:
@@ -553,9 +558,15 @@ def _memory(result: SteadyResult, sidecar: SteadyMeasurement, vllm: SteadyMeasur
 
         rss = slope(fleet_common.SIDECAR, lambda m: m.rss_mb), slope(fleet_common.VLLM, lambda m: m.rss_mb)
         heap = slope(fleet_common.SIDECAR, lambda m: m.heap_mb), slope(fleet_common.VLLM, lambda m: m.heap_mb)
+        live = (slope(fleet_common.SIDECAR, lambda m: m.live_heap_mb),
+                slope(fleet_common.VLLM, lambda m: m.live_heap_mb))
         line += (f" Per 100 more pods ({small} → {large}): RSS +{rss[0]:.1f} MB against +{rss[1]:.1f} MB "
                  f"(**{rss[0] / rss[1]:.2f}×**), heap +{heap[0]:.1f} MB against +{heap[1]:.1f} MB "
-                 f"(**{heap[0] / heap[1]:.2f}×**).")
+                 f"(**{heap[0] / heap[1]:.2f}×**), live heap after GC +{live[0]:.1f} MB against +{live[1]:.1f} MB "
+                 f"(**{live[0] / live[1]:.2f}×**). RSS and heap in use are one instant of a garbage-collected "
+                 "process (what the rules allocated since the last GC is in them until the next); the live heap is "
+                 "Go's heap goal halved (the bench runs Prometheus with GOGC 100, Go's default): what the last "
+                 "GC found reachable, the series and records the rules keep, steady between two GCs.")
     return line
 
 

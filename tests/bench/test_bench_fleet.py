@@ -149,6 +149,8 @@ def _assert_steady_rows(text: str) -> None:
     for row in rows.values():
         assert int(row["pods"]) == int(row["targets up"]) == fleet_steady.STEADY_SMOKE.pods[-1], row
         assert row["groups evaluated"] == f"{groups}/{groups}" and row["rule failures"] == "0", row
+        # The live heap (Go's heap goal halved) is a GC's figure: never above the heap in use plus what one cycle adds.
+        assert 0 < float(row["live heap after GC (MB)"]) <= 2 * float(row["heap in use (MB)"]), row
     longest = rows[fleet_common.SIDECAR]["longest window: samples per series (fewest / full)"]
     fewest, full = map(int, longest.split(" / "))
     # The longest window is a stage record's (2 h less one step, at the stage's 15 s), the raw series read a step back.
