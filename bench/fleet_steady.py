@@ -279,6 +279,7 @@ class SteadyMeasurement:
     rss_mb: float = float("nan")  # Prometheus' resident memory at the end of the hold
     heap_mb: float = float("nan")  # its Go heap in use, then
     live_heap_mb: float = float("nan")  # its heap goal halved (GOGC 100): what the last GC found live, and its roots
+    retained_mb: float = float("nan")  # the heap right after a forced GC, the least of RETAINED_GCS: what is kept
     rules: bool = True  # False: the page scraped alone, no rule file (what scraping it costs)
 
     def per_100(self, value: float) -> float:
@@ -352,7 +353,23 @@ def _observe(prom: Process, page_name: str, pods: int, size: fleet_common.Size, 
             rss_mb=sum(fleet_common.own_metric(client, "process_resident_memory_bytes")) / 2**20,
             heap_mb=sum(fleet_common.own_metric(client, "go_memstats_heap_inuse_bytes")) / 2**20,
             live_heap_mb=sum(fleet_common.own_metric(client, "go_memstats_next_gc_bytes")) / (1 + GOGC / 100) / 2**20,
-            rules=reads is not None)
+            retained_mb=_retained_mb(client), rules=reads is not None)
+
+
+RETAINED_GCS, RETAINED_SPACING_S = 3, 5.0
+
+
+def _retained_mb(client: httpx.Client) -> float:
+    """The heap right after a GC forced through Go's pprof handler (``gc=1``), the least of RETAINED_GCS a few
+    seconds apart: the series, chunks, records and rule state Prometheus keeps. A GC that runs while a group is
+    evaluating finds that evaluation's vectors live too; the least of a few is the one that caught the fewest."""
+    found = []
+    for attempt in range(RETAINED_GCS):
+        if attempt:
+            time.sleep(RETAINED_SPACING_S)
+        client.get("/debug/pprof/heap", params={"gc": 1}).raise_for_status()
+        found.append(sum(fleet_common.own_metric(client, "go_memstats_heap_alloc_bytes")) / 2**20)
+    return min(found)
 
 
 GOGC = 100  # Go's default, set so that the heap goal halved is the live heap whatever the caller's environment
@@ -455,9 +472,8 @@ def describe(size: fleet_common.Size) -> str:
 STEADY_HEADER = ["pods", "page", "targets up", "history backfilled (samples)",
                  "longest window: samples per series (fewest / full)", "rule evaluation per round (all groups)",
                  "per 100 pods", "share of the interval", "slowest group", "Prometheus CPU (cores)",
-                 "RSS (MB)", "heap in use (MB)", "live heap after GC (MB)", "compactions in the hold",
-                 "missed iterations", "rule failures",
-                 "groups evaluated"]
+                 "RSS (MB)", "heap in use (MB)", "live heap after GC (MB)", "retained after a forced GC (MB)",
+                 "compactions in the hold", "missed iterations", "rule failures", "groups evaluated"]
 
 
 def table_rows(result: SteadyResult) -> Iterator[list[str]]:
@@ -468,8 +484,8 @@ def table_rows(result: SteadyResult) -> Iterator[list[str]]:
                f"{1000 * m.round_s:.0f} ms", f"{m.per_100(1000 * m.round_s):.0f} ms",
                f"{100 * m.round_s / m.interval_s:.1f} %",
                f"{m.groups[0][0]} ({1000 * m.groups[0][1]:.0f} ms)" if m.groups else "—", f"{m.cpu_cores:.3f}",
-               f"{m.rss_mb:.0f}", f"{m.heap_mb:.0f}", f"{m.live_heap_mb:.0f}", str(m.compactions),
-               str(m.missed_iterations), str(m.rule_failures), f"{m.groups_evaluated}/{result.groups_in_file}"]
+               f"{m.rss_mb:.0f}", f"{m.heap_mb:.0f}", f"{m.live_heap_mb:.0f}", f"{m.retained_mb:.0f}",
+               str(m.compactions), str(m.missed_iterations), str(m.rule_failures), f"{m.groups_evaluated}/{result.groups_in_file}"]
 
 
 def group_table(result: SteadyResult) -> list[str]:
@@ -560,6 +576,8 @@ def _memory(result: SteadyResult, sidecar: SteadyMeasurement, vllm: SteadyMeasur
         heap = slope(fleet_common.SIDECAR, lambda m: m.heap_mb), slope(fleet_common.VLLM, lambda m: m.heap_mb)
         live = (slope(fleet_common.SIDECAR, lambda m: m.live_heap_mb),
                 slope(fleet_common.VLLM, lambda m: m.live_heap_mb))
+        kept = (slope(fleet_common.SIDECAR, lambda m: m.retained_mb),
+                slope(fleet_common.VLLM, lambda m: m.retained_mb))
         line += (f" Per 100 more pods ({small} → {large}): RSS +{rss[0]:.1f} MB against +{rss[1]:.1f} MB "
                  f"(**{rss[0] / rss[1]:.2f}×**), heap +{heap[0]:.1f} MB against +{heap[1]:.1f} MB "
                  f"(**{heap[0] / heap[1]:.2f}×**), live heap after GC +{live[0]:.1f} MB against +{live[1]:.1f} MB "
@@ -567,6 +585,11 @@ def _memory(result: SteadyResult, sidecar: SteadyMeasurement, vllm: SteadyMeasur
                  "process (what the rules allocated since the last GC is in them until the next); the live heap is "
                  "Go's heap goal halved (the bench runs Prometheus with GOGC 100, Go's default): what the last "
                  "GC found reachable, the series and records the rules keep, steady between two GCs.")
+        line += (f" Retained after a forced GC: +{kept[0]:.1f} MB against +{kept[1]:.1f} MB "
+                 f"(**{kept[0] / kept[1]:.2f}×**): what stays between evaluations. The live heap's excess over it is "
+                 "what evaluations in flight held when the last GC ran (a stage rule pairs each raw series with its "
+                 "value a step before, and Prometheus allocates the pair's result labels per series), and Go sizes "
+                 "the heap, so RSS, from the live heap.")
     return line
 
 

@@ -151,6 +151,8 @@ def _assert_steady_rows(text: str) -> None:
         assert row["groups evaluated"] == f"{groups}/{groups}" and row["rule failures"] == "0", row
         # The live heap (Go's heap goal halved) is a GC's figure: never above the heap in use plus what one cycle adds.
         assert 0 < float(row["live heap after GC (MB)"]) <= 2 * float(row["heap in use (MB)"]), row
+        # Retained after a forced GC: a heap, and one no larger than the process' memory.
+        assert 0 < float(row["retained after a forced GC (MB)"]) < float(row["RSS (MB)"]), row
     longest = rows[fleet_common.SIDECAR]["longest window: samples per series (fewest / full)"]
     fewest, full = map(int, longest.split(" / "))
     # The longest window is a stage record's (2 h less one step, at the stage's 15 s), the raw series read a step back.
