@@ -485,7 +485,8 @@ def table_rows(result: SteadyResult) -> Iterator[list[str]]:
                f"{100 * m.round_s / m.interval_s:.1f} %",
                f"{m.groups[0][0]} ({1000 * m.groups[0][1]:.0f} ms)" if m.groups else "—", f"{m.cpu_cores:.3f}",
                f"{m.rss_mb:.0f}", f"{m.heap_mb:.0f}", f"{m.live_heap_mb:.0f}", f"{m.retained_mb:.0f}",
-               str(m.compactions), str(m.missed_iterations), str(m.rule_failures), f"{m.groups_evaluated}/{result.groups_in_file}"]
+               str(m.compactions), str(m.missed_iterations), str(m.rule_failures),
+               f"{m.groups_evaluated}/{result.groups_in_file}"]
 
 
 def group_table(result: SteadyResult) -> list[str]:
