@@ -278,7 +278,7 @@ class SteadyMeasurement:
     rule_failures: int
     rss_mb: float = float("nan")  # Prometheus' resident memory at the end of the hold
     heap_mb: float = float("nan")  # its Go heap in use, then
-    live_heap_mb: float = float("nan")  # its heap goal halved (GOGC 100): what the last GC found live, and its roots
+    live_heap_mb: float = float("nan")  # its heap goal halved (GOGC 100): what the last GC found live
     retained_mb: float = float("nan")  # the heap right after a forced GC, the least of RETAINED_GCS: what is kept
     rules: bool = True  # False: the page scraped alone, no rule file (what scraping it costs)
 
@@ -585,7 +585,7 @@ def _memory(result: SteadyResult, sidecar: SteadyMeasurement, vllm: SteadyMeasur
                  f"(**{live[0] / live[1]:.2f}×**). RSS and heap in use are one instant of a garbage-collected "
                  "process (what the rules allocated since the last GC is in them until the next); the live heap is "
                  "Go's heap goal halved (the bench runs Prometheus with GOGC 100, Go's default): what the last "
-                 "GC found reachable, the series and records the rules keep, steady between two GCs.")
+                 "GC found reachable, steady between two GCs, which Go sizes the heap (and so RSS) from.")
         line += (f" Retained after a forced GC: +{kept[0]:.1f} MB against +{kept[1]:.1f} MB "
                  f"(**{kept[0] / kept[1]:.2f}×**): what stays between evaluations. The live heap's excess over it is "
                  "what evaluations in flight held when the last GC ran (a stage rule pairs each raw series with its "
