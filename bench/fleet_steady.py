@@ -589,8 +589,7 @@ def _memory(result: SteadyResult, sidecar: SteadyMeasurement, vllm: SteadyMeasur
         line += (f" Retained after a forced GC: +{kept[0]:.1f} MB against +{kept[1]:.1f} MB "
                  f"(**{kept[0] / kept[1]:.2f}×**): what stays between evaluations. The live heap's excess over it is "
                  "what evaluations in flight held when the last GC ran (a stage rule pairs each raw series with its "
-                 "value a step before, and Prometheus allocates the pair's result labels per series), and Go sizes "
-                 "the heap, so RSS, from the live heap.")
+                 "value a step before, and Prometheus allocates the pair's result labels per series).")
     return line
 
 
