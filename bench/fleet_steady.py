@@ -29,6 +29,7 @@ extrapolated, and said so. Ranges over the rules' own records (the 1-day baselin
 from __future__ import annotations
 
 import math
+import operator
 import re
 import statistics
 import subprocess
@@ -353,18 +354,19 @@ def _observe(prom: Process, page_name: str, pods: int, size: fleet_common.Size, 
             rss_mb=sum(fleet_common.own_metric(client, "process_resident_memory_bytes")) / 2**20,
             heap_mb=sum(fleet_common.own_metric(client, "go_memstats_heap_inuse_bytes")) / 2**20,
             live_heap_mb=sum(fleet_common.own_metric(client, "go_memstats_next_gc_bytes")) / (1 + GOGC / 100) / 2**20,
-            retained_mb=_retained_mb(client), rules=reads is not None)
+            retained_mb=_retained_mb(client, RETAINED_GCS if size.hold_s >= SETTLE_QUIET_S else 1),
+            rules=reads is not None)
 
 
-RETAINED_GCS, RETAINED_SPACING_S = 3, 5.0
+RETAINED_GCS, RETAINED_SPACING_S = 3, 5.0  # one GC in a short hold (the smoke), which measures nothing
 
 
-def _retained_mb(client: httpx.Client) -> float:
-    """The heap right after a GC forced through Go's pprof handler (``gc=1``), the least of RETAINED_GCS a few
+def _retained_mb(client: httpx.Client, gcs: int) -> float:
+    """The heap right after a GC forced through Go's pprof handler (``gc=1``), the least of ``gcs`` a few
     seconds apart: the series, chunks, records and rule state Prometheus keeps. A GC that runs while a group is
     evaluating finds that evaluation's vectors live too; the least of a few is the one that caught the fewest."""
     found = []
-    for attempt in range(RETAINED_GCS):
+    for attempt in range(gcs):
         if attempt:
             time.sleep(RETAINED_SPACING_S)
         client.get("/debug/pprof/heap", params={"gc": 1}).raise_for_status()
@@ -573,12 +575,11 @@ def _memory(result: SteadyResult, sidecar: SteadyMeasurement, vllm: SteadyMeasur
         def slope(page: str, value: Callable[[SteadyMeasurement], float]) -> float:
             return (value(result.at(page, large)) - value(result.at(page, small))) * 100 / (large - small)
 
-        rss = slope(fleet_common.SIDECAR, lambda m: m.rss_mb), slope(fleet_common.VLLM, lambda m: m.rss_mb)
-        heap = slope(fleet_common.SIDECAR, lambda m: m.heap_mb), slope(fleet_common.VLLM, lambda m: m.heap_mb)
-        live = (slope(fleet_common.SIDECAR, lambda m: m.live_heap_mb),
-                slope(fleet_common.VLLM, lambda m: m.live_heap_mb))
-        kept = (slope(fleet_common.SIDECAR, lambda m: m.retained_mb),
-                slope(fleet_common.VLLM, lambda m: m.retained_mb))
+        def both_pages(field: str) -> tuple[float, float]:
+            figure = operator.attrgetter(field)
+            return slope(fleet_common.SIDECAR, figure), slope(fleet_common.VLLM, figure)
+
+        rss, heap, live, kept = map(both_pages, ("rss_mb", "heap_mb", "live_heap_mb", "retained_mb"))
         line += (f" Per 100 more pods ({small} → {large}): RSS +{rss[0]:.1f} MB against +{rss[1]:.1f} MB "
                  f"(**{rss[0] / rss[1]:.2f}×**), heap +{heap[0]:.1f} MB against +{heap[1]:.1f} MB "
                  f"(**{heap[0] / heap[1]:.2f}×**), live heap after GC +{live[0]:.1f} MB against +{live[1]:.1f} MB "
