@@ -2,8 +2,8 @@
 decoding (k = 3, per-request spec-decode metrics and timings), one without it (timings only), and the real sidecar
 process tapping the first with proxy.route pointing at the second. Kept short: the CPU build is slow.
 
-* The class is routed: with c_draft + c_verify = 0.95 (a break-even no ngram class reaches), a block of
-  MIN_REQUESTS requests shows α below it.
+* The class is routed: with c_draft + c_verify = 0.95 (a break-even no ngram class reaches), every block of
+  MIN_REQUESTS requests shows α below it, and one of the first MAX_BLOCKS shows it with the test's confidence.
 * The canary share holds: the canary count of the routed requests is binomial (n, CANARY_SHARE), within 4 sd.
 * The measured speedup (time per output token) equals the hand computation from the responses' own timings
   (metrics.generation_time_ms / (usage.completion_tokens - 1), fallback mean over canary mean).
@@ -15,6 +15,7 @@ process tapping the first with proxy.route pointing at the second. Kept short: t
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import signal
@@ -35,6 +36,7 @@ from . import vllm_harness as h
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 
 MIN_REQUESTS = 8
+MAX_BLOCKS = 4
 CANARY_SHARE = 0.3
 ROUTED_REQUESTS = 60
 MAX_TOKENS = 24
@@ -92,6 +94,17 @@ def _status(sidecar: h.Sidecar) -> dict[str, Any]:
     return target
 
 
+def _class_when_counted(sidecar: h.Sidecar, sent: int) -> dict[str, Any]:
+    """The served model's class once the tap has counted all ``sent`` of its requests (a response's figures are
+    counted when it ends, which may be just after the client has read it)."""
+    deadline = time.monotonic() + 10
+    while True:
+        (state,) = [c for c in _status(sidecar)["routing"]["classes"] if c["model_name"] == h.SERVED_MODEL_NAME]
+        if sum(r["requests"] for r in state["requests"]) >= sent or time.monotonic() > deadline:
+            return state
+        time.sleep(0.2)
+
+
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values)
 
@@ -102,12 +115,19 @@ def test_a_class_is_routed_and_its_canary_measures_the_speedup(routing: h.Sideca
     while not (_status(routing)["series"] and _status(routing)["series"][0]["break_even_acceptance_ratio"]):
         assert time.monotonic() < deadline, "no break-even: the sidecar has not collected draft counters"
         time.sleep(0.5)
-    first = _send(routing.tap_url, 0, MIN_REQUESTS + 2)
+    # A block whose requests spread widely may leave the bound above break-even (the test is at 1 %, on 8 requests):
+    # the class then stays as it is and the next block decides. Every block must show α below break-even.
+    first: list[Answer] = []
+    for _ in range(MAX_BLOCKS):
+        first += _send(routing.tap_url, len(first), MIN_REQUESTS)
+        state = _class_when_counted(routing, len(first))
+        assert state["last_decision"]["acceptance_ratio"] < 0.95, json.dumps(state)
+        if state["routed"]:
+            break
     # The warm-up request went out before vLLM had served the model: its class is model "other", never routed.
     classes = _status(routing)["routing"]["classes"]
-    (state,) = [c for c in classes if c["model_name"] == h.SERVED_MODEL_NAME]
-    assert all(not c["routed"] for c in classes if c is not state)
-    assert state["routed"], state
+    assert all(not c["routed"] for c in classes if c["model_name"] != h.SERVED_MODEL_NAME)
+    assert state["routed"], json.dumps(state)
     assert state["last_decision"]["break_even_acceptance_ratio"] == pytest.approx(0.95)
     then = _send(routing.tap_url, 100, ROUTED_REQUESTS)
     answers = first + then
