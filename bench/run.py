@@ -11,6 +11,7 @@
                                                        # the sidecar's page against vLLM's own (also: python -m
                                                        # bench.fleet), then 100 pods with 2 h of history backfilled:
                                                        # the rules on full windows (bench.fleet --size steady);
+                                                       # then the stage's floor at 400 pods (bench.stage_floor);
                                                        # --smoke: 5 and 10 pods, then 2, figures meaningless
 
 With --only, the sections that were not run are kept as they are in the output file (results.md), so one
@@ -51,6 +52,7 @@ from bench import (  # noqa: E402
     idle_gap,
     paging,
     soak,
+    stage_floor,
     whole_process,
 )
 from bench import serve as serve_bench  # noqa: E402
@@ -404,7 +406,7 @@ def run_paging(rep: Report, size: paging.Size) -> None:
         rep.add(line)
 
 
-def run_fleet(rep: Report, size: fleet_common.Size, steady: fleet_common.Size) -> None:
+def run_fleet(rep: Report, size: fleet_common.Size, steady: fleet_common.Size, floor: stage_floor.Size) -> None:
     rep.h("8. Fleet: N pods through one Prometheus")
     rep.add(f"bench/fleet.py (`python -m bench.fleet`), {size.describe()}. One pod's page is the real sidecar's "
             "/metrics (`specdecode-exporter run` with the request tap on, against `specdecode-exporter simulate`, "
@@ -434,6 +436,15 @@ def run_fleet(rep: Report, size: fleet_common.Size, steady: fleet_common.Size) -
             "group once, summed (groups run concurrently: on a shared machine their times include waiting for CPU, "
             "Prometheus' CPU is the other view). Figures beyond the measured pod count are extrapolated and said so.\n")
     for line in fleet_steady.report(fleet_steady.run(steady, log=lambda line: None), result.measurements):
+        rep.add(line)
+    rep.add(f"\n### The stage's floor\n\nbench/stage_floor.py (`python -m bench.stage_floor`), {floor.pods} pods "
+            f"of the sidecar's page scraped every {stage_floor.SCRAPE_S:g} s by a fresh Prometheus without rules, "
+            f"{floor.warm_s:g} s before the queries, {floor.repeats} interleaved rounds, the median engine time "
+            "(execTotalTime) of each. Every shipped stage rule (the only rules that read the pods' series) as an "
+            "instant query beside its raw reads alone: each series' latest sample summed as the rule sums (read "
+            "once), and that plus the same a step ago (read twice: what an exact increase needs, without matching "
+            "the two). A gauge's stage rule reads each series once as shipped.\n")
+    for line in stage_floor.report(stage_floor.run(floor, log=lambda line: None)):
         rep.add(line)
 
 
@@ -535,7 +546,8 @@ def main() -> int:
         run_paging(rep, paging.LONG if args.long else paging.QUICK)
     if "fleet" in only:
         run_fleet(rep, fleet.SMOKE if args.smoke else fleet.LONG if args.long else fleet.QUICK,
-                  fleet_steady.STEADY_SMOKE if args.smoke else fleet_steady.STEADY)
+                  fleet_steady.STEADY_SMOKE if args.smoke else fleet_steady.STEADY,
+                  stage_floor.SMOKE if args.smoke else stage_floor.QUICK)
     rep.add(f"\n_Total bench time {time.perf_counter() - started:.0f} s._")
     output = Path(args.output)
     lines = rep.lines

@@ -12,10 +12,12 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench import fleet, fleet_common, fleet_steady
+from bench import fleet, fleet_common, fleet_steady, stage_floor
 from devtools.procs import in_ci, prometheus_binary
+from specdecode_exporter.monitoring import stage
 
 ROOT = Path(__file__).resolve().parents[2]
 SECTION = "## 8. Fleet"
@@ -79,6 +81,30 @@ def test_the_rules_read_no_range_of_the_sidecars_series_and_nothing_of_vllms_pag
     assert fleet_common.duration_s("1h30m") == 5400
 
 
+def test_the_floor_bench_reads_every_stage_rule_once_and_twice() -> None:
+    """bench.stage_floor times every shipped stage rule beside its raw reads: each counter's rule as shipped, its series
+    now and a step ago summed as it sums them; a gauge's rule reads once as shipped. A stage rule of another form is
+    refused, not timed as something else."""
+    rules_yaml = fleet_common.RULES.read_text(encoding="utf-8")
+    rules = stage_floor.stage_rules(rules_yaml)
+    shipped = [r for g in yaml.safe_load(rules_yaml)["groups"] if g["name"].startswith("specdecode.rules.stage.")
+               for r in g["rules"] if r["record"] != stage.CLOCK]
+    assert [r.record for r in rules] == [r["record"] for r in shipped]
+    assert {r.group for r in rules} == set(stage.STAGE_GROUPS)
+    band = next(r for r in rules if r.record == "model_band:specdecode_requests:stage_increase")
+    assert band.selector == "specdecode_requests_total"
+    assert band.now == "sum by (namespace, model_name, workload, temperature) (specdecode_requests_total)"
+    assert band.before == ("sum by (namespace, model_name, workload, temperature) "
+                           "(specdecode_requests_total offset 1m)")
+    page = next(r for r in rules if r.record == "model:specdecode_draft_tokens:stage_increase")
+    assert page.before is not None and page.before.endswith("offset 15s)")  # the evidence's own step
+    gauges = [r for r in rules if r.before is None]
+    assert gauges and all(r.now == r.shipped and r.record.endswith(("stage_avg", "stage_count")) for r in gauges)
+    with pytest.raises(ValueError, match="not a stage rule"):
+        stage_floor.stage_rules(yaml.safe_dump({"groups": [{"name": "specdecode.rules.stage.page", "rules": [
+            {"record": "model:x:stage_increase", "expr": "sum(rate(x_total[5m]))"}]}]}))
+
+
 def _rows(text: str) -> list[list[str]]:
     section = text[text.index(SECTION):]
     section = section[:section.find("\n## ", 1)] if "\n## " in section[1:] else section
@@ -124,6 +150,7 @@ def test_run_py_measures_the_fleet_and_keeps_the_other_sections(tmp_path: Path) 
     assert re.search(r"\| head series \| \d+ \| \d+ \| \*\*\d+\.\d\d×\*\* \|", text)
     assert "every target up" in text
     _assert_steady_rows(text)
+    _assert_floor_rows(text)
     # Every other section is kept as it was, byte for byte, and said to be from its run.
     others = sorted(int(n) for n in re.findall(r"\n## (\d+)\. ", previous) if int(n) != 8)
     for number in others:
@@ -136,6 +163,25 @@ def test_python_m_bench_fleet_refuses_an_unknown_size() -> None:
     result = subprocess.run([sys.executable, "-m", "bench.fleet", "--size", "huge"], capture_output=True, text=True,
                             timeout=60, cwd=ROOT, check=False)
     assert result.returncode == 2 and "--size" in result.stderr
+
+
+def _assert_floor_rows(text: str) -> None:
+    """The floor's table: one row per stage group and the total, every stage rule counted, each group reading the
+    pods' series (the sidecar's page has every family the stage reads)."""
+    floor = text[text.index("### The stage's floor"):]
+    floor = floor[:floor.find("\n## ")] if "\n## " in floor else floor
+    rows = {cells[0]: dict(zip(stage_floor.TABLE_HEADER, cells, strict=True))
+            for cells in ([c.strip() for c in line.strip("|").split("|")] for line in floor.splitlines()
+                          if line.startswith("| ") and not line.startswith("| stage group"))}
+    groups = set(stage.STAGE_GROUPS)
+    assert set(rows) == groups | {f"**all {len(groups)}**"}, rows
+    total = rows[f"**all {len(groups)}**"]
+    assert int(total["rules"]) == len(stage_floor.stage_rules(fleet_common.RULES.read_text(encoding="utf-8")))
+    assert int(total["rules"]) == sum(int(rows[g]["rules"]) for g in groups)
+    for group in groups:
+        assert int(rows[group]["raw series read"]) > 0, rows[group]
+        assert all(float(rows[group][k]) >= 0 for k in ("shipped (ms)", "read twice (ms)", "read once (ms)"))
+    assert "No stage that reads every raw series once a step can cost less" in floor
 
 
 def _assert_steady_rows(text: str) -> None:
