@@ -51,7 +51,7 @@ def test_alpha_by_temperature_and_per_request_sums_equal_the_counters(
     before = h.spec_counters(h.scrape(url))
     rows = probe(capsys, "--url", url, "--temperatures", "0,1", "--prompts", str(prompts_file(tmp_path)),
                  "--warmup", "0")  # every request the counters see is one the probe sums
-    after = h.spec_counters(h.scrape(url))
+    after = h.wait_until_stable(lambda: h.spec_counters(h.scrape(url)))  # its last step, recorded after its response
     grew = after - before
     assert [r["temperature"] for r in rows] == [0.0, 1.0]
     assert all(r["source"] == "per-request" and r["tpot_source"] == "server" for r in rows), rows

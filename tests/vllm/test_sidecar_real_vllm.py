@@ -111,7 +111,8 @@ def test_sidecar_counters_track_real_vllm(vllm_ngram_url: str, sidecar: Sidecar)
 
     traffic_start = time.monotonic()
     res = h.send_completions(vurl, h.make_prompts(8, seed=7), [0.0, 1.0], max_tokens=32, concurrency=4)
-    raw1 = h.spec_counters(h.scrape(vurl))  # traffic has stopped: these are final
+    # Traffic has stopped; vLLM records a request's last step a moment after its response: the settled counters.
+    raw1 = h.wait_until_stable(lambda: h.spec_counters(h.scrape(vurl)))
     want = raw1 - raw0
     assert want.drafts > 0 and want.accepted > 0, want
 
