@@ -451,6 +451,67 @@ def test_a_sidecar_scraped_less_often_than_it_collects_renders_once_per_scrape(h
     assert pages == [generate_latest(specdecode_registry(published[i])) for i in (0, 1, 4, 2)]
 
 
+def test_keep_fresh_renders_once_when_collections_land_just_before_each_scrape(harness: Harness) -> None:
+    """A sidecar collecting every second, scraped every 15 s, whose collections land 0.09 s before each scrape (a
+    real sidecar's phase rendered twice per scrape): the collection 1.09 s before the scrape published while
+    keep_fresh slept outside the window, and the next comes 0.09 s before the scrape. Only that one is rendered:
+    not the earlier one when keep_fresh first sees it as the window opens (it came before the window), nor
+    shortly before the scrape (a collection is still due first)."""
+    import asyncio
+
+    from prometheus_client import generate_latest
+
+    from specdecode_exporter.sidecar.expose import specdecode_registry
+    from specdecode_exporter.sidecar.page import SpecDecodePage
+
+    published = []
+    for _ in range(4):
+        harness.step(5.0)
+        published.append(harness.exporter.views())
+    current, now = published[0], 0.0
+    page = SpecDecodePage(lambda: current)
+
+    def publish(at: float, index: int) -> None:
+        nonlocal now, current
+        now, current = at, published[index]
+        page.wake()
+
+    async def at(moment: float, wait: float) -> int:
+        """The clock moves to ``moment``; keep_fresh has ``wait`` real seconds to look; its renders so far."""
+        nonlocal now
+        now = moment
+        await asyncio.sleep(wait)
+        return page.renders
+
+    async def main() -> bytes:
+        nonlocal now
+        # Outside the window keep_fresh looks every 0.3 real seconds; within it, it sleeps the clock's seconds.
+        fresh = asyncio.create_task(page.keep_fresh(0.1, 1.0, clock=lambda: now, rest=0.001, longest_sleep=0.3,
+                                                    woken=True))
+        try:
+            for scrape in (15.21, 30.21):  # the next scrape is due at 45.21; the window opens at 44.21
+                now = scrape
+                page.scraped(scrape)
+                await page.get(generate_latest, compress=False)
+            assert page.renders == 1
+            publish(43.12, 1)
+            assert await at(43.12, 0.5) == 1  # before the window: not rendered
+            publish(44.12, 2)  # while keep_fresh sleeps: it first sees these views as the window opens
+            assert await at(44.21, 0.5) == 1, "views that came before the window were rendered as it opened"
+            assert await at(45.01, 1.0) == 1, "rendered before the scrape, though a collection was due first"
+            publish(45.12, 3)
+            assert await at(45.12, 0.3) == 2  # the last collection before the scrape: rendered as it came
+            now = 45.21
+            page.scraped(45.21)
+            return (await page.get(generate_latest, compress=False)).text
+        finally:
+            fresh.cancel()
+
+    scraped = asyncio.run(main())
+    assert page.renders == 2
+    assert scraped == generate_latest(specdecode_registry(published[3]))
+
+
 def test_targets_share_one_default_tls_context() -> None:
     """Each default TLS context loads the CA bundle (~0.8 MB): 100 targets once cost 80 MB of RSS."""
     from specdecode_exporter.sidecar.collection import default_ssl_context, new_client

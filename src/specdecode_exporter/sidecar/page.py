@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import math
 import operator
 import time
 import zlib
@@ -120,6 +121,8 @@ class SpecDecodePage:
         self._scrapes: tuple[float, ...] = ()  # the last two scrapes' times (monotonic)
         self._sleeping: asyncio.Future[None] | None = None  # keep_fresh's sleep, which a scrape ends
         self._collections_wake = False  # and a collection too (within the window before a scrape)
+        self._clock: Callable[[], float] = time.monotonic  # keep_fresh's
+        self._published = -math.inf  # when the last collection published (keep_fresh's clock), told by wake()
 
     def encoder(self, encoder: Encoder) -> Encoder:
         return self._encoders.setdefault(encoder_key(encoder), encoder)
@@ -178,6 +181,12 @@ class SpecDecodePage:
         previous, last = self._scrapes
         return last + (last - previous) - lead, last + 2 * (last - previous)
 
+    def collection_first(self, expected: float, now: float) -> bool:
+        """Whether a collection expected at ``expected`` comes after ``now`` and before the next scrape: then that
+        collection, not the views published by now, is what the scrape reads (rendering these is wasted)."""
+        window = self._window(0.0)
+        return window is not None and now < expected < window[0]
+
     def _idle(self, now: float, lead: float, poll: float, unexpected: float) -> float:
         """How long keep_fresh can sleep: until the window of the next scrape opens; ``poll`` within it;
         ``unexpected`` while no scrape is expected (a scrape renders its own page meanwhile)."""
@@ -187,7 +196,9 @@ class SpecDecodePage:
         return max(poll, window[0] - poll - now)  # a look just before it opens: what came then is not due
 
     def wake(self) -> None:
-        """A collection has published: within the window before a scrape, keep_fresh looks now."""
+        """A collection has published (now: when its views came); within the window before a scrape, keep_fresh
+        looks now."""
+        self._published = self._clock()
         if self._collections_wake:
             self._end_sleep()
 
@@ -235,14 +246,18 @@ class SpecDecodePage:
         collection's fetch does).
 
         Views are rendered when they came within one collection interval of the next scrape (no newer views are
-        expected before it), or, when none came there, ``margin`` seconds before it (a late or failed collection).
-        Views that came earlier are not: the collection in that last interval replaces them before anyone reads
-        them. Before the second scrape its time is unknown, and after the scraper went away nobody reads a page:
-        nothing is rendered (a scrape renders its own). Outside the window before a scrape it sleeps rather than
-        looks. After a render it rests ``rest`` seconds (interval / 2: many targets publish all the time; one
-        render per rest then)."""
+        expected before it); views that came earlier are not: the collection in that last interval replaces them
+        before anyone reads them (woken, views came when their collection called ``wake``, not when keep_fresh
+        first looked at them). When none came within it (a late or failed collection), what there is is rendered
+        shortly before the scrape (twice the last render's time, at least twice ``poll``), unless a collection is
+        still due before the scrape (one interval after the views came): that one is rendered as it comes, or, if
+        it comes too late, the scrape renders its own. Before the second scrape its time is unknown, and after the
+        scraper went away nobody reads a page: nothing is rendered (a scrape renders its own). Outside the window
+        before a scrape it sleeps rather than looks. After a render it rests ``rest`` seconds (interval / 2: many
+        targets publish all the time; one render per rest then)."""
         if longest_sleep is None:
             longest_sleep = IDLE_UNTIL_A_SCRAPE if woken else interval
+        self._clock = clock
         await self._keep_fresh(poll, interval, interval / 2 if rest is None else rest, clock, longest_sleep, woken)
 
     async def _keep_fresh(self, poll: float, interval: float, rest: float, clock: Callable[[], float],
@@ -259,8 +274,12 @@ class SpecDecodePage:
             await self._sleep(idle if in_window else min(idle, longest_sleep), woken, in_window)
             now, views = clock(), tuple(self._views())
             if not same_views(views, seen):
-                seen, came = views, now
-            if not (self.due(came, interval) or self.due(now, max(2 * render_seconds, 2 * poll))):
+                # Woken, each collection told when it published: views published while it slept outside the
+                # window came before it, not when it woke as the window opened.
+                seen, came = views, self._published if woken else now
+            # Late: nothing came within the window; render what there is, unless a collection is still due first.
+            late_render = self.due(now, late) and not self.collection_first(came + interval, now)
+            if not (self.due(came, interval) or late_render):
                 continue
             renders = self.renders
             for encoder in list(self._rendered.keys() | self._wants_gzip):
