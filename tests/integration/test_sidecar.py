@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from specdecode_exporter.sidecar.collection import TargetView
 from specdecode_exporter.sidecar.config import TargetConfig
 from specdecode_exporter.simulator import ModelSpec, steady_scenario
 from tests.helpers import Harness, harness_fixture, start_harness
@@ -390,6 +391,15 @@ def test_a_scrape_never_reads_a_page_older_than_the_last_collection(harness: Har
     assert renderer.spec_decode.renders == renders + 1  # the next scrape reads it: no render
 
 
+def views_every_5s(harness: Harness, count: int) -> list[list[TargetView]]:
+    """The views ``count`` collections publish, 5 s apart."""
+    published = []
+    for _ in range(count):
+        harness.step(5.0)
+        published.append(harness.exporter.views())
+    return published
+
+
 def test_a_sidecar_scraped_less_often_than_it_collects_renders_once_per_scrape(harness: Harness) -> None:
     """keep_fresh renders the views of the last collection before the scrape it expects, once: not views that
     a later collection replaces before that scrape, and not again when the scrape comes (a sidecar collecting
@@ -402,10 +412,7 @@ def test_a_sidecar_scraped_less_often_than_it_collects_renders_once_per_scrape(h
     from specdecode_exporter.sidecar.expose import specdecode_registry
     from specdecode_exporter.sidecar.page import SpecDecodePage
 
-    published = []
-    for _ in range(5):
-        harness.step(5.0)
-        published.append(harness.exporter.views())
+    published = views_every_5s(harness, 5)
     current, now = published[0], 0.0
     page = SpecDecodePage(lambda: current)
 
@@ -464,10 +471,7 @@ def test_keep_fresh_renders_once_when_collections_land_just_before_each_scrape(h
     from specdecode_exporter.sidecar.expose import specdecode_registry
     from specdecode_exporter.sidecar.page import SpecDecodePage
 
-    published = []
-    for _ in range(4):
-        harness.step(5.0)
-        published.append(harness.exporter.views())
+    published = views_every_5s(harness, 4)
     current, now = published[0], 0.0
     page = SpecDecodePage(lambda: current)
 
@@ -536,10 +540,7 @@ def test_keep_fresh_woken_by_collections_renders_ahead_without_polling(harness: 
 
     from specdecode_exporter.sidecar.page import SpecDecodePage
 
-    published = []
-    for _ in range(3):
-        harness.step(5.0)
-        published.append(harness.exporter.views())
+    published = views_every_5s(harness, 3)
     current, now = published[0], 0.0
     page = SpecDecodePage(lambda: current)
 
