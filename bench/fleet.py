@@ -40,7 +40,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -64,12 +63,12 @@ from bench.fleet_common import (  # noqa: E402
     rule_groups_in_file,
     scalar,
     sidecar_page,
+    start_prometheus,
     wait_until,
 )
 from devtools.procs import (  # noqa: E402
     Process,
     prometheus_binary,
-    start_process,
 )
 
 MEMORY_SHARE = 0.6  # a fleet is skipped if its Prometheus would need more than this share of the available memory
@@ -85,17 +84,10 @@ SIZES = {s.name: s for s in (SMOKE, QUICK, LONG)}
 
 
 def measure(page_name: str, page: MovingPage, pods: int, size: Size, workdir: Path) -> Measurement:
-    binary = prometheus_binary()
-    if binary is None:
-        raise RuntimeError("prometheus not found: run scripts/install-tools.sh (Debian package prometheus)")
     run_dir = Path(tempfile.mkdtemp(prefix=f"{page_name}-{pods}-", dir=workdir))
     with PodServer(page) as server:
-        config = prometheus_config(f"127.0.0.1:{server.port}", JOBS[page_name], pods, size.interval_s,
-                                   size.rules(run_dir / "rules.yaml"))
-        (run_dir / "prometheus.yml").write_text(yaml.safe_dump(config), encoding="utf-8")
-        prom = start_process("prometheus", lambda port: [
-            binary, f"--config.file={run_dir / 'prometheus.yml'}", f"--storage.tsdb.path={run_dir / 'tsdb'}",
-            f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"], run_dir, "/-/ready", timeout=120)
+        prom = start_prometheus(run_dir, prometheus_config(f"127.0.0.1:{server.port}", JOBS[page_name], pods,
+                                                           size.interval_s, size.rules(run_dir / "rules.yaml")))
         try:
             return _observe(prom, page_name, pods, size, rule_groups_in_file())
         finally:

@@ -33,9 +33,12 @@ if str(ROOT) not in sys.path:
 
 from devtools.chain import write_shipped_rules  # noqa: E402
 from devtools.procs import (  # noqa: E402
+    Process,
     exporter_command,
     free_port,
+    prometheus_binary,
     running,
+    start_process,
 )
 
 RULES = ROOT / "alerts" / "specdecode.rules.yaml"
@@ -263,13 +266,27 @@ def pod_labels(n: int) -> dict[str, str]:
     return {"namespace": "fleet", "pod": f"vllm-{n}", "instance": f"10.0.{n // 250}.{n % 250}:9877"}
 
 
-def prometheus_config(address: str, job: str, pods: int, interval_s: float, rules: Path) -> dict[str, object]:
+def prometheus_config(address: str, job: str, pods: int, interval_s: float,
+                      rules: Path | None) -> dict[str, object]:
+    """Every pod of the loopback server a target of ``job``; ``rules`` None: no rule file (the page scraped alone)."""
     targets = [{"targets": [address], "labels": {"__metrics_path__": f"/pod/{n}", **pod_labels(n)}}
                for n in range(pods)]
     interval = f"{interval_s:g}s"
     return {"global": {"scrape_interval": interval, "evaluation_interval": interval,
                        "scrape_timeout": f"{min(interval_s, 10.0):g}s"},
-            "rule_files": [str(rules)], "scrape_configs": [{"job_name": job, "static_configs": targets}]}
+            "rule_files": [str(rules)] if rules is not None else [],
+            "scrape_configs": [{"job_name": job, "static_configs": targets}]}
+
+
+def start_prometheus(run_dir: Path, config: dict[str, object], env: dict[str, str] | None = None) -> Process:
+    """Debian's Prometheus on ``config`` (written to run_dir/prometheus.yml), its TSDB in run_dir/tsdb, ready."""
+    binary = prometheus_binary()
+    if binary is None:
+        raise RuntimeError("prometheus not found: run scripts/install-tools.sh (Debian package prometheus)")
+    (run_dir / "prometheus.yml").write_text(yaml.safe_dump(config), encoding="utf-8")
+    return start_process("prometheus", lambda port: [
+        binary, f"--config.file={run_dir / 'prometheus.yml'}", f"--storage.tsdb.path={run_dir / 'tsdb'}",
+        f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"], run_dir, "/-/ready", timeout=120, env=env)
 
 
 def wait_until(condition: Callable[[], bool], timeout: float) -> bool:

@@ -45,7 +45,7 @@ import yaml
 from bench import fleet_common
 from bench.common import markdown_table
 from bench.fleet_common import duration_s
-from devtools.procs import Process, child_env, prometheus_binary, promtool_binary, start_process
+from devtools.procs import Process, child_env, promtool_binary
 from specdecode_exporter.core import monitoring_config
 from specdecode_exporter.monitoring import stage
 
@@ -294,9 +294,6 @@ def measure(page_name: str, page: fleet_common.MovingPage, pods: int, size: flee
             workdir: Path, *, rules: bool = True) -> SteadyMeasurement:
     """One Prometheus on ``pods`` pods of ``page``: with the rules on backfilled full windows, or (``rules`` False)
     the page scraped alone, nothing backfilled, which is what scraping it costs."""
-    binary = prometheus_binary()
-    if binary is None:
-        raise RuntimeError("prometheus not found: run scripts/install-tools.sh (Debian package prometheus)")
     run_dir = Path(tempfile.mkdtemp(prefix=f"steady-{page_name}-{pods}-", dir=workdir))
     step = int(size.interval_s)
     origin = int(time.time() - reads.longest_s) - 2 * step  # the window is full at the first evaluation
@@ -309,14 +306,8 @@ def measure(page_name: str, page: fleet_common.MovingPage, pods: int, size: flee
                    + backfill(history, run_dir / "tsdb", run_dir))
     with fleet_common.PodServer(page, origin) as server:
         config = fleet_common.prometheus_config(f"127.0.0.1:{server.port}", fleet_common.JOBS[page_name], pods,
-                                                size.interval_s, size.rules(run_dir / "rules.yaml"))
-        if not rules:
-            config["rule_files"] = []
-        (run_dir / "prometheus.yml").write_text(yaml.safe_dump(config), encoding="utf-8")
-        prom = start_process("prometheus", lambda port: [
-            binary, f"--config.file={run_dir / 'prometheus.yml'}", f"--storage.tsdb.path={run_dir / 'tsdb'}",
-            f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"], run_dir, "/-/ready", timeout=120,
-            env=child_env({"GOGC": str(GOGC)}))
+                                                size.interval_s, size.rules(run_dir / "rules.yaml") if rules else None)
+        prom = fleet_common.start_prometheus(run_dir, config, env=child_env({"GOGC": str(GOGC)}))
         try:
             return _observe(prom, page_name, pods, size, reads if rules else None, samples)
         finally:

@@ -38,7 +38,6 @@ import yaml
 
 from bench import fleet_common
 from bench.common import markdown_table
-from devtools.procs import prometheus_binary, start_process
 from specdecode_exporter.monitoring import stage
 
 SCRAPE_S = 15.0
@@ -120,8 +119,12 @@ class FloorResult:
     size: Size
     costs: tuple[RuleCost, ...]
 
+    def of(self, group: str | None = None) -> list[RuleCost]:
+        """The costs of one stage group's rules (None: every rule's)."""
+        return [c for c in self.costs if group is None or c.rule.group == group]
+
     def total(self, figure: Callable[[RuleCost], float], group: str | None = None) -> float:
-        return sum(figure(c) for c in self.costs if group is None or c.rule.group == group)
+        return sum(map(figure, self.of(group)))
 
 
 def _engine_ms(client: httpx.Client, expr: str) -> float:
@@ -149,32 +152,19 @@ def time_rules(client: httpx.Client, rules: Sequence[StageRule], repeats: int) -
             for r in rules]
 
 
-def run(size: Size = QUICK, log: Callable[[str], None] = print,
-        page: fleet_common.MovingPage | None = None) -> FloorResult:
-    """``page``: the sidecar's page to serve (default: a real sidecar's, made now)."""
-    pods, warm_s, binary = size.pods, size.warm_s, prometheus_binary()
-    if binary is None:
-        raise RuntimeError("prometheus not found: run scripts/install-tools.sh")
+def run(size: Size = QUICK, log: Callable[[str], None] = print) -> FloorResult:
     rules = stage_rules(fleet_common.RULES.read_text(encoding="utf-8"))
     with tempfile.TemporaryDirectory(prefix="bench-stage-floor-") as tmp:
         workdir = Path(tmp)
-        if page is None:
-            log("the sidecar's page: a real sidecar after tapped traffic")
-            page = fleet_common.MovingPage.parse(fleet_common.sidecar_page(workdir).decode())
-        (workdir / "no-rules.yaml").write_text("groups: []\n", encoding="utf-8")
+        log("the sidecar's page: a real sidecar after tapped traffic")
+        page = fleet_common.MovingPage.parse(fleet_common.sidecar_page(workdir).decode())
         with fleet_common.PodServer(page) as server:
-            config = fleet_common.prometheus_config(f"127.0.0.1:{server.port}",
-                                                    fleet_common.JOBS[fleet_common.SIDECAR], pods, SCRAPE_S,
-                                                    workdir / "no-rules.yaml")
-            (workdir / "prometheus.yml").write_text(yaml.safe_dump(config), encoding="utf-8")
-            prom = start_process("prometheus", lambda port: [
-                binary, f"--config.file={workdir / 'prometheus.yml'}",
-                f"--storage.tsdb.path={workdir / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}",
-                "--log.level=warn"], workdir, "/-/ready", timeout=120)
+            prom = fleet_common.start_prometheus(workdir, fleet_common.prometheus_config(
+                f"127.0.0.1:{server.port}", fleet_common.JOBS[fleet_common.SIDECAR], size.pods, SCRAPE_S, None))
             try:
                 with httpx.Client(base_url=prom.url, timeout=120, trust_env=False) as client:
-                    log(f"{pods} pods scraped every {SCRAPE_S:g} s; {warm_s:g} s before the queries")
-                    time.sleep(warm_s)
+                    log(f"{size.pods} pods scraped every {SCRAPE_S:g} s; {size.warm_s:g} s before the queries")
+                    time.sleep(size.warm_s)
                     costs = time_rules(client, rules, size.repeats)
             finally:
                 prom.stop()
@@ -188,11 +178,10 @@ TABLE_HEADER = ["stage group", "rules", "raw series read", "shipped (ms)", "read
 def table_rows(result: FloorResult) -> Iterator[list[str]]:
     groups = list(dict.fromkeys(c.rule.group for c in result.costs))
     for group in [*groups, None]:
-        costs = [c for c in result.costs if group is None or c.rule.group == group]
-        shipped = sum(c.shipped_ms for c in costs)
-        twice, once = sum(c.read_twice_ms for c in costs), sum(c.read_once_ms for c in costs)
-        yield [f"**all {len(groups)}**" if group is None else group, str(len(costs)),
-               str(sum(c.series for c in costs)), f"{shipped:.0f}", f"{twice:.0f}", f"{once:.0f}",
+        shipped = result.total(lambda c: c.shipped_ms, group)
+        twice, once = result.total(lambda c: c.read_twice_ms, group), result.total(lambda c: c.read_once_ms, group)
+        yield [f"**all {len(groups)}**" if group is None else group, str(len(result.of(group))),
+               str(sum(c.series for c in result.of(group))), f"{shipped:.0f}", f"{twice:.0f}", f"{once:.0f}",
                f"{twice / shipped:.2f}" if shipped else "—", f"{once / shipped:.2f}" if shipped else "—"]
 
 
