@@ -100,8 +100,9 @@ def _class_when_counted(sidecar: h.Sidecar, sent: int) -> dict[str, Any]:
     deadline = time.monotonic() + 10
     while True:
         (state,) = [c for c in _status(sidecar)["routing"]["classes"] if c["model_name"] == h.SERVED_MODEL_NAME]
-        if sum(r["requests"] for r in state["requests"]) >= sent or time.monotonic() > deadline:
+        if sum(r["requests"] for r in state["requests"]) >= sent:
             return state
+        assert time.monotonic() < deadline, f"the tap did not count {sent} requests: {json.dumps(state)}"
         time.sleep(0.2)
 
 
