@@ -4,6 +4,7 @@ for every collection, each way a body may be framed, a connection the server clo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable, Iterator
 
 import pytest
@@ -110,3 +111,102 @@ def test_a_failed_answer_leaves_no_connection_behind(server: Callable[..., Hosti
     s = server(answering(lambda n: response_head(200, {"Content-Length": str(len(big))}) + big))
     results = fetch_many(s.url, 2)
     assert [r.failure for r in results] == [FailureReason.TOO_LARGE] * 2 and s.bytes_sent == 2
+
+
+def test_an_answer_written_a_byte_at_a_time_is_read_whole(server: Callable[..., HostileServer]) -> None:
+    """The head split anywhere (here between every byte, its CRLF CRLF too), the body in pieces: one answer."""
+    answer = response_head(200, {"Content-Length": str(len(BODY)), "Content-Type": "text/plain"}) + BODY
+
+    def make(s: HostileServer) -> Handler:
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            s.bytes_sent += 1
+            while True:
+                s.requests.append(await read_request(reader))
+                for i in range(len(answer)):
+                    writer.write(answer[i:i + 1] if i < 200 else answer[i:])
+                    await writer.drain()
+                    if i >= 200:
+                        break
+                    await asyncio.sleep(0)
+        return handle
+
+    s = server(make)
+    results = fetch_many(s.url, 2)
+    assert [(r.body, r.content_type) for r in results] == [(BODY, "text/plain")] * 2 and s.bytes_sent == 1
+
+
+def test_an_interim_answer_is_skipped(server: Callable[..., HostileServer]) -> None:
+    s = server(answering(lambda n: b"HTTP/1.1 103 Early Hints\r\nLink: </x>\r\n\r\n"
+                         + response_head(200, {"Content-Length": str(len(BODY))}) + BODY))
+    results = fetch_many(s.url, 2)
+    assert [r.body for r in results] == [BODY] * 2 and s.bytes_sent == 1
+
+
+def test_bytes_past_the_content_length_are_not_read_as_the_next_answer(server: Callable[..., HostileServer]) -> None:
+    """The body is what Content-Length says; what follows it cannot start the next answer: a new connection."""
+    s = server(answering(lambda n: response_head(200, {"Content-Length": str(len(BODY))}) + BODY + b"HTTP/1.1 garbage"))
+    results = fetch_many(s.url, 2)
+    assert [r.body for r in results] == [BODY] * 2 and s.bytes_sent == 2
+
+
+def test_a_status_other_than_200_is_reported_and_its_connection_closed(server: Callable[..., HostileServer]) -> None:
+    s = server(answering(lambda n: response_head(503, {"Content-Length": "4"}) + b"busy" if n == 1
+                         else response_head(200, {"Content-Length": str(len(BODY))}) + BODY))
+    first, second = fetch_many(s.url, 2)
+    assert first.failure is FailureReason.HTTP_STATUS and "503" in first.detail
+    assert second.body == BODY and s.bytes_sent == 2  # the unread body went with its connection
+
+
+def test_an_encoding_it_cannot_decode_is_a_parse_failure(server: Callable[..., HostileServer]) -> None:
+    s = server(answering(lambda n: response_head(200, {"Content-Length": "2", "Content-Encoding": "br"}) + b"xx"))
+    (result,) = fetch_many(s.url, 1)
+    assert result.failure is FailureReason.PARSE and "'br'" in result.detail, result.detail
+
+
+def test_the_deadline_covers_the_whole_answer(server: Callable[..., HostileServer]) -> None:
+    """A server that sends the head and then nothing: a timeout at the deadline, and the connection is not kept."""
+    async def never_finishes(n: int) -> bytes:
+        return response_head(200, {"Content-Length": "100"}) + b"half"
+
+    s = server(answering(never_finishes))
+
+    async def main() -> tuple[FetchResult, float]:
+        async with new_client(TargetConfig("t", s.url)) as client:
+            started = asyncio.get_running_loop().time()
+            result = await fetch(client, s.url, 0.3, 1 << 20)
+            return result, asyncio.get_running_loop().time() - started
+
+    result, took = asyncio.run(main())
+    assert result.failure is FailureReason.TIMEOUT and 0.25 <= took < 2.0, (result, took)
+
+
+def test_a_collection_cancelled_mid_answer_closes_its_connection(server: Callable[..., HostileServer]) -> None:
+    """Cancelled while waiting for the answer (the sidecar stopping, a reload): its connection is closed at once (the
+    server sees it go), and the next fetch opens a new one instead of reading the rest of the old answer as its own."""
+
+    def make(s: HostileServer) -> Handler:
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            s.bytes_sent += 1
+            s.requests.append(await read_request(reader))
+            if s.bytes_sent == 1:  # the first connection never answers; it waits for the client to hang up
+                if await reader.read(1) == b"":
+                    s.requests.append([b"hung up"])
+                return
+            writer.write(response_head(200, {"Content-Length": str(len(BODY))}) + BODY)
+            await writer.drain()
+        return handle
+
+    s = server(make)
+
+    async def main() -> FetchResult:
+        async with new_client(TargetConfig("t", s.url)) as client:
+            task = asyncio.ensure_future(fetch(client, s.url, 3.0, 1 << 20))
+            await asyncio.sleep(0.2)
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            await asyncio.sleep(0.2)
+            return await fetch(client, s.url, 3.0, 1 << 20)
+
+    assert asyncio.run(main()).body == BODY and s.bytes_sent == 2
+    assert [b"hung up"] in s.requests, "the cancelled fetch's connection was left open"

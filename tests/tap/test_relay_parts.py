@@ -6,10 +6,9 @@ import json
 
 import pytest
 
+from specdecode_exporter.core.chunked import CHUNK_END, ChunkedDecoder
 from specdecode_exporter.tap.http1 import (
-    CHUNK_END,
     EVENT_CHUNK_TAIL,
-    ChunkedDecoder,
     frame_chunk,
     parse_head,
     replace_content_length,

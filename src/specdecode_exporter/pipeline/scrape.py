@@ -14,13 +14,20 @@ from typing import Any, Protocol
 
 from specdecode_exporter.core.failure import FailureReason as FailureReason  # re-exported: its old home
 from specdecode_exporter.pipeline.engines.base import FetchTiming
-from specdecode_exporter.pipeline.transport import TransportError
+from specdecode_exporter.pipeline.transport import (
+    Answer,
+    BodyTooLarge,
+    BoundedDecoder,
+    Fields,
+    LeanClient,
+    TransportError,
+    UnsupportedEncoding,
+)
 
 ACCEPT = (
     "application/openmetrics-text;version=1.0.0;q=0.5,text/plain;version=0.0.4;q=0.4,*/*;q=0.1"
 )
 USER_AGENT = "specdecode-exporter"
-_DECODE_CHUNK = 256 * 1024
 
 
 class HeaderFields(Protocol):
@@ -36,11 +43,14 @@ class StreamedResponse(Protocol):
 
 
 class StreamingClient(Protocol):
-    """What fetch asks of a client: the sidecar's LeanClient (pipeline/transport.py), or httpx.AsyncClient (check,
-    the tests)."""
+    """What fetch asks of a client other than the sidecar's own (pipeline/transport.py's LeanClient, asked with
+    ``get``): httpx.AsyncClient (check, the tests)."""
 
     def stream(self, method: str, url: str, *, headers: dict[str, str], timeout: float,
                extensions: dict[str, Any] | None) -> AbstractAsyncContextManager[StreamedResponse]: ...
+
+
+FetchClient = LeanClient | StreamingClient  # the sidecar's own client, or httpx (check, the tests)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,47 +66,6 @@ class FetchResult:
         return self.failure is None
 
 
-class BodyTooLarge(Exception):
-    pass
-
-
-class BoundedDecoder:
-    """Collects a response body, gunzipping if needed, and stops once the decoded size passes the cap."""
-
-    def __init__(self, content_encoding: str, max_bytes: int) -> None:
-        encoding = content_encoding.strip().lower()
-        if encoding in ("", "identity"):
-            self._inflater = None
-        elif encoding in ("gzip", "x-gzip", "deflate"):
-            self._inflater = zlib.decompressobj(47 if encoding != "deflate" else zlib.MAX_WBITS)
-        else:
-            raise ValueError(f"unsupported Content-Encoding {content_encoding!r}")
-        self._max = max_bytes
-        self._parts: list[bytes] = []
-        self._size = 0
-
-    def _add(self, data: bytes) -> None:
-        self._size += len(data)
-        if self._size > self._max:
-            raise BodyTooLarge
-        self._parts.append(data)
-
-    def feed(self, chunk: bytes) -> None:
-        if self._inflater is None:
-            self._add(chunk)
-            return
-        data = chunk
-        while data:
-            # max_length bounds what one call can inflate, whatever the compression ratio.
-            self._add(self._inflater.decompress(data, _DECODE_CHUNK))
-            data = self._inflater.unconsumed_tail
-
-    def finish(self) -> bytes:
-        if self._inflater is not None:
-            self._add(self._inflater.flush())
-        return b"".join(self._parts)
-
-
 def valid_bearer_token(token: str) -> bool:
     """A token we can put in a header: visible ASCII only (no CR/LF injection, no spaces)."""
     return bool(token) and all(33 <= ord(c) <= 126 for c in token)
@@ -110,7 +79,7 @@ def _headers(bearer_token: str | None) -> dict[str, str]:
 
 
 async def fetch(
-    client: StreamingClient,
+    client: FetchClient,
     url: str,
     timeout: float,
     max_bytes: int,
@@ -125,21 +94,18 @@ async def fetch(
         return FetchResult(FetchTiming(started, clock()), failure=reason, detail=detail)
 
     try:
-        async with asyncio.timeout(timeout):
-            async with client.stream("GET", url, headers=_headers(bearer_token), timeout=timeout,
-                                     extensions=extensions) as response:
-                if response.status_code != 200:
-                    location = response.headers.get("location")
-                    hint = f" (redirect to {location} not followed)" if location else ""
-                    return failed(FailureReason.HTTP_STATUS, f"HTTP {response.status_code}{hint}")
-                try:
-                    decoder = BoundedDecoder(response.headers.get("content-encoding", ""), max_bytes)
-                except ValueError as exc:
-                    return failed(FailureReason.PARSE, str(exc))
-                async for chunk in response.aiter_raw():
-                    decoder.feed(chunk)
-                body = decoder.finish()
-                content_type = response.headers.get("content-type", "")
+        if isinstance(client, LeanClient):
+            answer = await client.get(url, headers=_headers(bearer_token), timeout=timeout, max_bytes=max_bytes,
+                                      sni_hostname=sni_hostname)
+        else:
+            async with asyncio.timeout(timeout):
+                answer = await _streamed(client, url, _headers(bearer_token), timeout, extensions, max_bytes)
+        if answer.body is None:
+            location = answer.headers.get("location")
+            hint = f" (redirect to {location} not followed)" if location else ""
+            return failed(FailureReason.HTTP_STATUS, f"HTTP {answer.status_code}{hint}")
+    except UnsupportedEncoding as exc:
+        return failed(FailureReason.PARSE, str(exc))
     except BodyTooLarge:
         return failed(FailureReason.TOO_LARGE, f"body larger than {max_bytes} bytes")
     except zlib.error as exc:
@@ -154,7 +120,22 @@ async def fetch(
             raise
         detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         return failed(reason, f"no complete answer within {timeout:g}s" if reason is FailureReason.TIMEOUT else detail)
-    return FetchResult(FetchTiming(started, clock()), body=body, content_type=content_type)
+    return FetchResult(FetchTiming(started, clock()), body=answer.body,
+                       content_type=answer.headers.get("content-type", ""))
+
+
+async def _streamed(client: StreamingClient, url: str, headers: dict[str, str], timeout: float,
+                    extensions: dict[str, Any] | None, max_bytes: int) -> Answer:
+    """The answer through a streaming client (httpx: check's, the tests'), its body decoded as the lean client's is
+    (None unless the status is 200)."""
+    async with client.stream("GET", url, headers=headers, timeout=timeout, extensions=extensions) as response:
+        fields = Fields({name: response.headers.get(name, "") for name in ("content-type", "location")})
+        if response.status_code != 200:
+            return Answer(response.status_code, fields, None)
+        decoder = BoundedDecoder(response.headers.get("content-encoding", ""), max_bytes)
+        async for chunk in response.aiter_raw():
+            decoder.feed(chunk)
+        return Answer(200, fields, decoder.finish())
 
 
 def client_failure(exc: Exception) -> FailureReason | None:

@@ -38,7 +38,7 @@ from specdecode_exporter.pipeline.engines import (
 )
 from specdecode_exporter.pipeline.latency import BaselineLatency
 from specdecode_exporter.pipeline.parse import LineCache, ParseError, Sample, Selection, select
-from specdecode_exporter.pipeline.scrape import FetchResult, StreamingClient, fetch, valid_bearer_token
+from specdecode_exporter.pipeline.scrape import FetchClient, FetchResult, fetch, valid_bearer_token
 from specdecode_exporter.pipeline.store import SeriesKey, Store
 from specdecode_exporter.pipeline.transport import LeanClient
 from specdecode_exporter.sidecar.config import Config, TargetConfig, Window
@@ -304,7 +304,7 @@ class TargetCollector:
                                     "in an HTTP header")
         return token
 
-    async def collect(self, client: StreamingClient) -> TargetView:
+    async def collect(self, client: FetchClient) -> TargetView:
         started = time.perf_counter()  # durations are real time even when tests drive a fake clock
         try:
             result = await fetch(client, self.config.url, self.config.timeout, self.app.collect.max_body_size,
@@ -395,7 +395,7 @@ class TargetCollector:
                               model_name=model if not engine.labels_model else None,
                               adaptive_verification=self.config.adaptive_verification)
 
-    async def _discover_model(self, client: StreamingClient) -> None:
+    async def _discover_model(self, client: FetchClient) -> None:
         model, detail = await served_model(client, self.config.url, self.config.timeout, self._bearer_token(),
                                            self.clock, self.config.tls.server_name if self.config.tls else None)
         if model is None:
@@ -579,7 +579,7 @@ class Exporter:
                 return False, reason
         return True, "ok"
 
-    async def collect_all_once(self, client: StreamingClient) -> list[TargetView]:
+    async def collect_all_once(self, client: FetchClient) -> list[TargetView]:
         return list(await asyncio.gather(*(c.collect(client) for c in self.collectors.values())))
 
     async def _loop(self, collector: TargetCollector, limit: asyncio.Semaphore, phase: float) -> None:

@@ -7,7 +7,8 @@ import collections
 import time
 from typing import Protocol
 
-from specdecode_exporter.tap.http1 import HEAD_END, MAX_HEAD, ChunkedDecoder, Head, parse_head, replace_content_length
+from specdecode_exporter.core.chunked import ChunkedDecoder
+from specdecode_exporter.tap.http1 import HEAD_END, MAX_HEAD, Head, parse_head, replace_content_length
 from specdecode_exporter.tap.model import TapRequest
 from specdecode_exporter.tap.openai import endpoint_of, plan_request
 from specdecode_exporter.tap.relay.exchange import Exchange

@@ -9,11 +9,10 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
+from specdecode_exporter.core.chunked import CHUNK_END, ChunkedDecoder
 from specdecode_exporter.tap.http1 import (
-    CHUNK_END,
     HEAD_END,
     MAX_HEAD,
-    ChunkedDecoder,
     Head,
     PlainChunks,
     frame_chunk,
