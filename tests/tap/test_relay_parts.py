@@ -119,6 +119,9 @@ def test_stream_readers_pass_only_chunks_with_nothing_to_see() -> None:
     assert stripper.passes(plain * 5) and watcher.passes(plain + terminal + plain)
     assert not stripper.passes(plain * 3 + terminal) and not watcher.passes(plain + usage)
     assert not stripper.passes(plain + partial) and not watcher.passes(plain * 2 + partial)
+    # llama.cpp's last event carries its timings: the watcher reads it (the stripper's terminal check covers it).
+    timed = frame_chunk(b'data: {"choices":[{"index":0,"text":"a","finish_reason":null}],"timings": {"draft_n":3}}\n\n')
+    assert not watcher.passes(timed) and not watcher.passes(plain + timed) and stripper.passes(plain)
 
 
 def test_bad_chunk_size_fails_the_decoder() -> None:
