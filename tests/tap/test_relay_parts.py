@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from specdecode_exporter.core.chunked import CHUNK_END, ChunkedDecoder
 from specdecode_exporter.tap.http1 import (
+    CHUNK_TAIL,
     EVENT_CHUNK_TAIL,
     frame_chunk,
     parse_head,
@@ -73,7 +76,8 @@ def _decode(parts: list[bytes]) -> tuple[list[bytes], int, bool]:
 @pytest.mark.parametrize("split", range(1, len(BODY)))
 def test_chunked_body_split_anywhere(split: int) -> None:
     out, consumed, done = _decode([BODY[:split], BODY[split:] + b"NEXT"])
-    payloads, current = [], b""
+    payloads: list[bytes] = []
+    current = b""
     for piece in out:
         if piece is CHUNK_END:
             payloads.append(current)
@@ -323,3 +327,33 @@ def test_response_body_findings() -> None:
     found = read_response_body(b'{"usage":{"total_tokens":3},"metrics":null,"timings":{"draft_n":4}}')
     assert found is not None and found.metrics is None and found.timings == {"draft_n": 4}
     assert read_response_body(b"<html>") is None
+
+
+def _whole_chunks_by_decoding(data: bytes, tail: bytes) -> bool:
+    """The reference: decode ``data`` with the chunked decoder; whole when it ends at a chunk boundary, every
+    chunk non-empty, each payload ending with ``tail``'s payload part, the body not ended."""
+    decoder, pieces = ChunkedDecoder(), list[bytes]()
+    if decoder.feed(data, 0, pieces) != len(data) or decoder.failed or decoder.done or not decoder.at_boundary:
+        return False
+    payloads: list[bytes] = []
+    current = b""
+    for piece in pieces:
+        if piece is CHUNK_END:
+            payloads.append(current)
+            current = b""
+        else:
+            current += piece
+    want = tail[:-2]
+    return bool(payloads) and all(p and len(p) >= len(want) and p.endswith(want) for p in payloads)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([b"", b"a", b"data: x"]) | st.binary(max_size=40),
+                          st.sampled_from([b"", b"\n\n", b"\n"])), min_size=1, max_size=4),
+       st.sampled_from([CHUNK_TAIL, EVENT_CHUNK_TAIL]), st.integers(min_value=0, max_value=12))
+@example([(b"", b"\n")], EVENT_CHUNK_TAIL, 0)  # a one-byte payload: the tail's last bytes overlap its size line
+def test_whole_chunks_agrees_with_decoding(parts: list[tuple[bytes, bytes]], tail: bytes, cut: int) -> None:
+    """The one-chunk shortcut and the loop give what decoding the read says, whole reads and cut ones alike."""
+    data = b"".join(frame_chunk(payload + end) if payload + end else b"0\r\n\r\n" for payload, end in parts)
+    for read in (data, data[:-cut] if cut else data):
+        assert whole_chunks(read, tail) == _whole_chunks_by_decoding(read, tail), read
