@@ -64,6 +64,19 @@ def test_connection_tokens() -> None:
 BODY = frame_chunk(b"data: one\n\n") + b"5;ext=1\r\nhello\r\n" + frame_chunk(b"x" * 300) + b"0\r\nTrailer: t\r\n\r\n"
 
 
+def _payloads(pieces: list[bytes]) -> list[bytes]:
+    """Each chunk's payload, from a decoder's pieces (CHUNK_END after each chunk)."""
+    payloads: list[bytes] = []
+    current = b""
+    for piece in pieces:
+        if piece is CHUNK_END:
+            payloads.append(current)
+            current = b""
+        else:
+            current += piece
+    return payloads
+
+
 def _decode(parts: list[bytes]) -> tuple[list[bytes], int, bool]:
     decoder = ChunkedDecoder()
     out: list[bytes] = []
@@ -76,15 +89,7 @@ def _decode(parts: list[bytes]) -> tuple[list[bytes], int, bool]:
 @pytest.mark.parametrize("split", range(1, len(BODY)))
 def test_chunked_body_split_anywhere(split: int) -> None:
     out, consumed, done = _decode([BODY[:split], BODY[split:] + b"NEXT"])
-    payloads: list[bytes] = []
-    current = b""
-    for piece in out:
-        if piece is CHUNK_END:
-            payloads.append(current)
-            current = b""
-        else:
-            current += piece
-    assert payloads == [b"data: one\n\n", b"hello", b"x" * 300]
+    assert _payloads(out) == [b"data: one\n\n", b"hello", b"x" * 300]
     assert done and consumed == len(BODY)  # "NEXT" (the next message) is left alone
 
 
@@ -335,14 +340,7 @@ def _whole_chunks_by_decoding(data: bytes, tail: bytes) -> bool:
     decoder, pieces = ChunkedDecoder(), list[bytes]()
     if decoder.feed(data, 0, pieces) != len(data) or decoder.failed or decoder.done or not decoder.at_boundary:
         return False
-    payloads: list[bytes] = []
-    current = b""
-    for piece in pieces:
-        if piece is CHUNK_END:
-            payloads.append(current)
-            current = b""
-        else:
-            current += piece
+    payloads = _payloads(pieces)
     want = tail[:-2]
     return bool(payloads) and all(p and len(p) >= len(want) and p.endswith(want) for p in payloads)
 
