@@ -351,7 +351,7 @@ def _whole_chunks_by_decoding(data: bytes, tail: bytes) -> bool:
        st.sampled_from([CHUNK_TAIL, EVENT_CHUNK_TAIL]), st.integers(min_value=0, max_value=12))
 @example([(b"", b"\n")], EVENT_CHUNK_TAIL, 0)  # a one-byte payload: the tail's last bytes overlap its size line
 def test_whole_chunks_agrees_with_decoding(parts: list[tuple[bytes, bytes]], tail: bytes, cut: int) -> None:
-    """The one-chunk shortcut and the loop give what decoding the read says, whole reads and cut ones alike."""
+    """whole_chunks says what decoding the read says, whole reads and cut ones alike."""
     data = b"".join(frame_chunk(payload + end) if payload + end else b"0\r\n\r\n" for payload, end in parts)
     for read in (data, data[:-cut] if cut else data):
         assert whole_chunks(read, tail) == _whole_chunks_by_decoding(read, tail), read
