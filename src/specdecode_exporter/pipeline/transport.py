@@ -262,7 +262,7 @@ class _Connection(asyncio.Protocol):
 
     def _read_head(self, exchange: _Exchange, data: bytes) -> bytes:
         """Reads heads (1xx interim ones skipped) until the final one; returns what follows it."""
-        while exchange.state == _HEAD:
+        while True:
             end = data.find(b"\r\n\r\n", 0, HEAD_LIMIT)
             if end < 0:
                 if len(data) >= HEAD_LIMIT:
@@ -274,7 +274,7 @@ class _Connection(asyncio.Protocol):
             if not 100 <= head.status < 200:
                 self._buffer = b""
                 self._begin_body(exchange, head)
-        return data
+                return data
 
     def _begin_body(self, exchange: _Exchange, head: _Head) -> None:
         exchange.head = head
