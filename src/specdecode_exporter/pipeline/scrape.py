@@ -88,7 +88,6 @@ async def fetch(
     sni_hostname: str | None = None,
 ) -> FetchResult:
     started = clock()
-    extensions = {"sni_hostname": sni_hostname} if sni_hostname else None
 
     def failed(reason: FailureReason, detail: str) -> FetchResult:
         return FetchResult(FetchTiming(started, clock()), failure=reason, detail=detail)
@@ -99,7 +98,7 @@ async def fetch(
                                       sni_hostname=sni_hostname)
         else:
             async with asyncio.timeout(timeout):
-                answer = await _streamed(client, url, _headers(bearer_token), timeout, extensions, max_bytes)
+                answer = await _streamed(client, url, _headers(bearer_token), timeout, sni_hostname, max_bytes)
         if answer.body is None:
             location = answer.headers.get("location")
             hint = f" (redirect to {location} not followed)" if location else ""
@@ -125,9 +124,10 @@ async def fetch(
 
 
 async def _streamed(client: StreamingClient, url: str, headers: dict[str, str], timeout: float,
-                    extensions: dict[str, Any] | None, max_bytes: int) -> Answer:
+                    sni_hostname: str | None, max_bytes: int) -> Answer:
     """The answer through a streaming client (httpx: check's, the tests'), its body decoded as the lean client's is
     (None unless the status is 200)."""
+    extensions = {"sni_hostname": sni_hostname} if sni_hostname else None  # httpx's name for it
     async with client.stream("GET", url, headers=headers, timeout=timeout, extensions=extensions) as response:
         fields = Fields({name: response.headers.get(name, "") for name in ("content-type", "location")})
         if response.status_code != 200:
