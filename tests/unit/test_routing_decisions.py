@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -163,14 +164,15 @@ class Clock:
         return self.now
 
 
-def _router(mode: str = ENFORCE, break_even: float | None = 0.5, seed: int = 7, **settings: Any
-            ) -> tuple[ClassRouter, Clock]:
+def _router(mode: str = ENFORCE, break_even: float | Callable[[str], float | None] | None = 0.5, seed: int = 7,
+            **settings: Any) -> tuple[ClassRouter, Clock]:
     recorder = RequestRecorder(TapSettings())
     # The upstream has served model "m" before: a model name is a class label only from then on.
     recorder.observe(_request_for(), _result(Route(SPECULATIVE, UNROUTED, False, ClassKey("m", "chat", "0-0.3", None))))
     clock = Clock()
     router = ClassRouter(RouteSettings("http://fallback:8000", mode=mode, **{"min_requests": 20, **settings}),
-                         recorder.band_key, lambda model: break_even, random.Random(seed), clock)
+                         recorder.band_key, break_even if callable(break_even) else lambda model: break_even,
+                         random.Random(seed), clock)
     return router, clock
 
 
@@ -270,6 +272,22 @@ def test_no_break_even_no_decision() -> None:
     for _ in range(100):
         _serve(router, request, 0.0)
     assert not router.view().classes[0].routed and router.view().classes[0].last is None
+
+
+def test_a_block_served_before_the_break_even_is_known_waits_for_it() -> None:
+    """The tap process hears the sidecar's first break-even a moment after the sidecar has it: a block served
+    meanwhile is kept, not dropped, and the first request after the break-even arrives decides on all of it."""
+    known: dict[str, float] = {}
+    router, _ = _router(break_even=known.get)
+    request = _request_for("summarise")
+    for _ in range(20):  # a whole block (min_requests 20), no break-even yet
+        _serve(router, request, 0.2)
+    (state,) = router.view().classes
+    assert not state.routed and state.last is None and state.block_requests == 20
+    known["m"] = 0.5
+    _serve(router, request, 0.2)
+    (state,) = router.view().classes
+    assert state.routed and state.last is not None and state.last.estimate.n == 21
 
 
 def test_measured_speedup_of_a_routed_class_is_the_randomized_split() -> None:
