@@ -122,6 +122,7 @@ def test_a_class_is_routed_and_its_canary_measures_the_speedup(routing: h.Sideca
     for _ in range(MAX_BLOCKS):
         first += _send(routing.tap_url, len(first), MIN_REQUESTS)
         state = _class_when_counted(routing, len(first))
+        assert state["last_decision"] is not None, json.dumps(state)
         assert state["last_decision"]["acceptance_ratio"] < 0.95, json.dumps(state)
         if state["routed"]:
             break
