@@ -244,8 +244,11 @@ def test_gzip_bomb_is_too_large_and_memory_stays_bounded(hostile: Callable[..., 
 def test_gzip_body_under_the_cap_is_fine(hostile: Callable[..., HostileServer]) -> None:
     server = hostile(streamed(gzip_bomb_chunks(2 * MiB), headers={"Content-Encoding": "gzip"}))
     sidecar = Sidecar(server.url, max_body_bytes=4 * MiB)
-    # 2 MiB of decoded lines (a V1 drafts counter, without the token counters): decoded, parsed, not refused.
-    assert sidecar.collect().up is True
+    # 2 MiB of decoded lines (a V1 drafts counter, without the token counters): decoded and parsed, not refused
+    # for its size; what the decoder then says is that no series has its token counters.
+    view = sidecar.collect()
+    assert view.last_error is not None and view.last_error.startswith("no_spec_metrics"), view.last_error
+    assert "accepted token counter missing" in view.last_error
 
 
 # ---------- values ----------
@@ -288,6 +291,44 @@ def test_counters_that_decrease_are_a_restart_and_totals_stay_monotonic(
     assert seen == [(300, 200), (600, 400), (690, 460), (750, 500)]
     (series,) = sidecar.exporter.store.series.values()
     assert series.restarts == 1
+
+
+def test_a_body_cut_mid_value_is_parse_not_a_restart(hostile: Callable[..., HostileServer]) -> None:
+    """A vLLM dying mid-write with a Content-Length that matches what it sent: the last value is a prefix of the
+    real one (600 cut to 6), which read as a counter would be a restart and inflate the totals afterwards."""
+    whole = v1_body(600, 400)
+    cut = whole[: whole.rindex(b" 400") + 2]  # "... 4": no newline after the last line
+    values = iter([v1_body(300, 200), cut, v1_body(900, 600)])
+    server = hostile(scripted(lambda: next(values)))
+    sidecar = Sidecar(server.url)
+    sidecar.collect()
+    view = sidecar.collect()
+    assert view.up is False
+    assert view.last_error is not None and view.last_error.startswith("parse"), view.last_error
+    assert "cut short" in view.last_error
+    sidecar.collect()
+    assert sidecar.totals() == (900, 600)  # the cut body added nothing
+    (series,) = sidecar.exporter.store.series.values()
+    assert series.restarts == 0
+
+
+def test_a_lost_accepted_counter_is_no_spec_metrics_not_an_empty_up(hostile: Callable[..., HostileServer]) -> None:
+    """vLLM exports its drafts but not the accepted-token counter (an upgrade renamed it, a partial exposition):
+    no α can be read, so the target is down for no_spec_metrics (what SpecDecodeMetricsMissing pages on) rather
+    than up with no series; with the counter back it is up again and the totals go on."""
+    whole = v1_body(300, 200)
+    lines = [line for line in whole.decode().splitlines() if "accepted_tokens" not in line]
+    values = iter([whole, ("\n".join(lines) + "\n").encode(), v1_body(600, 400)])
+    server = hostile(scripted(lambda: next(values)))
+    sidecar = Sidecar(server.url)
+    assert sidecar.collect().up is True
+    view = sidecar.collect()
+    assert view.up is False
+    assert view.last_error is not None and view.last_error.startswith("no_spec_metrics"), view.last_error
+    assert "accepted token counter missing" in view.last_error
+    assert sidecar.errors()["no_spec_metrics"] == 1
+    assert sidecar.collect().up is True
+    assert sidecar.totals() == (600, 400)
 
 
 def test_a_changed_created_is_a_restart_even_when_counters_grew(hostile: Callable[..., HostileServer]) -> None:

@@ -325,6 +325,10 @@ def select(text: str, prefixes: Sequence[str], cache: LineCache | None = None) -
     """
     if not looks_like_exposition(text):
         raise ParseError("body is not a Prometheus exposition (first line: " + repr(text.lstrip()[:40]) + ")")
+    if text and text[-1] != "\n":
+        # The format ends every line with a newline: without it the body was cut (a server dying mid-write),
+        # and its last value may be a prefix of the real one, which a counter would read as a restart.
+        raise ParseError("exposition cut short: its last line has no newline (" + repr(text[-40:]) + ")")
     wanted = tuple(prefixes)
     regions: list[tuple[str, tuple[str, ...]]] = []
     if not wanted:

@@ -377,6 +377,8 @@ class TargetCollector:
                 decoded = self.decode(selection, result.timing)
         except ParseError as exc:
             raise CollectionFailure(FailureReason.PARSE, str(exc)) from None
+        if decoded.unreadable is not None:
+            raise CollectionFailure(FailureReason.NO_SPEC_METRICS, decoded.unreadable)
         return decoded
 
     def store_decoded(self, decoded: DecodeResult) -> None:

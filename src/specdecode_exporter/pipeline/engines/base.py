@@ -72,6 +72,9 @@ class DecodeResult:
     # proven yet). They keep their label sets alive without adding a made-up reading.
     pending: list[tuple[str | None, str | None]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    # Set when the exposition's names and labels rule out every series (none readable whatever its values, e.g.
+    # the accepted-token counter gone): the target has no usable spec-decode metrics, not a reading to wait for.
+    unreadable: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +105,7 @@ class WithheldDraftTokens:
 
     def _withheld(self, result: DecodeResult) -> DecodeResult:
         series = [reading._replace(draft_tokens=None) for reading in result.series]
-        return DecodeResult(series, result.pending, result.warnings)
+        return DecodeResult(series, result.pending, result.warnings, result.unreadable)
 
     def decode(self, selection: Selection, timing: FetchTiming) -> DecodeResult:
         return self._withheld(self._inner.decode(selection, timing))

@@ -201,6 +201,14 @@ def _reading(slots: _Slots, values: Sequence[float]) -> SeriesReading:
     )
 
 
+def _unreadable(slots: Sequence[_Slots], static_warnings: Sequence[str]) -> str | None:
+    """Why no series of this layout can be read, when none can."""
+    if slots or not static_warnings:
+        return None
+    more = f" (and {len(static_warnings) - 1} more series)" if len(static_warnings) > 1 else ""
+    return static_warnings[0] + more
+
+
 @dataclass(frozen=True, slots=True)
 class _Layout:
     """What a decode learned about one layout of lines: the series' slots, and the series that cannot be
@@ -246,6 +254,7 @@ class V1Decoder:
                 result.warnings.append(f"model_name={model_name} engine={engine}: {problem}")
         self._layout = _Layout(selection.layout(), tuple(slots), tuple(static_pending), tuple(static_warnings)) \
             if selection.plain else None
+        result.unreadable = _unreadable(slots, static_warnings)
         return result
 
     def decode_known(self, selection: Selection, timing: FetchTiming) -> DecodeResult | None:
@@ -254,7 +263,8 @@ class V1Decoder:
         if layout is None or values is None:
             return None
         return DecodeResult(series=[_reading(slots, values) for slots in layout.slots],
-                            pending=list(layout.pending), warnings=list(layout.warnings))
+                            pending=list(layout.pending), warnings=list(layout.warnings),
+                            unreadable=_unreadable(layout.slots, layout.warnings))
 
 
 @dataclass(frozen=True)
