@@ -25,6 +25,7 @@ from specdecode_exporter.tap.model import (
     UNROUTED,
     Route,
 )
+from specdecode_exporter.tap.relay.fallback_watch import check_fallback
 from tests.tap.fake_vllm import FakeVllm
 from tests.tap.harness import LOOPS, Client, Recorder, dechunk, fetch, request_bytes, run, unanswering_listener
 
@@ -189,6 +190,90 @@ def test_fallback_not_answering_connects_costs_the_connect_timeout_once() -> Non
 
     with unanswering_listener() as port:
         run("uvloop", main)
+
+
+class HungServer:
+    """A server that accepts connections and reads requests but never answers them (a stopped or wedged
+    process behind a listening socket); it answers ``GET /health`` with ``health`` once that is set."""
+
+    def __init__(self) -> None:
+        self.health: bytes | None = None
+        self.requests: list[bytes] = []
+        self._writers: list[asyncio.StreamWriter] = []
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> str:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        return f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._writers.append(writer)
+        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
+            head = await reader.readuntil(b"\r\n\r\n")
+            self.requests.append(head.split(b" ", 2)[1])
+            if head.startswith(b"GET /health ") and self.health is not None:
+                writer.write(self.health)
+                writer.close()
+
+    async def close(self) -> None:
+        for writer in self._writers:
+            writer.close()
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_a_fallback_that_accepts_but_never_answers_loses_no_request(loop: str) -> None:
+    """A stopped fallback still completes connects: its unanswered health check takes it out of routing, and the
+    request it holds unanswered goes to the speculative pool; once it answers again, routing uses it again."""
+    async def main() -> None:
+        hung = HungServer()
+        url = await hung.start()
+        try:
+            async with two_pools(url, fallback_check=(0.2, 0.3)) as (speculative, _fb, tap, recorder, _router):
+                started = time.monotonic()
+                response = await fetch(tap.port, _completion("slow", stream=True))
+                assert time.monotonic() - started < 2.0  # a check's interval and timeout, not the client's patience
+                assert _route_header(response) == b"speculative; reason=fallback_down"
+                assert dechunk(response).endswith(b"data: [DONE]\n\n")
+                assert b"/v1/completions" in hung.requests and len(speculative.exchanges) == 1
+                assert tap.stats().fallback_available is False
+                second = await fetch(tap.port, _completion("slow"))  # straight to the speculative pool
+                assert _route_header(second) == b"speculative; reason=fallback_down"
+                assert hung.requests.count(b"/v1/completions") == 1
+                hung.health = b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n"
+                for _ in range(50):
+                    if tap.stats().fallback_available:
+                        break
+                    await asyncio.sleep(0.05)
+                assert tap.stats().fallback_available is True
+                assert [r.status for _, r in await recorder.wait(2)] == [200, 200]
+        finally:
+            await hung.close()
+
+    run(loop, main)
+
+
+@pytest.mark.parametrize(("answer", "verdict"), [
+    (b"HTTP/1.1 200 OK\r\n\r\n", None),
+    (b"HTTP/1.1 404 Not Found\r\n\r\n", None),  # no /health there, but the server answers
+    (b"HTTP/1.1 503 Service Unavailable\r\n\r\n", "health check answered 503"),
+    (b"GARBAGE NOT HTTP\r\n", "health check answered with something that is not HTTP"),
+    (None, "no answer to a health check within 0.3 s"),
+])
+def test_the_fallback_check_says_why_in_one_line(answer: bytes | None, verdict: str | None) -> None:
+    async def main() -> None:
+        hung = HungServer()
+        hung.health = answer
+        host, port = (await hung.start()).removeprefix("http://").split(":")
+        try:
+            assert await check_fallback(host, int(port), 0.3) == verdict
+        finally:
+            await hung.close()
+        assert await check_fallback("127.0.0.1", _closed_port(), 0.3) == "health check failed: connection refused"
+
+    run("uvloop", main)
 
 
 @pytest.mark.parametrize("loop", LOOPS)

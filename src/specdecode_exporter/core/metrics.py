@@ -360,10 +360,10 @@ ROUTE_REQUESTS = MetricSpec(
     "specdecode_route_requests", "counter",
     "Completion requests through a routing tap (proxy.route) by where they went (upstream: speculative, fallback) "
     "and why (reason: benefit, the class is routed; canary, the random share of a routed class kept on speculative "
-    "decoding; unrouted; fallback_down, meant for the fallback, which refused, did not answer the connect or closed "
-    "before answering). In observe mode upstream is where enforce mode would have sent the request; every request "
-    "goes to the speculative pool (the x-specdecode-route response header says where each went). With "
-    "proxy.route.prompt_length_bands a prompt_length label is added to the route families.",
+    "decoding; unrouted; fallback_down, meant for the fallback, which refused, did not answer the connect, closed "
+    "before answering or failed its health check). In observe mode upstream is where enforce mode would have sent "
+    "the request; every request goes to the speculative pool (the x-specdecode-route response header says where "
+    "each went). With proxy.route.prompt_length_bands a prompt_length label is added to the route families.",
     (*ROUTE_LABELS, "upstream", "reason"),
 )
 ROUTE_CLASS_STATE = MetricSpec(

@@ -54,7 +54,7 @@ SPECULATIVE, FALLBACK = "speculative", "fallback"  # the upstream label
 BENEFIT = "benefit"  # the class is routed: it goes to the fallback
 CANARY = "canary"  # the class is routed, and this request was drawn to stay on the speculative pool
 UNROUTED = "unrouted"  # the class is not routed
-FALLBACK_DOWN = "fallback_down"  # meant for the fallback, which refused or did not answer the connect
+FALLBACK_DOWN = "fallback_down"  # meant for the fallback, which refused, did not answer, or failed its health check
 ROUTE_HEADER = b"x-specdecode-route"
 
 

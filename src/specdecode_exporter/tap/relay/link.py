@@ -86,6 +86,9 @@ class Link(asyncio.Protocol):
             self._client.abort()
         self._upstreams.abort()
 
+    def abandon_fallback(self) -> None:
+        self._upstreams.abandon_fallback()
+
     def buffered_bytes(self) -> int:
         """Bytes the relay holds for this connection: write buffers, bodies and events held back."""
         client = self._client

@@ -24,6 +24,7 @@ class PoolHealth:
         self.fallback_down: str | None = None
         self.fallback_retry_at = 0.0  # monotonic: before this, requests for the fallback go to the upstream
         self.fallback_backoff = 0.0
+        self.fallback_unresponsive: str | None = None  # its last health check failed (a connect alone is no proof)
 
     def connect_result(self, failure: str | None, pool: int = SPECULATIVE_POOL) -> None:
         """A connect to ``pool`` succeeded (None) or failed (why)."""
@@ -45,7 +46,7 @@ class PoolHealth:
             self.fallback_down, self.fallback_backoff = None, 0.0
             return
         now = time.monotonic()
-        if self.fallback_down is None:
+        if self.fallback_down is None and self.fallback_unresponsive is None:  # else its check said it already
             event(logging.WARNING, "request tap fallback unavailable: its requests go to the upstream",
                   reason=failure)
         elif now < self.fallback_retry_at:
@@ -54,7 +55,19 @@ class PoolHealth:
         self.fallback_backoff = min(FALLBACK_RETRY_MAX, max(FALLBACK_RETRY_MIN, 2 * self.fallback_backoff))
         self.fallback_retry_at = now + self.fallback_backoff
 
+    def fallback_checked(self, failure: str | None) -> None:
+        """A health check of the fallback answered (None) or did not (why): until one answers again, nothing is
+        routed to it, whatever its connects do (a stopped process still completes them)."""
+        if failure is not None and self.fallback_unresponsive is None:
+            event(logging.WARNING, "request tap fallback not answering: its requests go to the upstream",
+                  reason=failure)
+        elif failure is None and self.fallback_unresponsive is not None:
+            event(logging.INFO, "request tap fallback answering again")
+        self.fallback_unresponsive = failure
+
     def fallback_available(self) -> bool:
+        if self.fallback_unresponsive is not None:
+            return False
         return self.fallback_down is None or time.monotonic() >= self.fallback_retry_at
 
     def route(self, request: TapRequest) -> Route | None:

@@ -11,7 +11,9 @@ from urllib.parse import urlsplit
 
 from specdecode_exporter.core.log import event
 from specdecode_exporter.tap.model import Observer, Router
+from specdecode_exporter.tap.relay.fallback_watch import FALLBACK_CHECK_INTERVAL, FALLBACK_CHECK_TIMEOUT, FallbackWatch
 from specdecode_exporter.tap.relay.link import Link
+from specdecode_exporter.tap.relay.pools import FALLBACK_POOL
 from specdecode_exporter.tap.relay.shared import Shared
 
 DEFAULT_CONNECT_TIMEOUT = 3.0
@@ -30,10 +32,12 @@ class Tap:
     """A running tap. ``url`` is its base URL; ``close()`` stops listening, lets the requests in flight finish
     for up to ``grace`` seconds, and then drops every connection."""
 
-    def __init__(self, server: asyncio.Server, host: str, port: int, shared: Shared) -> None:
+    def __init__(self, server: asyncio.Server, host: str, port: int, shared: Shared,
+                 fallback_watch: FallbackWatch | None = None) -> None:
         self._server = server
         self._links = shared.links
         self._shared = shared
+        self._fallback_watch = fallback_watch
         self.host = host
         self.port = port
         self.url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
@@ -44,6 +48,8 @@ class Tap:
 
     async def close(self, grace: float = 0.0) -> None:
         self._server.close()
+        if self._fallback_watch is not None:
+            await self._fallback_watch.stop()
         # The grace is a promise in real (monotonic) time. uvloop's loop.time() is the loop's cached, millisecond-
         # truncated clock and asyncio may wake a timer up to its resolution early, so the deadline is kept and
         # checked on time.monotonic(): a stream is never cut before the grace has passed.
@@ -77,12 +83,14 @@ async def start_tap(
     sock: socket.socket | None = None,
     router: Router | None = None,
     fallback_upstream: str | None = None,
+    fallback_check: tuple[float, float] = (FALLBACK_CHECK_INTERVAL, FALLBACK_CHECK_TIMEOUT),
 ) -> Tap:
     """Listen on host:port (0: any free port) and relay to ``upstream_base_url`` (http://host:port) on the
     running event loop; ``observer.observe`` is called on that loop for every inspected request.
 
     With a ``router``, each inspected request goes where ``router.route`` says: the upstream, or the
-    ``fallback_upstream`` (a pool without speculative decoding); everything else goes to the upstream."""
+    ``fallback_upstream`` (a pool without speculative decoding); everything else goes to the upstream. The
+    fallback's health is checked every ``fallback_check[0]`` seconds, each check given ``fallback_check[1]``."""
     pools = [parse_upstream(upstream_base_url)]
     if router is not None:
         if fallback_upstream is None:
@@ -108,7 +116,15 @@ async def start_tap(
         upstream=":".join(map(str, pools[0])),
         **({"fallback": ":".join(map(str, pools[1]))} if router is not None else {}),
     )
-    return Tap(server, host, bound_port, shared)
+    watch = None
+    if router is not None:
+        def abandon() -> None:
+            for link in list(shared.links):
+                link.abandon_fallback()
+
+        watch = FallbackWatch(pools[FALLBACK_POOL], shared.health, abandon, *fallback_check)
+        watch.start()
+    return Tap(server, host, bound_port, shared, watch)
 
 
 def parse_upstream(base_url: str) -> tuple[str, int]:

@@ -235,6 +235,13 @@ class Upstreams:
         for parked in self._parked.values():
             parked.close()
 
+    def abandon_fallback(self) -> None:
+        """The fallback stopped answering health checks: close the connection to it if none of its requests has
+        an answer started, so that they go to the upstream (``lost``, as when the fallback closes it itself)."""
+        if (self._pool == FALLBACK_POOL and self._transport is not None and self._exchanges
+                and all(exchange.first_byte is None for exchange in self._exchanges)):
+            self._transport.abort()
+
     def abort(self) -> None:
         if self._transport is not None:
             self._transport.abort()
