@@ -62,6 +62,11 @@ class RequestReader:
         """Between requests: nothing half read."""
         return self._state == _HEAD and not self._stash
 
+    def unsent(self) -> bool:
+        """A request is half read and nothing of it has gone to the upstream yet (its head, or its inspected
+        body, is still being read)."""
+        return self._state == _INSPECT or (self._state == _HEAD and bool(self._stash))
+
     def held_bytes(self) -> int:
         return len(self._body)
 
