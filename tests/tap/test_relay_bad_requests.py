@@ -86,6 +86,8 @@ async def _talk(port: int, raw: bytes) -> tuple[bytes, float | None]:
     return received, ended
 
 
+TLS_CLIENT_HELLO = bytes.fromhex("16030100f4010000f00303") + bytes(32) + b"\x00\x00\x02\x13\x01\x01\x00"
+
 # The request the tap cannot read, and whether a direct connection to uvicorn ends at once (it answers 400 and
 # closes) or is kept alive until uvicorn's keep-alive timeout.
 CASES: dict[str, tuple[bytes, bool]] = {
@@ -96,6 +98,10 @@ CASES: dict[str, tuple[bytes, bool]] = {
                   b"0\r\n\r\n", False),
     "two_lengths": (b"POST /v1/models HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab", True),
     "bad_chunk_size": (b"POST /v1/models HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", True),
+    # Heads without CRLF CRLF, or with bare LF line ends the upstream reads and the tap does not.
+    "bare_lf": (b"GET /v1/models HTTP/1.1\nHost: x\n\n", False),
+    "mixed_line_ends": (b"POST /v1/models HTTP/1.1\nHost: x\nContent-Length: 2\r\n\r\n{}", False),
+    "tls_client_hello": (TLS_CLIENT_HELLO, True),
     # A request the tap reads, answered with Connection: close while the client's next one is half sent.
     "close_then_half_a_head": (b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
                                b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n", True),
