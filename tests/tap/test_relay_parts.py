@@ -12,6 +12,7 @@ from specdecode_exporter.core.chunked import CHUNK_END, ChunkedDecoder
 from specdecode_exporter.tap.http1 import (
     CHUNK_TAIL,
     EVENT_CHUNK_TAIL,
+    cannot_begin_request,
     frame_chunk,
     parse_head,
     replace_content_length,
@@ -42,10 +43,32 @@ def test_head_fields_and_framing() -> None:
         b"GET / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n",
         b"GET / HTTP/1.1\r\nbad header\r\n\r\n",
         b"GARBAGE\r\n\r\n",
+        b"POST / HTTP/1.1\nContent-Length: 2\r\n\r\n",  # a bare LF: h11 reads a Content-Length here
+        b"GET / HTTP/1.1\r\nX-A: a\nContent-Length: 2\r\n\r\n",
     ],
 )
 def test_heads_the_relay_does_not_parse(raw: bytes) -> None:
     assert parse_head(raw) is None
+
+
+@pytest.mark.parametrize(
+    ("start", "cannot"),
+    [
+        (b"G", False),
+        (b"POST", False),
+        (b"POST /v1/completions HTTP/1.1\r", False),  # its LF is on its way
+        (b"POST /v1/completions HTTP/1.1\r\nhost: a\r\n", False),
+        (b"\x16\x03\x01\x00\xf4\x01", True),  # a TLS ClientHello
+        (b"\r\nGET / HTTP/1.1\r\n", True),  # a leading empty line: parse_head would not read it either
+        (b"GET\t/ HTTP/1.1\r\n", True),
+        (b"GET / HTTP/1.1\nHost: a\n\n", True),  # bare LF line ends: the whole head, for a server reading them
+        (b"GET / HTTP/1.1\r\nHost: a\n\r\n", True),
+        (b"GET / HTTP/1.1\rHost: a\r", True),  # bare CR
+    ],
+)
+def test_what_cannot_begin_a_request(start: bytes, cannot: bool) -> None:
+    assert cannot_begin_request(start, 0) is cannot
+    assert cannot_begin_request(b"GET / HTTP/1.1\r\n\r\n" + start, 18) is cannot  # after a whole request
 
 
 def test_content_length_replaced_in_place() -> None:

@@ -5,12 +5,14 @@ Anything this module cannot read returns None, and the relay then forwards the c
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 HEAD_END = b"\r\n\r\n"
 MAX_HEAD = 64 * 1024  # uvicorn (h11) refuses heads beyond 16 KiB; past this the relay stops parsing
 
 _TOKEN_CHARS = frozenset(b"!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+_TOKEN = re.compile(rb"[-!#$%&'*+.^_`|~0-9A-Za-z]*")
 
 
 @dataclass(slots=True)
@@ -33,8 +35,11 @@ class Head:
 
 
 def parse_head(raw: bytes) -> Head | None:
-    """``raw`` ends with CRLF CRLF. None for anything malformed or ambiguous (obs-fold, conflicting lengths)."""
+    """``raw`` ends with CRLF CRLF. None for anything malformed or ambiguous (obs-fold, conflicting lengths, a bare
+    LF, which h11 reads as a line end; a bare CR makes servers refuse the head, so it needs no check)."""
     lines = raw[:-4].split(b"\r\n")
+    if raw.count(b"\n") != len(lines) + 1:  # each line's CRLF, and the empty line's
+        return None
     start = lines[0].split(b" ", 2)
     if len(start) < 2:
         return None
@@ -60,6 +65,19 @@ def parse_head(raw: bytes) -> Head | None:
             return None
         content_length = int(text)
     return Head(raw, start, fields, content_length, chunked)
+
+
+def cannot_begin_request(data: bytes, pos: int) -> bool:
+    """Whether ``data[pos:]``, the start of a request head whose CRLF CRLF has not come, can already not be one
+    ``parse_head`` reads: it does not begin with a method (a token) and a space, or it has a bare LF (a server
+    reading LF line ends may have the whole head already: ``GET / HTTP/1.1\\n\\n``) or a bare CR. Such bytes are
+    for the upstream to answer now, not for the tap to wait on."""
+    method = _TOKEN.match(data, pos)
+    method_end = method.end() if method is not None else pos
+    if method_end < len(data) and (method_end == pos or data[method_end] != 0x20):
+        return True
+    crlf = data.count(b"\r\n", pos)
+    return data.count(b"\n", pos) != crlf or data.count(b"\r", pos) != crlf + data.endswith(b"\r")
 
 
 def replace_content_length(raw_head: bytes, length: int) -> bytes:

@@ -153,9 +153,11 @@ class Link(asyncio.Protocol):
         self._client.close()
 
     def upstream_closed(self) -> None:
-        if not self._exchanges and not self._requests.idle():
-            # Closed as idle (uvicorn's keep-alive timeout) while the tap was still reading a request it holds back
-            # (an inspected body): nothing of it reached the upstream, so a new connection carries it.
+        if not self._exchanges and self._requests.unsent() and not self._responses.close_announced:
+            # Closed as idle (uvicorn's keep-alive timeout) while the tap was still reading a request none of which
+            # it has sent (a head, or an inspected body): a new connection carries it. Any other close ends the
+            # client's connection too, as it would end a direct one: after a Connection: close answer, in a
+            # tunnel (a request the tap could not read), or with part of a request already sent.
             self._upstreams.connect()
             return
         now = time.monotonic()

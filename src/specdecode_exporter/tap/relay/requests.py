@@ -8,12 +8,20 @@ import time
 from typing import Protocol
 
 from specdecode_exporter.core.chunked import ChunkedDecoder
-from specdecode_exporter.tap.http1 import HEAD_END, MAX_HEAD, Head, parse_head, replace_content_length
+from specdecode_exporter.tap.http1 import (
+    HEAD_END,
+    MAX_HEAD,
+    Head,
+    cannot_begin_request,
+    parse_head,
+    replace_content_length,
+)
 from specdecode_exporter.tap.model import TapRequest
 from specdecode_exporter.tap.openai import endpoint_of, plan_request
 from specdecode_exporter.tap.relay.exchange import Exchange
 
 _HEAD, _LENGTH, _CHUNKED, _INSPECT, _TUNNEL = range(5)
+_VERSIONS = frozenset((b"HTTP/1.1", b"HTTP/1.0"))
 
 
 class RequestTarget(Protocol):
@@ -61,6 +69,11 @@ class RequestReader:
     def idle(self) -> bool:
         """Between requests: nothing half read."""
         return self._state == _HEAD and not self._stash
+
+    def unsent(self) -> bool:
+        """A request is half read and nothing of it has gone to the upstream yet (its head, or its inspected
+        body, is still being read)."""
+        return self._state == _INSPECT or (self._state == _HEAD and bool(self._stash))
 
     def held_bytes(self) -> int:
         return len(self._body)
@@ -110,12 +123,14 @@ class RequestReader:
     def _read_head(self, data: bytes, pos: int) -> int:
         end = data.find(HEAD_END, pos)
         if end < 0:
-            if len(data) - pos > MAX_HEAD:
+            # Not a head the tap will ever read (too long, or not one from its first bytes): the upstream answers
+            # it, as it would without the tap; waiting for a CRLF CRLF that may never come would hang the client.
+            if len(data) - pos > MAX_HEAD or cannot_begin_request(data, pos):
                 return pos if self._target.wait_for_upstream() else self._tunnel(data, pos)
             self._stash = data[pos:]
             return len(data)
         head = parse_head(data[pos : end + 4])
-        if head is None or len(head.start) != 3 or not head.start[2].startswith(b"HTTP/1."):
+        if head is None or len(head.start) != 3 or head.start[2] not in _VERSIONS:
             return pos if self._target.wait_for_upstream() else self._tunnel(data, pos)
         method = head.start[0]
         tunnel = method == b"CONNECT" or head.value(b"upgrade") is not None

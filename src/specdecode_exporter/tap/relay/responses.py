@@ -59,6 +59,8 @@ class ResponseReader:
         self._remaining = 0
         self._decoder = ChunkedDecoder()
         self._chunk: list[bytes] = []  # pieces of a chunk being assembled (STRIP only)
+        # The last final response head said Connection: close: the upstream ends the connection after it.
+        self.close_announced = False
 
     def attach(self, client: asyncio.Transport) -> None:
         self._client = client
@@ -152,6 +154,7 @@ class ResponseReader:
             self._exchanges.popleft()
             return self._tunnel(data, end + 4, out)
         exchange.status = status
+        self.close_announced = b"connection" in head.fields and head.has_token(b"connection", b"close")
         if exchange.method == b"HEAD" or status in (204, 304):
             self._end_response(out, finished)
         elif head.chunked:

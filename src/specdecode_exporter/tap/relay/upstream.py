@@ -304,6 +304,7 @@ class Upstreams:
             self._parked[self._pool] = self._transport
         # A connect still under way is left to finish; made() closes it, as it is no longer current.
         self._transport, self._connecting, self._current, self._failure = None, None, None, None
+        self._responses.close_announced = False  # said on the connection just parked, which ends by itself
         self._pool = pool
         self._owner.resume_client_reading("upstream")  # a pause the parked connection asked for is its own
         transport = self._parked.pop(pool, None)
