@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Annotated, Any
 from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, BeforeValidator, Field, GetCoreSchemaHandler
+from pydantic import AfterValidator, BeforeValidator, Field, GetCoreSchemaHandler, ValidationInfo
 from pydantic_core import core_schema
 
 from specdecode_exporter.core import monitoring_config, validation
@@ -84,17 +84,29 @@ def _windows(value: object) -> tuple[Window, ...]:
     return tuple(sorted(windows, key=lambda w: w.seconds))
 
 
-def _url(value: object) -> str:
+def _url(value: object, info: ValidationInfo) -> str:
+    """The one check of a URL the exporter reaches: a target's (``run``), ``check``'s and ``probe``'s. An http(s)
+    URL with a host, a port from 1 to 65535 if it has one, and no credentials. A command whose URL has another shape
+    puts ``url_example`` (the example in the message) and ``url_credentials`` (what to say instead of
+    bearer_token_file) in the validation context."""
+    context = info.context or {}
     try:
         parts = urlsplit(str(value))
         ok = isinstance(value, str) and parts.scheme in ("http", "https") and bool(parts.hostname)
     except ValueError:  # e.g. an unbalanced [ in the host
         ok = False
     if not ok:
-        raise fail(f"expected an http(s) URL like {DEFAULT_TARGET_URL}, got {show(value)}")
+        raise fail(f"expected an http(s) URL like {context.get('url_example', DEFAULT_TARGET_URL)}, "
+                   f"got {show(value)}")
+    try:
+        port = parts.port
+    except ValueError:  # not a number, or over 65535
+        port = 0
+    if port == 0:
+        raise fail(f"expected a port from 1 to 65535 in the URL, got {show(value)}")
     if parts.username is not None or parts.password is not None:
         # URLs are logged and shown on the status page; secrets only ever come from files.
-        raise fail("credentials in the URL are not allowed; use bearer_token_file")
+        raise fail(f"credentials in the URL are not allowed; {context.get('url_credentials', 'use bearer_token_file')}")
     return str(value)
 
 
