@@ -65,6 +65,21 @@ def test_bad_web_config_flag_is_exit_code_2(tmp_path: Path) -> None:
     assert "hunter2" not in result.stderr  # a would-be password is not echoed
 
 
+def test_the_tap_pointed_at_itself_is_one_line_and_exit_code_2() -> None:
+    """--proxy.upstream the tap's own address: refused at the start, not a loop of requests to itself."""
+    tap = closed_port()
+    try:
+        result = run_cli("run", "--web.listen-address", f"127.0.0.1:{closed_port()}", "--target",
+                         f"http://127.0.0.1:{closed_port()}/metrics", "--proxy.listen-address", f"127.0.0.1:{tap}",
+                         "--proxy.upstream", f"http://127.0.0.1:{tap}", timeout=15)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the sidecar started with its tap relaying to itself")
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == (f"specdecode-exporter: config error: --proxy.upstream: http://127.0.0.1:{tap} is the "
+                             f"tap's own address (--proxy.listen-address 127.0.0.1:{tap}): the tap would relay every "
+                             "request to itself; point it at vLLM\n")
+
+
 # ---------- a running sidecar process ----------
 
 class Process:

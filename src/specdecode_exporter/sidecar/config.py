@@ -400,7 +400,41 @@ def proxy_config(section: Mapping[str, Any] | None, targets: tuple[TargetConfig,
     if not raw.get("upstream"):
         raw["upstream"] = api_base(next(t.url for t in targets if t.name == target))
     proxy: ProxyConfig = validation.validate(ProxyConfig, {**raw, "target": target}, at=("proxy",), origins=origins)
+    check_not_itself(proxy, defaulted=not (section or {}).get("upstream"), origins=origins or {})
     return proxy
+
+
+def check_not_itself(proxy: ProxyConfig, defaulted: bool, origins: Mapping[str, str]) -> None:
+    """A ConfigError when the tap's upstream (or routing's fallback) is the tap itself: every request would loop
+    until the sockets run out. ``defaulted``: the upstream is the target's, not given."""
+    fallback = proxy.route.fallback_upstream if proxy.route else None
+    for key, upstream in (("upstream", proxy.upstream), ("route.fallback_upstream", fallback)):
+        if upstream is None or not relays_to_itself(proxy.listen_address, upstream):
+            continue
+        origin = origins.get(f"proxy.{key}")
+        given = key != "upstream" or not defaulted
+        default = "" if given else f" (the default: the host and port of target {proxy.target!r})"
+        listen = origins.get("proxy.listen_address", "proxy.listen_address")
+        raise (SourcedError if origin else ConfigError)(
+            f"{origin or f'proxy.{key}'}: {upstream}{default} is the tap's own address ({listen} "
+            f"{proxy.listen_address}): the tap would relay every request to itself; point it at vLLM")
+
+
+def relays_to_itself(listen_address: str, upstream: str) -> bool:
+    """Whether a tap listening on ``listen_address`` is what ``upstream`` (http://host:port) reaches: the same port,
+    and the same host as written, or 127.0.0.1 (::1) where the tap listens on every IPv4 (IPv6) address, which
+    takes the loopback port too (asyncio binds IPv6 sockets v6-only, so :: does not cover 127.0.0.1). Other
+    spellings of one host (localhost, the pod's IP) may reach another server and are left alone."""
+    host, port = split_listen_address(listen_address)
+    try:
+        parts = urlsplit(upstream)
+        upstream_host, upstream_port = (parts.hostname or "").lower(), parts.port or 80
+    except ValueError:
+        return False
+    if port == 0 or upstream_port != port:
+        return False
+    host = host.lower()
+    return upstream_host == host or (host, upstream_host) in (("0.0.0.0", "127.0.0.1"), ("::", "::1"))
 
 
 # ---------- the file ----------
