@@ -56,6 +56,7 @@ RESERVED_PATHS = frozenset({"/", "/healthz", "/readyz", "/api/v1/status", "/-/re
 LOG_LEVELS = ("debug", "info", "warn", "error")
 LOG_FORMATS = ("logfmt", "json")
 DEFAULT_TARGET_URL = "http://127.0.0.1:8000/metrics"
+DEFAULT_TARGET_NAME = "vllm"  # the default target's, and that of a target without a name
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 _HEADER_NAME = re.compile(r"[A-Za-z0-9!#$%&'*+.^_`|~-]+")
 
@@ -365,9 +366,24 @@ class ProxyConfig(Section):
 
 
 def _target_list(value: object) -> object:
+    """The file's targets: a non-empty list (the default target is for a file without the key, not an empty one)."""
     if value is not None and not isinstance(value, list):
         raise fail(f"expected a list of targets, got {show(value)}")
-    return value or ()
+    if not value:
+        raise fail(f"no target configured: list at least one, or leave the key out for the default "
+                   f"({DEFAULT_TARGET_NAME} at {DEFAULT_TARGET_URL})")
+    return value
+
+
+def _unnamed_clash(entries: tuple[Any, ...]) -> None:
+    """A ConfigError when a target without a name (called DEFAULT_TARGET_NAME) shares that name with another: the
+    error asks for names, rather than calling one the user never wrote a duplicate."""
+    names = [t.get("name", DEFAULT_TARGET_NAME) if isinstance(t, Mapping) else None for t in entries]
+    for i, entry in enumerate(entries):
+        others = [j for j, name in enumerate(names) if name == DEFAULT_TARGET_NAME and j != i]
+        if isinstance(entry, Mapping) and "name" not in entry and others:
+            raise ConfigError(f"targets[{i}]: a target without a name is called {DEFAULT_TARGET_NAME!r}, as is "
+                              f"targets[{others[0]}]; give each target its own name (its target label)")
 
 
 def _proxy_keys(value: object) -> object:
@@ -490,7 +506,7 @@ class ConfigFile(Section):
     collect: CollectSection = CollectSection()
     windows: Windows | None = setting(None, "windows of the windowed gauges (comma-separated in a flag)",
                                       flag="--collect.windows", shown=DEFAULT_WINDOWS)
-    targets: Annotated[tuple[dict[str, Any], ...], BeforeValidator(_target_list)] = ()
+    targets: Annotated[tuple[dict[str, Any], ...] | None, BeforeValidator(_target_list)] = None  # None: the default
     cost_model: CostModelSection = CostModelSection()
     page_threshold: Annotated[Number, Range(0, 1)] | None = setting(
         None, "the verdict's page threshold, for this sidecar only (the alert rules keep the monitoring config's)",
@@ -504,7 +520,9 @@ class ConfigFile(Section):
         """The file's targets (or --target's); a target without timeout or cost_model takes collect.timeout and
         cost_model."""
         default_cost = self.cost_model.resolve(CostModel())
-        raw = [{"name": "vllm", "timeout": self.collect.timeout, "cost_model": None, **t} for t in self.targets]
+        _unnamed_clash(self.targets or ())
+        raw = [{"name": DEFAULT_TARGET_NAME, "timeout": self.collect.timeout, "cost_model": None, **t}
+               for t in self.targets or ()]
         targets: tuple[TargetConfig, ...] = validation.validate(
             tuple[TargetConfig, ...], raw, context={"cost_model": default_cost}, at=("targets",), origins=origins)
         return targets
@@ -627,8 +645,8 @@ def config_from_mapping(data: Any, source: str, flags: Mapping[str, object] | No
     variable that gave each, for the error about it."""
     file: ConfigFile = validation.validate(ConfigFile, merged(data, flags or {}), origins=origins)
     targets = file.targets_config(origins)
-    if not targets:  # the vLLM beside the sidecar
-        targets = (TargetConfig(name="vllm", url=DEFAULT_TARGET_URL, timeout=file.collect.timeout),)
+    if not targets:  # no targets key: the vLLM beside the sidecar
+        targets = (TargetConfig(name=DEFAULT_TARGET_NAME, url=DEFAULT_TARGET_URL, timeout=file.collect.timeout),)
     monitoring = load_monitoring(file)
     verdict = monitoring.verdict
     if file.page_threshold is not None:
