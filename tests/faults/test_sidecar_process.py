@@ -44,7 +44,10 @@ def run_cli(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]
      ("targets:\n  - url: http://127.0.0.1:8000/metrics\n    tls_config: {ca_file: /nonexistent/ca.crt}\n",
       "targets[0].tls_config: cannot load"),
      ("windows: 1m,1m\n", "windows must be distinct"),
-     ("web:\n  config_file: /nonexistent/web.yml\n", "cannot read web config file")],
+     ("web:\n  config_file: /nonexistent/web.yml\n", "cannot read web config file"),
+     ("targets: []\n", "targets: no target configured"),
+     ("targets:\n  - url: http://127.0.0.1:9/metrics\n  - url: http://127.0.0.1:10/metrics\n",
+      "targets[0]: a target without a name is called 'vllm', as is targets[1]; give each target its own name")],
 )
 def test_bad_config_is_one_line_and_exit_code_2(tmp_path: Path, content: str | None, message: str) -> None:
     path = tmp_path / "config.yml"
@@ -63,6 +66,21 @@ def test_bad_web_config_flag_is_exit_code_2(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and "bcrypt hash" in result.stderr
     assert "hunter2" not in result.stderr  # a would-be password is not echoed
+
+
+def test_the_tap_pointed_at_itself_is_one_line_and_exit_code_2() -> None:
+    """--proxy.upstream the tap's own address: refused at the start, not a loop of requests to itself."""
+    tap = closed_port()
+    try:
+        result = run_cli("run", "--web.listen-address", f"127.0.0.1:{closed_port()}", "--target",
+                         f"http://127.0.0.1:{closed_port()}/metrics", "--proxy.listen-address", f"127.0.0.1:{tap}",
+                         "--proxy.upstream", f"http://127.0.0.1:{tap}", timeout=15)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the sidecar started with its tap relaying to itself")
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == (f"specdecode-exporter: config error: --proxy.upstream: http://127.0.0.1:{tap} is the "
+                             f"tap's own address (--proxy.listen-address 127.0.0.1:{tap}): the tap would relay every "
+                             "request to itself; point it at vLLM\n")
 
 
 # ---------- a running sidecar process ----------
@@ -209,6 +227,31 @@ def test_sighup_and_post_reload_keep_window_state(tmp_path: Path, servers: Calla
         stderr = sidecar.stop()
     assert stderr.count("reload failed") == 2
     assert "Traceback" not in stderr
+
+
+def test_a_reload_to_no_targets_is_rejected_and_the_targets_kept(tmp_path: Path,
+                                                                   servers: Callable[..., HostileServer]) -> None:
+    """`targets: []` (or `targets:` empty) on reload: rejected in one line, not the default target collected."""
+    a = servers(scripted(Counting()))
+    port = closed_port()
+    config = write(tmp_path / "c.yml", config_text({"a": a.url}))
+    sidecar = Process(["--config.file", str(config), "--web.listen-address", f"127.0.0.1:{port}"],
+                      f"http://127.0.0.1:{port}")
+    try:
+        sidecar.wait_until(lambda: sidecar.metrics().get("specdecode_up", target="a") == 1)
+        for empty in (config_text({}), config_text({}).replace("targets:", "targets: []")):
+            write(config, empty)
+            response = sidecar.client.post(sidecar.base_url + "/-/reload")
+            assert response.status_code == 400 and "targets: no target configured" in response.text, response.text
+        requests = len(a.requests)
+        sidecar.wait_until(lambda: len(a.requests) > requests + 2)  # a is still collected
+        final = sidecar.metrics()
+        assert final.get("specdecode_config_last_reload_successful") == 0
+        assert final.get("specdecode_up", target="a") == 1
+        assert final.all("specdecode_up", target="vllm") == {}
+    finally:
+        stderr = sidecar.stop()
+    assert stderr.count("reload failed") == 2 and "Traceback" not in stderr
 
 
 def test_tls_and_basic_auth_from_the_web_config_file(tmp_path: Path, certs: Certs, password_hash: str,

@@ -266,6 +266,38 @@ def test_bad_flags_and_the_total_request_cap_exit_2_before_any_request() -> None
         server.stop()
 
 
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--url", "http://[::1"], "--url: expected an http(s) URL like http://127.0.0.1:8000, got 'http://[::1'"),
+        (["--url", "http://127.0.0.1:99999"], "--url: expected a port from 1 to 65535 in the URL, got "
+                                              "'http://127.0.0.1:99999'"),
+        (["--url", "garbage"], "--url: expected an http(s) URL like http://127.0.0.1:8000, got 'garbage'"),
+        (["--url", "http://127.0.0.1:1?x=1"], "--url: expected an http(s) URL like http://127.0.0.1:8000"),
+        (["--url", "http://127.0.0.1:1", "--baseline-url", "http://[::1]:8000:"],
+         "--baseline-url: expected a port from 1 to 65535 in the URL"),
+    ],
+    ids=["unbalanced-bracket", "port-out-of-range", "no-scheme", "query", "baseline-bad-port"],
+)
+def test_a_bad_url_is_one_line_exit_2(flags: list[str], message: str) -> None:
+    """--url and --baseline-url are checked as a sidecar target's URL is: one line, no traceback, exit code 2."""
+    result = run_cli(*flags)
+    assert result.returncode == 2, result.stderr
+    assert result.stdout == "" and result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith(f"specdecode-exporter probe: error: {message}"), result.stderr
+    assert result.stderr.endswith(" (see specdecode-exporter probe --help)\n")
+
+
+def test_credentials_in_the_url_are_refused_before_any_request() -> None:
+    """A listening server and a URL with credentials: nothing is sent there, and the password is not printed."""
+    with model_list_server(b'{"object": "list", "data": []}') as url:
+        result = run_cli("--url", url.replace("http://", "http://user:s3cret@", 1))
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == ("specdecode-exporter probe: error: --url: credentials in the URL are not allowed; probe "
+                             "sends none, and prints the URL (see specdecode-exporter probe --help)\n")
+    assert "s3cret" not in result.stdout + result.stderr
+
+
 @pytest.mark.parametrize(("signum", "code", "why"), [(signal.SIGINT, 130, "interrupted"),
                                                      (signal.SIGTERM, 143, "terminated")], ids=["SIGINT", "SIGTERM"])
 def test_ctrl_c_or_sigterm_prints_the_rows_so_far_and_exits_128_plus_the_signal(signum: int, code: int,

@@ -14,6 +14,7 @@ from specdecode_exporter.simulator import ModelSpec, Simulator, steady_scenario
 from specdecode_exporter.simulator.model import LiveParams, Workload, compute_rates, position_fractions
 from specdecode_exporter.simulator.server import serve_in_thread
 from tests.helpers import Exposition, fixture_text
+from tests.tap.fake_vllm import fixture_events, without_usage
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 MIXED = ModelSpec(drafts_per_second=0.0, cost_per_draft_token=0.5, workloads=(
@@ -102,6 +103,42 @@ def test_chat_completion_streamed_starts_with_the_role(api: tuple[Simulator, str
     assert first["choices"][0]["delta"] == {"role": "assistant", "content": ""}  # type: ignore[index]
     body = httpx.post(url + "/v1/chat/completions", json={"model": MODEL, "messages": [], "max_tokens": 5}).json()
     assert body["object"] == "chat.completion" and body["choices"][0]["message"]["role"] == "assistant"
+
+
+def shape(value: object) -> object:
+    """A JSON value's structure: each object's keys in order with their values' shapes, a list by its first item,
+    a leaf by its type (the text, ids and numbers differ from run to run; their places must not)."""
+    if isinstance(value, dict):
+        return [(key, shape(item)) for key, item in value.items()]
+    if isinstance(value, list):
+        return [shape(value[0])] if value else []
+    return type(value).__name__
+
+
+def stream_shape(events: list[dict[str, object] | str]) -> list[object]:
+    """The shapes of a stream's events, a run of the same shape as one (streams differ in their number of steps)."""
+    shapes = [shape(e) for e in events]
+    return [s for i, s in enumerate(shapes) if i == 0 or s != shapes[i - 1]]
+
+
+@pytest.mark.parametrize(("chat", "include_usage", "fixture"), [
+    (False, True, "completion_stream_usage.sse"),
+    (False, False, "completion_stream_nousage.sse"),
+    (True, True, "chat_stream_usage.sse"),
+    (True, False, "chat_stream_usage.sse"),  # as vLLM sends it without usage (tests/tap/fake_vllm.py)
+], ids=["completion-usage", "completion", "chat-usage", "chat"])
+def test_streams_have_vllms_shape(api: tuple[Simulator, str], chat: bool, include_usage: bool, fixture: str) -> None:
+    """Every event of a streamed response, with and without stream_options.include_usage, has the members real
+    vLLM 0.32's has, in its order: the chat opening's prompt_token_ids, each chunk's token_ids, and the
+    system_fingerprint on the usage event or, without one, on the terminal chunk."""
+    _, url = api
+    request: dict[str, object] = {"model": MODEL, "max_tokens": 40, "temperature": 0, "stream": True,
+                                  **({"messages": [{"role": "user", "content": "hi"}]} if chat else {"prompt": "x"})}
+    if include_usage:
+        request["stream_options"] = {"include_usage": True}
+    body = httpx.post(url + ("/v1/chat/completions" if chat else "/v1/completions"), json=request).text
+    real = fixture_events(fixture) if include_usage or not chat else without_usage(fixture_events(fixture))
+    assert stream_shape(sse(body)) == stream_shape(sse(b"".join(real).decode()))
 
 
 def test_errors_are_vllms(api: tuple[Simulator, str]) -> None:

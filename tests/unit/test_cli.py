@@ -28,6 +28,7 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 30) 
         (["run", "--collect.interval", "fast"], "--collect.interval: expected a duration"),
         (["run", "--web.listen-address", "nowhere"], "--web.listen-address: expected host:port"),
         (["run", "--target", "localhost:8000"], "--target: expected an http(s) URL"),
+        (["run", "--target", "http://127.0.0.1:99999/metrics"], "--target: expected a port from 1 to 65535"),
         (["run", "--log.level", "loud"], "--log.level: expected one of"),
         (["frobnicate"], "invalid choice: 'frobnicate'"),
     ],
@@ -190,6 +191,44 @@ def test_check_unreachable_is_one_line_exit_1() -> None:
     assert result.stdout == "", "stdout keeps only results"
     [line] = result.stderr.splitlines()  # the detail, in one line, and no log line beside it
     assert line.startswith("specdecode-exporter check: cannot collect http://127.0.0.1:9/metrics: connect"), line
+
+
+@pytest.mark.parametrize(
+    ("url", "line"),
+    [
+        ("http://[::1/metrics", "URL: expected an http(s) URL like http://127.0.0.1:8000/metrics, got "
+                                "'http://[::1/metrics'"),
+        ("http://127.0.0.1:99999/metrics", "URL: expected a port from 1 to 65535 in the URL, got "
+                                           "'http://127.0.0.1:99999/metrics'"),
+        ("http://127.0.0.1:port/metrics", "URL: expected a port from 1 to 65535 in the URL, got "
+                                          "'http://127.0.0.1:port/metrics'"),
+        ("garbage", "URL: expected an http(s) URL like http://127.0.0.1:8000/metrics, got 'garbage'"),
+    ],
+    ids=["unbalanced-bracket", "port-out-of-range", "port-not-a-number", "no-scheme"],
+)
+def test_check_a_bad_url_is_a_usage_error_in_one_line(url: str, line: str) -> None:
+    """check's URL is checked as run's --target is, before anything is sent: one line, exit code 2."""
+    result = run_cli("check", url, "--duration", "1s", "--timeout", "1s")
+    assert result.returncode == 2, result.stderr
+    assert result.stdout == ""
+    assert result.stderr == f"specdecode-exporter: config error: {line}\n"
+
+
+def test_check_refuses_credentials_in_the_url_as_run_does() -> None:
+    """A reachable server, a URL with credentials: check neither collects nor prints them (run refuses them too)."""
+    server, url = serve_in_thread(Simulator(steady_scenario(ModelSpec())))
+    try:
+        with_credentials = url.replace("http://", "http://user:s3cret@", 1) + "/metrics"
+        result = run_cli("check", with_credentials, "--duration", "1s")
+        run = run_cli("run", "--web.listen-address", "127.0.0.1:0", "--target", with_credentials)
+    finally:
+        server.stop()
+    assert (result.returncode, run.returncode) == (2, 2), result.stdout + result.stderr
+    assert result.stdout == ""
+    assert result.stderr == ("specdecode-exporter: config error: URL: credentials in the URL are not allowed; check "
+                             "sends none, and prints the URL\n")
+    assert run.stderr == ("specdecode-exporter: config error: --target: credentials in the URL are not allowed; use "
+                          "bearer_token_file\n")
 
 
 def test_the_demo_sends_each_workload_at_three_temperatures_streamed_and_not() -> None:

@@ -281,6 +281,30 @@ def test_target_flags_replace_file_targets_and_default(tmp_path: Path) -> None:
          "targets[0].labels.job: reserved by the exporter; choose another label name"),
         ("web: {telemetry_path: /-/reload}\n", "web.telemetry_path: /-/reload is used by the exporter itself"),
         ("proxy: {listen_address: ':8001', target: nope}\n", "proxy.target: 'nope' is not one of the targets (vllm)"),
+        # the tap relaying to itself: every request would loop until the sockets run out
+        ("proxy: {listen_address: '127.0.0.1:8001', upstream: 'http://127.0.0.1:8001'}\n",
+         "proxy.upstream: http://127.0.0.1:8001 is the tap's own address (proxy.listen_address 127.0.0.1:8001): the "
+         "tap would relay every request to itself; point it at vLLM"),
+        ("targets:\n  - url: http://127.0.0.1:8001/metrics\nproxy: {listen_address: ':8001'}\n",
+         "proxy.upstream: http://127.0.0.1:8001 (the default: the host and port of target 'vllm') is the tap's own "
+         "address (proxy.listen_address :8001): the tap would relay every request to itself; point it at vLLM"),
+        ("proxy: {listen_address: '[::]:8001', upstream: 'http://[::1]:8001/'}\n",
+         "proxy.upstream: http://[::1]:8001 is the tap's own address (proxy.listen_address [::]:8001): the tap would "
+         "relay every request to itself; point it at vLLM"),
+        ("proxy: {listen_address: 'localhost:80', route: {fallback_upstream: 'http://LOCALHOST'}}\n",
+         "proxy.route.fallback_upstream: http://LOCALHOST is the tap's own address (proxy.listen_address "
+         "localhost:80): the tap would relay every request to itself; point it at vLLM"),
+        # no target: an explicit empty list is not the default target; unnamed targets are all called vllm
+        ("targets: []\n", "targets: no target configured: list at least one, or leave the key out for the default "
+                          "(vllm at http://127.0.0.1:8000/metrics)"),
+        ("targets:\n", "targets: no target configured: list at least one, or leave the key out for the default "
+                       "(vllm at http://127.0.0.1:8000/metrics)"),
+        ("targets:\n  - url: http://x/m\n  - url: http://y/m\n",
+         "targets[0]: a target without a name is called 'vllm', as is targets[1]; give each target its own name "
+         "(its target label)"),
+        ("targets:\n  - {name: vllm, url: 'http://x/m'}\n  - url: http://y/m\n",
+         "targets[1]: a target without a name is called 'vllm', as is targets[0]; give each target its own name "
+         "(its target label)"),
         ("monitoring: {config_file: /nonexistent.yaml}\n",
          "monitoring.config_file: /nonexistent.yaml: cannot read monitoring config: No such file or directory"),
     ],
@@ -289,6 +313,23 @@ def test_each_message_in_full(tmp_path: Path, text: str, message: str) -> None:
     with pytest.raises(ConfigError) as error:
         load_config_file(write(tmp_path, text))
     assert str(error.value) == f"{tmp_path / 'config.yaml'}: {message}"
+
+
+@pytest.mark.parametrize(("listen", "upstream"), [
+    ("127.0.0.1:8001", "http://127.0.0.1:8000"),  # another port
+    ("127.0.0.1:8001", "http://localhost:8001"),  # localhost may be ::1, another socket: left alone
+    ("[::]:8001", "http://127.0.0.1:8001"),  # :: is bound v6-only
+    ("127.0.0.1:0", "http://127.0.0.1:80"),  # a port the kernel picks
+])
+def test_a_tap_beside_its_upstream_is_not_taken_for_itself(listen: str, upstream: str) -> None:
+    config = config_from_mapping({"proxy": {"listen_address": listen, "upstream": upstream}}, "test")
+    assert config.proxy is not None and config.proxy.upstream == upstream
+
+
+def test_no_targets_key_is_the_default_target() -> None:
+    """The documented default (docs/configuration.md): a file without targets collects the vLLM beside it."""
+    config = config_from_mapping({"collect": {"timeout": "2s"}}, "test")
+    assert [(t.name, t.url, t.timeout) for t in config.targets] == [("vllm", "http://127.0.0.1:8000/metrics", 2.0)]
 
 
 def test_a_targets_missing_keys_come_from_the_files_sections(tmp_path: Path) -> None:

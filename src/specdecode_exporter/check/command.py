@@ -11,6 +11,7 @@ import httpx
 
 from specdecode_exporter.check import per_request as check_per_request
 from specdecode_exporter.core.monitoring_config import Statistics
+from specdecode_exporter.core.validation import validate
 from specdecode_exporter.pipeline.derive import acceptance_ratio
 from specdecode_exporter.pipeline.engines import NOT_APPLICABLE
 from specdecode_exporter.pipeline.engines.vllm_v1 import ADAPTIVE_VERIFICATION_WHY
@@ -21,12 +22,14 @@ from specdecode_exporter.pipeline.schedule import (
     vllm_speculative_config,
 )
 from specdecode_exporter.sidecar.collection import Exporter, TargetView
-from specdecode_exporter.sidecar.config import CollectSection, Config, TargetConfig, Window
+from specdecode_exporter.sidecar.config import CollectSection, Config, TargetConfig, Url, Window
 from specdecode_exporter.sidecar.series import SeriesView
 from specdecode_exporter.sidecar.status import verdict_stats
 
 PROG = "specdecode-exporter check"
 CHECK_STEP_SECONDS = 2.0  # below V0's 5 s report period, so V0 counters can be decoded too
+# The URL is checked as a target's is (sidecar/config.py), but check has no bearer_token_file to point to.
+URL_CONTEXT = {"url_credentials": "check sends none, and prints the URL"}
 
 
 def _fmt(value: float | int | None, spec: str = ".3f") -> str:
@@ -169,7 +172,9 @@ def run_check(url: str, duration: float, timeout: float, out: TextIO, err: TextI
               send_test_completion: bool = False, adaptive_verification: bool = False) -> int:
     """Collect, print the verdict; with ``send_test_completion``, also one 1-token completion to tell whether vLLM
     returns the per-request metrics the request tap reads (exit code 1 when that could not be told). Results go to
-    ``out``; what went wrong goes to ``err``, one line each, so `check … > verdict.txt` keeps only results."""
+    ``out``; what went wrong goes to ``err``, one line each, so `check … > verdict.txt` keeps only results. A URL
+    that is not one a target may have is a ConfigError (a usage error: exit code 2), before anything is sent."""
+    url = validate(Url, url, "URL", context=URL_CONTEXT)
     window = Window(f"{duration:g}s", duration + CHECK_STEP_SECONDS)
     target = TargetConfig(name="check", url=url, timeout=timeout, adaptive_verification=adaptive_verification)
     config = Config(targets=(target,), windows=(window,),

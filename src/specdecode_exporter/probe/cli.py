@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 from specdecode_exporter.core import monitoring_config
 from specdecode_exporter.core.flags import UsageError, convert
 from specdecode_exporter.core.signals import stop_on_signals
-from specdecode_exporter.core.validation import ConfigError, parse_duration
+from specdecode_exporter.core.validation import ConfigError, parse_duration, validate
 from specdecode_exporter.probe.client import ProbeFault
 from specdecode_exporter.probe.measure import Bands
 from specdecode_exporter.probe.progress import Progress
@@ -28,6 +28,7 @@ from specdecode_exporter.probe.report import (
     write_plot,
 )
 from specdecode_exporter.probe.run import Outcome, Plan, run_probe
+from specdecode_exporter.sidecar.config import Url
 
 PROG = "specdecode-exporter probe"
 DEFAULT_TEMPERATURES = "0,0.4,0.8,1.0"
@@ -35,6 +36,8 @@ DEFAULT_MAX_TOTAL_REQUESTS = 2000
 DEFAULT_TIMEOUT = "30m"
 DEFAULT_REQUEST_TIMEOUT = "120s"
 DEFAULT_SETTLE = "500ms"
+# --url and --baseline-url are checked as a target's URL is (sidecar/config.py), with the server's base URL as example.
+URL_CONTEXT = {"url_example": "http://127.0.0.1:8000", "url_credentials": "probe sends none, and prints the URL"}
 DESCRIPTION = """Measure α (accepted / drafted tokens), mean acceptance length, per-position acceptance, TPOT and
 tokens/s per temperature and prompt group against a running server, and with --baseline-url the observed speedup
 (baseline TPOT / TPOT) against a server without spec decode; a verdict per row. Details: docs/probe.md."""
@@ -89,16 +92,16 @@ def _integer(flag: str, raw: str, low: int, high: int) -> int:
 
 
 def parse_url(flag: str, raw: str) -> str:
-    """An http(s) base URL without a trailing slash (and without a trailing /v1, which the probe adds)."""
-    parts = urlsplit(raw.strip())
-    if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
-        raise UsageError(f"{flag}: expected an http(s) URL like http://127.0.0.1:8000, got {raw!r}")
+    """An http(s) base URL without a trailing slash (and without a trailing /v1, which the probe adds): checked as
+    a target's URL is (sidecar/config.py's one validator), and without a query or fragment."""
     try:
-        parts.port  # noqa: B018 - raises on a bad port
-    except ValueError:
-        raise UsageError(f"{flag}: bad port in {raw!r}") from None
-    base = raw.strip().rstrip("/")
-    return base.removesuffix("/v1")
+        url: str = validate(Url, raw.strip(), flag, context=URL_CONTEXT)
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+    parts = urlsplit(url)
+    if parts.query or parts.fragment:
+        raise UsageError(f"{flag}: expected an http(s) URL like {URL_CONTEXT['url_example']}, got {raw!r}")
+    return url.rstrip("/").removesuffix("/v1")
 
 
 def parse_temperatures(raw: str) -> tuple[float, ...]:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Annotated, Any
 from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, BeforeValidator, Field, GetCoreSchemaHandler
+from pydantic import AfterValidator, BeforeValidator, Field, GetCoreSchemaHandler, ValidationInfo
 from pydantic_core import core_schema
 
 from specdecode_exporter.core import monitoring_config, validation
@@ -56,6 +56,7 @@ RESERVED_PATHS = frozenset({"/", "/healthz", "/readyz", "/api/v1/status", "/-/re
 LOG_LEVELS = ("debug", "info", "warn", "error")
 LOG_FORMATS = ("logfmt", "json")
 DEFAULT_TARGET_URL = "http://127.0.0.1:8000/metrics"
+DEFAULT_TARGET_NAME = "vllm"  # the default target's, and that of a target without a name
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 _HEADER_NAME = re.compile(r"[A-Za-z0-9!#$%&'*+.^_`|~-]+")
 
@@ -84,17 +85,29 @@ def _windows(value: object) -> tuple[Window, ...]:
     return tuple(sorted(windows, key=lambda w: w.seconds))
 
 
-def _url(value: object) -> str:
+def _url(value: object, info: ValidationInfo) -> str:
+    """The one check of a URL the exporter reaches: a target's (``run``), ``check``'s and ``probe``'s. An http(s)
+    URL with a host, a port from 1 to 65535 if it has one, and no credentials. A command whose URL has another shape
+    puts ``url_example`` (the example in the message) and ``url_credentials`` (what to say instead of
+    bearer_token_file) in the validation context."""
+    context = info.context or {}
     try:
         parts = urlsplit(str(value))
         ok = isinstance(value, str) and parts.scheme in ("http", "https") and bool(parts.hostname)
     except ValueError:  # e.g. an unbalanced [ in the host
         ok = False
     if not ok:
-        raise fail(f"expected an http(s) URL like {DEFAULT_TARGET_URL}, got {show(value)}")
+        raise fail(f"expected an http(s) URL like {context.get('url_example', DEFAULT_TARGET_URL)}, "
+                   f"got {show(value)}")
+    try:
+        port = parts.port
+    except ValueError:  # not a number, or over 65535
+        port = 0
+    if port == 0:
+        raise fail(f"expected a port from 1 to 65535 in the URL, got {show(value)}")
     if parts.username is not None or parts.password is not None:
         # URLs are logged and shown on the status page; secrets only ever come from files.
-        raise fail("credentials in the URL are not allowed; use bearer_token_file")
+        raise fail(f"credentials in the URL are not allowed; {context.get('url_credentials', 'use bearer_token_file')}")
     return str(value)
 
 
@@ -353,9 +366,24 @@ class ProxyConfig(Section):
 
 
 def _target_list(value: object) -> object:
+    """The file's targets: a non-empty list (the default target is for a file without the key, not an empty one)."""
     if value is not None and not isinstance(value, list):
         raise fail(f"expected a list of targets, got {show(value)}")
-    return value or ()
+    if not value:
+        raise fail(f"no target configured: list at least one, or leave the key out for the default "
+                   f"({DEFAULT_TARGET_NAME} at {DEFAULT_TARGET_URL})")
+    return value
+
+
+def _unnamed_clash(entries: tuple[Any, ...]) -> None:
+    """A ConfigError when a target without a name (called DEFAULT_TARGET_NAME) shares that name with another: the
+    error asks for names, rather than calling one the user never wrote a duplicate."""
+    names = [t.get("name", DEFAULT_TARGET_NAME) if isinstance(t, Mapping) else None for t in entries]
+    for i, entry in enumerate(entries):
+        others = [j for j, name in enumerate(names) if name == DEFAULT_TARGET_NAME and j != i]
+        if isinstance(entry, Mapping) and "name" not in entry and others:
+            raise ConfigError(f"targets[{i}]: a target without a name is called {DEFAULT_TARGET_NAME!r}, as is "
+                              f"targets[{others[0]}]; give each target its own name (its target label)")
 
 
 def _proxy_keys(value: object) -> object:
@@ -388,7 +416,41 @@ def proxy_config(section: Mapping[str, Any] | None, targets: tuple[TargetConfig,
     if not raw.get("upstream"):
         raw["upstream"] = api_base(next(t.url for t in targets if t.name == target))
     proxy: ProxyConfig = validation.validate(ProxyConfig, {**raw, "target": target}, at=("proxy",), origins=origins)
+    check_not_itself(proxy, defaulted=not (section or {}).get("upstream"), origins=origins or {})
     return proxy
+
+
+def check_not_itself(proxy: ProxyConfig, defaulted: bool, origins: Mapping[str, str]) -> None:
+    """A ConfigError when the tap's upstream (or routing's fallback) is the tap itself: every request would loop
+    until the sockets run out. ``defaulted``: the upstream is the target's, not given."""
+    fallback = proxy.route.fallback_upstream if proxy.route else None
+    for key, upstream in (("upstream", proxy.upstream), ("route.fallback_upstream", fallback)):
+        if upstream is None or not relays_to_itself(proxy.listen_address, upstream):
+            continue
+        origin = origins.get(f"proxy.{key}")
+        given = key != "upstream" or not defaulted
+        default = "" if given else f" (the default: the host and port of target {proxy.target!r})"
+        listen = origins.get("proxy.listen_address", "proxy.listen_address")
+        raise (SourcedError if origin else ConfigError)(
+            f"{origin or f'proxy.{key}'}: {upstream}{default} is the tap's own address ({listen} "
+            f"{proxy.listen_address}): the tap would relay every request to itself; point it at vLLM")
+
+
+def relays_to_itself(listen_address: str, upstream: str) -> bool:
+    """Whether a tap listening on ``listen_address`` is what ``upstream`` (http://host:port) reaches: the same port,
+    and the same host as written, or 127.0.0.1 (::1) where the tap listens on every IPv4 (IPv6) address, which
+    takes the loopback port too (asyncio binds IPv6 sockets v6-only, so :: does not cover 127.0.0.1). Other
+    spellings of one host (localhost, the pod's IP) may reach another server and are left alone."""
+    host, port = split_listen_address(listen_address)
+    try:
+        parts = urlsplit(upstream)
+        upstream_host, upstream_port = (parts.hostname or "").lower(), parts.port or 80
+    except ValueError:
+        return False
+    if port == 0 or upstream_port != port:
+        return False
+    host = host.lower()
+    return upstream_host == host or (host, upstream_host) in (("0.0.0.0", "127.0.0.1"), ("::", "::1"))
 
 
 # ---------- the file ----------
@@ -444,7 +506,7 @@ class ConfigFile(Section):
     collect: CollectSection = CollectSection()
     windows: Windows | None = setting(None, "windows of the windowed gauges (comma-separated in a flag)",
                                       flag="--collect.windows", shown=DEFAULT_WINDOWS)
-    targets: Annotated[tuple[dict[str, Any], ...], BeforeValidator(_target_list)] = ()
+    targets: Annotated[tuple[dict[str, Any], ...] | None, BeforeValidator(_target_list)] = None  # None: the default
     cost_model: CostModelSection = CostModelSection()
     page_threshold: Annotated[Number, Range(0, 1)] | None = setting(
         None, "the verdict's page threshold, for this sidecar only (the alert rules keep the monitoring config's)",
@@ -458,7 +520,9 @@ class ConfigFile(Section):
         """The file's targets (or --target's); a target without timeout or cost_model takes collect.timeout and
         cost_model."""
         default_cost = self.cost_model.resolve(CostModel())
-        raw = [{"name": "vllm", "timeout": self.collect.timeout, "cost_model": None, **t} for t in self.targets]
+        _unnamed_clash(self.targets or ())
+        raw = [{"name": DEFAULT_TARGET_NAME, "timeout": self.collect.timeout, "cost_model": None, **t}
+               for t in self.targets or ()]
         targets: tuple[TargetConfig, ...] = validation.validate(
             tuple[TargetConfig, ...], raw, context={"cost_model": default_cost}, at=("targets",), origins=origins)
         return targets
@@ -581,8 +645,8 @@ def config_from_mapping(data: Any, source: str, flags: Mapping[str, object] | No
     variable that gave each, for the error about it."""
     file: ConfigFile = validation.validate(ConfigFile, merged(data, flags or {}), origins=origins)
     targets = file.targets_config(origins)
-    if not targets:  # the vLLM beside the sidecar
-        targets = (TargetConfig(name="vllm", url=DEFAULT_TARGET_URL, timeout=file.collect.timeout),)
+    if not targets:  # no targets key: the vLLM beside the sidecar
+        targets = (TargetConfig(name=DEFAULT_TARGET_NAME, url=DEFAULT_TARGET_URL, timeout=file.collect.timeout),)
     monitoring = load_monitoring(file)
     verdict = monitoring.verdict
     if file.page_threshold is not None:

@@ -221,10 +221,23 @@ def response_body(call: Call, generations: list[Generation], prompt_tokens: int,
             "metrics": metrics}
 
 
+def _chunk_choice(call: Call, text: str, finish: str | None) -> dict[str, Any]:
+    """A streamed chunk's choice with the members vLLM 0.32 writes (tests/fixtures/vllm_0.32.0): a completion's
+    carry stop_reason, prompt_token_ids and token_ids on every chunk; a chat delta's carry token_ids, and
+    stop_reason only on the terminal one."""
+    if not call.chat:
+        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish, "stop_reason": None,
+                "prompt_token_ids": None, "token_ids": None}
+    stop = {} if finish is None else {"stop_reason": None}
+    return {"index": 0, "delta": {"content": text}, "logprobs": None, "finish_reason": finish, **stop,
+            "token_ids": None}
+
+
 def stream_events(call: Call, generation: Generation, prompt_tokens: int,
                   metrics: dict[str, Any] | None) -> Iterator[bytes]:
     """The SSE events of a streamed response: one per engine step, the usage event (only when asked for), and
-    [DONE]; one event per chunk, as vLLM sends them."""
+    [DONE]; one event per chunk, shaped as vLLM 0.32 sends them (tests/fixtures/vllm_0.32.0): system_fingerprint
+    rides on the usage event when there is one, else on the terminal chunk."""
     ident, created = f"{'chatcmpl' if call.chat else 'cmpl'}-{uuid.uuid4().hex[:16]}", int(time.time())
     kind = "chat.completion.chunk" if call.chat else "text_completion"
 
@@ -234,12 +247,15 @@ def stream_events(call: Call, generation: Generation, prompt_tokens: int,
 
     if call.chat:
         yield event({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                                  "finish_reason": None}]})
+                                  "finish_reason": None}], "prompt_token_ids": None, "prompt_text": None})
     steps = generation.tokens_per_step()
     offset = 0
     for i, n in enumerate(steps):
         last = i == len(steps) - 1
-        yield event({"choices": [_choice(call, 0, _text(n, offset), "length" if last else None, True)]})
+        body: dict[str, Any] = {"choices": [_chunk_choice(call, _text(n, offset), "length" if last else None)]}
+        if last and not call.include_usage:
+            body["system_fingerprint"] = SYSTEM_FINGERPRINT
+        yield event(body)
         offset += n
     if call.include_usage:
         usage: dict[str, Any] = {"choices": [], "usage": _usage(call, prompt_tokens),
