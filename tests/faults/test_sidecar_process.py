@@ -175,13 +175,18 @@ def test_sigterm_stops_within_seconds_even_with_a_hanging_target(tmp_path: Path,
     assert "msg=stopped" in stderr and "Traceback" not in stderr
 
 
+def _sidecar_reading(tmp_path: Path, targets: dict[str, str]) -> tuple[Path, Process]:
+    """A config file of ``targets`` (name: URL), and a real sidecar reading it on a free port."""
+    port = closed_port()
+    config = write(tmp_path / "c.yml", config_text(targets))
+    return config, Process(["--config.file", str(config), "--web.listen-address", f"127.0.0.1:{port}"],
+                           f"http://127.0.0.1:{port}")
+
+
 def test_sighup_and_post_reload_keep_window_state(tmp_path: Path, servers: Callable[..., HostileServer]) -> None:
     a = servers(scripted(Counting()))
     b = servers(scripted(Counting()))
-    port = closed_port()
-    config = write(tmp_path / "c.yml", config_text({"a": a.url}))
-    sidecar = Process(["--config.file", str(config), "--web.listen-address", f"127.0.0.1:{port}"],
-                      f"http://127.0.0.1:{port}")
+    config, sidecar = _sidecar_reading(tmp_path, {"a": a.url})
     try:
         sidecar.wait_until(lambda: (sidecar.metrics().get("specdecode_interval_acceptance_ratio_count",
                                                           target="a") or 0) >= 5)
@@ -233,10 +238,7 @@ def test_a_reload_to_no_targets_is_rejected_and_the_targets_kept(tmp_path: Path,
                                                                    servers: Callable[..., HostileServer]) -> None:
     """`targets: []` (or `targets:` empty) on reload: rejected in one line, not the default target collected."""
     a = servers(scripted(Counting()))
-    port = closed_port()
-    config = write(tmp_path / "c.yml", config_text({"a": a.url}))
-    sidecar = Process(["--config.file", str(config), "--web.listen-address", f"127.0.0.1:{port}"],
-                      f"http://127.0.0.1:{port}")
+    config, sidecar = _sidecar_reading(tmp_path, {"a": a.url})
     try:
         sidecar.wait_until(lambda: sidecar.metrics().get("specdecode_up", target="a") == 1)
         for empty in (config_text({}), config_text({}).replace("targets:", "targets: []")):
