@@ -40,30 +40,33 @@ class PoolHealth:
     def fallback_result(self, failure: str | None) -> None:
         """A failed fallback is not tried again for a while (0.5 s, doubling up to 30 s): meanwhile its requests go
         to the upstream at once (fallback_down) instead of each waiting for a connect that fails."""
+        was_out = self._fallback_out()
         if failure is None:
-            if self.fallback_down is not None:
-                event(logging.INFO, "request tap fallback reachable again")
             self.fallback_down, self.fallback_backoff = None, 0.0
-            return
-        now = time.monotonic()
-        if self.fallback_down is None and self.fallback_unresponsive is None:  # else its check said it already
-            event(logging.WARNING, "request tap fallback unavailable: its requests go to the upstream",
-                  reason=failure)
-        elif now < self.fallback_retry_at:
-            return  # an attempt begun before this pause: one failed try doubles the pause, not each connection
-        self.fallback_down = failure
-        self.fallback_backoff = min(FALLBACK_RETRY_MAX, max(FALLBACK_RETRY_MIN, 2 * self.fallback_backoff))
-        self.fallback_retry_at = now + self.fallback_backoff
+        elif self.fallback_down is None or time.monotonic() >= self.fallback_retry_at:
+            # (a failure of an attempt begun before this pause is not counted: one failed try doubles the pause)
+            self.fallback_down = failure
+            self.fallback_backoff = min(FALLBACK_RETRY_MAX, max(FALLBACK_RETRY_MIN, 2 * self.fallback_backoff))
+            self.fallback_retry_at = time.monotonic() + self.fallback_backoff
+        self._log_fallback(was_out)
 
     def fallback_checked(self, failure: str | None) -> None:
         """A health check of the fallback answered (None) or did not (why): until one answers again, nothing is
         routed to it, whatever its connects do (a stopped process still completes them)."""
-        if failure is not None and self.fallback_unresponsive is None:
-            event(logging.WARNING, "request tap fallback not answering: its requests go to the upstream",
-                  reason=failure)
-        elif failure is None and self.fallback_unresponsive is not None:
-            event(logging.INFO, "request tap fallback answering again")
+        was_out = self._fallback_out()
         self.fallback_unresponsive = failure
+        self._log_fallback(was_out)
+
+    def _fallback_out(self) -> bool:
+        return self.fallback_down is not None or self.fallback_unresponsive is not None
+
+    def _log_fallback(self, was_out: bool) -> None:
+        """One line when the fallback goes out of routing (a failed connect or health check), one when it is back."""
+        if self._fallback_out() and not was_out:
+            event(logging.WARNING, "request tap fallback unavailable: its requests go to the upstream",
+                  reason=self.fallback_unresponsive or self.fallback_down)
+        elif was_out and not self._fallback_out():
+            event(logging.INFO, "request tap fallback reachable again")
 
     def fallback_available(self) -> bool:
         if self.fallback_unresponsive is not None:
