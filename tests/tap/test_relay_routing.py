@@ -194,10 +194,12 @@ def test_fallback_not_answering_connects_costs_the_connect_timeout_once() -> Non
 
 class HungServer:
     """A server that accepts connections and reads requests but never answers them (a stopped or wedged
-    process behind a listening socket); it answers ``GET /health`` with ``health`` once that is set."""
+    process behind a listening socket); it answers ``GET /health`` with ``health`` once that is set, and any other
+    request with ``reply`` once that is."""
 
     def __init__(self) -> None:
         self.health: bytes | None = None
+        self.reply: bytes | None = None
         self.requests: list[bytes] = []
         self._writers: list[asyncio.StreamWriter] = []
         self._server: asyncio.Server | None = None
@@ -211,8 +213,9 @@ class HungServer:
         with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
             head = await reader.readuntil(b"\r\n\r\n")
             self.requests.append(head.split(b" ", 2)[1])
-            if head.startswith(b"GET /health ") and self.health is not None:
-                writer.write(self.health)
+            answer = self.health if head.startswith(b"GET /health ") else self.reply
+            if answer is not None:
+                writer.write(answer)
                 writer.close()
 
     async def close(self) -> None:
@@ -251,6 +254,29 @@ def test_a_fallback_that_accepts_but_never_answers_loses_no_request(loop: str) -
                 assert [r.status for _, r in await recorder.wait(2)] == [200, 200]
         finally:
             await hung.close()
+
+    run(loop, main)
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+@pytest.mark.parametrize("garbage", [b"GARBAGE NOT HTTP\r\n\r\n", b"SSH-2.0-OpenSSH_9.2\r\n"])
+def test_a_fallback_answering_with_what_is_not_http_loses_no_request(loop: str, garbage: bytes) -> None:
+    """Bytes that are not an HTTP response from the fallback, before anything reached the client: the request goes
+    to the speculative pool, and the client reads that pool's response, not the fallback's garbage."""
+    async def main() -> None:
+        wrong = HungServer()
+        wrong.reply = garbage
+        url = await wrong.start()
+        try:
+            async with two_pools(url) as (speculative, _fb, tap, recorder, _router):
+                response = await fetch(tap.port, _completion("slow", stream=True))
+                assert response.startswith(b"HTTP/1.1 200 ")
+                assert _route_header(response) == b"speculative; reason=fallback_down"
+                assert dechunk(response).endswith(b"data: [DONE]\n\n")
+                assert garbage not in response and len(speculative.exchanges) == 1
+                assert [r.status for _, r in await recorder.wait(1)] == [200]
+        finally:
+            await wrong.close()
 
     run(loop, main)
 

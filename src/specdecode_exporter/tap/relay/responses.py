@@ -36,6 +36,10 @@ class ResponseEnds(Protocol):
     def response_ended(self) -> None:
         """A response came to its end (the next one may be a request held back for another pool)."""
 
+    def fallback_unreadable(self) -> None:
+        """The fallback answered a request with bytes that are not an HTTP response, before any reached the client:
+        drop its connection, so that the request goes to the upstream as when the fallback closes unanswered."""
+
 
 def _drop(data: bytes) -> None:
     """Where upstream bytes go before there is a client transport (never, in practice)."""
@@ -140,6 +144,10 @@ class ResponseReader:
         head = parse_head(data[pos : end + 4])
         status = _status(head)
         if head is None or status is None or not self._exchanges:
+            oldest = self._exchanges[0] if self._exchanges else None
+            if oldest is not None and oldest.resend is not None and oldest.first_byte is None:
+                self._ends.fallback_unreadable()  # sent to the fallback, and nothing of it shown to the client yet
+                return len(data)
             return self._tunnel(data, pos, out)
         exchange = self._exchanges[0]
         if exchange.first_byte is None:
