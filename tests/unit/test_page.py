@@ -175,3 +175,25 @@ def test_the_pages_gzip_is_written_out_before_any_scrape() -> None:
     whole = head + tail.compress(b"live 1\n") + tail.flush()
     inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
     assert inflater.decompress(whole) == text + b"live 1\n" and inflater.eof and not inflater.unused_data
+
+
+def test_a_page_is_rendered_once_per_format_whatever_version_a_client_names() -> None:
+    """Any OpenMetrics version from 1.0.0 up is answered as 1.0.0 by one cached page: keyed as prometheus_client
+    echoes it, every made-up version cached a page and a gzip stream of its own and was rendered again after each
+    collection (a client looping over versions grew the sidecar to 1 GB)."""
+    from specdecode_exporter.sidecar.page import SpecDecodePage, negotiate
+
+    async def main() -> None:
+        page = SpecDecodePage(list)
+        for i in range(50):
+            encoder, content_type = negotiate(f"application/openmetrics-text;version=1.0.{i}")
+            assert content_type == "application/openmetrics-text; version=1.0.0; charset=utf-8; escaping=underscores"
+            await page.get(encoder, compress=True)
+        assert page.renders == 1
+        for accept in ("", "text/plain", "text/plain;version=0.0.4"):
+            await page.get(negotiate(accept)[0], compress=False)
+        assert page.renders == 2  # the text format: one more
+        assert negotiate("application/openmetrics-text;version=9.9.9;escaping=dots")[0] is negotiate(
+            "application/openmetrics-text;version=1.0.0;escaping=dots")[0]
+
+    asyncio.run(main())

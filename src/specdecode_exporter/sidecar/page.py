@@ -17,12 +17,14 @@ import asyncio
 import functools
 import math
 import operator
+import re
 import time
 import zlib
-from collections.abc import Callable, Hashable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
+from prometheus_client.exposition import choose_encoder
 from prometheus_client.openmetrics import exposition as openmetrics
 
 from specdecode_exporter.core.exposition import UNDERSCORES, LineFormat, TextFormat
@@ -43,20 +45,33 @@ class Compressor(Protocol):
     def copy(self) -> Compressor: ...
 
 
-def encoder_key(encoder: Encoder) -> Hashable:
-    """The same key for the same format: prometheus_client's choose_encoder returns a new functools.partial of
-    the OpenMetrics encoder at every call."""
-    if isinstance(encoder, functools.partial):
-        return (encoder.func, encoder.args, tuple(sorted(encoder.keywords.items())))
-    return encoder
-
-
 def text_format(encoder: Encoder) -> TextFormat:
     """The format an encoder chosen by prometheus_client's choose_encoder writes (the page is written by
     core/exposition.py, not by the encoder): OpenMetrics or the text format, and the name escaping asked for."""
     func, keywords = (encoder.func, encoder.keywords) if isinstance(encoder, functools.partial) else (encoder, {})
     return TextFormat(openmetrics=func is openmetrics.generate_latest,
                       escaping=str(keywords.get("escaping", UNDERSCORES)))
+
+
+OPENMETRICS_VERSION = "1.0.0"  # the version the page is written in, whatever a client names
+_NEGOTIATED: dict[TextFormat, tuple[Encoder, str]] = {}
+
+
+def negotiate(accept: str) -> tuple[Encoder, str]:
+    """The encoder and content type for an Accept header: one encoder object per format the page can be written
+    in (2 formats × 4 escapings), which the page's caches key on. prometheus_client's choose_encoder returns a new
+    encoder at every call and echoes any OpenMetrics version from 1.0.0 up that a client names: keyed as given,
+    every scrape (and every made-up version) would have cached a page of its own."""
+    encoder, content_type = choose_encoder(accept)
+    page_format = text_format(encoder)
+    known = _NEGOTIATED.get(page_format)
+    if known is None:
+        if isinstance(encoder, functools.partial) and "version" in encoder.keywords:
+            encoder = functools.partial(encoder.func, *encoder.args,
+                                        **{**encoder.keywords, "version": OPENMETRICS_VERSION})
+            content_type = re.sub(r"version=[^;]*", f"version={OPENMETRICS_VERSION}", content_type, count=1)
+        known = _NEGOTIATED[page_format] = (encoder, content_type)
+    return known
 
 
 def new_gzip() -> Compressor:
@@ -112,7 +127,9 @@ class SpecDecodePage:
         """``gzipped``: encoders whose page is gzipped from its first render, before any scrape asks for it so
         (what Prometheus asks for)."""
         self._views = views
-        self._encoders: dict[Hashable, Encoder] = {}  # the first of each format seen, which the page is keyed by
+        # The first encoder of each format seen, which the page is keyed by: what it writes is the format (2 × 4
+        # escapings), however the encoder was asked for (a new object per call, any OpenMetrics version).
+        self._encoders: dict[TextFormat, Encoder] = {}
         self._formats: dict[Encoder, LineFormat] = {}
         self._rendered: dict[Encoder, Rendered] = {}
         self._rendering: dict[Encoder, asyncio.Task[Rendered]] = {}
@@ -125,7 +142,7 @@ class SpecDecodePage:
         self._published = -math.inf  # when the last collection published (keep_fresh's clock), told by wake()
 
     def encoder(self, encoder: Encoder) -> Encoder:
-        return self._encoders.setdefault(encoder_key(encoder), encoder)
+        return self._encoders.setdefault(text_format(encoder), encoder)
 
     def line_format(self, encoder: Encoder) -> LineFormat:
         line_format = self._formats.get(encoder)

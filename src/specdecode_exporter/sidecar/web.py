@@ -11,7 +11,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 import uvicorn
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
-from prometheus_client.exposition import choose_encoder
 from starlette.applications import Starlette
 from starlette.background import BackgroundTask
 from starlette.middleware import Middleware
@@ -19,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from specdecode_exporter.core.exposition import LineFormat, family_pieces
+from specdecode_exporter.core.exposition import LineFormat, TextFormat, family_pieces
 from specdecode_exporter.core.httpserver import QuietServer, bind_socket
 from specdecode_exporter.core.log import event
 from specdecode_exporter.core.slices import run_sliced
@@ -27,7 +26,7 @@ from specdecode_exporter.sidecar.collection import Exporter
 from specdecode_exporter.sidecar.config import Config, split_listen_address
 from specdecode_exporter.sidecar.expose import TapFamilies, exporter_version
 from specdecode_exporter.sidecar.heap import collect_after_response, tune_gc
-from specdecode_exporter.sidecar.page import Encoder, SpecDecodePage, text_format
+from specdecode_exporter.sidecar.page import Encoder, SpecDecodePage, negotiate, text_format
 from specdecode_exporter.sidecar.proxy import TapRuntime, tap_runtime
 from specdecode_exporter.sidecar.reload import ReloadCollector, Reloader
 from specdecode_exporter.sidecar.status import status_json
@@ -49,7 +48,7 @@ class MetricsRenderer:
     def __init__(self, exporter: Exporter, reloader: Reloader | None = None, tap: TapRuntime | None = None) -> None:
         """A scrape reads the page of the views published by the time it came, never an older one (keep_fresh
         renders it ahead of the scrape it expects; any other scrape waits for its render)."""
-        self.spec_decode = SpecDecodePage(exporter.views, gzipped=(choose_encoder(PROMETHEUS_ACCEPT)[0],))
+        self.spec_decode = SpecDecodePage(exporter.views, gzipped=(negotiate(PROMETHEUS_ACCEPT)[0],))
         self._reload = CollectorRegistry(auto_describe=True)
         if reloader is not None:
             self._reload.register(ReloadCollector(reloader))
@@ -62,7 +61,7 @@ class MetricsRenderer:
         ProcessCollector(registry=self._process)
         PlatformCollector(registry=self._process)
         GCCollector(registry=self._process)
-        self._live_formats: dict[Encoder, LineFormat] = {}
+        self._live_formats: dict[TextFormat, LineFormat] = {}  # one per format: 2 × 4 escapings at most
 
     def live_pieces(self, line_format: LineFormat) -> Iterator[str]:
         """The live families' text: the reload families, the tap's, then the process, platform and GC ones."""
@@ -78,9 +77,10 @@ class MetricsRenderer:
         encoder = self.spec_decode.encoder(encoder)
         self.spec_decode.scraped(time.monotonic())
         cached = await self.spec_decode.get(encoder, compress)
-        live_format = self._live_formats.get(encoder)
+        page_format = text_format(encoder)
+        live_format = self._live_formats.get(page_format)
         if live_format is None:
-            live_format = self._live_formats[encoder] = LineFormat(text_format(encoder))
+            live_format = self._live_formats[page_format] = LineFormat(page_format)
         live = ("".join(await run_sliced(self.live_pieces(live_format))) + live_format.eof).encode()
         if not compress:
             return cached.text + live
@@ -186,7 +186,7 @@ def build_app(exporter: Exporter, run_collection: bool = True, reloader: Reloade
                            tap.variances() if tap is not None else ())
 
     async def metrics(request: Request) -> Response:  # on the loop: a scrape is mostly a copy of rendered bytes
-        encoder, content_type = choose_encoder(request.headers.get("accept", ""))
+        encoder, content_type = negotiate(request.headers.get("accept", ""))
         compress = accepts_gzip(request.headers.get("accept-encoding", ""))
         if tap is not None:
             await tap.refresh()
