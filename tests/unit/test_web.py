@@ -17,6 +17,9 @@ from specdecode_exporter.sidecar.web import accepts_gzip
     ("identity", False),
     ("", False),
     ("gzip;q=oops", False),
+    ("*;q=0.5, gzip;q=0", False),  # gzip's own entry decides, wherever it stands
+    ("gzip;q=0.5, *;q=0", True),
+    ("br, *;q=0", False),
 ])
 def test_accepts_gzip(header: str, expected: bool) -> None:
     assert accepts_gzip(header) is expected

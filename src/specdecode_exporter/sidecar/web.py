@@ -94,17 +94,20 @@ PAGE_POLL_SECONDS = 0.1  # how soon after a collection the page is rendered agai
 
 
 def accepts_gzip(accept_encoding: str) -> bool:
-    """Whether an Accept-Encoding header allows gzip (q=0 forbids it)."""
+    """Whether an Accept-Encoding header allows gzip: its own entry decides where it has one, else ``*``'s (q=0
+    forbids it; RFC 9110 §12.5.3)."""
+    qualities: dict[str, bool] = {}
     for item in accept_encoding.split(","):
         coding, _, params = item.strip().partition(";")
-        if coding.strip().lower() in ("gzip", "*"):
+        coding = coding.strip().lower()
+        if coding in ("gzip", "*") and coding not in qualities:
             params = params.strip()
             q = params[2:] if params.startswith("q=") else "1"
             try:
-                return float(q) > 0
+                qualities[coding] = float(q) > 0
             except ValueError:
-                return False
-    return False
+                qualities[coding] = False
+    return qualities.get("gzip", qualities.get("*", False))
 
 
 def _on_sighup(reloader: Reloader | None) -> Callable[[], None]:
