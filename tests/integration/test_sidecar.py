@@ -261,6 +261,13 @@ def test_no_target_parameter_can_redirect_the_sidecar(harness: Harness) -> None:
     assert httpx.get(harness.sidecar_url + "/probe", params={"target": "x"}).status_code == 404
 
 
+def test_a_trailing_slash_is_not_redirected_to_the_host_a_client_names(harness: Harness) -> None:
+    harness.step(5.0)
+    response = httpx.get(harness.sidecar_url + "/metrics/", headers={"Host": "evil.example"})
+    assert response.status_code == 404
+    assert "location" not in response.headers
+
+
 def test_openmetrics_negotiation(harness: Harness) -> None:
     harness.step(5.0)
     response = httpx.get(harness.sidecar_url + "/metrics", headers={"Accept": "application/openmetrics-text"})

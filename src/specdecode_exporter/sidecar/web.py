@@ -219,6 +219,9 @@ def build_app(exporter: Exporter, run_collection: bool = True, reloader: Reloade
     app = Starlette(routes=routes, middleware=middleware,
                     lifespan=_lifespan(exporter, renderer, reloader, tap, run_collection))
     app.state.startup_failed = False
+    # /metrics/ is not /metrics: Starlette's redirect to the slashless path builds its Location from the client's
+    # Host header, which lets a request name any host to be sent to.
+    app.router.redirect_slashes = False
     return app
 
 
