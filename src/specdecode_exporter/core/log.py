@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 import time
 from typing import Any
@@ -12,11 +13,17 @@ LOGGER_NAME = "specdecode_exporter"
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warn": logging.WARNING, "error": logging.ERROR}
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
 def _logfmt_value(value: Any) -> str:
+    """A logfmt value: bare when it is a plain word, else quoted with its backslashes, quotes and control characters
+    escaped (a client's header or a target's label can carry a CR or an escape sequence into a log line)."""
     text = str(value)
     if text and all(c.isalnum() or c in "-._:/@+" for c in text):
         return text
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+    text = text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    return '"' + _CONTROL.sub(lambda match: f"\\x{ord(match.group()):02x}", text) + '"'
 
 
 class EventFormatter(logging.Formatter):
