@@ -4,11 +4,14 @@ token and TLS settings for reaching vLLM, secrets never logged."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import ssl
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import bcrypt
 import httpx
@@ -26,7 +29,13 @@ from specdecode_exporter.sidecar.config import (
     parse_windows,
 )
 from specdecode_exporter.sidecar.web import build_app
-from specdecode_exporter.sidecar.webconfig import WebSecurity, load_web_config, parse_basic
+from specdecode_exporter.sidecar.webconfig import (
+    BCRYPT_THREADS,
+    BasicAuthMiddleware,
+    WebSecurity,
+    load_web_config,
+    parse_basic,
+)
 from tests.faults.certs import Certs
 from tests.faults.conftest import PASSWORD, write
 from tests.faults.hostile import HostileServer, scripted, serve, v1_body
@@ -238,6 +247,87 @@ def test_bcrypt_results_are_cached(tmp_path: Path) -> None:
     repeated = (time.perf_counter() - started) / 200
     assert repeated < first / 20, (first, repeated)
     assert not security.check("unknown-user", "pw")
+
+
+def _bcrypt_spy(monkeypatch: pytest.MonkeyPatch, block: threading.Event | None = None,
+                blocked_password: bytes = b"") -> list[bytes]:
+    """Record each bcrypt.checkpw password; a check of a password starting with blocked_password waits for block."""
+    calls: list[bytes] = []
+    real = bcrypt.checkpw
+
+    def checkpw(password: bytes, hashed: bytes) -> bool:
+        calls.append(password)
+        if block is not None and blocked_password and password.startswith(blocked_password):
+            block.wait(60)
+        else:
+            time.sleep(0.3)  # long enough that concurrent first checks overlap
+        return real(password, hashed)
+
+    monkeypatch.setattr(bcrypt, "checkpw", checkpw)
+    return calls
+
+
+async def _request(security: WebSecurity, user: str, password: str) -> int:
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    header = b"Basic " + base64.b64encode(f"{user}:{password}".encode())
+    scope = {"type": "http", "path": "/metrics", "headers": [(b"authorization", header)], "client": ("t", 1)}
+    await BasicAuthMiddleware(app, security)(scope, None, send)  # type: ignore[arg-type]
+    status: int = sent[0]["status"]
+    return status
+
+
+def test_concurrent_first_logins_share_one_bcrypt_run(tmp_path: Path, password_hash: str,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    security = web_config(tmp_path, f"basic_auth_users:\n  prometheus: {password_hash}\n")
+    calls = _bcrypt_spy(monkeypatch)
+
+    async def main() -> tuple[list[int], list[int]]:
+        good = await asyncio.gather(*(_request(security, "prometheus", PASSWORD) for _ in range(8)))
+        bad = await asyncio.gather(*(_request(security, "prometheus", "wrong") for _ in range(8)))
+        for _ in range(8):  # sequential repeats are cache hits
+            good.append(await _request(security, "prometheus", PASSWORD))
+            bad.append(await _request(security, "prometheus", "wrong"))
+        return list(good), list(bad)
+
+    good, bad = asyncio.run(main())
+    assert good == [200] * 16
+    assert bad == [401] * 16  # a shared or cached wrong password is never let in
+    assert calls == [PASSWORD.encode(), b"wrong"]
+
+
+def test_cached_credentials_do_not_wait_behind_a_bcrypt_flood(tmp_path: Path, password_hash: str,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """50 clients with unique wrong passwords hold bcrypt; Prometheus's cached credentials still get in at once."""
+    security = web_config(tmp_path, f"basic_auth_users:\n  prometheus: {password_hash}\n")
+    release = threading.Event()
+    calls = _bcrypt_spy(monkeypatch, release, b"flood-")
+
+    async def main() -> None:
+        assert await _request(security, "prometheus", PASSWORD) == 200  # first login: bcrypt, then cached
+        flood = [asyncio.ensure_future(_request(security, "prometheus", f"flood-{i}")) for i in range(50)]
+        try:
+            while sum(c.startswith(b"flood-") for c in calls) < 2:  # the flood now holds bcrypt threads
+                await asyncio.sleep(0.01)
+            for _ in range(5):
+                # Old code: every worker thread is blocked in bcrypt, so this waits for `release` (timeout).
+                assert await asyncio.wait_for(_request(security, "prometheus", PASSWORD), 20) == 200
+            assert not release.is_set() and not any(task.done() for task in flood)
+            # The flood took only the bcrypt limiter's threads, not anyio's whole pool of 40.
+            assert sum(c.startswith(b"flood-") for c in calls) <= BCRYPT_THREADS
+        finally:
+            release.set()
+        assert await asyncio.gather(*flood) == [401] * 50
+
+    asyncio.run(main())
+    assert calls.count(PASSWORD.encode()) == 1
 
 
 def test_parse_basic_header() -> None:

@@ -21,6 +21,7 @@ import base64
 import binascii
 import hashlib
 import logging
+import os
 import ssl
 import threading
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
@@ -28,6 +29,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Annotated, Any
 
+import anyio
 import anyio.to_thread
 from pydantic import BeforeValidator, Field
 
@@ -53,6 +55,9 @@ CLIENT_AUTH = {"NoClientCert": ssl.CERT_NONE, "VerifyClientCertIfGiven": ssl.CER
 # verifying it, so these would silently mean something else: refuse them.
 UNSUPPORTED_CLIENT_AUTH = ("RequestClientCert", "RequireAnyClientCert")
 _CACHE_LIMIT = 1024
+# Threads that uncached bcrypt checks may take at once: a flood of wrong passwords queues behind these
+# instead of taking all of anyio's 40 shared worker threads (which the rest of the sidecar needs too).
+BCRYPT_THREADS = max(2, min(4, os.cpu_count() or 1))
 
 
 def _client_auth(value: object) -> object:
@@ -157,6 +162,8 @@ class WebSecurity:
         self.ssl_context = config.tls.ssl_context() if config.tls else None
         self._cache: dict[bytes, bool] = {}
         self._lock = threading.Lock()
+        self._limiter: anyio.CapacityLimiter | None = None  # made on the event loop (older anyio needs one)
+        self._pending: dict[bytes, _Pending] = {}  # event loop only; keyed like the cache, no plain passwords
 
     @property
     def users(self) -> Mapping[str, bytes]:
@@ -181,13 +188,20 @@ class WebSecurity:
             self._cache.clear()
         return notes
 
+    def _key(self, user: str, password: str) -> bytes:
+        hashed = self.users.get(user)
+        return hashlib.sha256(b"%s\0%s\0%s" % (user.encode(), password.encode(), hashed or b"")).digest()
+
+    def _cached(self, key: bytes) -> bool | None:
+        with self._lock:
+            return self._cache.get(key)
+
     def check(self, user: str, password: str) -> bool:
         """bcrypt.checkpw (constant time in the password) with a cache of results, as exporter-toolkit does:
         bcrypt costs tens of milliseconds per check, and Prometheus sends the same credentials every scrape."""
         hashed = self.users.get(user)
-        key = hashlib.sha256(b"%s\0%s\0%s" % (user.encode(), password.encode(), hashed or b"")).digest()
-        with self._lock:
-            cached = self._cache.get(key)
+        key = self._key(user, password)
+        cached = self._cached(key)
         if cached is not None:
             return cached
         # An unknown user is checked against some user's hash anyway, so that a wrong user name costs as much
@@ -202,6 +216,39 @@ class WebSecurity:
             self._cache[key] = ok
         return ok
 
+    async def check_async(self, user: str, password: str) -> bool:
+        """``check`` for the event loop: a cached result is answered here, without a thread (so scrapes with
+        cached credentials never queue behind bcrypt); an uncached one runs on one of BCRYPT_THREADS, and
+        concurrent first checks of the same credentials share that one run."""
+        key = self._key(user, password)
+        while True:
+            cached = self._cached(key)
+            if cached is not None:
+                return cached
+            pending = self._pending.get(key)
+            if pending is None:
+                break
+            await pending.done.wait()
+            if pending.result is not None:
+                return pending.result
+            # The run we waited on failed or was cancelled: look again (cache, or run it ourselves).
+        pending = self._pending[key] = _Pending()
+        if self._limiter is None:
+            self._limiter = anyio.CapacityLimiter(BCRYPT_THREADS)
+        try:
+            pending.result = await anyio.to_thread.run_sync(self.check, user, password, limiter=self._limiter)
+            return pending.result
+        finally:
+            del self._pending[key]
+            pending.done.set()
+
+
+@dataclass(slots=True)
+class _Pending:
+    """One bcrypt check in flight, which later identical checks wait for."""
+
+    done: anyio.Event = field(default_factory=anyio.Event)
+    result: bool | None = None
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -236,8 +283,9 @@ class BasicAuthMiddleware:
         header = next((v for k, v in scope.get("headers", []) if k == b"authorization"), b"")
         credentials = parse_basic(header)
         if credentials is not None:
-            # bcrypt is slow: check on a worker thread so the event loop (and the collections) keep running.
-            if await anyio.to_thread.run_sync(self.security.check, *credentials):
+            # bcrypt is slow: check_async runs it on a worker thread so the event loop (and the collections)
+            # keep running; cached credentials are answered without one.
+            if await self.security.check_async(*credentials):
                 await self.app(scope, receive, send)
                 return
             event(logging.INFO, "basic auth failed", user=credentials[0][:64], client=_client(scope))
