@@ -234,6 +234,21 @@ def test_probes_need_no_credentials(secured_sidecar: str) -> None:
     assert httpx.get(secured_sidecar + "/readyz", timeout=5).status_code == 503  # no collection yet; not 401
 
 
+def test_a_password_over_72_bytes_is_checked_not_a_500(tmp_path: Path, good_server: HostileServer) -> None:
+    """bcrypt reads a password's first 72 bytes (htpasswd's hashes are made so); bcrypt 5 raises on more, which
+    answered any client sending a long password with a 500 and an error line."""
+    long_password = "p" * 72
+    password_hash = bcrypt.hashpw(long_password.encode(), bcrypt.gensalt(rounds=4)).decode()
+    security = web_config(tmp_path, f"basic_auth_users:\n  prometheus: '{password_hash}'\n")
+    exporter = Exporter(Config(targets=(TargetConfig("vllm", good_server.url),), windows=parse_windows("1m", "w")))
+    app = build_app(exporter, run_collection=False, security=security)
+    with ThreadedServer(app, bind_socket(), name="sidecar").start() as server:
+        url = server.base_url + "/metrics"
+        assert httpx.get(url, auth=("prometheus", long_password + "extra"), timeout=5).status_code == 200
+        assert httpx.get(url, auth=("prometheus", "q" * 100), timeout=5).status_code == 401
+        assert httpx.get(url, auth=("nobody", "q" * 100), timeout=5).status_code == 401
+
+
 def test_bcrypt_results_are_cached(tmp_path: Path) -> None:
     slow_hash = bcrypt.hashpw(b"pw", bcrypt.gensalt(rounds=10)).decode()
     security = web_config(tmp_path, f"basic_auth_users:\n  u: '{slow_hash}'\n")

@@ -54,6 +54,7 @@ CLIENT_AUTH = {"NoClientCert": ssl.CERT_NONE, "VerifyClientCertIfGiven": ssl.CER
 # Accepted by exporter-toolkit, but Python's ssl module cannot ask for a client certificate without
 # verifying it, so these would silently mean something else: refuse them.
 UNSUPPORTED_CLIENT_AUTH = ("RequestClientCert", "RequireAnyClientCert")
+BCRYPT_MAX_BYTES = 72  # what bcrypt reads of a password
 _CACHE_LIMIT = 1024
 # Threads that uncached bcrypt checks may take at once: a flood of wrong passwords queues behind these
 # instead of taking all of anyio's 40 shared worker threads (which the rest of the sidecar needs too).
@@ -209,7 +210,9 @@ class WebSecurity:
         reference = hashed or next(iter(self.users.values()))
         import bcrypt  # imported by _users already, when the config named users
 
-        ok = bcrypt.checkpw(password.encode(), reference) and hashed is not None
+        # bcrypt reads 72 bytes of a password; bcrypt 5 raises on more (a 500 for any client sending a long one)
+        # where htpasswd and older libraries, whose hashes these are, read the first 72.
+        ok = bcrypt.checkpw(password.encode()[:BCRYPT_MAX_BYTES], reference) and hashed is not None
         with self._lock:
             if len(self._cache) >= _CACHE_LIMIT:
                 self._cache.clear()  # a flood of wrong passwords cannot grow memory
