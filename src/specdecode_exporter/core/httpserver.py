@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import resource
 import socket
 import threading
 import time
 from email.utils import formatdate
 from types import FrameType, TracebackType
-from typing import Literal, cast
+from typing import Any, Literal, cast
 
 import uvicorn
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -74,6 +75,70 @@ class DateHeader:
         await self.app(scope, receive, dated)
 
 
+# A connection must deliver a complete request head this long after it opens, and again this long after each
+# response it gets (keep-alive), or it is closed: uvicorn arms its keep-alive timeout only after a response and
+# cancels it on any byte, so a client that never sends a full head (or sends a byte a second) held its descriptor
+# for ever. Prometheus sends its whole request at once; 10 s is long for anything but an attack.
+REQUEST_HEAD_TIMEOUT = 10.0
+# At most this many connections at once (fewer where the descriptor limit is low: half of it, the rest left to
+# the targets, the config and the request tap); a connection past it is answered 503 and closed as it is accepted,
+# so that idle connections cannot use up the descriptors every scrape and probe needs.
+MAX_CONNECTIONS = 1024
+_OVER_CAPACITY = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; charset=utf-8\r\n"
+                  b"connection: close\r\ncontent-length: 20\r\n\r\ntoo many connections\n")
+
+
+def connection_cap() -> int:
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return MAX_CONNECTIONS if soft == resource.RLIM_INFINITY else max(1, min(MAX_CONNECTIONS, soft // 2))
+
+
+def bounded_protocol(base: type[asyncio.Protocol], head_timeout: float, max_connections: int) -> type[asyncio.Protocol]:
+    """uvicorn's HTTP protocol class (h11 or httptools), with a deadline for each request head and a cap on open
+    connections. It relies on what both of uvicorn's HTTP/1.1 protocols share: ``transport``, ``on_response_complete``
+    (called as a response finishes) and ``cycle.response_complete`` (false while a request is being served)."""
+    parent: Any = base
+    live: set[asyncio.Protocol] = set()
+
+    class Bounded(parent):  # type: ignore[misc]  # a subclass of whichever class uvicorn resolved
+        _head_deadline: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            super().connection_made(transport)
+            if len(live) >= max_connections:
+                transport.write(_OVER_CAPACITY)  # type: ignore[attr-defined]
+                transport.close()
+                return
+            live.add(self)
+            self._arm_head_deadline()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            live.discard(self)
+            if self._head_deadline is not None:
+                self._head_deadline.cancel()
+            super().connection_lost(exc)
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._arm_head_deadline()  # the next request's head, measured from here; data does not reset it
+
+        def _arm_head_deadline(self) -> None:
+            if self._head_deadline is not None:
+                self._head_deadline.cancel()
+            self._head_deadline = asyncio.get_running_loop().call_later(head_timeout, self._head_overdue)
+
+        def _head_overdue(self) -> None:
+            self._head_deadline = None
+            cycle = getattr(self, "cycle", None)
+            if cycle is not None and not cycle.response_complete:
+                return  # a request is being served: its response re-arms the deadline
+            if not self.transport.is_closing():
+                self.transport.close()
+
+    Bounded.__name__ = Bounded.__qualname__ = f"Bounded{base.__name__}"
+    return cast(type[asyncio.Protocol], Bounded)
+
+
 class QuietServer(uvicorn.Server):
     """uvicorn's server, waking only when asked to stop. uvicorn's loop ticks every 0.1 s to refresh its Date header
     (one-second resolution) and to notice a shutdown; at one tick a second that was still a wakeup of the loop a
@@ -82,14 +147,26 @@ class QuietServer(uvicorn.Server):
 
     uvicorn has no setting for its tick, so this replaces Server.main_loop, which is not public API: uvicorn is
     pinned to the versions tested (pyproject.toml), and tests/integration/test_httpserver.py fails when uvicorn
-    stops running main_loop or changes what on_tick(counter) does."""
+    stops running main_loop or changes what on_tick(counter) does.
 
-    def __init__(self, config: uvicorn.Config) -> None:
+    Each connection also gets a deadline for its request heads and a cap on their number (bounded_protocol)."""
+
+    def __init__(self, config: uvicorn.Config, *, head_timeout: float = REQUEST_HEAD_TIMEOUT,
+                 max_connections: int | None = None) -> None:
         if config.date_header and not isinstance(config.app, str):
             config.app, config.date_header = DateHeader(cast(ASGIApp, config.app)), False
         super().__init__(config)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Future[None] | None = None
+        self._head_timeout = head_timeout
+        self._max_connections = max_connections
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        # The config is loaded by now (the protocol class resolved); every connection is made from it after this.
+        self.config.http_protocol_class = bounded_protocol(
+            self.config.http_protocol_class, self._head_timeout,
+            connection_cap() if self._max_connections is None else self._max_connections)
+        await super().startup(sockets)
 
     async def main_loop(self) -> None:
         # One tick (counter 0: the default headers set, an exit asked before it seen), then nothing until a
@@ -118,11 +195,12 @@ class ThreadedServer:
     """A uvicorn server on its own thread; ``stop()`` (or leaving the ``with`` block) shuts it down."""
 
     def __init__(self, app: ASGIApp, sock: socket.socket, *, lifespan: Literal["auto", "on", "off"] = "on",
-                 name: str = "http") -> None:
+                 name: str = "http", head_timeout: float = REQUEST_HEAD_TIMEOUT,
+                 max_connections: int | None = None) -> None:
         config = uvicorn.Config(app, log_config=None, lifespan=lifespan, access_log=False,
                                 timeout_graceful_shutdown=1)
         self.base_url = url_for(sock)
-        self._server = QuietServer(config)
+        self._server = QuietServer(config, head_timeout=head_timeout, max_connections=max_connections)
         self._sock = sock
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]}, name=name, daemon=True)
 

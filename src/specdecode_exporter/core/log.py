@@ -52,9 +52,11 @@ def setup_logging(level: str = "info", fmt: str = "logfmt") -> None:
     root.handlers[:] = [handler]
     root.setLevel(_LEVELS.get(level, logging.INFO))
     root.propagate = False
-    # uvicorn's access log would print a line per Prometheus scrape; its errors still come through.
+    # uvicorn's access log would print a line per Prometheus scrape; its errors still come through. The handler
+    # goes on "uvicorn" alone: "uvicorn.error" propagates to it, and a handler on both printed each message twice.
+    logging.getLogger("uvicorn").handlers[:] = [handler]
+    logging.getLogger("uvicorn.error").handlers[:] = []
     for name in ("uvicorn", "uvicorn.error"):
-        logging.getLogger(name).handlers[:] = [handler]
         logging.getLogger(name).setLevel(logging.WARNING)
     logging.getLogger("uvicorn.access").disabled = True
 

@@ -1,0 +1,123 @@
+"""Connections that never finish a request head, too many connections, and uvicorn's messages in the log."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse
+from starlette.routing import Route
+
+from specdecode_exporter.core.httpserver import ThreadedServer, bind_socket
+from specdecode_exporter.core.log import setup_logging
+
+BOUND = 0.6  # the request-head deadline these tests run with (10 s in the sidecar)
+
+
+def _app() -> Starlette:
+    async def root(_: Request) -> PlainTextResponse:
+        return PlainTextResponse("ok")
+
+    return Starlette(routes=[Route("/", root)])
+
+
+def _connect(server: ThreadedServer) -> socket.socket:
+    host, port = server.base_url.removeprefix("http://").rsplit(":", 1)
+    return socket.create_connection((host, int(port)), timeout=5)
+
+
+def _closed_by_server(sock: socket.socket, timeout: float) -> bool:
+    sock.settimeout(timeout)
+    try:
+        return sock.recv(1024) == b""
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+
+
+@pytest.fixture
+def server() -> Iterator[ThreadedServer]:
+    with ThreadedServer(_app(), bind_socket(), lifespan="off", name="bounds", head_timeout=BOUND).start() as running:
+        yield running
+
+
+def test_a_silent_connection_is_closed_within_the_bound_while_scrapes_answer(server: ThreadedServer) -> None:
+    """Without the deadline uvicorn kept a connection that sent nothing open for ever."""
+    started = time.monotonic()
+    with _connect(server) as idle, httpx.Client() as client:
+        assert client.get(server.base_url + "/").text == "ok"  # another connection is served meanwhile
+        assert _closed_by_server(idle, BOUND + 2)
+        assert time.monotonic() - started < BOUND + 1.5
+        assert client.get(server.base_url + "/").text == "ok"
+
+
+def test_a_byte_every_fifth_of_a_second_does_not_reset_the_deadline(server: ThreadedServer) -> None:
+    """uvicorn cancels its keep-alive timeout on the first byte: a slowloris client stayed for ever."""
+    head = b"GET / HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 200
+    started, closed = time.monotonic(), False
+    with _connect(server) as slow, httpx.Client() as client:
+        for byte in head:
+            try:
+                slow.sendall(bytes([byte]))
+            except (BrokenPipeError, ConnectionResetError):
+                closed = True
+                break
+            if _closed_by_server(slow, 0.2):
+                closed = True
+                break
+            assert client.get(server.base_url + "/").text == "ok"
+            if time.monotonic() - started > BOUND + 3:
+                break
+    assert closed and time.monotonic() - started < BOUND + 1.5
+
+
+def test_the_deadline_runs_again_from_the_end_of_each_response(server: ThreadedServer) -> None:
+    with _connect(server) as conn:
+        for _ in range(2):  # a kept-alive connection is served as long as each head comes in time
+            conn.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert conn.recv(4096).startswith(b"HTTP/1.1 200")
+            time.sleep(BOUND / 3)
+        answered = time.monotonic()
+        conn.sendall(b"GET / HTTP/1.1\r\n")  # then half a head, and nothing more
+        assert _closed_by_server(conn, BOUND + 2)
+        assert BOUND - 0.1 < time.monotonic() - answered + BOUND / 3 < BOUND + 1.5
+
+
+def test_connections_past_the_cap_are_turned_away_at_accept() -> None:
+    with ThreadedServer(_app(), bind_socket(), lifespan="off", name="cap", head_timeout=BOUND,
+                        max_connections=2).start() as server:
+        held = [_connect(server), _connect(server)]
+        time.sleep(0.2)  # both accepted
+        with _connect(server) as extra:
+            extra.settimeout(2)
+            assert extra.recv(4096).startswith(b"HTTP/1.1 503")
+            assert _closed_by_server(extra, 2)
+        for sock in held:
+            sock.close()
+        time.sleep(0.2)
+        assert httpx.get(server.base_url + "/").text == "ok"  # a freed place is used again
+
+
+def test_an_invalid_request_is_logged_once(server: ThreadedServer, capsys: pytest.CaptureFixture[str]) -> None:
+    """A handler on both "uvicorn" and "uvicorn.error" (which propagates to it) printed each message twice."""
+    names = ("specdecode_exporter", "uvicorn", "uvicorn.error")
+    saved = {name: (logging.getLogger(name).handlers[:], logging.getLogger(name).level) for name in names}
+    try:
+        setup_logging("info", "logfmt")
+        with _connect(server) as conn:
+            conn.sendall(b"garbage\r\n\r\n")
+            assert conn.recv(4096).startswith(b"HTTP/1.1 400")
+        time.sleep(0.2)
+        err = capsys.readouterr().err
+    finally:
+        for name, (handlers, level) in saved.items():
+            logging.getLogger(name).handlers[:] = handlers
+            logging.getLogger(name).setLevel(level)
+    assert err.count("Invalid HTTP request received.") == 1, err
