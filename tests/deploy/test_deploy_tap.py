@@ -10,6 +10,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from deploy_helpers import DEPLOY, ROOT, SIDECAR, find, kubectl, render, sidecar_container
 from packaging.version import Version
@@ -168,6 +169,16 @@ def _kubectl_patch(manifest: Path, patch_type: str, patch_file: Path, out: Path)
     out.write_text(proc.stdout, encoding="utf-8")
     result: dict[str, Any] = yaml.safe_load(proc.stdout)
     return result
+
+
+@pytest.mark.parametrize("patch", ["sidecar/sidecar-patch.yaml", "tap/tap-patch.yaml"])
+def test_the_kubectl_patch_files_name_no_deployment(patch: str) -> None:
+    """`kubectl patch deployment <name> --patch-file …`: the API server compares a name in the patch with the
+    Deployment the command names and refuses any other ("the name of the object (vllm) does not match the name on
+    the URL"); `kubectl patch --local` below does not check it, so this does."""
+    document = yaml.safe_load((DEPLOY / patch).read_text(encoding="utf-8"))
+    assert "metadata" not in document, document.get("metadata")
+    assert document["kind"] == "Deployment" and document["spec"]["template"]
 
 
 def test_kubectl_patch_path_gives_the_components_result(tmp_path: Path) -> None:

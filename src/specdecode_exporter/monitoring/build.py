@@ -145,9 +145,18 @@ def render_pod_patch(src: Sources) -> str:
     return header(PATCH_SOURCE) + dump_yaml(patch)
 
 
+_PATCH_NAME = re.compile(r"^metadata:\n  name: [^\n]*\n", re.MULTILINE)
+
+
 def render_sidecar_patch(src: Sources) -> str:
-    """The patch itself, for `kubectl patch --patch-file` on a live Deployment."""
-    return header(PATCH_SOURCE) + SIDECAR_PATCH.read_text(encoding="utf-8")
+    """The patch itself, for `kubectl patch --patch-file` on a live Deployment: without the template's
+    metadata.name (kustomize's patches need one, its target picks the Deployment), which the API server compares
+    with the Deployment the command names and refuses when they differ."""
+    text, found = _PATCH_NAME.subn("", SIDECAR_PATCH.read_text(encoding="utf-8"))
+    if found != 1:
+        raise BuildError(f"{SIDECAR_PATCH.name}: expected one top-level metadata.name, left out of the kubectl "
+                         "patch")
+    return header(PATCH_SOURCE) + text
 
 
 @functools.lru_cache(maxsize=1)
