@@ -130,6 +130,30 @@ def test_every_alerts_severity_and_for_and_extra_labels_overridden_in_jsonnet() 
     assert rendered(overrides) == generated(cfg)
 
 
+def _balanced(text: str, start: int) -> str:
+    """The {...} that begins at ``start``."""
+    depth = 0
+    for end in range(start, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[end], 0)
+        if depth == 0:
+            return text[start : end + 1]
+    raise AssertionError(text[start:])
+
+
+def test_the_usage_examples_override_keys_the_config_has() -> None:
+    """The override examples at the top of the mixin's files name keys _config has: jsonnet adds an unknown key
+    without a word, so an example with a made-up key (longWindow, once) changes nothing for whoever copies it."""
+    import re
+
+    known = set(json.loads(jsonnet.evaluate_snippet(
+        "snippet", f'std.objectFieldsAll((import "{MIXIN.name}")._config)', jpathdir=[str(MIXIN.parent)])))
+    examples = [_balanced(mixin.USAGE, found.end()) for found in re.finditer(r"_config\+:: ", mixin.USAGE)]
+    assert len(examples) == 3
+    for example in examples:
+        fields = json.loads(jsonnet.evaluate_snippet("snippet", f"std.objectFieldsAll({example})"))
+        assert set(fields) <= known, (example, set(fields) - known)
+
+
 USER = """{ _config+:: {
   pageAcceptanceRatio: 0.4,
   metricSelector: 'cluster="prod"',

@@ -333,9 +333,9 @@ def plain(value: Any) -> Any:
 
 
 USAGE = """\
-// Override any value of _config (config.libsonnet) from your own jsonnet, e.g. a lower page threshold and a longer
-// ticket window:
-//   (import 'mixin.libsonnet') + { _config+:: { pageAcceptanceRatio: 0.4, longWindow: '2h' } }
+// Override any value of _config (config.libsonnet) from your own jsonnet, e.g. a lower page threshold and a wider
+// drift margin:
+//   (import 'mixin.libsonnet') + { _config+:: { pageAcceptanceRatio: 0.4, driftDrop: 0.1 } }
 // Per alert: _config+:: { alerts+: { SpecDecodeAcceptanceRateLow+: { 'for': '5m' } } }; extra labels on every
 // alert: _config+:: { extraAlertLabels+: { team: 'ml-platform' } }.
 """
