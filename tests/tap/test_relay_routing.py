@@ -281,6 +281,37 @@ def test_a_fallback_answering_with_what_is_not_http_loses_no_request(loop: str, 
     run(loop, main)
 
 
+def _has_ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as sock:
+            sock.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _has_ipv6_loopback(), reason="no IPv6 loopback on this machine")
+def test_the_fallback_check_names_an_ipv6_host_in_brackets() -> None:
+    heads: list[bytes] = []
+
+    async def main() -> None:
+        async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            heads.append(await reader.readuntil(b"\r\n\r\n"))
+            writer.write(b"HTTP/1.1 200 OK\r\n\r\n")
+            writer.close()
+
+        server = await asyncio.start_server(answer, "::1", 0)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            assert await check_fallback("::1", port, 1.0) is None
+        finally:
+            server.close()
+            await server.wait_closed()
+        assert f"\r\nHost: [::1]:{port}\r\n".encode() in heads[0]
+
+    run("uvloop", main)
+
+
 @pytest.mark.parametrize(("answer", "verdict"), [
     (b"HTTP/1.1 200 OK\r\n\r\n", None),
     (b"HTTP/1.1 404 Not Found\r\n\r\n", None),  # no /health there, but the server answers

@@ -23,7 +23,8 @@ async def check_fallback(host: str, port: int, timeout: float) -> str | None:
         async with asyncio.timeout(timeout):
             reader, writer = await asyncio.open_connection(host, port)
             try:
-                writer.write(f"GET {HEALTH_PATH} HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: close\r\n\r\n"
+                authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"  # an IPv6 literal in brackets
+                writer.write(f"GET {HEALTH_PATH} HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\n\r\n"
                              .encode("latin-1"))
                 status_line = await reader.readline()
             finally:
