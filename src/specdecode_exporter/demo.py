@@ -153,7 +153,8 @@ Watch α drop below 0.5 in the 'degraded' phase (90 s in), the observed speedup 
 here) turn to 'hurting'; then an acceptance gate stops speculation silently (the status page says so, the
 speculative token share falls to 0). In 'busy' (6 min in) the load triples and vLLM's dynamic speculative decoding
 drafts 2 tokens instead of 3: the mean draft length falls from 3 to 2 and climbs back after, α stays over the tokens
-verified, and the per-position curve is absent with its reason. A backgrounded `make demo &` stops with `kill %1`:
+verified, and the per-position curve is absent with its reason. Watch the figures from a shell:
   curl -s {sidecar}/metrics | grep -E 'specdecode_(acceptance_ratio|observed_speedup|speculative_token_share)\\{{'
   curl -s {sidecar}/metrics | grep -E 'specdecode_mean_draft_length\\{{'
+Ctrl-C stops it (a backgrounded `make demo &`: `kill %1`).
 """, flush=True)

@@ -240,6 +240,15 @@ def test_json_csv_and_table_shapes() -> None:
     assert "<svg" in page and "<script" not in page and "code &lt;&amp;&gt;" in page
 
 
+@pytest.mark.parametrize("baseline", ["http://b:2", None])
+def test_the_verdict_line_names_only_the_rules_it_applied(baseline: str | None) -> None:
+    """probe.ship_speedup decides only with --baseline-url; without one the line must not cite it."""
+    plan = Plan("http://a:1", baseline, None, (0.0, 1.0), (("code", (Prompt("code", "x", None),)),), 1, 1, 8)
+    line = render_table(plan, Outcome(model="m", source=m.PER_REQUEST, rows=sample_rows())).split("verdict: ")[1]
+    line = line.splitlines()[0]
+    assert ("median speedup" in line) == ("probe.ship_speedup" in line) == (baseline is not None), line
+
+
 def test_plot_path_checks() -> None:
     check_plot_path("a.html")
     check_plot_path("a.PNG")

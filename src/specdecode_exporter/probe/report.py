@@ -94,7 +94,8 @@ def notes(plan: Plan, outcome: Outcome) -> list[str]:
     out = [f"verdict: α < {bands.page_acceptance_ratio:g}: disable; α < {bands.measure_below:g}: measure P99 under "
            f"real load; else ship" + (f"; median speedup < {bands.ship_speedup:g}×: do not ship"
                                       if plan.baseline_url else "")
-           + " (monitoring config: thresholds.page_acceptance_ratio, probe.measure_below, probe.ship_speedup)"]
+           + " (monitoring config: thresholds.page_acceptance_ratio, probe.measure_below"
+           + (", probe.ship_speedup)" if plan.baseline_url else ")")]
     if outcome.source == COUNTERS:
         out.append(f"for exact per-request α start vLLM with {EXACT_FLAGS} "
                    "(and --enable-per-request-metrics for its own TPOT)")
