@@ -198,12 +198,12 @@ def _text(tokens: int, offset: int = 0) -> str:
     return "".join(WORDS[(offset + i) % len(WORDS)] for i in range(tokens))
 
 
-def _choice(call: Call, index: int, text: str, finish: str | None, delta: bool) -> dict[str, Any]:
+def _choice(call: Call, index: int, text: str, finish: str | None) -> dict[str, Any]:
+    """A whole (not streamed) response's choice; a streamed chunk's is _chunk_choice."""
     if not call.chat:
         return {"index": index, "text": text, "logprobs": None, "finish_reason": finish, "stop_reason": None}
-    body = {"content": text} if delta else {"role": "assistant", "content": text}
-    return {"index": index, ("delta" if delta else "message"): body, "logprobs": None, "finish_reason": finish,
-            "stop_reason": None}
+    return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": None,
+            "finish_reason": finish, "stop_reason": None}
 
 
 def _usage(call: Call, prompt_tokens: int) -> dict[str, int]:
@@ -216,7 +216,7 @@ def response_body(call: Call, generations: list[Generation], prompt_tokens: int,
     kind = "chat.completion" if call.chat else "text_completion"
     return {"id": f"{'chatcmpl' if call.chat else 'cmpl'}-{uuid.uuid4().hex[:16]}", "object": kind,
             "created": int(time.time()), "model": call.model,
-            "choices": [_choice(call, i, _text(g.tokens), "length", False) for i, g in enumerate(generations)],
+            "choices": [_choice(call, i, _text(g.tokens), "length") for i, g in enumerate(generations)],
             "service_tier": None, "system_fingerprint": SYSTEM_FINGERPRINT, "usage": _usage(call, prompt_tokens),
             "metrics": metrics}
 
