@@ -10,6 +10,7 @@ import contextlib
 from collections.abc import Callable
 
 from specdecode_exporter.tap.relay.pools import PoolHealth
+from specdecode_exporter.tap.relay.upstream import connect_failure
 
 FALLBACK_CHECK_INTERVAL = 5.0  # seconds between health checks of the fallback
 FALLBACK_CHECK_TIMEOUT = 2.0  # seconds a check waits for the status line, the connect included
@@ -32,7 +33,7 @@ async def check_fallback(host: str, port: int, timeout: float) -> str | None:
     except TimeoutError:
         return f"no answer to a health check within {timeout:g} s"
     except OSError as exc:
-        return f"health check failed: {exc.strerror or type(exc).__name__}".lower()
+        return f"health check failed: {connect_failure(exc)}"
     parts = status_line.split(None, 2)
     if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
         return "health check answered with something that is not HTTP"

@@ -89,9 +89,6 @@ class Link(asyncio.Protocol):
     def abandon_fallback(self) -> None:
         self._upstreams.abandon_fallback()
 
-    def fallback_unreadable(self) -> None:
-        self._upstreams.abandon_fallback()
-
     def buffered_bytes(self) -> int:
         """Bytes the relay holds for this connection: write buffers, bodies and events held back."""
         client = self._client

@@ -36,9 +36,9 @@ class ResponseEnds(Protocol):
     def response_ended(self) -> None:
         """A response came to its end (the next one may be a request held back for another pool)."""
 
-    def fallback_unreadable(self) -> None:
-        """The fallback answered a request with bytes that are not an HTTP response, before any reached the client:
-        drop its connection, so that the request goes to the upstream as when the fallback closes unanswered."""
+    def abandon_fallback(self) -> None:
+        """Drop the connection to the fallback if none of its requests has an answer started, so that they go to the
+        upstream as when the fallback closes unanswered (it answered with bytes that are not an HTTP response)."""
 
 
 def _drop(data: bytes) -> None:
@@ -146,7 +146,7 @@ class ResponseReader:
         if head is None or status is None or not self._exchanges:
             oldest = self._exchanges[0] if self._exchanges else None
             if oldest is not None and oldest.resend is not None and oldest.first_byte is None:
-                self._ends.fallback_unreadable()  # sent to the fallback, and nothing of it shown to the client yet
+                self._ends.abandon_fallback()  # sent to the fallback, and nothing of it shown to the client yet
                 return len(data)
             return self._tunnel(data, pos, out)
         exchange = self._exchanges[0]

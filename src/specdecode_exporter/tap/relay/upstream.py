@@ -76,7 +76,7 @@ class _Parked(asyncio.Protocol):
         self.upstreams.parked_lost(self.pool, self.transport)
 
 
-def _connect_failure(exc: BaseException | None) -> str:
+def connect_failure(exc: BaseException | None) -> str:
     if isinstance(exc, TimeoutError):
         return "connect timeout"
     if isinstance(exc, ConnectionRefusedError):
@@ -166,7 +166,7 @@ class Upstreams:
         if not task.cancelled() and error is None:
             self._shared.health.connect_result(None, self._pool)
             return
-        failure = "connect timeout" if task.cancelled() else _connect_failure(error)
+        failure = "connect timeout" if task.cancelled() else connect_failure(error)
         self._shared.health.connect_result(failure, self._pool)
         if self._pool == FALLBACK_POOL:
             self._fail_over()
