@@ -538,6 +538,49 @@ def test_targets_share_one_default_tls_context() -> None:
     assert len(clients) == 100
 
 
+@pytest.mark.parametrize(("ahead_above", "ahead"), [(60.0, False), (1e-9, True)], ids=["cheap page", "slow page"])
+def test_keep_fresh_leaves_a_cheap_page_to_the_scrape_that_reads_it(harness: Harness, ahead_above: float,
+                                                                    ahead: bool) -> None:
+    """The running sidecar's keep_fresh renders ahead only a page whose last render took ``ahead_above`` or
+    longer: a cheaper page is rendered by the scrape that reads it (keep_fresh's looks, each a cold wakeup, cost
+    more than that wait). Either way the scrape reads the last collection's page."""
+    import asyncio
+
+    from prometheus_client import generate_latest
+
+    from specdecode_exporter.sidecar.expose import specdecode_registry
+    from specdecode_exporter.sidecar.page import SpecDecodePage
+
+    published = views_every_5s(harness, 3)
+    current, now = published[0], 0.0
+    page = SpecDecodePage(lambda: current)
+
+    async def main() -> bytes:
+        nonlocal now, current
+        fresh = asyncio.create_task(page.keep_fresh(0.2, 5.0, clock=lambda: now, rest=0.001, longest_sleep=0.01,
+                                                    woken=True, ahead_above=ahead_above))
+        try:
+            for at in (0.0, 30.0):
+                page.scraped(at)
+                await page.get(generate_latest, compress=False)  # the scrapes render their own pages
+            assert page.renders == 1 and page.last_render_seconds > 0
+            now = 55.5  # within a collection interval of the next scrape (60 s)
+            await asyncio.sleep(0.05)
+            now, current = 56.0, published[2]  # the last collection before it
+            page.wake()
+            await asyncio.sleep(0.05)
+            assert page.renders == (2 if ahead else 1)
+            now = 60.0
+            page.scraped(now)
+            text = (await page.get(generate_latest, compress=False)).text
+            assert page.renders == 2  # rendered once for this scrape: ahead, or by the scrape
+            return text
+        finally:
+            fresh.cancel()
+
+    assert asyncio.run(main()) == generate_latest(specdecode_registry(published[2]))
+
+
 def test_keep_fresh_woken_by_collections_renders_ahead_without_polling(harness: Harness) -> None:
     """With ``woken`` (the running sidecar: each collection calls wake), keep_fresh sleeps through the window
     before a scrape and renders the collection that comes in it as soon as it comes; nothing before the window."""

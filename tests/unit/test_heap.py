@@ -3,12 +3,18 @@ scrape is answered."""
 
 from __future__ import annotations
 
+import asyncio
 import gc
 from collections.abc import Iterator
 
 import pytest
 
-from specdecode_exporter.sidecar.heap import SCRAPE_YOUNG_MINIMUM, collect_after_scrape
+from specdecode_exporter.sidecar.heap import (
+    SCRAPE_YOUNG_MINIMUM,
+    SENT_AT_ONCE_BYTES,
+    collect_after_response,
+    collect_after_scrape,
+)
 
 
 @pytest.fixture
@@ -36,3 +42,21 @@ def test_a_scrape_right_after_a_pass_makes_none(thresholds: None) -> None:
     assert collect_after_scrape() == 0
     assert collect_after_scrape() is None  # back to back: nothing new worth a pass
     assert kept
+
+
+@pytest.mark.parametrize(("body_bytes", "at_once"), [(SENT_AT_ONCE_BYTES, True), (SENT_AT_ONCE_BYTES + 1, False)])
+def test_the_pass_after_a_small_response_runs_in_its_turn_of_the_loop(thresholds: None, body_bytes: int,
+                                                                      at_once: bool) -> None:
+    """A body the socket took in its one write leaves nothing for the loop to send: the pass runs in the turn
+    that sent it, not in a wakeup of its own SEND_GRACE_SECONDS later (a larger body's rest is sent first)."""
+
+    async def one_turn() -> bool:
+        kept = [[] for _ in range(2 * SCRAPE_YOUNG_MINIMUM)]
+        task = asyncio.ensure_future(collect_after_response(body_bytes))
+        await asyncio.sleep(0)  # the task's first step
+        done = task.done() and gc.get_count()[0] < SCRAPE_YOUNG_MINIMUM
+        await task
+        assert kept and gc.get_count()[0] < SCRAPE_YOUNG_MINIMUM  # made either way
+        return done
+
+    assert asyncio.run(one_turn()) is at_once

@@ -21,6 +21,9 @@ AUTOMATIC_YOUNG_THRESHOLD = 50_000
 # Fewer new objects than this since the last pass (scrapes back to back): no pass.
 SCRAPE_YOUNG_MINIMUM = 100
 SEND_GRACE_SECONDS = 0.05  # for the loop to send the rest of a response; scrapers come seconds apart
+# A response this small goes to the socket in its one write (Linux's smallest default send buffer is 16 KiB):
+# nothing is left for the loop to send, and the pass runs at once instead of in a wakeup of its own.
+SENT_AT_ONCE_BYTES = 16 * 1024
 
 
 def tune_gc() -> None:
@@ -45,9 +48,11 @@ def collect_after_scrape() -> int | None:
     return generation
 
 
-async def collect_after_response() -> None:
+async def collect_after_response(body_bytes: int) -> None:
     """collect_after_scrape as a response's background task, on the event loop (Starlette would hand a plain
-    function to a thread, where the pass would hold the interpreter all the same). It waits a moment first: what
-    the socket did not take at once (a gzipped page is ~90 KB) is sent by the loop, after the task has begun."""
-    await asyncio.sleep(SEND_GRACE_SECONDS)
+    function to a thread, where the pass would hold the interpreter all the same). After a large body it waits a
+    moment first: what the socket did not take at once (a 1 MB target's gzipped page is ~90 KB) is sent by the
+    loop, after the task has begun."""
+    if body_bytes > SENT_AT_ONCE_BYTES:
+        await asyncio.sleep(SEND_GRACE_SECONDS)
     collect_after_scrape()

@@ -135,6 +135,7 @@ class SpecDecodePage:
         self._rendering: dict[Encoder, asyncio.Task[Rendered]] = {}
         self._wants_gzip: set[Encoder] = {self.encoder(encoder) for encoder in gzipped}
         self.renders = 0  # spec-decode renders so far (one per set of views and encoder)
+        self.last_render_seconds = 0.0  # how long the last render took, from its first step to its last (real time)
         self._scrapes: tuple[float, ...] = ()  # the last two scrapes' times (monotonic)
         self._sleeping: asyncio.Future[None] | None = None  # keep_fresh's sleep, which a scrape ends
         self._collections_wake = False  # and a collection too (within the window before a scrape)
@@ -239,6 +240,7 @@ class SpecDecodePage:
             self._sleeping, self._collections_wake = None, False
 
     async def _render(self, encoder: Encoder, views: tuple[TargetView, ...], before: Rendered | None) -> Rendered:
+        started = time.perf_counter()
         if before is not None and before.current(views, compress=False):
             text = before.text  # only the gzip is missing
         else:
@@ -249,10 +251,12 @@ class SpecDecodePage:
             gzip = new_gzip()
             gzipped = (b"".join(await run_sliced(compressed_steps(text, gzip))), gzip)
         rendered = self._rendered[encoder] = Rendered(views, text, gzipped)
+        self.last_render_seconds = time.perf_counter() - started
         return rendered
 
     async def keep_fresh(self, poll: float, interval: float, clock: Callable[[], float] = time.monotonic,
-                         rest: float | None = None, longest_sleep: float | None = None, woken: bool = False) -> None:
+                         rest: float | None = None, longest_sleep: float | None = None, woken: bool = False,
+                         ahead_above: float = 0.0) -> None:
         """Render the page the next scrape will read, once, for each encoder scraped so far: looks every ``poll``
         seconds at what the collections published (``interval``: the collection interval) while a render may be
         due, and sleeps (outside the window at most ``longest_sleep``, default ``interval``, or when ``woken``
@@ -271,17 +275,25 @@ class SpecDecodePage:
         it comes too late, the scrape renders its own. Before the second scrape its time is unknown, and after the
         scraper went away nobody reads a page: nothing is rendered (a scrape renders its own). Outside the window
         before a scrape it sleeps rather than looks. After a render it rests ``rest`` seconds (interval / 2: many
-        targets publish all the time; one render per rest then)."""
+        targets publish all the time; one render per rest then).
+
+        ``ahead_above``: renders ahead only once the last render took at least this long (real time). A page that
+        renders faster is rendered by the scrape that reads it: each look of keep_fresh is a cold wakeup of the
+        loop (several per scrape), which costs more than the scrape's wait for a small page is worth."""
         if longest_sleep is None:
             longest_sleep = IDLE_UNTIL_A_SCRAPE if woken else interval
         self._clock = clock
-        await self._keep_fresh(poll, interval, interval / 2 if rest is None else rest, clock, longest_sleep, woken)
+        await self._keep_fresh(poll, interval, interval / 2 if rest is None else rest, clock, longest_sleep, woken,
+                               ahead_above)
 
     async def _keep_fresh(self, poll: float, interval: float, rest: float, clock: Callable[[], float],
-                          longest_sleep: float, woken: bool) -> None:
+                          longest_sleep: float, woken: bool, ahead_above: float) -> None:
         seen: tuple[TargetView, ...] = ()
         came = render_seconds = 0.0
         while True:
+            if self.last_render_seconds < ahead_above:  # cheap: the next scrape renders its own (it wakes this too)
+                await self._sleep(longest_sleep, woken, in_window=False)
+                continue
             now, late = clock(), max(2 * render_seconds, 2 * poll)
             # Woken: it sleeps until the window before the next scrape opens (a scrape wakes it: the window
             # moves), and within it until a collection comes or the scrape is near.

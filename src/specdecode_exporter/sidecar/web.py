@@ -91,6 +91,9 @@ class MetricsRenderer:
 
 
 PAGE_POLL_SECONDS = 0.1  # how soon after a collection the page is rendered again
+# A page that renders faster is rendered by the scrape that reads it (a real vLLM page's: ~1 ms), not ahead of it:
+# keep_fresh's looks around each scrape, cold wakeups all, cost more than that wait (bench 3).
+RENDER_AHEAD_ABOVE_SECONDS = 0.005
 
 
 def accepts_gzip(accept_encoding: str) -> bool:
@@ -143,8 +146,8 @@ def _lifespan(exporter: Exporter, renderer: MetricsRenderer, reloader: Reloader 
         task = asyncio.create_task(exporter.run(), name="collection") if run_collection else None
         # The page is rendered right after the collection that precedes each scrape, not by the scrape.
         page = renderer.spec_decode
-        fresh = asyncio.create_task(page.keep_fresh(PAGE_POLL_SECONDS, config.collect.interval, woken=run_collection),
-                                    name="metrics page")
+        fresh = asyncio.create_task(page.keep_fresh(PAGE_POLL_SECONDS, config.collect.interval, woken=run_collection,
+                                                    ahead_above=RENDER_AHEAD_ABOVE_SECONDS), name="metrics page")
         undo_sighup = _on_sighup(reloader)
         try:
             yield
@@ -194,8 +197,9 @@ def build_app(exporter: Exporter, run_collection: bool = True, reloader: Reloade
         if tap is not None:
             await tap.refresh()
         headers = {"Vary": "Accept-Encoding"} | ({"Content-Encoding": "gzip"} if compress else {})
-        return Response(await renderer.render(encoder, compress), media_type=content_type, headers=headers,
-                        background=BackgroundTask(collect_after_response))  # once the response is sent
+        body = await renderer.render(encoder, compress)
+        return Response(body, media_type=content_type, headers=headers,
+                        background=BackgroundTask(collect_after_response, len(body)))  # once the response is sent
 
     async def healthz(_: Request) -> PlainTextResponse:
         return PlainTextResponse("ok\n")
