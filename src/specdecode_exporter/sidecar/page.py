@@ -119,9 +119,9 @@ def same_views(views: tuple[TargetView, ...], others: tuple[TargetView, ...]) ->
 
 class SpecDecodePage:
     """The spec-decode part of /metrics, per encoder: rendered once per set of views at most, in slices on the
-    event loop: by ``keep_fresh``, for the scrape it expects next; by a scrape, when the page of the views
-    published by then is not rendered yet (no scraper expected, or a collection just before the scrape). Nothing
-    is rendered for pages nobody reads."""
+    event loop: by ``keep_fresh``, for the scrape it expects next, where a render is slow enough to be worth it;
+    by a scrape, when the page of the views published by then is not rendered yet (a fast page, no scraper
+    expected, or a collection just before the scrape). Nothing is rendered for pages nobody reads."""
 
     def __init__(self, views: Callable[[], list[TargetView]], gzipped: tuple[Encoder, ...] = ()) -> None:
         """``gzipped``: encoders whose page is gzipped from its first render, before any scrape asks for it so
@@ -153,7 +153,7 @@ class SpecDecodePage:
 
     async def get(self, encoder: Encoder, compress: bool) -> Rendered:
         """The part for the views published by now (gzipped too where ``compress``), rendered if need be: a scrape
-        never reads a page older than the last collection. keep_fresh renders it ahead of a regular scraper; any
+        never reads a page older than the last collection. keep_fresh renders a slow one ahead of a regular scraper; any
         other scrape renders it itself, once per set of views (~2 ms at a real vLLM page, ~130 ms at 1 MB). Views
         published while it renders wait for the next call: with many targets some view is always newer."""
         encoder = self.encoder(encoder)

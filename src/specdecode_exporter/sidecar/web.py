@@ -144,7 +144,8 @@ def _lifespan(exporter: Exporter, renderer: MetricsRenderer, reloader: Reloader 
                 app.state.startup_failed = True
                 raise
         task = asyncio.create_task(exporter.run(), name="collection") if run_collection else None
-        # The page is rendered right after the collection that precedes each scrape, not by the scrape.
+        # A page that takes RENDER_AHEAD_ABOVE_SECONDS or more is rendered right after the collection that precedes
+        # each scrape, not by the scrape; a smaller one by the scrape.
         page = renderer.spec_decode
         fresh = asyncio.create_task(page.keep_fresh(PAGE_POLL_SECONDS, config.collect.interval, woken=run_collection,
                                                     ahead_above=RENDER_AHEAD_ABOVE_SECONDS), name="metrics page")
@@ -175,8 +176,8 @@ def _reload_endpoint(reloader: Reloader) -> Callable[[Request], Awaitable[PlainT
 def build_app(exporter: Exporter, run_collection: bool = True, reloader: Reloader | None = None,
               security: WebSecurity | None = None, tap: TapRuntime | None = None) -> Starlette:
     config: Config = exporter.config  # what the listener was built with; a reload changes exporter.config
-    # A scrape reads the last collection completed before it: keep_fresh renders it ahead of the scrape it
-    # expects; a scrape it did not expect (an HA pair's other replica, curl) waits for the render.
+    # A scrape reads the last collection completed before it: keep_fresh renders a slow page ahead of the scrape
+    # it expects; any other scrape (a small page's, an HA pair's other replica, curl) waits for the render.
     renderer = MetricsRenderer(exporter, reloader, tap)
     exporter.collected = renderer.spec_decode.wake
 
