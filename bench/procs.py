@@ -88,7 +88,8 @@ class Scraper:
 
     def _run(self) -> None:
         headers = {"Accept": PROMETHEUS_ACCEPT, "Accept-Encoding": "gzip"}
-        with httpx.Client(trust_env=False, timeout=10) as client:
+        # Prometheus keeps its scrape connections open between scrapes; httpx would drop one idle for 5 s.
+        with httpx.Client(trust_env=False, timeout=10, limits=httpx.Limits(keepalive_expiry=300)) as client:
             while not self._stop.wait(self.interval):
                 if not self.running.is_set():
                     continue

@@ -6,6 +6,7 @@ import logging
 import socket
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -14,6 +15,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
+from devtools.procs import exporter_command, running
 from specdecode_exporter.core.httpserver import ThreadedServer, bind_socket
 from specdecode_exporter.core.log import setup_logging
 
@@ -78,16 +80,64 @@ def test_a_byte_every_fifth_of_a_second_does_not_reset_the_deadline(server: Thre
     assert closed and time.monotonic() - started < BOUND + 1.5
 
 
-def test_the_deadline_runs_again_from_the_end_of_each_response(server: ThreadedServer) -> None:
+def test_the_deadline_runs_again_from_the_first_byte_of_each_next_head(server: ThreadedServer) -> None:
     with _connect(server) as conn:
         for _ in range(2):  # a kept-alive connection is served as long as each head comes in time
             conn.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
             assert conn.recv(4096).startswith(b"HTTP/1.1 200")
             time.sleep(BOUND / 3)
-        answered = time.monotonic()
+        begun = time.monotonic()
         conn.sendall(b"GET / HTTP/1.1\r\n")  # then half a head, and nothing more
         assert _closed_by_server(conn, BOUND + 2)
-        assert BOUND - 0.1 < time.monotonic() - answered + BOUND / 3 < BOUND + 1.5
+        assert BOUND - 0.1 < time.monotonic() - begun < BOUND + 1.5
+
+
+def test_a_kept_alive_connection_idles_past_the_head_bound_until_the_idle_bound() -> None:
+    """Prometheus scrapes a pod every 15-60 s over one kept-alive connection: between a response and the next
+    request the connection may idle longer than a head may take (uvicorn's 5 s closed it before every scrape)."""
+    idle = 3 * BOUND
+    with ThreadedServer(_app(), bind_socket(), lifespan="off", name="idle", head_timeout=BOUND,
+                        idle_timeout=idle).start() as server, _connect(server) as conn:
+        conn.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert conn.recv(4096).startswith(b"HTTP/1.1 200")
+        time.sleep(2 * BOUND)  # longer than a head may take, shorter than the idle bound
+        conn.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert conn.recv(4096).startswith(b"HTTP/1.1 200")  # served on the same connection
+        answered = time.monotonic()
+        assert _closed_by_server(conn, idle + 2)  # and closed once idle for the idle bound
+        assert idle - 0.1 < time.monotonic() - answered < idle + 1.5
+
+
+def _response(conn: socket.socket) -> bytes:
+    """One whole response with a Content-Length body, read from a kept-alive connection."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = conn.recv(65536)
+        assert chunk, "closed before the response head"
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next(int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                  if line.lower().startswith(b"content-length:"))
+    while len(body) < length:
+        chunk = conn.recv(65536)
+        assert chunk, "closed within the body"
+        body += chunk
+    return head
+
+
+def test_the_sidecar_serves_scrapes_15_s_apart_over_one_connection(tmp_path: Path) -> None:
+    """The real process, as Prometheus scrapes it: one connection, a scrape, 15 s idle (a common scrape interval,
+    past the 10 s head bound and uvicorn's 5 s), a scrape on the same connection."""
+    with running("simulator", lambda p: [*exporter_command(), "simulate", "--web.listen-address",
+                                         f"127.0.0.1:{p}"], tmp_path, "/health") as simulator, \
+            running("sidecar", lambda p: [*exporter_command(), "run", "--target", f"{simulator.url}/metrics",
+                                          "--web.listen-address", f"127.0.0.1:{p}"], tmp_path, "/healthz") as sidecar:
+        host, port = sidecar.url.removeprefix("http://").rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=10) as conn:
+            for pause in (15.0, 0.0):
+                conn.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nAccept-Encoding: gzip\r\n\r\n")
+                assert _response(conn).startswith(b"HTTP/1.1 200")
+                time.sleep(pause)
 
 
 def test_connections_past_the_cap_are_turned_away_at_accept() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import resource
 import socket
 import threading
@@ -75,11 +76,16 @@ class DateHeader:
         await self.app(scope, receive, dated)
 
 
-# A connection must deliver a complete request head this long after it opens, and again this long after each
-# response it gets (keep-alive), or it is closed: uvicorn arms its keep-alive timeout only after a response and
+# A connection must deliver a complete request head this long after it opens, and this long after the first byte
+# of each next one (keep-alive), or it is closed: uvicorn arms its keep-alive timeout only after a response and
 # cancels it on any byte, so a client that never sends a full head (or sends a byte a second) held its descriptor
 # for ever. Prometheus sends its whole request at once; 10 s is long for anything but an attack.
 REQUEST_HEAD_TIMEOUT = 10.0
+# Between a response and the next request's first byte a kept-alive connection may idle this long: longer than a
+# minute's scrape interval, so Prometheus (which keeps its scrape connections open) scrapes over one connection,
+# not a new one per scrape (uvicorn's own default, 5 s, closed it before each 15 s scrape). MAX_CONNECTIONS bounds
+# what idle connections can hold.
+IDLE_KEEP_ALIVE = 75.0
 # At most this many connections at once (fewer where the descriptor limit is low: half of it, the rest left to
 # the targets, the config and the request tap); a connection past it is answered 503 and closed as it is accepted,
 # so that idle connections cannot use up the descriptors every scrape and probe needs.
@@ -93,15 +99,18 @@ def connection_cap() -> int:
     return MAX_CONNECTIONS if soft == resource.RLIM_INFINITY else max(1, min(MAX_CONNECTIONS, soft // 2))
 
 
-def bounded_protocol(base: type[asyncio.Protocol], head_timeout: float, max_connections: int) -> type[asyncio.Protocol]:
-    """uvicorn's HTTP protocol class (h11 or httptools), with a deadline for each request head and a cap on open
-    connections. It relies on what both of uvicorn's HTTP/1.1 protocols share: ``transport``, ``on_response_complete``
+def bounded_protocol(base: type[asyncio.Protocol], head_timeout: float, max_connections: int,
+                     idle_timeout: float = IDLE_KEEP_ALIVE) -> type[asyncio.Protocol]:
+    """uvicorn's HTTP protocol class (h11 or httptools), with a deadline for each request head, one for a kept-alive
+    connection's idle time between a response and the next request, and a cap on open connections. It relies on
+    what both of uvicorn's HTTP/1.1 protocols share: ``transport``, ``data_received``, ``on_response_complete``
     (called as a response finishes) and ``cycle.response_complete`` (false while a request is being served)."""
     parent: Any = base
     live: set[asyncio.Protocol] = set()
 
     class Bounded(parent):  # type: ignore[misc]  # a subclass of whichever class uvicorn resolved
         _head_deadline: asyncio.TimerHandle | None = None
+        _idle = False  # a response has finished and no byte of the next request has come
 
         def connection_made(self, transport: asyncio.BaseTransport) -> None:
             super().connection_made(transport)
@@ -110,7 +119,7 @@ def bounded_protocol(base: type[asyncio.Protocol], head_timeout: float, max_conn
                 transport.close()
                 return
             live.add(self)
-            self._arm_head_deadline()
+            self._arm_head_deadline(head_timeout)
 
         def connection_lost(self, exc: Exception | None) -> None:
             live.discard(self)
@@ -118,14 +127,21 @@ def bounded_protocol(base: type[asyncio.Protocol], head_timeout: float, max_conn
                 self._head_deadline.cancel()
             super().connection_lost(exc)
 
+        def data_received(self, data: bytes) -> None:
+            if self._idle:  # the next request's head, measured from its first byte; later bytes do not reset it
+                self._idle = False
+                self._arm_head_deadline(head_timeout)
+            super().data_received(data)
+
         def on_response_complete(self) -> None:
             super().on_response_complete()
-            self._arm_head_deadline()  # the next request's head, measured from here; data does not reset it
+            self._idle = True
+            self._arm_head_deadline(idle_timeout)
 
-        def _arm_head_deadline(self) -> None:
+        def _arm_head_deadline(self, seconds: float) -> None:
             if self._head_deadline is not None:
                 self._head_deadline.cancel()
-            self._head_deadline = asyncio.get_running_loop().call_later(head_timeout, self._head_overdue)
+            self._head_deadline = asyncio.get_running_loop().call_later(seconds, self._head_overdue)
 
         def _head_overdue(self) -> None:
             self._head_deadline = None
@@ -152,20 +168,22 @@ class QuietServer(uvicorn.Server):
     Each connection also gets a deadline for its request heads and a cap on their number (bounded_protocol)."""
 
     def __init__(self, config: uvicorn.Config, *, head_timeout: float = REQUEST_HEAD_TIMEOUT,
-                 max_connections: int | None = None) -> None:
+                 max_connections: int | None = None, idle_timeout: float = IDLE_KEEP_ALIVE) -> None:
         if config.date_header and not isinstance(config.app, str):
             config.app, config.date_header = DateHeader(cast(ASGIApp, config.app)), False
+        config.timeout_keep_alive = math.ceil(idle_timeout)  # uvicorn's own idle timer; the protocol's closes first
         super().__init__(config)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Future[None] | None = None
         self._head_timeout = head_timeout
+        self._idle_timeout = idle_timeout
         self._max_connections = max_connections
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         # The config is loaded by now (the protocol class resolved); every connection is made from it after this.
         self.config.http_protocol_class = bounded_protocol(
             self.config.http_protocol_class, self._head_timeout,
-            connection_cap() if self._max_connections is None else self._max_connections)
+            connection_cap() if self._max_connections is None else self._max_connections, self._idle_timeout)
         await super().startup(sockets)
 
     async def main_loop(self) -> None:
@@ -196,11 +214,12 @@ class ThreadedServer:
 
     def __init__(self, app: ASGIApp, sock: socket.socket, *, lifespan: Literal["auto", "on", "off"] = "on",
                  name: str = "http", head_timeout: float = REQUEST_HEAD_TIMEOUT,
-                 max_connections: int | None = None) -> None:
+                 max_connections: int | None = None, idle_timeout: float = IDLE_KEEP_ALIVE) -> None:
         config = uvicorn.Config(app, log_config=None, lifespan=lifespan, access_log=False,
                                 timeout_graceful_shutdown=1)
         self.base_url = url_for(sock)
-        self._server = QuietServer(config, head_timeout=head_timeout, max_connections=max_connections)
+        self._server = QuietServer(config, head_timeout=head_timeout, max_connections=max_connections,
+                                   idle_timeout=idle_timeout)
         self._sock = sock
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]}, name=name, daemon=True)
 
