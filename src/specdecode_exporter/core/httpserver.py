@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import resource
 import socket
 import threading
@@ -84,8 +83,8 @@ REQUEST_HEAD_TIMEOUT = 10.0
 # Between a response and the next request's first byte a kept-alive connection may idle this long: longer than a
 # minute's scrape interval, so Prometheus (which keeps its scrape connections open) scrapes over one connection,
 # not a new one per scrape (uvicorn's own default, 5 s, closed it before each 15 s scrape). MAX_CONNECTIONS bounds
-# what idle connections can hold.
-IDLE_KEEP_ALIVE = 75.0
+# what idle connections can hold. The sidecar passes it as uvicorn's timeout_keep_alive, which QuietServer applies.
+IDLE_KEEP_ALIVE = 75
 # At most this many connections at once (fewer where the descriptor limit is low: half of it, the rest left to
 # the targets, the config and the request tap); a connection past it is answered 503 and closed as it is accepted,
 # so that idle connections cannot use up the descriptors every scrape and probe needs.
@@ -100,7 +99,7 @@ def connection_cap() -> int:
 
 
 def bounded_protocol(base: type[asyncio.Protocol], head_timeout: float, max_connections: int,
-                     idle_timeout: float = IDLE_KEEP_ALIVE) -> type[asyncio.Protocol]:
+                     idle_timeout: float) -> type[asyncio.Protocol]:
     """uvicorn's HTTP protocol class (h11 or httptools), with a deadline for each request head, one for a kept-alive
     connection's idle time between a response and the next request, and a cap on open connections. It relies on
     what both of uvicorn's HTTP/1.1 protocols share: ``transport``, ``data_received``, ``on_response_complete``
@@ -168,22 +167,21 @@ class QuietServer(uvicorn.Server):
     Each connection also gets a deadline for its request heads and a cap on their number (bounded_protocol)."""
 
     def __init__(self, config: uvicorn.Config, *, head_timeout: float = REQUEST_HEAD_TIMEOUT,
-                 max_connections: int | None = None, idle_timeout: float = IDLE_KEEP_ALIVE) -> None:
+                 max_connections: int | None = None) -> None:
         if config.date_header and not isinstance(config.app, str):
             config.app, config.date_header = DateHeader(cast(ASGIApp, config.app)), False
-        config.timeout_keep_alive = math.ceil(idle_timeout)  # uvicorn's own idle timer; the protocol's closes first
         super().__init__(config)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Future[None] | None = None
         self._head_timeout = head_timeout
-        self._idle_timeout = idle_timeout
         self._max_connections = max_connections
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         # The config is loaded by now (the protocol class resolved); every connection is made from it after this.
         self.config.http_protocol_class = bounded_protocol(
             self.config.http_protocol_class, self._head_timeout,
-            connection_cap() if self._max_connections is None else self._max_connections, self._idle_timeout)
+            connection_cap() if self._max_connections is None else self._max_connections,
+            idle_timeout=self.config.timeout_keep_alive)  # uvicorn's own idle timer runs beside it
         await super().startup(sockets)
 
     async def main_loop(self) -> None:
@@ -214,12 +212,11 @@ class ThreadedServer:
 
     def __init__(self, app: ASGIApp, sock: socket.socket, *, lifespan: Literal["auto", "on", "off"] = "on",
                  name: str = "http", head_timeout: float = REQUEST_HEAD_TIMEOUT,
-                 max_connections: int | None = None, idle_timeout: float = IDLE_KEEP_ALIVE) -> None:
+                 max_connections: int | None = None, idle_timeout: int = IDLE_KEEP_ALIVE) -> None:
         config = uvicorn.Config(app, log_config=None, lifespan=lifespan, access_log=False,
-                                timeout_graceful_shutdown=1)
+                                timeout_graceful_shutdown=1, timeout_keep_alive=idle_timeout)
         self.base_url = url_for(sock)
-        self._server = QuietServer(config, head_timeout=head_timeout, max_connections=max_connections,
-                                   idle_timeout=idle_timeout)
+        self._server = QuietServer(config, head_timeout=head_timeout, max_connections=max_connections)
         self._sock = sock
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]}, name=name, daemon=True)
 

@@ -19,7 +19,7 @@ from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, R
 from starlette.routing import Route
 
 from specdecode_exporter.core.exposition import LineFormat, TextFormat, family_pieces
-from specdecode_exporter.core.httpserver import QuietServer, bind_socket
+from specdecode_exporter.core.httpserver import IDLE_KEEP_ALIVE, QuietServer, bind_socket
 from specdecode_exporter.core.log import event
 from specdecode_exporter.core.slices import run_sliced
 from specdecode_exporter.sidecar.collection import Exporter
@@ -248,7 +248,7 @@ def serve(config: Config, load: Callable[[], Config] | None = None, security: We
     app = build_app(exporter, reloader=reloader, security=security, tap=tap)
     uv_config = uvicorn.Config(app, host=host,
                                port=port, log_config=None, access_log=False, timeout_graceful_shutdown=5,
-                               lifespan="on", loop="auto",
+                               lifespan="on", loop="auto", timeout_keep_alive=IDLE_KEEP_ALIVE,
                                ssl_context_factory=(lambda _config, _default: context) if context else None)
     server = QuietServer(uv_config)
     event(logging.INFO, "starting", version=exporter_version(), listen_address=config.web.listen_address,
