@@ -83,7 +83,7 @@ REQUEST_HEAD_TIMEOUT = 10.0
 # Between a response and the next request's first byte a kept-alive connection may idle this long: longer than a
 # minute's scrape interval, so Prometheus (which keeps its scrape connections open) scrapes over one connection,
 # not a new one per scrape (uvicorn's own default, 5 s, closed it before each 15 s scrape). MAX_CONNECTIONS bounds
-# what idle connections can hold. The sidecar passes it as uvicorn's timeout_keep_alive, which QuietServer applies.
+# what idle connections can hold. The sidecar passes it as uvicorn's timeout_keep_alive.
 IDLE_KEEP_ALIVE = 75
 # At most this many connections at once (fewer where the descriptor limit is low: half of it, the rest left to
 # the targets, the config and the request tap); a connection past it is answered 503 and closed as it is accepted,
@@ -98,12 +98,12 @@ def connection_cap() -> int:
     return MAX_CONNECTIONS if soft == resource.RLIM_INFINITY else max(1, min(MAX_CONNECTIONS, soft // 2))
 
 
-def bounded_protocol(base: type[asyncio.Protocol], head_timeout: float, max_connections: int,
-                     idle_timeout: float) -> type[asyncio.Protocol]:
-    """uvicorn's HTTP protocol class (h11 or httptools), with a deadline for each request head, one for a kept-alive
-    connection's idle time between a response and the next request, and a cap on open connections. It relies on
-    what both of uvicorn's HTTP/1.1 protocols share: ``transport``, ``data_received``, ``on_response_complete``
-    (called as a response finishes) and ``cycle.response_complete`` (false while a request is being served)."""
+def bounded_protocol(base: type[asyncio.Protocol], head_timeout: float, max_connections: int) -> type[asyncio.Protocol]:
+    """uvicorn's HTTP protocol class (h11 or httptools), with a deadline for each request head and a cap on open
+    connections; a kept-alive connection's idle time between a response and the next request's first byte is
+    uvicorn's own timeout_keep_alive. It relies on what both of uvicorn's HTTP/1.1 protocols share: ``transport``,
+    ``data_received``, ``on_response_complete`` (called as a response finishes, where uvicorn arms its keep-alive
+    timer) and ``cycle.response_complete`` (false while a request is being served)."""
     parent: Any = base
     live: set[asyncio.Protocol] = set()
 
@@ -118,7 +118,7 @@ def bounded_protocol(base: type[asyncio.Protocol], head_timeout: float, max_conn
                 transport.close()
                 return
             live.add(self)
-            self._arm_head_deadline(head_timeout)
+            self._arm_head_deadline()
 
         def connection_lost(self, exc: Exception | None) -> None:
             live.discard(self)
@@ -129,24 +129,26 @@ def bounded_protocol(base: type[asyncio.Protocol], head_timeout: float, max_conn
         def data_received(self, data: bytes) -> None:
             if self._idle:  # the next request's head, measured from its first byte; later bytes do not reset it
                 self._idle = False
-                self._arm_head_deadline(head_timeout)
+                self._arm_head_deadline()
             super().data_received(data)
 
         def on_response_complete(self) -> None:
-            super().on_response_complete()
+            super().on_response_complete()  # uvicorn's keep-alive timer bounds the idle time from here
             self._idle = True
-            self._arm_head_deadline(idle_timeout)
-
-        def _arm_head_deadline(self, seconds: float) -> None:
             if self._head_deadline is not None:
                 self._head_deadline.cancel()
-            self._head_deadline = asyncio.get_running_loop().call_later(seconds, self._head_overdue)
+                self._head_deadline = None
+
+        def _arm_head_deadline(self) -> None:
+            if self._head_deadline is not None:
+                self._head_deadline.cancel()
+            self._head_deadline = asyncio.get_running_loop().call_later(head_timeout, self._head_overdue)
 
         def _head_overdue(self) -> None:
             self._head_deadline = None
             cycle = getattr(self, "cycle", None)
             if cycle is not None and not cycle.response_complete:
-                return  # a request is being served: its response re-arms the deadline
+                return  # a request is being served: the next head's first byte arms the deadline again
             if not self.transport.is_closing():
                 self.transport.close()
 
@@ -180,8 +182,7 @@ class QuietServer(uvicorn.Server):
         # The config is loaded by now (the protocol class resolved); every connection is made from it after this.
         self.config.http_protocol_class = bounded_protocol(
             self.config.http_protocol_class, self._head_timeout,
-            connection_cap() if self._max_connections is None else self._max_connections,
-            idle_timeout=self.config.timeout_keep_alive)  # uvicorn's own idle timer runs beside it
+            connection_cap() if self._max_connections is None else self._max_connections)
         await super().startup(sockets)
 
     async def main_loop(self) -> None:
