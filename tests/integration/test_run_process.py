@@ -38,9 +38,10 @@ import json, os, signal, sys
 from specdecode_exporter import cli
 
 def dump(_signum, _frame):
-    with open(os.environ["MODULES_OUT"], "w") as out:
-        status = open("/proc/self/status").read()
+    status = open("/proc/self/status").read()
+    with open(os.environ["MODULES_OUT"] + ".part", "w") as out:
         json.dump({"modules": sorted(sys.modules), "rss_kib": int(status.split("VmRSS:")[1].split()[0])}, out)
+    os.replace(os.environ["MODULES_OUT"] + ".part", os.environ["MODULES_OUT"])  # the test sees it whole or not at all
 
 signal.signal(signal.SIGUSR1, dump)
 sys.exit(cli.main(sys.argv[1:]))
