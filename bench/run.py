@@ -377,6 +377,13 @@ def run_tap(rep: Report, size: tap_bench.BenchSize) -> list[dict[str, Any]]:
                 "pool, routes the one class after 5 requests (95 % then go to the fallback, here the same fake "
                 "vLLM on connections of their own), switches a keep-alive connection's pool and adds the "
                 "x-specdecode-route header; the per-chunk path is the same.\n")
+    floor = tap_bench.floor_lines(measured)
+    if floor:
+        rep.add("\n" + " ".join(floor) + " The checked relay is the raw relay with each upstream read also passed "
+                "through the tap's own fast-path check (its marks searched for, the chunk framing walked) and then "
+                "written as it came: the least a relay that must find the terminal and usage events pays per chunk in "
+                "Python. What the tap costs beyond it is its per-request work (the request read and rewritten, the "
+                "stream's end held, merged and stripped) and its routing of each read.\n")
     if size.rounds > 1:
         rep.add("\nEach round against its own round's baselines (lowest – highest over the rounds):\n")
         spans = tap_bench.round_ranges(measured)

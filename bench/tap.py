@@ -18,10 +18,12 @@ connection's first request is reported apart, as ttfb_first_p50, in the JSON lin
 chunk (utime + stime from /proc over the load window / chunks received); stalls (a gap over 50 ms between two events
 of one stream, which the upstream sends 5 ms apart); the CPU other jobs used meanwhile.
 
-Variants: tap-uvloop (specdecode_exporter.tap on uvloop: the design); raw-relay-uvloop (bytes relayed both ways, nothing
-parsed: the floor); tap-asyncio (specdecode_exporter.tap on the default loop); aiohttp (client + server on uvloop; needs
-`pip install aiohttp`); httpx-starlette (httpx client + Starlette StreamingResponse on uvicorn with uvloop and
-httptools: the obvious FastAPI-style proxy). Results and discussion: docs/tap-design.md.
+Variants: tap-uvloop (specdecode_exporter.tap on uvloop: the design); raw-relay-uvloop (bytes relayed both ways,
+nothing parsed: the floor); checked-relay-uvloop (the floor, each upstream read also passed through the tap's own
+per-chunk check: what no relay that finds the events it rewrites goes below); tap-asyncio (specdecode_exporter.tap
+on the default loop); aiohttp (client + server on uvloop; needs `pip install aiohttp`); httpx-starlette (httpx
+client + Starlette StreamingResponse on uvicorn with uvloop and httptools: the obvious FastAPI-style proxy). Results
+and discussion: docs/tap-design.md.
 """
 
 from __future__ import annotations
@@ -51,9 +53,12 @@ from bench.common import CLK_TCK, free_port, markdown_table, proc_cpu_seconds, p
 INTERVAL = 0.005  # one SSE event per stream every 5 ms
 EVENTS_PER_STREAM = 100  # 0.5 s streams, so each connection measures many first bytes
 STALL_GAP = 0.050
-VARIANTS = ("tap-uvloop", "raw-relay-uvloop", "tap-routing-uvloop", "tap-asyncio", "aiohttp", "httpx-starlette")
+VARIANTS = ("tap-uvloop", "raw-relay-uvloop", "checked-relay-uvloop", "tap-routing-uvloop", "tap-asyncio", "aiohttp",
+            "httpx-starlette")
 BASELINE = "direct"  # the upstream called without any relay: what TTFB is compared with
 FLOOR = "raw-relay-uvloop"  # bytes relayed, nothing parsed: what the relays' CPU per chunk is compared with
+CHECKED = "checked-relay-uvloop"  # the floor plus the tap's per-chunk check on each upstream read: what a relay that
+# must find the events it rewrites cannot go below, measured in the same rounds as the tap
 TAP = "tap-uvloop"  # the tap without routing: what the tap with routing on is compared with
 ROUTING = "tap-routing-uvloop"  # the tap with routing on (proxy.route, enforce): the class is routed after 5
 # requests, so 95 % of them go to the fallback (the same fake vLLM, on connections of their own) and 5 % stay
@@ -76,8 +81,8 @@ class BenchSize:
 
 
 # bench/run.py's sizes. SMOKE only proves the bench works end to end (tests/bench): its figures mean nothing.
-SMOKE = BenchSize((4,), 0.6, 1, 0.0, ("tap-uvloop", FLOOR, ROUTING))
-QUICK = BenchSize((64,), 5.0, 3, 3.0, ("tap-uvloop", FLOOR, ROUTING, "tap-asyncio"))
+SMOKE = BenchSize((4,), 0.6, 1, 0.0, ("tap-uvloop", FLOOR, CHECKED, ROUTING))
+QUICK = BenchSize((64,), 5.0, 3, 3.0, ("tap-uvloop", FLOOR, CHECKED, ROUTING, "tap-asyncio"))
 LONG = BenchSize((64, 256), 6.0, 3, 20.0, VARIANTS)
 _EVENT = (
     b'data: {"id":"cmpl-8c79809def3acc5c","object":"text_completion","created":1795364486,"model":"tiny",'
@@ -197,7 +202,8 @@ class _RawRelay(asyncio.Protocol):
         self.client = cast(asyncio.Transport, transport)
         asyncio.get_running_loop().create_task(self.connect())
 
-    async def connect(self) -> None:
+    def back_protocol(self) -> asyncio.Protocol:
+        """The upstream connection's protocol: each read written to the client as it came."""
         relay = self
 
         class Back(asyncio.Protocol):
@@ -209,8 +215,11 @@ class _RawRelay(asyncio.Protocol):
                 assert relay.client is not None
                 relay.client.close()
 
+        return Back()
+
+    async def connect(self) -> None:
         loop = asyncio.get_running_loop()
-        self.upstream, _ = await loop.create_connection(Back, "127.0.0.1", self.upstream_port)
+        self.upstream, _ = await loop.create_connection(self.back_protocol, "127.0.0.1", self.upstream_port)
         self.upstream.write(b"".join(self.pending))
 
     def data_received(self, data: bytes) -> None:
@@ -224,9 +233,34 @@ class _RawRelay(asyncio.Protocol):
             self.upstream.close()
 
 
-async def _serve_raw_relay(port: int, upstream: str) -> None:
+class _CheckedRelay(_RawRelay):
+    """The raw relay, each upstream read also passed through the tap's own per-chunk check (the usage stripper's
+    ``passes``: its marks searched for, its chunk framing walked) before it is written as it came: the least any
+    relay that must find the events it rewrites pays per chunk in Python, with none of the tap's other work."""
+
+    passed = 0
+
+    def back_protocol(self) -> asyncio.Protocol:
+        from specdecode_exporter.tap.sse import UsageStripper
+
+        relay, check = self, UsageStripper(limit=256 * 1024).passes
+
+        class Back(asyncio.Protocol):
+            def data_received(self, data: bytes) -> None:
+                assert relay.client is not None
+                relay.passed += check(data)  # counted only: the floor writes every read as it came
+                relay.client.write(data)
+
+            def connection_lost(self, exc: Exception | None) -> None:
+                assert relay.client is not None
+                relay.client.close()
+
+        return Back()
+
+
+async def _serve_raw_relay(port: int, upstream: str, relay: type[_RawRelay] = _RawRelay) -> None:
     upstream_port = int(upstream.rsplit(":", 1)[1])
-    await asyncio.get_running_loop().create_server(lambda: _RawRelay(upstream_port), "127.0.0.1", port, backlog=2048)
+    await asyncio.get_running_loop().create_server(lambda: relay(upstream_port), "127.0.0.1", port, backlog=2048)
     await asyncio.Event().wait()
 
 
@@ -540,7 +574,7 @@ def main() -> None:
                      tuple(args.variants.split(",")))
     rows = run(size, lambda row: print(json.dumps(row), flush=True))
     print("\n".join(markdown_table(TABLE_HEADER, table_cells(with_ratios(rows)))))
-    print("\n".join(routing_lines(rows)))
+    print("\n".join(routing_lines(rows) + floor_lines(rows)))
 
 
 def run(size: BenchSize, report: Callable[[dict[str, Any]], None] = lambda row: None) -> list[dict[str, Any]]:
@@ -599,31 +633,41 @@ def with_ratios(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def routing_overhead(rows: Sequence[dict[str, Any]]) -> dict[int, dict[str, float | None]]:
-    """Per streams, the tap with routing on against the tap without it, both from ``rows`` (one run, medians):
-    CPU per chunk, its ratio, and the TTFB p99 it adds."""
+def versus(rows: Sequence[dict[str, Any]], variant: str, base: str) -> dict[int, dict[str, float | None]]:
+    """Per streams, ``variant`` against ``base``, both from ``rows`` (one run, medians): CPU per chunk, its ratio,
+    and the TTFB p99 it adds."""
     merged = _medians(list(rows))
-    taps = {r["streams"]: r for r in merged if r["variant"] == TAP}
+    bases = {r["streams"]: r for r in merged if r["variant"] == base}
     out: dict[int, dict[str, float | None]] = {}
     for row in merged:
-        tap = taps.get(row["streams"])
-        if row["variant"] == ROUTING and tap is not None:
-            out[row["streams"]] = {"cpu_per_chunk": row["cpu_per_chunk"], "tap_cpu_per_chunk": tap["cpu_per_chunk"],
-                                   "cpu_vs_tap": _ratio(row["cpu_per_chunk"], tap["cpu_per_chunk"]),
-                                   "added_p99_vs_tap": row["ttfb_p99"] - tap["ttfb_p99"]}
+        against = bases.get(row["streams"])
+        if row["variant"] == variant and against is not None:
+            cpu, base_cpu = row["cpu_per_chunk"], against["cpu_per_chunk"]
+            out[row["streams"]] = {"cpu_per_chunk": cpu, "base_cpu_per_chunk": base_cpu,
+                                   "cpu_ratio": _ratio(cpu, base_cpu),
+                                   "added_p99": row["ttfb_p99"] - against["ttfb_p99"]}
     return out
+
+
+def _versus_line(lead: str, figures: dict[str, float | None], base: str) -> str:
+    ratio, added = figures["cpu_ratio"], figures["added_p99"]
+    return (f"{lead}: {float(figures['cpu_per_chunk'] or 0) * 1e6:.1f} µs a chunk against "
+            f"{float(figures['base_cpu_per_chunk'] or 0) * 1e6:.1f} µs for {base} in the same run: "
+            f"**{'—' if ratio is None else f'{ratio:.2f}×'}**; TTFB p99 {float(added or 0) * 1e3:+.2f} ms against it.")
 
 
 def routing_lines(rows: Sequence[dict[str, Any]]) -> list[str]:
     """One sentence per streams on the cost of routing, for the results."""
-    lines = []
-    for streams, figures in routing_overhead(rows).items():
-        ratio, added = figures["cpu_vs_tap"], figures["added_p99_vs_tap"]
-        lines.append(f"Routing on ({ROUTING}, {streams} streams): {float(figures['cpu_per_chunk'] or 0) * 1e6:.1f} µs "
-                     f"a chunk against {float(figures['tap_cpu_per_chunk'] or 0) * 1e6:.1f} µs for the tap without "
-                     f"routing in the same run: **{'—' if ratio is None else f'{ratio:.2f}×'}**; TTFB p99 "
-                     f"{float(added or 0) * 1e3:+.2f} ms against it.")
-    return lines
+    return [_versus_line(f"Routing on ({ROUTING}, {streams} streams)", figures, "the tap without routing")
+            for streams, figures in versus(rows, ROUTING, TAP).items()]
+
+
+def floor_lines(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """One sentence per streams on the tap against the checked relay: what the tap costs beyond the per-chunk check
+    that no relay which rewrites a stream's events can skip."""
+    return [_versus_line(f"The tap against the checked relay ({CHECKED}: the floor plus the tap's own per-chunk "
+                         f"check; {streams} streams)", figures, CHECKED)
+            for streams, figures in versus(rows, TAP, CHECKED).items()]
 
 
 def _ratio(value: float, baseline: float) -> float | None:
@@ -673,6 +717,8 @@ def _run_role(args: argparse.Namespace) -> None:
         uvloop.run(_serve_tap(args.port, args.upstream, routing=True))
     elif args.variant == "raw-relay-uvloop":
         uvloop.run(_serve_raw_relay(args.port, args.upstream))
+    elif args.variant == CHECKED:
+        uvloop.run(_serve_raw_relay(args.port, args.upstream, _CheckedRelay))
     elif args.variant == "tap-asyncio":
         asyncio.run(_serve_tap(args.port, args.upstream))
     elif args.variant == "aiohttp":

@@ -40,7 +40,7 @@ def test_run_py_measures_the_tap_and_keeps_the_other_sections(tmp_path: Path) ->
     assert result.returncode == 0, result.stdout + result.stderr
     text = output.read_text(encoding="utf-8")
     rows = _table_rows(text)
-    assert list(rows) == [tap_bench.BASELINE, "tap-uvloop", tap_bench.FLOOR, tap_bench.ROUTING]
+    assert list(rows) == [tap_bench.BASELINE, "tap-uvloop", tap_bench.FLOOR, tap_bench.CHECKED, tap_bench.ROUTING]
     for cells in rows.values():
         requests, chunks, stalls, errors = int(cells[2]), int(cells[3]), cells[-3], cells[-2]
         assert requests >= 4 and errors == "0", cells
@@ -54,6 +54,9 @@ def test_run_py_measures_the_tap_and_keeps_the_other_sections(tmp_path: Path) ->
     # Routing on, against the tap without it in the same run.
     assert re.search(r"Routing on \(tap-routing-uvloop, 4 streams\): [\d.]+ µs a chunk against [\d.]+ µs for the tap "
                      r"without routing in the same run: \*\*\d+\.\d\d×\*\*", text)
+    # The tap against the floor with the tap's own per-chunk check, in the same run.
+    assert re.search(r"The tap against the checked relay \(checked-relay-uvloop: .*; 4 streams\): [\d.]+ µs a chunk "
+                     r"against [\d.]+ µs for checked-relay-uvloop in the same run: \*\*\d+\.\d\d×\*\*", text)
     # Every other section (1-5, and the page's 7) is kept as it was, byte for byte, and said to be from its run.
     others = sorted(int(n) for n in re.findall(r"\n## (\d+)\. ", previous) if int(n) != 6)
     assert others[:5] == [1, 2, 3, 4, 5], others
@@ -124,3 +127,11 @@ def test_round_ranges_pair_each_round_with_its_own_baselines() -> None:
     assert (low, high) == (pytest.approx(1.2), pytest.approx(1.5))  # 12/10 and 30/20, never 12/20 or 30/10
     assert spans[(64, "tap-uvloop")]["ttfb_p99_vs_direct"] == (pytest.approx(1.0), pytest.approx(4.0))
     assert (64, "direct") not in spans
+
+
+def test_the_tap_is_set_against_the_checked_relay_of_the_same_streams() -> None:
+    rows = [_row(64, tap_bench.CHECKED, 0.002, 20e-6), _row(64, "tap-uvloop", 0.003, 30e-6),
+            _row(256, "tap-uvloop", 0.010, 15e-6)]
+    (line,) = tap_bench.floor_lines(rows)  # no checked relay ran at 256 streams: no line made up for it
+    assert "64 streams" in line and "30.0 µs a chunk against 20.0 µs" in line and "**1.50×**" in line
+    assert "TTFB p99 +1.00 ms" in line
