@@ -190,6 +190,32 @@ def test_check_through_the_tap_says_where_its_test_completion_went(pools: Pools)
             "unrouted).") in result.stdout
 
 
+def test_a_block_that_ends_within_a_second_of_the_first_collection_is_judged(pools: Pools, tmp_path: Path) -> None:
+    """A fresh sidecar: the router judges the first block of a class against the break-even that the collection
+    before it found. Before, the tap process heard the break-even once a second, so a block that ended within a
+    second of the first collection (fast requests just after a start) waited without a decision."""
+    with contextlib.ExitStack() as stack:
+        tap = f"127.0.0.1:{free_port()}"
+        sidecar = start_sidecar(stack, tmp_path, {
+            "targets": [{"name": "vllm", "url": f"{pools.speculative.url}/metrics"}],
+            "collect": {"interval": "1s"},
+            "proxy": {"listen_address": tap, "route": {
+                "fallback_upstream": pools.fallback.url, "mode": "enforce", "min_requests": 4}},
+        }, name="fresh-sidecar")
+        _wait(lambda: _status(sidecar)["series"] and _status(sidecar)["series"][0]["break_even_acceptance_ratio"])
+        _plain(f"http://{tap}", "chat")  # the model is a class label once the upstream has served it
+        _send(f"http://{tap}", ["summarise"] * 4, stream=False)
+
+        def summarise() -> dict[str, Any]:
+            (state,) = [c for c in _status(sidecar)["routing"]["classes"] if c["workload"] == "summarise"]
+            return state
+
+        _wait(lambda: sum(r["requests"] for r in summarise()["requests"]) >= 4)
+        state = summarise()
+        assert state["last_decision"] is not None, state
+        assert state["last_decision"]["break_even_acceptance_ratio"] == 0.5
+
+
 def test_a_fallback_killed_mid_run_loses_no_request(pools: Pools) -> None:
     """The fallback freezes (SIGSTOP) with requests in flight on it, then dies (SIGKILL): every request is answered
     whole, by the speculative pool, and counted with reason fallback_down."""

@@ -27,7 +27,8 @@ if TYPE_CHECKING:  # the tap's process and relay load only when the tap is on (T
 Views = Callable[[], list[TargetView]]
 HISTORY_KEEP_SECONDS = 3600.0  # the tap's sums are kept this long at least (the config's longest window, if longer)
 SNAPSHOT_TIMEOUT = 1.0  # how long a scrape waits for the tap's counters before it serves the last ones it had
-BREAK_EVEN_PUSH_SECONDS = 1.0  # how often the tap process hears the break-even in force (sent when it changed)
+BREAK_EVEN_PUSH_SECONDS = 1.0  # the tap process hears the break-even in force after each collection and at least
+# this often (a reload changes it without a collection); a frame is sent only when it changed
 MOMENTS_SAMPLE_SECONDS = 5.0  # how often the sidecar samples the tap's sums for the windows of the measured variance
 
 
@@ -71,7 +72,7 @@ class TapRuntime:
 
     async def start(self) -> None:
         """Start the tap process; RuntimeError when it does not start."""
-        self._push_break_evens()
+        self.push_break_evens()
         await self.process.start()
         self._pushing = asyncio.create_task(self._keep_pushing(), name="tap break-even")
 
@@ -79,12 +80,14 @@ class TapRuntime:
         sampled = self.clock()
         while True:
             await asyncio.sleep(BREAK_EVEN_PUSH_SECONDS)
-            self._push_break_evens()
+            self.push_break_evens()
             if self.clock() - sampled >= MOMENTS_SAMPLE_SECONDS:
                 sampled = self.clock()
                 await self.refresh()
 
-    def _push_break_evens(self) -> None:
+    def push_break_evens(self) -> None:
+        """Tell the tap process the break-even in force now (a frame only when it changed). After a collection: a
+        block of requests that ends within a second of it is judged against what it found, not against nothing."""
         self.process.set_break_evens(break_evens_of(self.views(), self.config.target))
 
     async def stop(self) -> None:

@@ -173,13 +173,23 @@ def _reload_endpoint(reloader: Reloader) -> Callable[[Request], Awaitable[PlainT
     return reload
 
 
+def _also_to_the_tap(collected: Callable[[], None], tap: TapRuntime) -> Callable[[], None]:
+    """After each collection: ``collected``, then the tap's router hears the break-even it found."""
+
+    def after_collection() -> None:
+        collected()
+        tap.push_break_evens()
+
+    return after_collection
+
+
 def build_app(exporter: Exporter, run_collection: bool = True, reloader: Reloader | None = None,
               security: WebSecurity | None = None, tap: TapRuntime | None = None) -> Starlette:
     config: Config = exporter.config  # what the listener was built with; a reload changes exporter.config
     # A scrape reads the last collection completed before it: keep_fresh renders a slow page ahead of the scrape
     # it expects; any other scrape (a small page's, an HA pair's other replica, curl) waits for the render.
     renderer = MetricsRenderer(exporter, reloader, tap)
-    exporter.collected = renderer.spec_decode.wake
+    exporter.collected = renderer.spec_decode.wake if tap is None else _also_to_the_tap(renderer.spec_decode.wake, tap)
 
     async def current_status() -> dict[str, object]:
         if tap is not None:
