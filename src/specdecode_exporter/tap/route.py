@@ -254,8 +254,8 @@ class ClassRouter:
     def _judge(self, key: ClassKey, state: _Class, now: float) -> None:
         threshold = self._break_even(key.model_name)
         if threshold is None:
-            # None in force yet (the sidecar's first one reaches the tap process within a second of its first
-            # collection): the block waits for it, and the first request after it comes decides.
+            # None in force yet (the sidecar sends the tap process its first one right after its first collection
+            # of the target): the block waits for it, and the first request after it comes decides.
             return
         found = ratio_test.estimate(state.evidence)
         routed = ratio_test.decide(state.routed, state.evidence, threshold, self.settings.min_requests)
