@@ -33,6 +33,7 @@ from specdecode_exporter.sidecar.config import (
     split_listen_address,
 )
 from specdecode_exporter.sidecar.proxy import TapRuntime, tap_runtime
+from specdecode_exporter.sidecar.reload import Reloader
 from specdecode_exporter.sidecar.web import build_app
 from specdecode_exporter.simulator import (
     ModelSpec,
@@ -136,7 +137,9 @@ def _start_sidecar(config: Config) -> tuple[ThreadedServer, TapRuntime]:
     tap = tap_runtime(config, exporter.views, lambda: exporter.config)
     assert tap is not None, "the demo config has a proxy"
     sock = bind_socket(host, port)
-    return ThreadedServer(build_app(exporter, tap=tap), sock, name="sidecar").start(), tap
+    # POST /-/reload works as under `run`: the demo's configuration is built in, so a reload re-applies it.
+    reloader = Reloader(exporter, lambda: config)
+    return ThreadedServer(build_app(exporter, reloader=reloader, tap=tap), sock, name="sidecar").start(), tap
 
 
 def _print_urls(sidecar: str, spec: str, control: str, tap: str) -> None:

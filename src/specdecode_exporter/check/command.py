@@ -10,10 +10,11 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 
 from specdecode_exporter.check import per_request as check_per_request
+from specdecode_exporter.core.failure import FailureReason
 from specdecode_exporter.core.monitoring_config import Statistics
 from specdecode_exporter.core.validation import validate
 from specdecode_exporter.pipeline.derive import acceptance_ratio
-from specdecode_exporter.pipeline.engines import NOT_APPLICABLE
+from specdecode_exporter.pipeline.engines import NOT_APPLICABLE, vllm_plain
 from specdecode_exporter.pipeline.engines.vllm_v1 import ADAPTIVE_VERIFICATION_WHY
 from specdecode_exporter.pipeline.schedule import (
     BatchSchedule,
@@ -53,6 +54,14 @@ def metrics_hint(url: str, error: str | None) -> str:
     if error is None or not error.startswith("http_status: HTTP 404") or parts.path == "/metrics":
         return ""
     return f" (did you mean {urlunsplit((parts.scheme, parts.netloc, '/metrics', '', ''))}?)"
+
+
+def failure_line(url: str, error: str | None) -> str:
+    """Why check has no verdict: what it found where it read a page (a vLLM without spec decode is not a failure to
+    collect: it may be the control pod), else why it could not collect."""
+    if error == f"{FailureReason.NO_SPEC_METRICS.value}: {vllm_plain.WHY_NOT}":
+        return f"{url}: nothing to judge: {vllm_plain.WHY_NOT}"
+    return f"cannot collect {url}: {error}{metrics_hint(url, error)}"
 
 
 def withheld(view: TargetView) -> str | None:
@@ -182,7 +191,7 @@ def run_check(url: str, duration: float, timeout: float, out: TextIO, err: TextI
     exporter = Exporter(config)
     view = asyncio.run(collect_for(exporter, duration))
     if not view.up:
-        err.write(f"{PROG}: cannot collect {url}: {view.last_error}{metrics_hint(url, view.last_error)}\n")
+        err.write(f"{PROG}: {failure_line(url, view.last_error)}\n")
         return 1
     out.write(render(view, duration))
     out.write("".join(f"{line}\n" for line in variance_lines(view, config.statistics)))

@@ -591,7 +591,10 @@ CONFIG_FILE_FLAG = OuterFlag("", "--config.file", "file", "none", "the path: res
 TARGET_FLAG = OuterFlag("targets", "--target", "[NAME=]URL", DEFAULT_TARGET_URL,
                         "applied (the file's)", "a vLLM /metrics URL; repeatable (the variable: comma-separated); "
                         "replaces the file's targets, each taking collect.timeout and cost_model")
-OUTER_FLAGS = (CONFIG_FILE_FLAG, TARGET_FLAG)
+CONTROL_TARGET_FLAG = OuterFlag("targets", "--control-target", "[NAME=]URL", "none", "applied (the file's)",
+                                "a vLLM /metrics URL serving the same model without spec decode (a control target, "
+                                "spec_decode: false), the baseline of every --target; goes with --target")
+OUTER_FLAGS = (CONFIG_FILE_FLAG, TARGET_FLAG, CONTROL_TARGET_FLAG)
 
 
 def reference_table() -> str:
@@ -700,13 +703,26 @@ def load_config_file(path: str, monitoring_file: str | None = None, flags: Mappi
         raise ConfigError(f"{path}: {exc}") from None
 
 
-def target_entries(specs: list[str], source: str) -> list[dict[str, str]]:
+def target_entries(specs: list[str], source: str, unnamed: str = DEFAULT_TARGET_NAME) -> list[dict[str, Any]]:
     """``--target URL`` or ``--target name=URL`` as the targets key's entries; the first unnamed target is called
-    vllm. Each URL is checked here, so that its error names ``source`` (the flag or the variable)."""
-    entries = []
+    ``unnamed`` (vllm), the next ones vllm-2, …. Each URL is checked here, so that its error names ``source`` (the
+    flag or the variable)."""
+    entries: list[dict[str, Any]] = []
     for i, spec in enumerate(specs):
         name, sep, url = spec.partition("=")
         if not sep or "://" in name:
-            name, url = ("vllm" if i == 0 else f"vllm-{i + 1}"), spec
+            name, url = (unnamed if i == 0 else f"{unnamed}-{i + 1}"), spec
         entries.append({"name": name, "url": validation.validate(Url, url, source)})
     return entries
+
+
+def with_control(targets: list[dict[str, Any]], controls: list[str], source: str) -> list[dict[str, Any]]:
+    """``--control-target``'s entries (spec_decode: false) after ``targets``, which take the control as their
+    baseline. One control only: several are paired with their targets in the config file (baseline.target)."""
+    entries = target_entries(controls, source, unnamed="control")
+    if len(entries) > 1:
+        raise SourcedError(f"{source}: one control target on the command line; pair several with their targets in "
+                           "the config file (spec_decode: false, baseline.target)")
+    (control,) = entries
+    paired = [{**entry, "baseline": {"target": control["name"]}} for entry in targets]
+    return [*paired, {**control, "spec_decode": False}]
