@@ -59,6 +59,21 @@ MAX_CONNECTIONS = 1024
 OVER_CAPACITY = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; charset=utf-8\r\n"
                  b"connection: close\r\ncontent-length: 20\r\n\r\ntoo many connections\n")
 HEAD_END = b"\r\n\r\n"
+HEAD_MAX_BYTES = 64 * 1024  # past h11's own limit on an unfinished head (16 KiB), which it answers 400
+
+
+def body_length(head: bytes) -> int | None:
+    """How many bytes of body follow a request head: its Content-Length (0 without one); None for a chunked body
+    or a Content-Length that is not a number (h11 answers the latter 400)."""
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        name = name.strip().lower()
+        if name == b"transfer-encoding":
+            return None
+        if name == b"content-length":
+            value = value.strip()
+            return int(value) if value.isdigit() else None
+    return 0
 
 
 def connection_cap() -> int:
@@ -103,7 +118,9 @@ class GuardedConnection(asyncio.Protocol):
         self._inner: asyncio.Protocol | None = None
         self._transport: asyncio.Transport | None = None
         self._deadline: asyncio.TimerHandle | None = None  # set while a request head is coming
-        self._tail = b""  # the last bytes of an unfinished head: its blank line may span two reads
+        self._head = bytearray()  # the head coming so far
+        self._body_left = 0  # bytes of the last head's body still to come (its Content-Length)
+        self._following = True  # false once a chunked body came: where it ends is h11's to know
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # A stream transport (uvloop's are not subclasses of asyncio's classes, hence the cast).
@@ -143,22 +160,32 @@ class GuardedConnection(asyncio.Protocol):
             self._inner.resume_writing()
 
     def _follow_heads(self, data: bytes) -> None:
-        """Arm the deadline at the first byte of a head, disarm it at the blank line that ends it."""
-        while data:
+        """Arm the deadline at the first byte of a head, disarm it at the blank line that ends it; skip its body."""
+        while data and self._following:
+            if self._body_left:
+                taken = min(self._body_left, len(data))
+                self._body_left -= taken
+                data = data[taken:]
+                continue
             if self._deadline is None:
                 self._arm_deadline()
-            seen = self._tail + data
-            end = seen.find(HEAD_END)
+            searched_to = max(0, len(self._head) - len(HEAD_END) + 1)
+            self._head += data
+            end = self._head.find(HEAD_END, searched_to)
             if end < 0:
-                self._tail = seen[-(len(HEAD_END) - 1):]
+                if len(self._head) > HEAD_MAX_BYTES:  # h11 refuses such a head: keep only where its end may start
+                    del self._head[:-len(HEAD_END)]
                 return
-            if self._deadline is not None:
-                self._deadline.cancel()
-                self._deadline = None
-            data = seen[end + len(HEAD_END):]
+            assert self._deadline is not None
+            self._deadline.cancel()
+            self._deadline = None
+            head, data = bytes(self._head[:end]), bytes(self._head[end + len(HEAD_END):])
+            self._head.clear()
+            length = body_length(head)
+            self._following, self._body_left = length is not None, length or 0
 
     def _arm_deadline(self) -> None:
-        self._tail = b""
+        self._head.clear()
         self._deadline = asyncio.get_running_loop().call_later(self._guard.head_timeout, self._head_overdue)
 
     def _head_overdue(self) -> None:
