@@ -90,8 +90,9 @@ class ConnectionGuard:
     guard wraps uvicorn's HTTP/1.1 protocol (h11, the implementation of its ``http="h11"``) as Config's ``http``
     protocol class: uvicorn makes one per connection with its own keyword arguments, which reach the h11
     protocol untouched, and the guard talks to it only through asyncio.Protocol's methods (no subclass, no
-    attribute of uvicorn's read). It tells where a head ends by the blank line that ends it; the sidecar's
-    endpoints take no request body (bytes after a head count as the next one's)."""
+    attribute of uvicorn's read). It tells where a head ends by the blank line that ends it, and skips the body
+    its Content-Length announces; after a chunked body (which no scraper sends) it stops following the
+    connection's heads, and uvicorn's own timers alone bound that connection."""
 
     def __init__(self, head_timeout: float = REQUEST_HEAD_TIMEOUT, max_connections: int | None = None) -> None:
         self.head_timeout = head_timeout
