@@ -51,7 +51,7 @@ PARTS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
     ("scrape: HTTP server (uvicorn, starlette)", ((_H11, "H11Protocol.data_received"),
                                                   (_H11, "RequestResponseCycle.run_asgi"))),
     ("status model", (("specdecode_exporter.sidecar.web", "status_json"),)),
-    ("uvicorn's main loop (woken only to stop)", (("specdecode_exporter.core.httpserver", "QuietServer.main_loop"),)),
+    ("uvicorn's main loop (a tick every 0.1 s)", (("uvicorn.server", "Server.main_loop"),)),
     ("socket reads (the client's protocol callbacks)", ((_TRANSPORT, "_Connection.data_received"),
                                                         (_TRANSPORT, "_Connection.eof_received"))),
     ("logging", (("logging", "Logger.handle"),)),

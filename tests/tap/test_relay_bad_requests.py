@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from specdecode_exporter.core.httpserver import QuietServer, bind_socket
+from specdecode_exporter.core.httpserver import bind_socket
 from specdecode_exporter.tap import start_tap
 from tests.tap.harness import LOOPS, Recorder, run
 
@@ -38,7 +38,7 @@ class Upstream:
         self.sock = bind_socket()
         config = uvicorn.Config(app, http="h11", lifespan="off", log_config=None, access_log=False,
                                 date_header=False, server_header=False, timeout_keep_alive=KEEP_ALIVE)
-        self.server = QuietServer(config)
+        self.server = uvicorn.Server(config)
         self.port = int(self.sock.getsockname()[1])
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 
@@ -58,7 +58,7 @@ def upstream() -> Iterator[Upstream]:
     try:
         yield server
     finally:
-        server.server.request_exit()
+        server.server.should_exit = True
         server.thread.join(5)
         server.sock.close()
 
