@@ -7,19 +7,66 @@ The field's dotted key (``collect.interval``), its type (the annotation), its de
 the flag) and whether a reload applies it are all read from there by ``tree``: the command's flags and ``--help``,
 the merge of flags and variables into the config mapping (before the one validation), the reload's notes and the
 configuration reference (docs/configuration.md) are built from it. Adding a setting is adding such a field.
+
+A section is a frozen dataclass that inherits ``Section``. Like the value types it is declared with (core/kinds.py),
+this module imports no validation library: the tap's process reads its own settings' declarations (tap/settings.py).
+core/validation.py validates them, in the sidecar. ``Renamed`` keeps a section's old name working for a release.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import types
 import typing
 from collections.abc import Iterator, Mapping
-from typing import Any, Union
+from typing import Any, ClassVar, Self, Union
 
-from specdecode_exporter.core.validation import Named, Section
+from specdecode_exporter.core.kinds import Invalid, Named, validator
 
+Context = Mapping[str, Any]
 ENV_PREFIX = "SPECDECODE_"
+
+
+class Section:
+    """Base of a frozen dataclass read from a config file: its fields are the keys (a key that is not a Python name
+    gets an alias: pydantic's ``Field(alias=...)``), their annotations say what each accepts. Unknown keys are
+    refused with "did you mean"; ``cross_check`` holds the rules between keys: it runs once the fields are valid,
+    may return a completed copy, and raises Invalid."""
+
+    __slots__ = ()
+    NULL_IS_EMPTY: ClassVar[bool] = False  # `key:` with no value means an empty section (all defaults)
+    UNSUPPORTED: ClassVar[frozenset[str]] = frozenset()  # keys of the upstream format this project refuses
+
+    def cross_check(self, context: Context) -> Self:
+        return self
+
+    @classmethod
+    def file_keys(cls) -> tuple[str, ...]:
+        return validator().file_keys(cls)
+
+    @classmethod
+    def check_keys(cls, data: object) -> object:
+        """``data`` (``{}`` for a null NULL_IS_EMPTY section); Invalid at its first unknown key."""
+        if data is None and cls.NULL_IS_EMPTY:
+            return {}
+        if isinstance(data, Mapping):
+            allowed = cls.file_keys()
+            for key in data:
+                if key in cls.UNSUPPORTED:
+                    raise Invalid("not supported by specdecode-exporter; remove it", str(key))
+                if key not in allowed:
+                    raise Invalid(f"unknown key{suggest(str(key), allowed)}", str(key))
+        return data
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: Any) -> Any:
+        return validator().section_schema(cls, source, handler)
+
+
+def suggest(key: str, allowed: tuple[str, ...]) -> str:
+    close = difflib.get_close_matches(key, allowed, n=1)
+    return f" (did you mean '{close[0]}'?)" if close else f" (allowed: {', '.join(sorted(allowed))})"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
