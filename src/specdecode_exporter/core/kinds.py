@@ -22,6 +22,15 @@ from collections.abc import Callable
 from typing import Annotated, Any, ClassVar, Protocol
 
 
+class ConfigError(ValueError):
+    """A bad configuration value (a file, a flag, an environment variable); str() is the one line shown."""
+
+
+class SourcedError(ConfigError):
+    """A bad value that a flag or an environment variable gave: the line names it, not a file's key (and no file's
+    path goes before it)."""
+
+
 class Invalid(ValueError):
     """A value a setting does not take: ``message`` is the one line said about it, ``at`` the key path below the
     value where the problem is (an item of a list, a key of a mapping)."""
@@ -249,12 +258,6 @@ def _listen_address(value: object) -> str:
     if not isinstance(value, str) or not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise Invalid(f"expected host:port or :port, got {show(value)}")
     return value
-
-
-def split_listen_address(address: str) -> tuple[str, int]:
-    """host:port, [v6]:port or :port (every IPv4 address) → (host, port)."""
-    host, _, port = address.rpartition(":")
-    return (host.strip("[]") or "0.0.0.0"), int(port)
 
 
 Number = Annotated[float, Check(_number)]

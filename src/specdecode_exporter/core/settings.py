@@ -22,7 +22,7 @@ import typing
 from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar, Self, Union
 
-from specdecode_exporter.core.kinds import Invalid, Named, validator
+from specdecode_exporter.core.kinds import ConfigError, Invalid, Named, SourcedError, validator
 
 Context = Mapping[str, Any]
 ENV_PREFIX = "SPECDECODE_"
@@ -236,3 +236,119 @@ def get(tree_value: object, key: str) -> Any:
     for part in key.split("."):
         tree_value = getattr(tree_value, part)
     return tree_value
+
+
+# ---------- a section's old name ----------
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Renaming:
+    """A config's file mapping and flags (by dotted key) with a renamed section's old names made new, the origin of
+    each flag's value, one warning line per old name used, and the section's name as the file wrote it."""
+
+    data: Any
+    flags: dict[str, object]
+    origins: dict[str, str]
+    warnings: tuple[str, ...]
+    new: str  # the section's name
+    written: str  # as the file wrote it: the old name where the file has only that
+
+    def as_written(self, line: str) -> str:
+        """An error ``line`` about a key of the file's section, naming it as the file did."""
+        if self.written != self.new and _within(line.split(":")[0].split("[")[0], self.new):
+            return self.written + line[len(self.new):]
+        return line
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Renamed:
+    """A section whose name changed (``proxy`` → ``tap``). For a release its old keys, flags and environment
+    variables keep working, each old name used with a one-line warning naming the new one; one setting given by
+    both names (in the file, a flag or a variable, in any mix) is an error naming both."""
+
+    old: str
+    new: str
+
+    def alias(self, item: Setting) -> Setting | None:
+        """``item``, a setting of the new section, under its old key, flag and variable (None: not in it)."""
+        if not _within(item.key, self.new):
+            return None
+        flag = item.flag and ("--" + self.old + item.flag[2 + len(self.new):])
+        return dataclasses.replace(item, key=self.old + item.key[len(self.new):], flag=flag or None)
+
+    def new_name(self, name: str) -> str:
+        """An old key, flag or variable as the new one: proxy.route.mode, --proxy.route.mode,
+        SPECDECODE_PROXY_ROUTE_MODE → tap.route.mode, --tap.route.mode, SPECDECODE_TAP_ROUTE_MODE."""
+        if name == self.old:
+            return self.new
+        for old, new in ((self.old + ".", self.new + "."), (f"--{self.old}.", f"--{self.new}."),
+                         (env_name(self.old) + "_", env_name(self.new) + "_")):
+            if name.startswith(old):
+                return new + name[len(old):]
+        return name
+
+    def apply(self, data: Any, flags: Mapping[str, object], origins: Mapping[str, str]) -> Renaming:
+        """``data`` (the file's mapping) and ``flags`` with every old name made new; ConfigError (SourcedError when
+        only flags and variables are involved) when one setting is given by both names."""
+        file_old, file_new = _leaves(data, self.old), _leaves(data, self.new)
+        # A null key sets nothing: it clashes with no other name.
+        self._refuse_both([*(_Given(self.new_name(k), k, True, True) for k, v in file_old.items() if v is not None),
+                           *(_Given(k, k, False, True) for k, v in file_new.items() if v is not None),
+                           *(_Given(self.new_name(k), origins.get(k, k), _within(k, self.old), False) for k in flags)])
+        warnings = []
+        in_file = isinstance(data, Mapping) and self.old in data
+        written = self.old if in_file and self.new not in data else self.new
+        if in_file:
+            data = {k: v for k, v in data.items() if k != self.old}
+            for key, value in file_old.items():
+                data = put(data, self.new_name(key), value)
+            warnings.append(f"the config file's section {self.old} is deprecated and goes in the next release: "
+                            f"call it {self.new} (the keys in it stay the same)")
+        out_flags, out_origins = dict(flags), dict(origins)
+        for key in [k for k in flags if _within(k, self.old)]:
+            given = out_origins.pop(key, key)
+            out_flags[self.new_name(key)], out_origins[self.new_name(key)] = out_flags.pop(key), given
+            warnings.append(f"{given} is deprecated and goes in the next release: use {self.new_name(given)}")
+        return Renaming(data, out_flags, out_origins, tuple(warnings), self.new, written)
+
+    @staticmethod
+    def _refuse_both(given: list[_Given]) -> None:
+        """The error when one setting is given by its old name and by its new one."""
+        for old in (g for g in given if g.old):
+            for new in (g for g in given if not g.old and _overlap(g.key, old.key)):
+                error = ConfigError if old.in_file or new.in_file else SourcedError
+                raise error(f"{old.name} and {new.name} both set {max(old.key, new.key, key=len)}: {old.name} is "
+                            f"its deprecated name; give it once, as {new.name}")
+
+
+class _Given(typing.NamedTuple):
+    key: str  # the new key it sets
+    name: str  # as given: a file's key, a flag, a variable
+    old: bool  # by the old name
+    in_file: bool
+
+
+def _within(key: str, section: str) -> bool:
+    return key == section or key.startswith(section + ".")
+
+
+def _overlap(key: str, other: str) -> bool:
+    """One of two dotted keys is the other or a section above it."""
+    return _within(key, other) or _within(other, key)
+
+
+def _leaves(data: Any, section: str) -> dict[str, object]:
+    """The values ``data`` (a file's mapping) gives below ``section``, by dotted key (a mapping that is empty, or
+    not a mapping, is a value; the section empty or null gives none)."""
+    if not isinstance(data, Mapping) or data.get(section) in (None, {}):
+        return {}
+    out: dict[str, object] = {}
+
+    def walk(key: str, value: object) -> None:
+        if isinstance(value, Mapping) and value:
+            for name, inner in value.items():
+                walk(f"{key}.{name}", inner)
+        else:
+            out[key] = value
+
+    walk(section, data[section])
+    return out

@@ -26,6 +26,7 @@ from pydantic_core import PydanticCustomError, core_schema
 from specdecode_exporter.core.kinds import (
     Bool,
     Choice,
+    ConfigError,
     Duration,
     DurationOrZero,
     Int,
@@ -34,6 +35,7 @@ from specdecode_exporter.core.kinds import (
     Number,
     Range,
     Rule,
+    SourcedError,
     Text,
     duration_reader,
     duration_seconds,
@@ -76,15 +78,6 @@ __all__ = [
     "validate",
     "words",
 ]
-
-
-class ConfigError(ValueError):
-    """A bad configuration value (a file, a flag, an environment variable); str() is the one line shown."""
-
-
-class SourcedError(ConfigError):
-    """A bad value that a flag or an environment variable gave: the line names it, not a file's key (and no file's
-    path goes before it)."""
 
 
 T = TypeVar("T")
