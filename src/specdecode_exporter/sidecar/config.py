@@ -466,8 +466,8 @@ SETTINGS = tree(ConfigFile)
 """Every setting of the sidecar (``run``), in the order declared: the flags, --help, the reload's notes and the
 configuration reference are built from it."""
 RENAMED = Renamed("proxy", "tap")
-"""The tap's section was called proxy until 0.2: its proxy.* keys, --proxy.* flags and SPECDECODE_PROXY_* variables
-keep working, with a warning, until the release after (CHANGELOG.md)."""
+"""The tap's section was called proxy: its proxy.* keys, --proxy.* flags and SPECDECODE_PROXY_* variables keep
+working, each with a warning, for one more release (CHANGELOG.md)."""
 DEPRECATED: tuple[Setting, ...] = tuple(alias for item in SETTINGS if (alias := RENAMED.alias(item)) is not None)
 """The tap's settings under their old names: hidden flags of ``run``, and variables it knows."""
 
