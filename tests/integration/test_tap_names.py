@@ -35,7 +35,8 @@ def deprecation_lines(sidecar: Process) -> list[str]:
 def test_the_old_names_run_the_tap_and_warn_once_per_start_and_reload(simulator: Process, tmp_path: Path) -> None:
     tap_port = free_port()
     config = tmp_path / "config.yaml"
-    config.write_text(f"targets: [{{name: vllm, url: '{simulator.url}/metrics'}}]\nproxy: {{workload_header: x-team}}\n")
+    config.write_text(f"targets: [{{name: vllm, url: '{simulator.url}/metrics'}}]\n"
+                      "proxy: {workload_header: x-team}\n")
     command = [*exporter_command(), "run", "--config.file", str(config), "--proxy.listen-address",
                f"127.0.0.1:{tap_port}"]
     env = {"SPECDECODE_PROXY_CLASS_HISTOGRAMS": "true"}
