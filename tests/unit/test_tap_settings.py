@@ -19,6 +19,7 @@ from specdecode_exporter.cli import DEPRECATED_FLAGS, RUN_FLAGS, build_parser, c
 from specdecode_exporter.cli import main as cli_main
 from specdecode_exporter.core.validation import ConfigError, SourcedError
 from specdecode_exporter.sidecar.config import SETTINGS, Config, load_config_file
+from specdecode_exporter.sidecar.reload import describe_changes
 from specdecode_exporter.tap.process import TapProcessSettings
 from specdecode_exporter.tap.settings import RouteSettings, TapSettings
 
@@ -191,3 +192,11 @@ def test_the_tap_process_is_handed_the_validated_settings_as_they_are(tmp_path: 
     result = subprocess.run([sys.executable, "-c", code], input=pickle.dumps(handed), capture_output=True,
                             timeout=60, check=True)
     assert result.stdout.decode().split() == ["http://f:1", "x-team", "[]"]
+
+
+def test_a_reload_that_only_renames_changes_nothing_and_a_changed_tap_setting_waits_for_a_restart(
+        tmp_path: Path) -> None:
+    old, new = load(tmp_path, OLD_FILE), load(tmp_path, NEW_FILE)
+    assert describe_changes(old, new) == []
+    changed = load(tmp_path, NEW_FILE.replace("x-team", "x-tenant"))
+    assert describe_changes(new, changed) == ["tap changed; it applies after a restart"]
