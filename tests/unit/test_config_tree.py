@@ -43,7 +43,7 @@ def test_the_flag_table_is_the_trees_settings_with_a_flag() -> None:
     hidden = {s.flag for s in DEPRECATED_FLAGS}  # the tap's --proxy.* names, for one more release
     assert flags - {s.flag for s in RUN_FLAGS} == {"--help", *(outer.flag for outer in OUTER_FLAGS), *hidden}
     assert all(options[flag].help == argparse.SUPPRESS for flag in hidden)
-    assert {outer.flag for outer in OUTER_FLAGS} == {"--config.file", "--target"}
+    assert {outer.flag for outer in OUTER_FLAGS} == {"--config.file", "--target", "--control-target"}
 
 
 def test_the_file_and_the_targets_flags_are_declared_once() -> None:
@@ -51,7 +51,8 @@ def test_the_file_and_the_targets_flags_are_declared_once() -> None:
     and their rows in the reference come from one declaration each."""
     options = {name: action for action in run_parser()._actions for name in action.option_strings}
     rows = reference_table().splitlines()[2:]
-    assert [outer.env for outer in OUTER_FLAGS] == ["SPECDECODE_CONFIG_FILE", "SPECDECODE_TARGET"]  # the contract
+    assert [outer.env for outer in OUTER_FLAGS] == [  # the contract
+        "SPECDECODE_CONFIG_FILE", "SPECDECODE_TARGET", "SPECDECODE_CONTROL_TARGET"]
     for outer, row in zip(OUTER_FLAGS, rows, strict=False):
         assert options[outer.flag].help == outer.flag_help
         assert f"| `{outer.flag}` | `{outer.env}` |" in row and outer.help in row
