@@ -373,7 +373,7 @@ def run_tap(rep: Report, size: tap_bench.BenchSize) -> list[dict[str, Any]]:
     rep.table(tap_bench.TABLE_HEADER, tap_bench.table_cells(rows))
     routing = tap_bench.routing_lines(measured)
     if routing:
-        rep.add("\n" + " ".join(routing) + " With routing on (proxy.route, enforce) the relay decides every request's "
+        rep.add("\n" + " ".join(routing) + " With routing on (tap.route, enforce) the relay decides every request's "
                 "pool, routes the one class after 5 requests (95 % then go to the fallback, here the same fake "
                 "vLLM on connections of their own), switches a keep-alive connection's pool and adds the "
                 "x-specdecode-route header; the per-chunk path is the same.\n")

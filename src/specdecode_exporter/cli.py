@@ -4,8 +4,9 @@ probe (measure α and the speedup before you ship).
 Flags follow Prometheus exporters; each flag can also come from SPECDECODE_<FLAG> (dots and dashes become
 underscores, upper case), e.g. SPECDECODE_WEB_LISTEN_ADDRESS. Precedence: flag > env > config file > default.
 `run`'s flags are the settings of the config tree that have one (sidecar/config.py declares each, beside what it
-configures); they and their variables are merged into the config file's mapping by dotted key before the one
-validation.
+configures; the tap's in tap/settings.py); they and their variables are merged into the config file's mapping by
+dotted key before the one validation. The tap's flags were --proxy.*: those still work, hidden from --help, with a
+warning (sidecar/config.py's RENAMED).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
+from specdecode_exporter.core.kinds import ListenAddress
 from specdecode_exporter.core.log import setup_logging
 from specdecode_exporter.core.settings import Setting, env_name
 from specdecode_exporter.core.validation import ConfigError, SourcedError, parse_duration, validate
@@ -27,14 +29,15 @@ from specdecode_exporter.sidecar.config import (
     CONTROL_TARGET_FLAG,
     DEFAULT_TARGET_NAME,
     DEFAULT_TARGET_URL,
+    DEPRECATED,
     SETTINGS,
     TARGET_FLAG,
     Config,
-    ListenAddress,
     OuterFlag,
     config_from_mapping,
     load_config_file,
     target_entries,
+    warn_deprecated,
     with_control,
 )
 
@@ -100,6 +103,7 @@ def check_environment(run: OneLineArgumentParser, environ: Mapping[str, str]) ->
 
 # run's flags: one per setting of the tree that has one (sidecar/config.py declares each beside what it configures).
 RUN_FLAGS: tuple[Setting, ...] = tuple(s for s in SETTINGS if s.flag)
+DEPRECATED_FLAGS: tuple[Setting, ...] = tuple(s for s in DEPRECATED if s.flag)  # --proxy.*: hidden from --help
 
 
 def _listen(value: str) -> str:
@@ -123,14 +127,13 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(TARGET_FLAG.flag, action="append", metavar=TARGET_FLAG.type_name, help=TARGET_FLAG.flag_help)
     parser.add_argument(CONTROL_TARGET_FLAG.flag, dest="control_target", action="append",
                         metavar=CONTROL_TARGET_FLAG.type_name, help=CONTROL_TARGET_FLAG.flag_help)
-    for setting in RUN_FLAGS:
+    for setting in (*RUN_FLAGS, *DEPRECATED_FLAGS):
         assert setting.flag is not None
+        shown = flag_help(setting) if setting in RUN_FLAGS else argparse.SUPPRESS
         if setting.switch:
-            parser.add_argument(setting.flag, dest=_dest(setting.flag), action="store_const", const=True,
-                                help=flag_help(setting))
+            parser.add_argument(setting.flag, dest=_dest(setting.flag), action="store_const", const=True, help=shown)
         else:
-            parser.add_argument(setting.flag, dest=_dest(setting.flag), metavar=setting.type_name.upper(),
-                                help=flag_help(setting))
+            parser.add_argument(setting.flag, dest=_dest(setting.flag), metavar=setting.type_name.upper(), help=shown)
 
 
 def flag_values(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[dict[str, object], dict[str, str]]:
@@ -138,7 +141,7 @@ def flag_values(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[d
     each value (for the error about it)."""
     values: dict[str, object] = {}
     origins: dict[str, str] = {}
-    for setting in RUN_FLAGS:
+    for setting in (*RUN_FLAGS, *DEPRECATED_FLAGS):
         assert setting.flag is not None and setting.env is not None
         value, origin = getattr(args, _dest(setting.flag), None), setting.flag
         if value is None:
@@ -182,6 +185,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     security = WebSecurity(load_web_config(config.web.config_file)) if config.web.config_file else None
     setup_logging(config.log.level, config.log.format)
+    warn_deprecated(config)
     from specdecode_exporter.sidecar.web import serve
 
     return serve(config, load=lambda: config_from_args(args), security=security)

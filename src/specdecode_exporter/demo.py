@@ -25,8 +25,6 @@ from specdecode_exporter.sidecar.config import (
     BaselineConfig,
     CollectSection,
     Config,
-    ProxyConfig,
-    RouteConfig,
     TargetConfig,
     WebSection,
     parse_windows,
@@ -44,7 +42,7 @@ from specdecode_exporter.simulator import (
     steady_scenario,
 )
 from specdecode_exporter.simulator.server import serve_in_thread
-from specdecode_exporter.tap.route import ENFORCE
+from specdecode_exporter.tap.settings import ENFORCE, RouteSettings, TapSettings
 
 DEMO_INTERVAL_SECONDS = 2.0
 DEMO_VERDICT_WINDOW = "1m"
@@ -68,8 +66,8 @@ def demo_config(listen_address: str, spec_url: str, control_url: str) -> Config:
         # until the acceptance gate stops speculation; over 5m its 150 s are diluted by the healthy phase before.
         verdict_window=DEMO_VERDICT_WINDOW,
         web=WebSection(listen_address=listen_address),
-        proxy=ProxyConfig(listen_address="127.0.0.1:0", upstream=spec_url, target=spec.name, drain_timeout=1.0,
-                          route=RouteConfig(control_url, mode=ENFORCE, min_requests=20, canary_share=0.2)),
+        tap=TapSettings(listen_address="127.0.0.1:0", upstream=spec_url, target=spec.name, drain_timeout=1.0,
+                        route=RouteSettings(control_url, mode=ENFORCE, min_requests=20, canary_share=0.2)),
     )
 
 
@@ -135,7 +133,7 @@ def _start_sidecar(config: Config) -> tuple[ThreadedServer, TapRuntime]:
     host, port = split_listen_address(config.web.listen_address)
     exporter = Exporter(config)
     tap = tap_runtime(config, exporter.views, lambda: exporter.config)
-    assert tap is not None, "the demo config has a proxy"
+    assert tap is not None, "the demo config has a tap"
     sock = bind_socket(host, port)
     # POST /-/reload works as under `run`: the demo's configuration is built in, so a reload re-applies it.
     reloader = Reloader(exporter, lambda: config)

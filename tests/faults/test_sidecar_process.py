@@ -72,17 +72,17 @@ def test_bad_web_config_flag_is_exit_code_2(tmp_path: Path) -> None:
 
 
 def test_the_tap_pointed_at_itself_is_one_line_and_exit_code_2() -> None:
-    """--proxy.upstream the tap's own address: refused at the start, not a loop of requests to itself."""
+    """--tap.upstream the tap's own address: refused at the start, not a loop of requests to itself."""
     tap = closed_port()
     try:
         result = run_cli("run", "--web.listen-address", f"127.0.0.1:{closed_port()}", "--target",
-                         f"http://127.0.0.1:{closed_port()}/metrics", "--proxy.listen-address", f"127.0.0.1:{tap}",
-                         "--proxy.upstream", f"http://127.0.0.1:{tap}", timeout=15)
+                         f"http://127.0.0.1:{closed_port()}/metrics", "--tap.listen-address", f"127.0.0.1:{tap}",
+                         "--tap.upstream", f"http://127.0.0.1:{tap}", timeout=15)
     except subprocess.TimeoutExpired:
         pytest.fail("the sidecar started with its tap relaying to itself")
     assert result.returncode == 2, result.stderr
-    assert result.stderr == (f"specdecode-exporter: config error: --proxy.upstream: http://127.0.0.1:{tap} is the "
-                             f"tap's own address (--proxy.listen-address 127.0.0.1:{tap}): the tap would relay every "
+    assert result.stderr == (f"specdecode-exporter: config error: --tap.upstream: http://127.0.0.1:{tap} is the "
+                             f"tap's own address (--tap.listen-address 127.0.0.1:{tap}): the tap would relay every "
                              "request to itself; point it at vLLM\n")
 
 
@@ -445,14 +445,14 @@ def test_reload_applies_log_level_and_format(tmp_path: Path, servers: Callable[.
 
 def test_sigterm_lets_streams_through_the_tap_finish(tmp_path: Path) -> None:
     """A pod rollout: SIGTERM while a stream runs through the request tap. The stream completes (the tap drains
-    for up to proxy.drain_timeout), is recorded, and the sidecar exits 0 right after."""
+    for up to tap.drain_timeout), is recorded, and the sidecar exits 0 right after."""
     from devtools.procs import exporter_command, running
 
     with running("simulator", lambda p: [*exporter_command(), "simulate", "--web.listen-address",
                                          f"127.0.0.1:{p}", "--acceptance-rate", "0.7"], tmp_path, "/health") as sim:
         port, tap = closed_port(), closed_port()
         config = write(tmp_path / "c.yml", config_text({"vllm": f"{sim.url}/metrics"})
-                       + f"proxy: {{listen_address: '127.0.0.1:{tap}', drain_timeout: 10s}}\n")
+                       + f"tap: {{listen_address: '127.0.0.1:{tap}', drain_timeout: 10s}}\n")
         sidecar = Process(["--config.file", str(config), "--web.listen-address", f"127.0.0.1:{port}"],
                           f"http://127.0.0.1:{port}")
         try:

@@ -28,11 +28,11 @@ NOT_IN_RUN = ("specdecode_exporter.probe", "specdecode_exporter.simulator", "spe
               "specdecode_exporter.check", "specdecode_exporter.demo", "grafana_foundation_sdk", "matplotlib",
               "_jsonnet", "jinja2", "httpx", "httpcore", "rich", "pygments", "numpy",
               "bcrypt")  # basic auth's hashes: imported only where web.config names users
-# With the tap off, of the tap only its settings (tap.route: the config's proxy.route) and the types of what the
-# tap reports (tap.request_stats, tap.model: the /metrics families and the status page, empty): never its relay,
-# its process or the stream readers.
+# With the tap off, of the tap only its settings (tap.settings: the config's tap section) and the types of what the
+# tap reports (tap.route, tap.request_stats, tap.model: the /metrics families and the status page, empty): never
+# its relay, its process or the stream readers.
 TAP_WHEN_OFF = {"specdecode_exporter.tap", "specdecode_exporter.tap.model", "specdecode_exporter.tap.request_stats",
-                "specdecode_exporter.tap.route"}
+                "specdecode_exporter.tap.route", "specdecode_exporter.tap.settings"}
 RUN = """
 import json, os, signal, sys
 from specdecode_exporter import cli

@@ -63,9 +63,9 @@ def test_env_var_is_validated_like_the_flag_and_named() -> None:
     [
         ({"SPECDECODE_COLLECT_TIMEOUT": "soon"}, "SPECDECODE_COLLECT_TIMEOUT: expected a duration"),
         ({"SPECDECODE_TARGET": "localhost:8000"}, "SPECDECODE_TARGET: expected an http(s) URL"),
-        ({"SPECDECODE_PROXY_LISTEN_ADDRESS": "tap"}, "SPECDECODE_PROXY_LISTEN_ADDRESS: expected host:port"),
-        ({"SPECDECODE_PROXY_LISTEN_ADDRESS": ":0", "SPECDECODE_PROXY_ROUTE_FALLBACK_UPSTREAM": "http://127.0.0.1:9",
-          "SPECDECODE_PROXY_ROUTE_MODE": "always"}, "SPECDECODE_PROXY_ROUTE_MODE: expected one of observe, enforce"),
+        ({"SPECDECODE_TAP_LISTEN_ADDRESS": "tap"}, "SPECDECODE_TAP_LISTEN_ADDRESS: expected host:port"),
+        ({"SPECDECODE_TAP_LISTEN_ADDRESS": ":0", "SPECDECODE_TAP_ROUTE_FALLBACK_UPSTREAM": "http://127.0.0.1:9",
+          "SPECDECODE_TAP_ROUTE_MODE": "always"}, "SPECDECODE_TAP_ROUTE_MODE: expected one of observe, enforce"),
     ],
 )
 def test_a_bad_value_in_a_variable_names_the_variable(env: dict[str, str], message: str) -> None:
@@ -75,11 +75,11 @@ def test_a_bad_value_in_a_variable_names_the_variable(env: dict[str, str], messa
     assert message in line, line
 
 
-def test_a_bad_value_in_a_proxy_flag_names_the_flag() -> None:
-    result = run_cli("run", "--proxy.listen-address", ":0", "--proxy.route.fallback-upstream", "http://127.0.0.1:9",
-                     "--proxy.route.mode", "always")
+def test_a_bad_value_in_a_tap_flag_names_the_flag() -> None:
+    result = run_cli("run", "--tap.listen-address", ":0", "--tap.route.fallback-upstream", "http://127.0.0.1:9",
+                     "--tap.route.mode", "always")
     assert result.returncode == 2
-    assert "config error: --proxy.route.mode: expected one of observe, enforce, got 'always'" in result.stderr
+    assert "config error: --tap.route.mode: expected one of observe, enforce, got 'always'" in result.stderr
 
 
 def test_an_unknown_variable_stops_the_start_naming_it() -> None:

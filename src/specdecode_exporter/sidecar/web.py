@@ -254,9 +254,9 @@ def serve(config: Config, load: Callable[[], Config] | None = None, security: We
     try:
         tap = tap_runtime(config, exporter.views, lambda: exporter.config)
     except OSError as exc:
-        event(logging.ERROR, "cannot listen", listen_address=config.proxy.listen_address if config.proxy else "",
+        event(logging.ERROR, "cannot listen", listen_address=config.tap.listen_address if config.tap else "",
               detail=exc.strerror or str(exc), what="request tap",
-              change_with="--proxy.listen-address (proxy.listen_address in the config file)")
+              change_with="--tap.listen-address (tap.listen_address in the config file)")
         return 1
     # uvloop where installed (the tap's relay is a few µs a chunk cheaper on it), else asyncio's own loop.
     # The TLS context is ours, so that a reload can swap the certificate in place.
@@ -270,8 +270,8 @@ def serve(config: Config, load: Callable[[], Config] | None = None, security: We
           interval=f"{config.collect.interval:g}s", windows=",".join(w.name for w in config.windows),
           tls=security is not None and security.ssl_context is not None,
           basic_auth=security is not None and bool(security.users),
-          request_tap=f"{config.proxy.listen_address} -> {config.proxy.upstream}" if config.proxy else "off",
-          routing=f"{route.mode} -> {route.fallback_upstream}" if (route := config.proxy and config.proxy.route)
+          request_tap=f"{config.tap.listen_address} -> {config.tap.upstream}" if config.tap else "off",
+          routing=f"{route.mode} -> {route.fallback_upstream}" if (route := config.tap and config.tap.route)
           else "off")
     try:
         sock = bind_socket(host, port)
