@@ -694,7 +694,7 @@ def plain_http_context() -> ssl.SSLContext:
 
 def new_client(target: TargetConfig) -> httpx.AsyncClient:
     """One client per target: its own TLS settings and keep-alive connection, and a hanging target holds only its
-    own. No retries, no redirects, no proxy from the environment."""
+    own (pipeline/scrape.py's http_client: no redirects, no proxy or .netrc from the environment)."""
     if target.tls is None and urlsplit(target.url).scheme != "https":
         return http_client(plain_http_context())
     return http_client(target.tls.ssl_context() if target.tls else default_ssl_context())
