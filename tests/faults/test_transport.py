@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import gzip
 import ssl
+import threading
 import tracemalloc
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
@@ -16,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from specdecode_exporter.pipeline.scrape import FailureReason, FetchResult, fetch
-from specdecode_exporter.sidecar.collection import new_client
-from specdecode_exporter.sidecar.config import TargetConfig, TLSConfig
+from specdecode_exporter.sidecar.collection import Exporter, new_client
+from specdecode_exporter.sidecar.config import CollectSection, Config, TargetConfig, TLSConfig, parse_windows
 from tests.faults.certs import Certs
 from tests.faults.hostile import (
     Handler,
@@ -28,6 +30,7 @@ from tests.faults.hostile import (
     response_head,
     serve,
     streamed,
+    v1_body,
 )
 
 BODY = b"vllm:spec_decode_num_drafts_total 10\n" * 200
@@ -399,3 +402,50 @@ def test_a_plain_http_client_cannot_reach_an_https_server_unverified(
 
     result = asyncio.run(main())
     assert result.failure is FailureReason.CONNECT and "CERTIFICATE_VERIFY_FAILED" in result.detail, result.detail
+
+
+# ---------- the clients' lifetime ----------
+
+def test_a_reload_that_removes_a_target_and_a_stop_close_their_connections() -> None:
+    """A target removed by a reload hangs up on its server at once, and so does every target when the sidecar stops:
+    the connections kept between collections do not outlive their collection loops."""
+    hung_up = {name: threading.Event() for name in ("removed", "kept")}
+
+    def counting(name: str) -> Callable[[HostileServer], Handler]:
+        def make(s: HostileServer) -> Handler:
+            async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+                try:
+                    while True:
+                        s.requests.append(await read_request(reader))
+                        writer.write(ok(v1_body(30 * len(s.requests), 20 * len(s.requests))))
+                        await writer.drain()
+                except asyncio.IncompleteReadError:
+                    hung_up[name].set()
+            return handle
+        return make
+
+    servers = {name: serve(counting(name)) for name in hung_up}
+    targets = tuple(TargetConfig(name, s.url) for name, s in servers.items())
+    config = Config(targets=targets, windows=parse_windows("1m", "windows"), collect=CollectSection(interval=0.2))
+    exporter = Exporter(config)
+
+    async def main() -> None:
+        running = asyncio.create_task(exporter.run())
+        try:
+            while not all(len(s.requests) >= 2 for s in servers.values()):  # a kept connection each, in use
+                await asyncio.sleep(0.02)
+            exporter.apply_config(dataclasses.replace(config, targets=targets[1:]))
+            await asyncio.to_thread(hung_up["removed"].wait, 10)
+            assert not hung_up["kept"].is_set()  # its connection stays, kept between its collections
+        finally:
+            running.cancel()
+            await asyncio.gather(running, return_exceptions=True)
+        await asyncio.to_thread(hung_up["kept"].wait, 10)
+
+    try:
+        asyncio.run(asyncio.wait_for(main(), 30))
+    finally:
+        for s in servers.values():
+            s.stop()
+    assert hung_up["removed"].is_set(), "the removed target's connection was left open"
+    assert hung_up["kept"].is_set(), "the stopped sidecar left its connection open"
