@@ -307,7 +307,7 @@ def run_idle_gap(rep: Report, body: bytes) -> None:
     costs = idle_gap.measure(body)
     hot = costs[0].median
     rep.add("\nThe same collection back to back and after an idle gap (bench/idle_gap.py): one TargetCollector in the "
-            "bench's own process (the lean client's fetch, decode, store, views; nothing scraped or rendered) "
+            "bench's own process (the fetch over httpx, decode, store, views; nothing scraped or rendered) "
             "collecting this page, moving, from the static server, with the loop asleep for the gap before each "
             "collection; CPU = the process's CPU clock around each collection, the median. The work is the same at "
             "every gap: what grows is what a collection finds evicted meanwhile (caches: the loop spinning through "

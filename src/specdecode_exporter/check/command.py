@@ -7,8 +7,6 @@ import time
 from typing import TextIO
 from urllib.parse import urlsplit, urlunsplit
 
-import httpx
-
 from specdecode_exporter.check import per_request as check_per_request
 from specdecode_exporter.core.failure import FailureReason
 from specdecode_exporter.core.monitoring_config import Statistics
@@ -22,7 +20,7 @@ from specdecode_exporter.pipeline.schedule import (
     trtllm_draft_len_schedule,
     vllm_speculative_config,
 )
-from specdecode_exporter.sidecar.collection import Exporter, TargetView
+from specdecode_exporter.sidecar.collection import Exporter, TargetView, new_client
 from specdecode_exporter.sidecar.config import CollectSection, Config, TargetConfig, Url, Window
 from specdecode_exporter.sidecar.series import SeriesView
 from specdecode_exporter.sidecar.status import verdict_stats
@@ -38,7 +36,8 @@ def _fmt(value: float | int | None, spec: str = ".3f") -> str:
 
 
 async def collect_for(exporter: Exporter, duration: float) -> TargetView:
-    async with httpx.AsyncClient(follow_redirects=False, trust_env=False) as client:
+    (collector,) = exporter.collectors.values()
+    async with new_client(collector.config) as client:
         deadline = time.monotonic() + duration
         (view,) = await exporter.collect_all_once(client)
         while view.up and time.monotonic() < deadline:
