@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from specdecode_exporter.sidecar.status import requests_json
 from specdecode_exporter.tap import TapRequest, TapResult
 from specdecode_exporter.tap.model import NOT_ENABLED, N_GT_1, SPEC_DETAILS_NOT_REQUESTED
 from specdecode_exporter.tap.request_stats import RequestRecorder, spec_figures
@@ -105,3 +106,6 @@ def test_the_recorder_counts_sglang_requests_in_the_same_families_as_vllms() -> 
     moments = view.moments["default"]
     assert (moments.requests, moments.draft_tokens, moments.accepted_tokens) == (1, 215, 63)
     assert view.without_metrics == {("default", SPEC_DETAILS_NOT_REQUESTED): 1}
+    status = requests_json(view, 0.5, 60.0)  # what /api/v1/status and the status page say of them
+    assert status["without_spec_metrics"] == {SPEC_DETAILS_NOT_REQUESTED: 1}
+    assert status["hint"] is not None and '"return_spec_tokens_details": true' in status["hint"]

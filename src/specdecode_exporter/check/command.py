@@ -14,7 +14,6 @@ from specdecode_exporter.core.monitoring_config import Statistics
 from specdecode_exporter.core.validation import validate
 from specdecode_exporter.pipeline.derive import acceptance_ratio
 from specdecode_exporter.pipeline.engines import NOT_APPLICABLE
-from specdecode_exporter.pipeline.engines.vllm_v1 import ADAPTIVE_VERIFICATION_WHY
 from specdecode_exporter.pipeline.schedule import (
     BatchSchedule,
     schedule_summary,
@@ -24,7 +23,7 @@ from specdecode_exporter.pipeline.schedule import (
 from specdecode_exporter.sidecar.collection import Exporter, TargetView
 from specdecode_exporter.sidecar.config import CollectSection, Config, TargetConfig, Url, Window
 from specdecode_exporter.sidecar.series import SeriesView
-from specdecode_exporter.sidecar.status import verdict_stats
+from specdecode_exporter.sidecar.status import verdict_stats, withheld
 
 PROG = "specdecode-exporter check"
 CHECK_STEP_SECONDS = 2.0  # below V0's 5 s report period, so V0 counters can be decoded too
@@ -53,11 +52,6 @@ def metrics_hint(url: str, error: str | None) -> str:
     if error is None or not error.startswith("http_status: HTTP 404") or parts.path == "/metrics":
         return ""
     return f" (did you mean {urlunsplit((parts.scheme, parts.netloc, '/metrics', '', ''))}?)"
-
-
-def withheld(view: TargetView) -> str | None:
-    """Why α and what builds on it are withheld: vLLM with adaptive verification declared (the sidecar's rule)."""
-    return ADAPTIVE_VERIFICATION_WHY if view.config.adaptive_verification and view.api == "vllm-v1" else None
 
 
 def render(view: TargetView, duration: float) -> str:

@@ -244,6 +244,17 @@ def has_acceptance(span: WindowSpan) -> bool:
             and start.accepted_tokens is not None and not span.seconds <= 0)
 
 
+def lower_bound_ratio(span: WindowSpan) -> float | None:
+    """Accepted over the proposed draft tokens of the span, where the engine counts them apart from the ones α
+    divides by (SeriesReading.proposed_draft_tokens); None without any proposed in it. Trimmed tokens are proposed
+    but never verified, so this is at most α."""
+    proposed = optional_minus(span.end.proposed_draft_tokens, span.start.proposed_draft_tokens)
+    accepted = optional_minus(span.end.accepted_tokens, span.start.accepted_tokens)
+    if proposed is None or accepted is None or not proposed > 0:
+        return None
+    return acceptance_ratio(accepted, proposed)
+
+
 def span_stats(span: WindowSpan, cost: CostModel, num_speculative_tokens: int | None) -> WindowStats | None:
     """Everything the sidecar reports for the window between two cumulative snapshots; None when it carried no
     drafted tokens. Computed from the snapshots directly, without building a delta (this runs for every

@@ -284,6 +284,9 @@ class TargetConfig(Section):
     # verified tokens is not settled by vLLM's source (docs/engines.md), so the drafted-token count, and α and
     # everything built on it, are withheld rather than guessed. vLLM does not export the setting: say it here.
     adaptive_verification: Bool = False
+    # vLLM's speculative-config rejection_sample_method, where it changes what α means (fly: lossy, synthetic:
+    # forced); vLLM does not export it. The status page and check say what α then is (no series changes).
+    rejection_sample_method: Annotated[str, words("a word like standard or fly")] | None = None
     baseline: BaselineConfig | None = None
     cost: Annotated[CostModel, Field(alias="cost_model"), _CostModel()] = field(default_factory=CostModel)
     bearer_token_file: FilePath | None = None

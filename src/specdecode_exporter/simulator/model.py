@@ -143,6 +143,10 @@ class ModelSpec(Section):
     adaptive_verification_share: Ratio = 0.0
     verified_draft_length: Annotated[Int, Range(0, 64)] = 1
     draft_tokens_count: Annotated[str, Choice("proposed", "verified")] = "proposed"
+    # vllm:spec_decode_num_verified_draft_tokens, the draft tokens sent to verification (proposed upstream,
+    # vllm#58340): off, as in every vLLM released so far; on, the V1 page serves it beside num_draft_tokens, which
+    # then counts the proposed tokens (draft_tokens_count proposed).
+    verified_draft_tokens_counter: Bool = False
     # Memory: the KV cache holds this many tokens, less draft_memory_share of it on a spec-decode pod (the draft
     # model's weights and KV); a request holds its prompt, half its output on average, and k lookahead slots while
     # speculating. Requests run while they fit; beyond, they wait, and the excess demand preempts.
@@ -162,6 +166,9 @@ class ModelSpec(Section):
         problem = curve_problem(curve, self)
         if problem:
             raise fail(problem, "position_acceptance")
+        if self.verified_draft_tokens_counter and self.draft_tokens_count == "verified":
+            raise fail("expected proposed with verified_draft_tokens_counter (vLLM then counts the proposed tokens "
+                       "in num_draft_tokens and the verified ones apart), got verified", "draft_tokens_count")
         if self.adaptive_verification_share and self.verified_draft_length >= self.num_speculative_tokens:
             raise fail(f"expected fewer than num_speculative_tokens ({self.num_speculative_tokens}) tokens, got "
                        f"{self.verified_draft_length}", "verified_draft_length")
@@ -202,6 +209,7 @@ class Rates:
     k: int = 0  # the k the steps ran with (0: not speculating)
     kv_cache_usage: float = 0.0
     preemptions: float = 0.0  # per second
+    verified_draft_tokens: float = 0.0  # per second: draft_tokens less what adaptive verification trimmed
 
 
 # The simulator draws per-position acceptance from the same i.i.d. model the sidecar fits.
@@ -360,12 +368,15 @@ def adaptive_trim(spec: ModelSpec, k: int) -> tuple[float, int]:
     return (share, verified) if share > 0 and verified < k else (0.0, k)
 
 
-def counted_draft_length(spec: ModelSpec, k: int) -> float:
-    """The draft tokens per step the exposition counts: k proposed, or the mean verified under the trim."""
+def verified_draft_length(spec: ModelSpec, k: int) -> float:
+    """The draft tokens per step sent to verification: k, less what adaptive verification trims."""
     trimmed, verified = adaptive_trim(spec, k)
-    if spec.draft_tokens_count == "proposed":
-        return float(k)
     return (1.0 - trimmed) * k + trimmed * verified
+
+
+def counted_draft_length(spec: ModelSpec, k: int) -> float:
+    """The draft tokens per step vllm:spec_decode_num_draft_tokens counts: k proposed, or the mean verified."""
+    return float(k) if spec.draft_tokens_count == "proposed" else verified_draft_length(spec, k)
 
 
 def compute_rates(spec: ModelSpec, live: LiveParams, fractions: tuple[float, ...], k: int | None = None) -> Rates:
@@ -394,6 +405,7 @@ def compute_rates(spec: ModelSpec, live: LiveParams, fractions: tuple[float, ...
     return Rates(
         drafts=steps if speculating or not spec.spec_decode else 0.0,
         draft_tokens=steps * counted_draft_length(spec, k) * spec.draft_fill if speculating else 0.0,
+        verified_draft_tokens=steps * verified_draft_length(spec, k) * spec.draft_fill if speculating else 0.0,
         per_pos=per_pos,
         accepted=sum(per_pos),
         generation_tokens=generation,

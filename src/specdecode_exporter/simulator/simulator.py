@@ -151,6 +151,7 @@ class EngineSnapshot:
     scheduled_steps: tuple[int, ...] = ()  # scheduler steps by the k they ran with (index = k)
     speculating: bool = True  # False once an acceptance gate switched speculation off
     drafted_per_pos: tuple[int, ...] = ()  # drafts that reached each position (the k of their step > position)
+    verified_draft_tokens: int = 0  # draft tokens sent to verification (vllm#58340's counter)
 
 
 @dataclass(frozen=True)
@@ -169,6 +170,7 @@ class _Engine:
     rng: random.Random
     drafts: float = 0.0
     draft_tokens: float = 0.0
+    verified_draft_tokens: float = 0.0
     per_pos: list[float] = field(default_factory=list)
     drafted_per_pos: list[float] = field(default_factory=list)  # a batch-size schedule drafts < k at some steps
     # Drafts by the tokens each drafted (index 0…k; 0: a control pod's steps). Exposed as whole drafts per length,
@@ -213,6 +215,7 @@ def _integrate(e: _Engine, r: Rates, dt: float) -> None:
     e.drafts += r.drafts * dt
     e.drafts_by_length[r.k] += r.drafts * dt
     e.draft_tokens += r.draft_tokens * dt
+    e.verified_draft_tokens += r.verified_draft_tokens * dt
     for i, rate in enumerate(r.per_pos):
         e.per_pos[i] += rate * dt
     if r.drafts > 0:  # the steps drafted r.k tokens, each position evenly short by the fill (as draft_tokens are)
@@ -297,6 +300,7 @@ def _account(e: _Engine, g: Generation, prompt_tokens: int) -> None:
     e.drafts += g.spec_steps
     e.drafts_by_length[min(g.drafted_per_step, e.k)] += g.spec_steps
     e.draft_tokens += g.drafted
+    e.verified_draft_tokens += g.drafted  # a served request's drafts are not trimmed
     for prefix in g.accepted_per_step:
         for i in range(prefix):
             e.per_pos[i] += 1
@@ -636,6 +640,7 @@ class Simulator:
             scheduled_steps=tuple(exposed(x) for x in e.scheduled),
             speculating=e.speculating,
             drafted_per_pos=tuple(exposed(x) for x in e.drafted_per_pos),
+            verified_draft_tokens=min(exposed(e.verified_draft_tokens), draft_tokens),  # never above the drafted
         )
 
     def state(self) -> dict[str, Any]:

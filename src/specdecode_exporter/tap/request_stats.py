@@ -31,7 +31,7 @@ MAX_LABEL_LENGTH = 64
 ADAPTIVE_VERIFICATION_WITHHELD = withheld_why(
     "a response's metrics.speculative_decoding.num_draft_tokens",
     "the per-request α (the request drafted and accepted tokens, the acceptance histogram, the variance's sums) and "
-    "the routing decisions on it")
+    "the routing decisions on it", verified="per-request count of verified tokens")
 WITHHELD = "withheld"
 
 
