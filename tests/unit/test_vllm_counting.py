@@ -58,6 +58,8 @@ def test_alpha_is_over_the_verified_tokens_where_vllm_counts_them(adaptive: bool
     assert stats.acceptance_ratio == pytest.approx(0.688)
     assert stats.mean_draft_length == pytest.approx(2.0)
     assert stats.mean_acceptance_length == pytest.approx(2.376)
+    cost = CostModel()  # drafting paid for the 3 proposed tokens per draft, verification for the 2 verified
+    assert stats.expected_speedup == pytest.approx(2.376 / (1 + 3 * cost.c_draft + 2 * cost.c_verify))
 
 
 def test_without_the_counter_adaptive_verification_withholds_alpha_and_keeps_the_lower_bound() -> None:

@@ -268,7 +268,8 @@ def span_stats(span: WindowSpan, cost: CostModel, num_speculative_tokens: int | 
     return counts_stats(span.seconds, drafted, accepted, optional_minus(end.drafts, start.drafts),
                         positions_minus(end.accepted_by_position, start.accepted_by_position), cost,
                         num_speculative_tokens,
-                        positions_minus(end.drafted_by_position, start.drafted_by_position))
+                        positions_minus(end.drafted_by_position, start.drafted_by_position),
+                        optional_minus(end.proposed_draft_tokens, start.proposed_draft_tokens))
 
 
 # A mean draft length this far below k (relative) means the drafts were not all k tokens long.
@@ -340,12 +341,25 @@ def draft_counts(draft_tokens: float, accepted_tokens: float, drafts: float | No
                        None)
 
 
+def _proposed_length(proposed_tokens: float | None, drafts: float | None, verified_length: float | None
+                     ) -> float | None:
+    """k̄_p: proposed tokens per draft where they are counted apart from the verified ones (never fewer), else the
+    verified length k̄_v."""
+    proposed = per_draft(proposed_tokens, drafts) if proposed_tokens is not None else None
+    if proposed is None or verified_length is None:
+        return verified_length
+    return max(proposed, verified_length)
+
+
 def counts_stats(seconds: float, draft_tokens: float, accepted_tokens: float, drafts: float | None,
                  accepted_by_position: tuple[float, ...], cost: CostModel,
                  num_speculative_tokens: int | None,
-                 drafted_by_position: tuple[float, ...] = ()) -> WindowStats | None:
+                 drafted_by_position: tuple[float, ...] = (), proposed_tokens: float | None = None
+                 ) -> WindowStats | None:
     """The window's statistics from its counts (increases over ``seconds``). α is over the drafted (= verified:
-    every engine's drafted-token counter counts the tokens sent to verification, docs/engines.md) tokens."""
+    every engine's drafted-token counter counts the tokens sent to verification, docs/engines.md, or vLLM's
+    verified-token counter where it has one) tokens; ``proposed_tokens``, where the engine counts them apart (that
+    vLLM's drafted-token counter), is what drafting is charged for."""
     alpha = acceptance_ratio(accepted_tokens, draft_tokens)
     if alpha is None or seconds <= 0:
         return None
@@ -374,9 +388,10 @@ def counts_stats(seconds: float, draft_tokens: float, accepted_tokens: float, dr
         probability,
         draft_tokens / seconds,
         accepted_tokens / seconds,
-        # Every engine's drafted-token counter counts the tokens it verified, and none counts tokens proposed and
-        # trimmed apart from them (docs/engines.md): the two lengths are the one measured.
-        expected_speedup_split(length, length_for_model, length_for_model, cost),
+        # The proposed length where the engine counts proposed tokens apart (vLLM's verified-token counter), else
+        # the one measured: every other drafted-token counter counts the tokens verified (docs/engines.md).
+        expected_speedup_split(length, _proposed_length(proposed_tokens, drafts_for_fit, length_for_model),
+                               length_for_model, cost),
         by_length,
         recommended_num_speculative_tokens(by_length),
         draft_length,
