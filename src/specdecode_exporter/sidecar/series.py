@@ -418,8 +418,9 @@ def _stop_cause(capacity: CapacityStats) -> str:
     if steps and sum(steps) > 0:
         return (f"; the batch-size schedule chose k = 0 for {steps[0] / sum(steps):.0%} of the scheduler steps "
                 "(vLLM's num_speculative_tokens_per_batch_size: on purpose, at this batch size)")
-    return ("; causes: an acceptance gate (TensorRT-LLM's acceptance_length_threshold switches speculation off "
-            "for good), a batch-size schedule at k = 0, or a drafter that finds nothing (ngram)")
+    return ("; causes: an acceptance gate (TensorRT-LLM switches speculation off for good once the mean acceptance "
+            "rate over acceptance_rate_window_size iterations is below acceptance_rate_threshold), a batch-size "
+            "schedule at k = 0, or a drafter that finds nothing (ngram)")
 
 
 def schedule_of(views: tuple[tuple[WindowView, WindowSpan], ...], ctx: SeriesContext

@@ -88,6 +88,11 @@ def _named_workloads(value: object) -> object:
     return [{"name": f"w{i}", **w} if isinstance(w, Mapping) else w for i, w in enumerate(value)]
 
 
+# TensorRT-LLM's gate keys before #12905, and what replaced them (the simulator models the gate as it is now).
+GATE_KEYS_BEFORE_12905 = {"acceptance_window": "acceptance_rate_window_size",
+                          "acceptance_length_threshold": "acceptance_rate_threshold"}
+
+
 @dataclass(frozen=True)
 class ModelSpec(Section):
     """One served model: static shape plus the base (phase-free) traffic parameters."""
@@ -123,11 +128,13 @@ class ModelSpec(Section):
     # token grows from cost_per_draft_token to 1 at saturating_batch running requests (0: no growth).
     batch_slowdown: Annotated[Number, Range(0, 10)] = 0.0
     saturating_batch: Annotated[Number, Range(0, 1e6)] = 0.0
-    # TensorRT-LLM's acceptance gate (DecodingBaseConfig acceptance_window, acceptance_length_threshold): once the
-    # mean acceptance length over the last acceptance_window finished requests falls below the threshold, the
-    # engine stops speculating for good (until it restarts). 0 / null: no gate.
-    acceptance_window: Annotated[Int, Range(0, 10**7)] = 0
-    acceptance_length_threshold: Annotated[Number, Range(0, 65)] | None = None
+    # TensorRT-LLM's acceptance gate as it works since NVIDIA/TensorRT-LLM#12905 (acceptance_rate_window_size,
+    # acceptance_rate_threshold): one acceptance-rate sample (accepted / drafted tokens of the batch) per speculation
+    # iteration; once the window holds acceptance_rate_window_size samples and their mean is below the threshold,
+    # the engine stops speculating for good (until it restarts). 0 / null: no gate. (Older releases' gate averaged
+    # the acceptance length of the last acceptance_window finished requests: GATE_KEYS_BEFORE_12905.)
+    acceptance_rate_window_size: Annotated[Int, Range(0, 10**9)] = 0
+    acceptance_rate_threshold: Ratio | None = None
     # vLLM's dynamic speculative decoding (num_speculative_tokens_per_batch_size, vllm#32374): [low, high, k] per
     # batch-size range of running requests, from 1, non-overlapping; above the last range its k holds; k is capped
     # at num_speculative_tokens; k = 0 steps do not speculate.
@@ -153,12 +160,21 @@ class ModelSpec(Section):
     kv_cache_capacity_tokens: Annotated[Int, Range(1, 10**10)] = KV_CACHE_CAPACITY_TOKENS
     draft_memory_share: Annotated[Number, Range(0, 0.99)] = 0.0
 
+    @classmethod
+    def check_keys(cls, data: object) -> object:
+        if isinstance(data, Mapping):
+            for old, new in GATE_KEYS_BEFORE_12905.items():
+                if old in data:
+                    raise fail(f"TensorRT-LLM's gate is acceptance-rate based since its #12905: use {new} (older "
+                               f"releases' {old} averaged the acceptance length over finished requests)", old)
+        return super().check_keys(data)
+
     def cross_check(self, context: Context) -> ModelSpec:
         if len({w.name for w in self.workloads}) != len(self.workloads):
             raise fail("workload names must be distinct", "workloads")
-        if (self.acceptance_window > 0) != (self.acceptance_length_threshold is not None):
-            raise fail("acceptance_window and acceptance_length_threshold go together (both, or neither)",
-                       "acceptance_window")
+        if (self.acceptance_rate_window_size > 0) != (self.acceptance_rate_threshold is not None):
+            raise fail("acceptance_rate_window_size and acceptance_rate_threshold go together (both, or neither)",
+                       "acceptance_rate_window_size")
         curve = self.position_acceptance
         if curve is not None and len(curve) != self.num_speculative_tokens:
             raise fail(f"expected {self.num_speculative_tokens} values (one per position, num_speculative_tokens), "
