@@ -12,7 +12,7 @@ import pytest
 
 from specdecode_exporter.sidecar.status import requests_json
 from specdecode_exporter.tap import TapRequest, TapResult
-from specdecode_exporter.tap.model import NOT_ENABLED, N_GT_1, SPEC_DETAILS_NOT_REQUESTED
+from specdecode_exporter.tap.model import N_GT_1, NOT_ENABLED, SPEC_DETAILS_NOT_REQUESTED
 from specdecode_exporter.tap.request_stats import RequestRecorder, spec_figures
 from tests.tap.fake_vllm import SGLANG_FIXTURES
 from tests.tap.harness import LOOPS, fetch, request_bytes, run, tapped

@@ -15,11 +15,10 @@ from specdecode_exporter.core.flags import UsageError
 from specdecode_exporter.core.validation import ConfigError
 from specdecode_exporter.pipeline.engines import ALL_PREFIXES, NO_SPEC_METRICS, detect_engine, no_engine_detail
 from specdecode_exporter.pipeline.parse import select
-from specdecode_exporter.simulator import ModelSpec, Scenario, Simulator, scenario_from_dict
+from specdecode_exporter.simulator import ModelSpec, Scenario, Simulator, scenario_from_dict, sglang_responses
 from specdecode_exporter.simulator.cli import add_arguments, build_scenario
 from specdecode_exporter.simulator.engine_formats import WRITERS, cpp_number
 from specdecode_exporter.simulator.exposition import render
-from specdecode_exporter.simulator import sglang_responses
 from specdecode_exporter.simulator.requests import Call, generate
 from specdecode_exporter.simulator.scenario import ENGINE_FORMATS
 from tests.helpers import fixture_text

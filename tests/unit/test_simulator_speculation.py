@@ -1,6 +1,7 @@
 """The simulator's speculation behaviours: TensorRT-LLM's acceptance gate as it works since its #12905 (speculation
-off for good once the mean acceptance rate of the last speculation iterations falls below a threshold), vLLM's dynamic-SD schedule (k by batch size, 0 included, with the
-proposed scheduled-steps counter), and memory pressure (KV cache, preemptions, a draft model's share of memory)."""
+off for good once the mean acceptance rate of the last speculation iterations falls below a threshold), vLLM's
+dynamic-SD schedule (k by batch size, 0 included, with the proposed scheduled-steps counter), and memory pressure (KV
+cache, preemptions, a draft model's share of memory)."""
 
 from __future__ import annotations
 
@@ -207,7 +208,8 @@ def test_bad_speculation_keys_are_one_line_errors(text: str, error: str) -> None
 def test_the_keys_read_from_a_scenario() -> None:
     scenario = parse_scenario_text(
         "models: [{name: m, acceptance_rate_window_size: 50, acceptance_rate_threshold: 0.55, "
-        "spec_decode_scheduled_steps: true, num_speculative_tokens_per_batch_size: [[1, 8, 3], [9, 64, 1]], draft_memory_share: 0.3}]\n", "s.yaml")
+        "spec_decode_scheduled_steps: true, num_speculative_tokens_per_batch_size: [[1, 8, 3], [9, 64, 1]], "
+        "draft_memory_share: 0.3}]\n", "s.yaml")
     (model,) = scenario.models
     assert (model.acceptance_rate_window_size, model.acceptance_rate_threshold) == (50, 0.55)
     assert model.num_speculative_tokens_per_batch_size == ((1, 8, 3), (9, 64, 1))
