@@ -242,9 +242,10 @@ def test_a_diffusion_model_is_up_without_spec_figures_and_says_why() -> None:
 
 
 def test_vllm_adaptive_verification_withholds_alpha_rather_than_guessing() -> None:
-    """With adaptive verification declared, vLLM's drafted-token count has no settled meaning (proposed or
-    verified?): the sidecar exports the drafts and accepted tokens, but no drafted tokens, no α and nothing built
-    on it, so no rule can page on a guess; the status API and the page say why. Declared off again, α is back."""
+    """With adaptive verification declared and no verified-token counter, vLLM's drafted-token count may be the
+    proposed tokens: the sidecar exports the drafts and accepted tokens, but no drafted tokens, no α and nothing
+    built on it, so no rule can page on a guess; accepted per proposed token is exported as what it is, a lower bound
+    of α; the status API and the page say why. Declared off again, α is back."""
     harness = start_harness(steady_scenario(ModelSpec(acceptance_rate=0.7)))
     try:
         plain = TargetConfig(name="vllm", url=harness.simulator_url + "/metrics", timeout=2.0)
@@ -259,9 +260,16 @@ def test_vllm_adaptive_verification_withholds_alpha_rather_than_guessing() -> No
         for name in ("specdecode_draft_tokens_total", "specdecode_acceptance_ratio", "specdecode_mean_draft_length",
                      "specdecode_expected_speedup", "specdecode_position_acceptance_ratio"):
             assert metrics.all(name) == {}, name
+        w = {**series, "window": "1m"}
+        lower_bound = metrics.get("specdecode_proposed_token_acceptance_ratio", **w)
+        assert lower_bound == pytest.approx(0.7, rel=2e-3)  # nothing trimmed here: proposed = verified
         (target,) = harness.status()["targets"]  # type: ignore[attr-defined]
-        assert "not settled by vLLM's source" in target["withheld"]
-        assert "not settled by vLLM&#x27;s source" in httpx.get(harness.sidecar_url + "/", timeout=5).text
+        assert "no vllm:spec_decode_num_verified_draft_tokens counter" in target["withheld"]
+        assert "specdecode_proposed_token_acceptance_ratio instead" in target["withheld"]
+        assert target["series"][0]["windows"]["1m"]["proposed_token_acceptance_ratio"] == pytest.approx(0.7, rel=2e-3)
+        page = httpx.get(harness.sidecar_url + "/", timeout=5).text
+        assert "no vllm:spec_decode_num_verified_draft_tokens counter" in page
+        assert "1m ≥ 0.70 <small>(accepted per proposed token: a lower bound, not α)</small>" in page
         out, err = io.StringIO(), io.StringIO()  # `check --adaptive-verification`: the same refusal
         assert run_check(harness.simulator_url + "/metrics", 0.1, 2.0, out, err, adaptive_verification=True) == 0
         row = out.getvalue().splitlines()[4].split()  # the series' row: model, engine, α, α since start, mean
@@ -273,6 +281,7 @@ def test_vllm_adaptive_verification_withholds_alpha_rather_than_guessing() -> No
         for _ in range(3):
             harness.step(STEP)
         assert harness.metrics().get("specdecode_draft_tokens_total", **series)
+        assert harness.metrics().all("specdecode_proposed_token_acceptance_ratio") == {}
         (target,) = harness.status()["targets"]  # type: ignore[attr-defined]
         assert target["withheld"] is None
     finally:
@@ -326,5 +335,58 @@ def test_vllm_adaptive_verification_worked_example(counts: str, alpha: float, dr
         metrics = harness.metrics()
         assert metrics.get("specdecode_acceptance_ratio", **w) is None
         assert metrics.get("specdecode_expected_speedup", **w) is None
+        # accepted over vLLM's drafted count: the proposed reading's 0.46 is below α 0.69, the verified one's is α
+        assert metrics.get("specdecode_proposed_token_acceptance_ratio", **w) == pytest.approx(alpha, rel=2e-3)
+    finally:
+        harness.stop()
+
+
+def test_vllm_with_a_verified_token_counter_gives_alpha_over_verified_tokens_under_adaptive_verification() -> None:
+    """The same worked example, on a vLLM that exports vllm:spec_decode_num_verified_draft_tokens (vllm#58340)
+    beside its proposed count: α is accepted over verified tokens (0.69, not 0.46) and adaptive verification no
+    longer withholds it; the lower bound is not exported, nothing says withheld."""
+    spec = ModelSpec(num_speculative_tokens=3, position_acceptance=(0.8, 0.8, 0.8), adaptive_verification_share=0.5,
+                     verified_draft_length=1, verified_draft_tokens_counter=True)
+    harness = start_harness(steady_scenario(spec))
+    try:
+        target = TargetConfig(name="vllm", url=harness.simulator_url + "/metrics", timeout=2.0,
+                              adaptive_verification=True)
+        harness.exporter.apply_config(dataclasses.replace(harness.exporter.config, targets=(target,)))
+        for _ in range(14):
+            assert harness.step(STEP).up
+        w = {"target": "vllm", "model_name": MODEL, "engine": "0", "window": "1m"}
+        metrics = harness.metrics()
+        assert metrics.get("specdecode_acceptance_ratio", **w) == pytest.approx(0.688, rel=2e-3)
+        assert metrics.get("specdecode_mean_draft_length", **w) == pytest.approx(2.0, rel=1e-3)
+        assert metrics.get("specdecode_mean_acceptance_length", **w) == pytest.approx(2.376, rel=2e-3)
+        assert metrics.all("specdecode_proposed_token_acceptance_ratio") == {}
+        (status,) = harness.status()["targets"]  # type: ignore[attr-defined]
+        assert status["withheld"] is None
+    finally:
+        harness.stop()
+
+
+def test_lossy_verification_is_said_of_alpha_without_new_series() -> None:
+    """A target declared rejection_sample_method: fly (vLLM's lossy FLy verification counts overridden rejections as
+    accepted): α is exported as before, the status API and the page say what it means; no series changes."""
+    harness = start_harness(steady_scenario(ModelSpec(acceptance_rate=0.7)))
+    try:
+        for _ in range(3):
+            assert harness.step(STEP).up
+        before = harness.metrics()
+        target = TargetConfig(name="vllm", url=harness.simulator_url + "/metrics", timeout=2.0,
+                              rejection_sample_method="fly")
+        harness.exporter.apply_config(dataclasses.replace(harness.exporter.config, targets=(target,)))
+        for _ in range(3):
+            assert harness.step(STEP).up
+        metrics = harness.metrics()
+        assert metrics.all("specdecode_info") == before.all("specdecode_info")  # the same info series
+        assert {name for name, _ in metrics.samples} == {name for name, _ in before.samples}
+        assert not any("fly" in value for _, labels in metrics.samples for _, value in labels)
+        assert metrics.get("specdecode_acceptance_ratio", target="vllm", model_name=MODEL, engine="0",
+                           window="1m") == pytest.approx(0.7, rel=2e-3)
+        (status,) = harness.status()["targets"]  # type: ignore[attr-defined]
+        assert status["verification"].startswith("lossy verification (rejection_sample_method fly)")
+        assert "α reads higher than the target model" in httpx.get(harness.sidecar_url + "/", timeout=5).text
     finally:
         harness.stop()

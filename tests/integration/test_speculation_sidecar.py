@@ -31,9 +31,9 @@ def series_status(status: dict[str, Any], target: str = "vllm") -> dict[str, Any
 
 
 def test_a_gate_that_stops_speculation_is_seen_said_and_exported() -> None:
-    # α 0.3 at k = 3: mean acceptance length 1.9, below the gate's 2.0: it closes after 100 finished requests (~67 s)
-    harness = start_harness(steady_scenario(ModelSpec(acceptance_rate=0.3, acceptance_window=100,
-                                                      acceptance_length_threshold=2.0)))
+    # α 0.3, below the gate's 0.5: it closes once its window of 1300 iterations is full (20 a second: 65 s)
+    harness = start_harness(steady_scenario(ModelSpec(acceptance_rate=0.3, acceptance_rate_window_size=1300,
+                                                      acceptance_rate_threshold=0.5)))
     try:
         harness.collect()
         harness.step(5)
@@ -248,7 +248,7 @@ def test_a_window_read_later_compares_with_the_control_as_it_was_at_the_collecti
 def test_tensorrt_llms_gate_is_seen_from_its_generation_and_drafted_tokens() -> None:
     """TensorRT-LLM's own dialect counts no drafts (so no emitted tokens and no share): a stop is generation without
     a drafted token."""
-    spec = ModelSpec(acceptance_rate=0.3, method="mtp", acceptance_window=100, acceptance_length_threshold=2.0)
+    spec = ModelSpec(acceptance_rate=0.3, method="mtp", acceptance_rate_window_size=1300, acceptance_rate_threshold=0.5)
     harness = start_harness(steady_scenario(spec, fmt="trtllm"), url_path="/prometheus/metrics", windows="30s,1m")
     try:
         harness.collect()
@@ -258,7 +258,7 @@ def test_tensorrt_llms_gate_is_seen_from_its_generation_and_drafted_tokens() -> 
         for _ in range(7):
             harness.step(5)
         assert series_status(harness.status())["speculation"]["state"] == "speculating"
-        for _ in range(24):  # the gate closes after about 67 s
+        for _ in range(24):  # the gate closes after 65 s
             harness.step(5)
         metrics = harness.metrics()
         assert metrics.get("specdecode_generated_tokens_total", spec_decode="true") > 0

@@ -7,7 +7,8 @@ fingerprint and `metrics` ride on a final `"choices":[]` usage event instead; `m
 
 Request body extras steer it (vLLM accepts unknown keys): `max_tokens` (content events), `fake_interval` (s between
 events), `fake_framing` ("event" | "coalesced" | "split"), `fake_status` (an error status), `fake_metrics`
-(false: per-request metrics off), `fake_pad` (bytes of extra text per event), `fake_engine` ("llamacpp"),
+(false: per-request metrics off), `fake_pad` (bytes of extra text per event), `fake_engine` ("llamacpp"; "sglang":
+SGLang's shapes from tests/fixtures/sglang_openai/, its `sglext` only when the request set return_spec_tokens_details),
 `fake_json` ("spaced": JSON written with Python's json.dumps defaults, `"choices": []`, as FastChat-style servers
 write it), `fake_fixture` (a capture's body instead: a .json verbatim; a .sse verbatim when usage was asked, else
 as vLLM would have sent it without usage), `fake_raw_body` (this text as a 200 application/json body),
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any, cast
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "vllm_0.32.0"
+SGLANG_FIXTURES = FIXTURES.parent / "sglang_openai"
 FINGERPRINT = "vllm-0.32.0-03d32f27"
 COMPLETION_ID = "cmpl-8c79809def3acc5c"
 CHAT_ID = "chatcmpl-ae5d45ad6fc1da36"
@@ -351,9 +353,23 @@ def respell(event: bytes) -> bytes:
     return b"data: " + json.dumps(json.loads(event[len(b"data: ") :])).encode() + b"\n\n"
 
 
+def sglang_events(request: dict[str, Any], chat: bool) -> list[bytes]:
+    """SGLang's stream for this request (tests/fixtures/sglang_openai/README.md): the sglext event only when the
+    request set return_spec_tokens_details (and speculation is on: fake_metrics), the usage event only with
+    include_usage; nothing else changes."""
+    body = (SGLANG_FIXTURES / ("chat_stream_usage.sse" if chat else "completion_stream_usage.sse")).read_bytes()
+    events = [part + b"\n\n" for part in body.split(b"\n\n") if part]
+    details = request.get("return_spec_tokens_details") is True and request.get("fake_metrics") is not False
+    include_usage = bool((request.get("stream_options") or {}).get("include_usage"))
+    return [e for e in events if (details or b'"sglext"' not in e)
+            and (include_usage or not e.startswith(b'data: {') or b'"usage":{' not in e)]
+
+
 def _stream_events(request: dict[str, Any], chat: bool) -> list[bytes]:
     fixture = request.get("fake_fixture")
     include_usage = bool((request.get("stream_options") or {}).get("include_usage"))
+    if request.get("fake_engine") == "sglang":
+        return sglang_events(request, chat)
     if isinstance(fixture, str):
         events = fixture_events(fixture)
         return events if include_usage else without_usage(events)
@@ -406,6 +422,11 @@ def _for_choice(event: bytes, choice: int) -> bytes:
 
 def _full_response(request: dict[str, Any], chat: bool) -> dict[str, Any]:
     name = "chat_nonstream.json" if chat else "completion_nonstream.json"
+    if request.get("fake_engine") == "sglang":
+        sglang: dict[str, Any] = json.loads((SGLANG_FIXTURES / name).read_bytes())
+        if request.get("return_spec_tokens_details") is not True or request.get("fake_metrics") is False:
+            del sglang["sglext"]  # SGLang's serializer drops a null sglext
+        return sglang
     if int(request.get("n") or 1) > 1:
         name = "completion_n2.json"
     response: dict[str, Any] = json.loads((FIXTURES / name).read_bytes())

@@ -4,7 +4,10 @@ capture for llama.cpp; the other fixtures were written from the engines' sources
 from __future__ import annotations
 
 import argparse
+import json
+import random
 import re
+from pathlib import Path
 
 import pytest
 
@@ -12,10 +15,11 @@ from specdecode_exporter.core.flags import UsageError
 from specdecode_exporter.core.validation import ConfigError
 from specdecode_exporter.pipeline.engines import ALL_PREFIXES, NO_SPEC_METRICS, detect_engine, no_engine_detail
 from specdecode_exporter.pipeline.parse import select
-from specdecode_exporter.simulator import ModelSpec, Scenario, Simulator, scenario_from_dict
+from specdecode_exporter.simulator import ModelSpec, Scenario, Simulator, scenario_from_dict, sglang_responses
 from specdecode_exporter.simulator.cli import add_arguments, build_scenario
 from specdecode_exporter.simulator.engine_formats import WRITERS, cpp_number
 from specdecode_exporter.simulator.exposition import render
+from specdecode_exporter.simulator.requests import Call, generate
 from specdecode_exporter.simulator.scenario import ENGINE_FORMATS
 from tests.helpers import fixture_text
 from tests.unit.test_simulator_exposition import label_orders, signatures
@@ -121,3 +125,34 @@ def test_drop_spec_fault_leaves_nothing_to_detect(fmt: str) -> None:
     samples = select(render(fmt, sim.snapshot(), drop_spec=True).decode(), ALL_PREFIXES).samples()
     assert detect_engine(samples) is None
     assert no_engine_detail(samples) == NO_SPEC_METRICS
+
+
+def _shape(value: object) -> object:
+    """The members and their order, all the way down (values replaced by their type)."""
+    if isinstance(value, dict):
+        return [(key, _shape(item)) for key, item in value.items()]
+    if isinstance(value, list):
+        return [_shape(item) for item in value[:1]]
+    return type(value).__name__ if value is not None else None
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_the_sglang_formats_answers_have_sglangs_shape(chat: bool) -> None:
+    """The simulator's SGLang responses (format sglang) member for member as tests/fixtures/sglang_openai/ (which
+    follow SGLang's serializers, SGLang #33518): the whole body, and a stream's events in order."""
+    fixtures = Path(__file__).resolve().parents[1] / "fixtures" / "sglang_openai"
+    spec = ModelSpec()
+    call = Call(chat, spec.name, 40, True, True, 1, 0.0, spec_details=True)
+    generation = generate(spec, 0.7, 40, 0.02, 0.1, random.Random(0))
+    name = "chat" if chat else "completion"
+    body = sglang_responses.response_body(call, [generation], 17)
+    assert _shape(body) == _shape(json.loads((fixtures / f"{name}_nonstream.json").read_bytes()))
+    events = [json.loads(e[len(b"data: "):]) for e in sglang_responses.stream_events(call, generation, 17)
+              if e.startswith(b"data: {")]
+    expected = [json.loads(e[len(b"data: "):]) for e in (fixtures / f"{name}_stream_usage.sse").read_bytes()
+                .split(b"\n\n") if e.startswith(b"data: {")]
+    assert _shape(events[0]) == _shape(expected[0]) and _shape(events[-3:]) == _shape(expected[-3:])
+    assert {str(_shape(e)) for e in events[1:-2]} <= {str(_shape(e)) for e in expected[1:-2]}
+    details = body["sglext"]["spec_tokens_details"]
+    assert details["spec_num_proposed_drafts"] == generation.drafted and sum(
+        details["spec_correct_drafts_histogram"]) == details["spec_verify_ct"] == generation.spec_steps

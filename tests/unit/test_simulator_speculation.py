@@ -1,6 +1,7 @@
-"""The simulator's speculation behaviours: TensorRT-LLM's acceptance gate (speculation off for good once the rolling
-mean acceptance length falls below a threshold), vLLM's dynamic-SD schedule (k by batch size, 0 included, with the
-proposed scheduled-steps counter), and memory pressure (KV cache, preemptions, a draft model's share of memory)."""
+"""The simulator's speculation behaviours: TensorRT-LLM's acceptance gate as it works since its #12905 (speculation
+off for good once the mean acceptance rate of the last speculation iterations falls below a threshold), vLLM's
+dynamic-SD schedule (k by batch size, 0 included, with the proposed scheduled-steps counter), and memory pressure (KV
+cache, preemptions, a draft model's share of memory)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from specdecode_exporter.simulator.server import serve_in_thread
 from specdecode_exporter.simulator.simulator import EngineSnapshot, RollingMean
 from tests.helpers import Exposition
 
-GATE = {"acceptance_window": 100, "acceptance_length_threshold": 2.0}
+GATE = {"acceptance_rate_window_size": 1000, "acceptance_rate_threshold": 0.5}
 
 
 def simulator(**spec: object) -> Simulator:
@@ -40,11 +41,11 @@ def test_the_rolling_mean_is_over_the_last_observations_only() -> None:
 
 
 def test_the_gate_stops_speculation_for_good_while_generation_goes_on() -> None:
-    sim = simulator(acceptance_rate=0.3, **GATE)  # mean acceptance length 1.9 < 2.0
+    sim = simulator(acceptance_rate=0.3, **GATE)  # acceptance rate 0.3 < 0.5
     sim.advance(30)
     early = engine(sim)
-    assert early.speculating and early.drafts > 0
-    # 200 steps/s × 1.9 tokens / 256 tokens per request: the 100th request finishes after about 67 s
+    assert early.speculating and early.drafts > 0, "a window not yet full never closes the gate"
+    # 10 running requests at 0.05 s a step: 20 speculation iterations a second, the 1000th after 50 s
     sim.advance(60)
     stopped = engine(sim)
     assert not stopped.speculating
@@ -65,11 +66,17 @@ def test_the_gate_stays_open_while_acceptance_is_above_its_threshold() -> None:
 
 
 def test_served_requests_feed_the_gate_and_stop_drafting_once_it_closed() -> None:
-    sim = simulator(acceptance_rate=0.3, drafts_per_second=0.0, acceptance_window=5, acceptance_length_threshold=2.0)
+    """Served alone, each verification step of a request is an iteration: 64 tokens at α 0.3 take some 35 of
+    them, so the 150-iteration window fills, and the gate closes, with the fourth or fifth request."""
+    sim = simulator(acceptance_rate=0.3, drafts_per_second=0.0, acceptance_rate_window_size=150,
+                    acceptance_rate_threshold=0.5)
     call = Call(False, "meta-llama/Llama-3.1-8B-Instruct", 64, False, False, 1, 0.0)
-    for _ in range(5):
+    served = 0
+    while engine(sim).speculating and served < 10:
         assert sim.serve(call, 10)[0].spec_steps > 0
-    assert not engine(sim).speculating
+        served += 1
+    assert not engine(sim).speculating and served in (4, 5)
+    assert engine(sim).drafts >= 150 > engine(sim).drafts - 45  # closed by the request that filled the window
     (after,) = sim.serve(call, 10)
     assert after.spec_steps == 0 and after.steps == 64 and after.speculative  # the response still says spec metrics
 
@@ -174,8 +181,14 @@ def test_preemptions_and_kv_usage_are_served_as_vllm_names_them() -> None:
 
 
 @pytest.mark.parametrize(("text", "error"), [
-    ("models: [{name: m, acceptance_window: 10}]\n",
-     "s.yaml: models[0].acceptance_window: acceptance_window and acceptance_length_threshold go together"),
+    ("models: [{name: m, acceptance_rate_window_size: 10}]\n",
+     "s.yaml: models[0].acceptance_rate_window_size: acceptance_rate_window_size and acceptance_rate_threshold go "
+     "together"),
+    ("models: [{name: m, acceptance_rate_window_size: 10, acceptance_rate_threshold: 2.4}]\n",
+     "s.yaml: models[0].acceptance_rate_threshold: expected a number between 0 and 1"),
+    ("models: [{name: m, acceptance_window: 300, acceptance_length_threshold: 2.4}]\n",
+     "s.yaml: models[0].acceptance_window: TensorRT-LLM's gate is acceptance-rate based since its #12905: use "
+     "acceptance_rate_window_size (older releases' acceptance_window averaged the acceptance length"),
     ("models: [{name: m, num_speculative_tokens_per_batch_size: [[2, 4, 3]]}]\n",
      "s.yaml: models[0].num_speculative_tokens_per_batch_size[0]: ranges must start at 1"),
     ("models: [{name: m, num_speculative_tokens_per_batch_size: [[1, 8, 3], [4, 16, 1]]}]\n",
@@ -194,10 +207,11 @@ def test_bad_speculation_keys_are_one_line_errors(text: str, error: str) -> None
 
 def test_the_keys_read_from_a_scenario() -> None:
     scenario = parse_scenario_text(
-        "models: [{name: m, acceptance_window: 50, acceptance_length_threshold: 2.2, spec_decode_scheduled_steps: "
-        "true, num_speculative_tokens_per_batch_size: [[1, 8, 3], [9, 64, 1]], draft_memory_share: 0.3}]\n", "s.yaml")
+        "models: [{name: m, acceptance_rate_window_size: 50, acceptance_rate_threshold: 0.55, "
+        "spec_decode_scheduled_steps: true, num_speculative_tokens_per_batch_size: [[1, 8, 3], [9, 64, 1]], "
+        "draft_memory_share: 0.3}]\n", "s.yaml")
     (model,) = scenario.models
-    assert (model.acceptance_window, model.acceptance_length_threshold) == (50, 2.2)
+    assert (model.acceptance_rate_window_size, model.acceptance_rate_threshold) == (50, 0.55)
     assert model.num_speculative_tokens_per_batch_size == ((1, 8, 3), (9, 64, 1))
     assert model.spec_decode_scheduled_steps and model.draft_memory_share == 0.3
     assert isinstance(Simulator(Scenario(models=(model,)), clock=lambda: 0.0), Simulator)

@@ -12,6 +12,7 @@ from specdecode_exporter.core.verdict import judge
 from specdecode_exporter.pipeline import latency
 from specdecode_exporter.pipeline.capacity import CapacityStats, against_control, capacity_stats, has_capacity
 from specdecode_exporter.pipeline.derive import (
+    acceptance_ratio,
     break_even_acceptance,
     counts_stats,
     has_acceptance,
@@ -55,7 +56,8 @@ def totals(draw: st.DrawFn) -> Totals:
     k = draw(st.integers(min_value=0, max_value=3))
     positions = tuple(draw(st.lists(st.floats(min_value=0, max_value=1e4), min_size=k, max_size=k)))
     return Totals(draw(VALUE), draw(VALUE), draw(VALUE), draw(VALUE), positions, draw(histograms()),
-                  draw(histograms()), draw(VALUE), draw(VALUE), None, draw(VALUE), draw(VALUE), (), draw(VALUE))
+                  draw(histograms()), draw(VALUE), draw(VALUE), None, draw(VALUE), draw(VALUE), (), draw(VALUE),
+                  proposed_draft_tokens=draw(VALUE))
 
 
 def context(baseline: bool, control: bool) -> SeriesContext:
@@ -80,7 +82,10 @@ def eager(window: Window, span: WindowSpan, k: int | None, ctx: SeriesContext) -
               optional_minus(end.preemptions, start.preemptions),
               optional_minus(end.kv_cache_seconds, start.kv_cache_seconds))
     capacity = None if deltas == (None, None, None) else capacity_stats(span)
-    if stats is None and lat is None and capacity is None:
+    proposed = optional_minus(end.proposed_draft_tokens, start.proposed_draft_tokens)
+    lower = (None if stats is not None or proposed is None or accepted is None or not proposed > 0
+             else acceptance_ratio(accepted, proposed))  # accepted per proposed token, where α is withheld
+    if stats is None and lat is None and capacity is None and lower is None:
         return None
     baseline = ctx.baseline_for(None, window) if lat is not None else None
     observed = latency.observed_speedup(baseline, lat) if baseline is not None and lat is not None else None
@@ -90,7 +95,7 @@ def eager(window: Window, span: WindowSpan, k: int | None, ctx: SeriesContext) -
     control = ctx.control_for(None, window) if capacity is not None else None
     versus = (against_control(capacity, control[1], control[0], ctx.app.verdict.capacity.min_waiting_requests)
               if capacity is not None and control is not None else None)
-    return (window, stats, lat, observed, calibrated, at_load, recommended, capacity, versus)
+    return (window, stats, lat, observed, calibrated, at_load, recommended, capacity, versus, lower)
 
 
 def same(a: object, b: object) -> bool:

@@ -13,7 +13,6 @@ from specdecode_exporter.core.monitoring_config import Statistics
 from specdecode_exporter.core.validation import validate
 from specdecode_exporter.pipeline.derive import acceptance_ratio
 from specdecode_exporter.pipeline.engines import NOT_APPLICABLE, vllm_plain
-from specdecode_exporter.pipeline.engines.vllm_v1 import ADAPTIVE_VERIFICATION_WHY
 from specdecode_exporter.pipeline.schedule import (
     BatchSchedule,
     schedule_summary,
@@ -23,7 +22,7 @@ from specdecode_exporter.pipeline.schedule import (
 from specdecode_exporter.sidecar.collection import Exporter, TargetView, new_client
 from specdecode_exporter.sidecar.config import CollectSection, Config, TargetConfig, Url, Window
 from specdecode_exporter.sidecar.series import SeriesView
-from specdecode_exporter.sidecar.status import verdict_stats
+from specdecode_exporter.sidecar.status import verdict_stats, withheld
 
 PROG = "specdecode-exporter check"
 CHECK_STEP_SECONDS = 2.0  # below V0's 5 s report period, so V0 counters can be decoded too
@@ -61,11 +60,6 @@ def failure_line(url: str, error: str | None) -> str:
     if error == f"{FailureReason.NO_SPEC_METRICS.value}: {vllm_plain.WHY_NOT}":
         return f"{url}: nothing to judge: {vllm_plain.WHY_NOT}"
     return f"cannot collect {url}: {error}{metrics_hint(url, error)}"
-
-
-def withheld(view: TargetView) -> str | None:
-    """Why α and what builds on it are withheld: vLLM with adaptive verification declared (the sidecar's rule)."""
-    return ADAPTIVE_VERIFICATION_WHY if view.config.adaptive_verification and view.api == "vllm-v1" else None
 
 
 def render(view: TargetView, duration: float) -> str:

@@ -101,6 +101,13 @@ ACCEPTANCE_RATIO = _windowed(
     "specdecode_acceptance_ratio",
     "Draft acceptance rate α over the window: accepted / drafted tokens. Absent when the window had no drafts.",
 )
+PROPOSED_TOKEN_ACCEPTANCE_RATIO = _windowed(
+    "specdecode_proposed_token_acceptance_ratio",
+    "Accepted per proposed draft token over the window (accepted / vLLM's drafted-token count), for a vLLM target "
+    "declared with adaptive verification that exports no verified-token counter: that count is the proposed "
+    "tokens (trimmed ones surface as rejections) or, in some builds, the verified ones, so this is a lower bound "
+    "of α, not α; specdecode_acceptance_ratio is absent there. Never paged on.",
+)
 MEAN_ACCEPTANCE_LENGTH = _windowed(
     "specdecode_mean_acceptance_length",
     "Tokens produced per verification step over the window: 1 + accepted / drafts (vLLM's definition).",
@@ -339,7 +346,8 @@ REQUESTS_WITHOUT_SPEC = MetricSpec(
     "specdecode_requests_without_spec_metrics", "counter",
     "Completion requests through the tap without per-request spec-decode metrics, by reason: not_enabled (start "
     "vLLM with --per-request-spec-decode-metrics summary), n_gt_1, multi_prompt, no_usage, http_error, "
-    "client_disconnected, upstream_failed, unparsable, withheld (the target declares adaptive_verification).",
+    "client_disconnected, upstream_failed, unparsable, withheld (the target declares adaptive_verification), "
+    "spec_tokens_details_not_requested (SGLang: the request did not set return_spec_tokens_details: true).",
     ("target", "model_name", "reason"),
 )
 REQUEST_SPEED = MetricSpec(
@@ -431,7 +439,8 @@ TAP: tuple[MetricSpec, ...] = (
 COLLECTED: tuple[MetricSpec, ...] = (
     UP, COLLECT_DURATION, COLLECT_ERRORS, INFO,
     DRAFTS, DRAFT_TOKENS, ACCEPTED_TOKENS, EMITTED_TOKENS, ACCEPTED_BY_POSITION,
-    ACCEPTANCE_RATIO, MEAN_ACCEPTANCE_LENGTH, MEAN_DRAFT_LENGTH, POSITION_ACCEPTANCE_RATIO,
+    ACCEPTANCE_RATIO, PROPOSED_TOKEN_ACCEPTANCE_RATIO, MEAN_ACCEPTANCE_LENGTH, MEAN_DRAFT_LENGTH,
+    POSITION_ACCEPTANCE_RATIO,
     TOKEN_ACCEPTANCE_PROBABILITY,
     DRAFT_TOKENS_PER_SECOND, ACCEPTED_TOKENS_PER_SECOND, INTERVAL_ACCEPTANCE,
     BREAK_EVEN, EXPECTED_SPEEDUP, EXPECTED_SPEEDUP_BY_LENGTH, RECOMMENDED_K, VERDICT,

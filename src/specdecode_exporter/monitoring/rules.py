@@ -832,7 +832,8 @@ def speculation_stopped(cfg: MonitoringConfig) -> Alert:
         f"Over the last {w}, target {{{{ $labels.target }}}} (engine {{{{ $labels.engine }}}}) of {WHERE} generated "
         f"{rate_now} tokens/s, of which speculative steps produced {PCT} (threshold "
         f"{settings.share_below:.0%}), though it drafted before. Speculation stopped without an error: an acceptance "
-        "gate (TensorRT-LLM's acceptance_length_threshold switches it off for good), a batch-size schedule at "
+        "gate (TensorRT-LLM switches it off for good once the mean acceptance rate over "
+        "acceptance_rate_window_size iterations is below acceptance_rate_threshold), a batch-size schedule at "
         "k = 0 (vLLM's num_speculative_tokens_per_batch_size), a drafter that finds nothing (ngram), or a config "
         "change. The acceptance alerts are blind meanwhile: no drafts, no α.")
 

@@ -244,6 +244,17 @@ def has_acceptance(span: WindowSpan) -> bool:
             and start.accepted_tokens is not None and not span.seconds <= 0)
 
 
+def lower_bound_ratio(span: WindowSpan) -> float | None:
+    """Accepted over the proposed draft tokens of the span, where the engine counts them apart from the ones α
+    divides by (SeriesReading.proposed_draft_tokens); None without any proposed in it. Trimmed tokens are proposed
+    but never verified, so this is at most α."""
+    proposed = optional_minus(span.end.proposed_draft_tokens, span.start.proposed_draft_tokens)
+    accepted = optional_minus(span.end.accepted_tokens, span.start.accepted_tokens)
+    if proposed is None or accepted is None or not proposed > 0:
+        return None
+    return acceptance_ratio(accepted, proposed)
+
+
 def span_stats(span: WindowSpan, cost: CostModel, num_speculative_tokens: int | None) -> WindowStats | None:
     """Everything the sidecar reports for the window between two cumulative snapshots; None when it carried no
     drafted tokens. Computed from the snapshots directly, without building a delta (this runs for every
@@ -257,7 +268,8 @@ def span_stats(span: WindowSpan, cost: CostModel, num_speculative_tokens: int | 
     return counts_stats(span.seconds, drafted, accepted, optional_minus(end.drafts, start.drafts),
                         positions_minus(end.accepted_by_position, start.accepted_by_position), cost,
                         num_speculative_tokens,
-                        positions_minus(end.drafted_by_position, start.drafted_by_position))
+                        positions_minus(end.drafted_by_position, start.drafted_by_position),
+                        optional_minus(end.proposed_draft_tokens, start.proposed_draft_tokens))
 
 
 # A mean draft length this far below k (relative) means the drafts were not all k tokens long.
@@ -329,12 +341,25 @@ def draft_counts(draft_tokens: float, accepted_tokens: float, drafts: float | No
                        None)
 
 
+def _proposed_length(proposed_tokens: float | None, drafts: float | None, verified_length: float | None
+                     ) -> float | None:
+    """k̄_p: proposed tokens per draft where they are counted apart from the verified ones (never fewer), else the
+    verified length k̄_v."""
+    proposed = per_draft(proposed_tokens, drafts) if proposed_tokens is not None else None
+    if proposed is None or verified_length is None:
+        return verified_length
+    return max(proposed, verified_length)
+
+
 def counts_stats(seconds: float, draft_tokens: float, accepted_tokens: float, drafts: float | None,
                  accepted_by_position: tuple[float, ...], cost: CostModel,
                  num_speculative_tokens: int | None,
-                 drafted_by_position: tuple[float, ...] = ()) -> WindowStats | None:
+                 drafted_by_position: tuple[float, ...] = (), proposed_tokens: float | None = None
+                 ) -> WindowStats | None:
     """The window's statistics from its counts (increases over ``seconds``). α is over the drafted (= verified:
-    every engine's drafted-token counter counts the tokens sent to verification, docs/engines.md) tokens."""
+    every engine's drafted-token counter counts the tokens sent to verification, docs/engines.md, or vLLM's
+    verified-token counter where it has one) tokens; ``proposed_tokens``, where the engine counts them apart (that
+    vLLM's drafted-token counter), is what drafting is charged for."""
     alpha = acceptance_ratio(accepted_tokens, draft_tokens)
     if alpha is None or seconds <= 0:
         return None
@@ -363,9 +388,10 @@ def counts_stats(seconds: float, draft_tokens: float, accepted_tokens: float, dr
         probability,
         draft_tokens / seconds,
         accepted_tokens / seconds,
-        # Every engine's drafted-token counter counts the tokens it verified, and none counts tokens proposed and
-        # trimmed apart from them (docs/engines.md): the two lengths are the one measured.
-        expected_speedup_split(length, length_for_model, length_for_model, cost),
+        # The proposed length where the engine counts proposed tokens apart (vLLM's verified-token counter), else
+        # the one measured: every other drafted-token counter counts the tokens verified (docs/engines.md).
+        expected_speedup_split(length, _proposed_length(proposed_tokens, drafts_for_fit, length_for_model),
+                               length_for_model, cost),
         by_length,
         recommended_num_speculative_tokens(by_length),
         draft_length,

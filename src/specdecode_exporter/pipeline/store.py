@@ -43,6 +43,7 @@ class Totals(NamedTuple):
     scheduled_steps: tuple[float, ...] = ()  # by the k a batch-size schedule chose (index = k)
     kv_cache_seconds: float | None = None  # ∫ KV-cache usage dt
     drafted_by_position: tuple[float, ...] = ()  # drafts that reached each position, where the engine counts them
+    proposed_draft_tokens: float | None = None  # SeriesReading.proposed_draft_tokens, reset-safe
     batch_bins: tuple[BatchBin, ...] = NO_BINS  # drafts, acceptance and time by batch-size range
 
 
@@ -83,6 +84,7 @@ def is_restart(previous: SeriesReading, current: SeriesReading) -> bool:
         or _decreased(previous.emitted_tokens, current.emitted_tokens)
         or _decreased(previous.generated_tokens, current.generated_tokens)
         or _decreased(previous.preemptions, current.preemptions)
+        or _decreased(previous.proposed_draft_tokens, current.proposed_draft_tokens)
         or any(map(operator.lt, current.accepted_by_position, previous.accepted_by_position))
         or any(map(operator.lt, current.scheduled_steps, previous.scheduled_steps))
         or any(map(operator.lt, current.drafted_by_position, previous.drafted_by_position))
@@ -162,6 +164,11 @@ def add_reading(totals: Totals, previous: SeriesReading | None, current: SeriesR
         drafted_by_position=_positions_increase(totals.drafted_by_position,
                                                 previous.drafted_by_position if previous else (),
                                                 current.drafted_by_position, restarted),
+        # Gone (None) as soon as a reading has none: a window that spans a reading without it has no lower bound,
+        # rather than one whose proposed count stood still while the accepted went on (α declared back, say).
+        proposed_draft_tokens=None if current.proposed_draft_tokens is None else _accumulate(
+            totals.proposed_draft_tokens, previous.proposed_draft_tokens if previous else None,
+            current.proposed_draft_tokens, restarted),
         batch_bins=totals.batch_bins,
     )
 

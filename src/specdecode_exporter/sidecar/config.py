@@ -255,10 +255,13 @@ class TargetConfig(Section):
     model_name: Annotated[str, words("the served model's name")] | None = None  # for engines whose metrics
     # carry no model label (llama.cpp)
     spec_decode: Bool = True  # False: a control target (spec decode off), collected for its latency only
-    # vLLM with enable_adaptive_verification: whether vllm:spec_decode_num_draft_tokens then counts proposed or
-    # verified tokens is not settled by vLLM's source (docs/engines.md), so the drafted-token count, and α and
-    # everything built on it, are withheld rather than guessed. vLLM does not export the setting: say it here.
+    # vLLM with enable_adaptive_verification: vllm:spec_decode_num_draft_tokens then counts proposed tokens (unless a
+    # build counts verified ones), so without vLLM's verified-token counter the drafted-token count, and α and
+    # everything built on it, are withheld rather than guessed (docs/engines.md). vLLM does not export the setting.
     adaptive_verification: Bool = False
+    # vLLM's speculative-config rejection_sample_method, where it changes what α means (fly: lossy, synthetic:
+    # forced); vLLM does not export it. The status page says what α then is (no series changes).
+    rejection_sample_method: Annotated[str, words("a word like standard or fly")] | None = None
     baseline: BaselineConfig | None = None
     cost: Annotated[CostModel, Field(alias="cost_model"), _CostModel()] = field(default_factory=CostModel)
     bearer_token_file: FilePath | None = None

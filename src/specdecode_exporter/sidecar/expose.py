@@ -132,6 +132,7 @@ def add_window(families: SampleSink, labels: Labels, view: WindowView) -> None:
     if view.observed is not None:
         for statistic in ("mean", "p50", "p99"):
             families.add(m.OBSERVED_SPEEDUP, {**w, "statistic": statistic}, getattr(view.observed, statistic))
+    families.add(m.PROPOSED_TOKEN_ACCEPTANCE_RATIO, w, view.proposed_token_acceptance_ratio)
     families.add(m.CALIBRATED_COST, w, view.calibrated_cost)
     families.add(m.BREAK_EVEN_AT_LOAD, w, view.break_even_at_load)
     if view.capacity is not None:

@@ -28,6 +28,7 @@ from specdecode_exporter.pipeline.derive import (
     WindowStats,
     break_even_acceptance,
     has_acceptance,
+    lower_bound_ratio,
     recommended_num_speculative_tokens,
     span_stats,
     speedup_by_length,
@@ -95,6 +96,12 @@ class WindowView:
         return self._acceptance
 
     @property
+    def proposed_token_acceptance_ratio(self) -> float | None:
+        """Accepted per proposed token, where α is withheld for want of a verified-token count: a lower bound of α
+        (pipeline/derive.py lower_bound_ratio)."""
+        return None if self.has_acceptance else lower_bound_ratio(self._span)
+
+    @property
     def has_latency(self) -> bool:
         """``latency is not None``, without working it out."""
         known = self._latency
@@ -159,7 +166,7 @@ class WindowView:
         return self._advice
 
     PARTS = ("window", "acceptance", "latency", "observed", "calibrated_cost", "break_even_at_load",
-             "recommended_k", "capacity", "against_control")
+             "recommended_k", "capacity", "against_control", "proposed_token_acceptance_ratio")
 
     def parts(self) -> tuple[object, ...]:
         """Everything it says, worked out."""
@@ -350,7 +357,7 @@ def _cost_advice(stats: WindowStats | None, observed: ObservedSpeedup | None
 def window_view(window: Window, span: WindowSpan, model: str | None, k: int | None,
                 ctx: SeriesContext) -> WindowView | None:
     """The window's view; None where the span says nothing of acceptance, latency or capacity."""
-    if not (has_acceptance(span) or has_latency(span) or has_capacity(span)):
+    if not (has_acceptance(span) or has_latency(span) or has_capacity(span) or lower_bound_ratio(span) is not None):
         return None
     return WindowView(window, span, model, k, ctx)
 
@@ -411,8 +418,9 @@ def _stop_cause(capacity: CapacityStats) -> str:
     if steps and sum(steps) > 0:
         return (f"; the batch-size schedule chose k = 0 for {steps[0] / sum(steps):.0%} of the scheduler steps "
                 "(vLLM's num_speculative_tokens_per_batch_size: on purpose, at this batch size)")
-    return ("; causes: an acceptance gate (TensorRT-LLM's acceptance_length_threshold switches speculation off "
-            "for good), a batch-size schedule at k = 0, or a drafter that finds nothing (ngram)")
+    return ("; causes: an acceptance gate (TensorRT-LLM switches speculation off for good once the mean acceptance "
+            "rate over acceptance_rate_window_size iterations is below acceptance_rate_threshold), a batch-size "
+            "schedule at k = 0, or a drafter that finds nothing (ngram)")
 
 
 def schedule_of(views: tuple[tuple[WindowView, WindowSpan], ...], ctx: SeriesContext

@@ -12,7 +12,7 @@ from specdecode_exporter.pipeline import latency, ratio_test
 from specdecode_exporter.pipeline.capacity import AgainstControl, CapacityStats
 from specdecode_exporter.pipeline.derive import WindowStats
 from specdecode_exporter.pipeline.engines import NOT_APPLICABLE
-from specdecode_exporter.pipeline.engines.vllm_v1 import ADAPTIVE_VERIFICATION_WHY
+from specdecode_exporter.pipeline.engines.vllm_v1 import ADAPTIVE_VERIFICATION_WHY, VERIFICATION_NOTES
 from specdecode_exporter.pipeline.latency import LatencyStats, MeasuredSpeedup, ObservedSpeedup
 from specdecode_exporter.pipeline.schedule import (
     BatchSchedule,
@@ -23,6 +23,7 @@ from specdecode_exporter.pipeline.schedule import (
 from specdecode_exporter.sidecar.collection import HistoryPoint, TargetView
 from specdecode_exporter.sidecar.config import Config
 from specdecode_exporter.sidecar.series import SeriesView, Speculation, WindowView
+from specdecode_exporter.tap.model import SPEC_DETAILS_NOT_REQUESTED
 from specdecode_exporter.tap.request_stats import RequestsView
 from specdecode_exporter.tap.route import ClassView, Experiment, RoutesView
 
@@ -73,6 +74,8 @@ def window_json(view: WindowView) -> dict[str, Any]:
     out: dict[str, Any] = acceptance_json(view.acceptance) if view.acceptance is not None else {}
     if view.acceptance is not None:
         out["recommended_num_speculative_tokens"] = view.recommended_k
+    elif (lower_bound := view.proposed_token_acceptance_ratio) is not None:
+        out["proposed_token_acceptance_ratio"] = _round(lower_bound)
     if view.latency is not None:
         out["latency"] = latency_json(view.latency)
     if view.observed is not None:
@@ -178,6 +181,15 @@ def baseline_json(view: TargetView) -> dict[str, Any] | None:
             "p99": baseline.p99}
 
 
+def withheld(view: TargetView) -> str | None:
+    """Why α and what builds on it are withheld: a vLLM target declared with adaptive verification none of whose
+    series counts verified draft tokens (their drafted-token count is withheld, pipeline/engines/base.py)."""
+    if not (view.config.adaptive_verification and view.api == "vllm-v1"):
+        return None
+    counted = any(series.totals.draft_tokens is not None for series in view.series if series.spec_decode)
+    return None if counted else ADAPTIVE_VERIFICATION_WHY
+
+
 def status_json(views: list[TargetView], ready: tuple[bool, str], version: str, uptime: float,
                 config: Config, now: float, requests: RequestsView | None = None,
                 routes: RoutesView | None = None, fallback_available: bool | None = None,
@@ -202,8 +214,9 @@ def status_json(views: list[TargetView], ready: tuple[bool, str], version: str, 
                 "up": view.up,
                 "api": view.api,
                 "not_applicable": NOT_APPLICABLE.get(view.api or ""),
-                "withheld": ADAPTIVE_VERIFICATION_WHY if view.config.adaptive_verification and view.api == "vllm-v1"
-                else None,
+                "withheld": withheld(view),
+                "verification": VERIFICATION_NOTES.get(view.config.rejection_sample_method or "")
+                if view.api == "vllm-v1" else None,
                 "method": view.method,
                 "interval_seconds": view.interval,
                 "collect_duration_seconds": _round(view.collect_duration, 6),
@@ -231,6 +244,9 @@ def status_json(views: list[TargetView], ready: tuple[bool, str], version: str, 
 NOT_ENABLED_HINT = ("vLLM returns no per-request spec-decode metrics: start it with --per-request-spec-decode-metrics "
                     "summary (and --enable-per-request-metrics for timings); streams need the tap's usage request, "
                     "which it adds itself")
+SPEC_DETAILS_HINT = ("SGLang returns its per-request spec-decode details only to a request that sets "
+                     "\"return_spec_tokens_details\": true (SGLang #33518; the tap does not add it for the client)")
+REASON_HINTS = (("not_enabled", NOT_ENABLED_HINT), (SPEC_DETAILS_NOT_REQUESTED, SPEC_DETAILS_HINT))
 
 
 def _distribution_json(histogram: latency.Histogram | None, page: float) -> dict[str, Any] | None:
@@ -279,7 +295,7 @@ def requests_json(view: RequestsView, page_threshold: float, uptime: float,
                                                        if k.model_name == model]), page_threshold)
                    for model in models},
         "without_spec_metrics": reasons,
-        "hint": NOT_ENABLED_HINT if reasons.get("not_enabled") else None,
+        "hint": " ".join(hint for reason, hint in REASON_HINTS if reasons.get(reason)) or None,
         "withheld": view.withheld,
         "variance": variance_json(variances),
         "variance_method": VARIANCE_METHOD,

@@ -98,6 +98,10 @@ def alpha_by_window(series: dict[str, Any], names: list[str]) -> str:
         window = series["windows"].get(name)
         if window is None:
             why = "no data yet"
+        elif window.get("proposed_token_acceptance_ratio") is not None:  # α withheld: its lower bound instead
+            cells.append(f"{html.escape(name)} ≥ {_cell(window['proposed_token_acceptance_ratio'], '{:.2f}')} "
+                         "<small>(accepted per proposed token: a lower bound, not α)</small>")
+            continue
         elif window.get("acceptance_ratio") is None:
             why = "nothing drafted (speculation stopped)" if stopped else "nothing drafted"
         else:
@@ -135,8 +139,9 @@ def series_rows(target: dict[str, Any], series: dict[str, Any], page_threshold: 
         speedup_chart(series, target["baseline"] is not None)]
     colour = VERDICT_COLOURS.get(series["verdict"], "#57606a")
     verdict = "control (spec decode off)" if not series["spec_decode"] else e(series["verdict"])
-    if target.get("withheld"):
-        state += f"; {e(target['withheld'])}"
+    for note in (target.get("withheld"), target.get("verification")):
+        if note:
+            state += f"; {e(note)}"
     return [
         "<tr>"
         f"<td>{e(target['name'])}<br><small>{state}, {e(target['api'] or '?')}</small></td>"

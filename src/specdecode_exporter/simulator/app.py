@@ -15,6 +15,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 from specdecode_exporter.core.validation import ConfigError
+from specdecode_exporter.simulator import sglang_responses
 from specdecode_exporter.simulator.exposition import render
 from specdecode_exporter.simulator.requests import (
     RequestError,
@@ -133,11 +134,16 @@ async def serve_completion(sim: Simulator, request: Request, chat: bool) -> Resp
         return JSONResponse(exc.body, status_code=exc.status)
     prompt_tokens = _prompt_tokens(payload, chat)
     generations = sim.serve(call, prompt_tokens, request.headers.get("x-workload"))
+    step = generations[0].step_seconds / sim.time_scale if sim.pace else 0.0
+    if sim.format == "sglang":  # SGLang's shapes: sglext instead of vLLM's metrics
+        if not call.stream:
+            return JSONResponse(sglang_responses.response_body(call, generations, prompt_tokens))
+        return StreamingResponse(_paced(sglang_responses.stream_events(call, generations[0], prompt_tokens), step),
+                                 media_type="text/event-stream")
     single = call.n == 1
     metrics = request_metrics(generations[0], sim.per_request_metrics, sim.request_timings) if single else None
     if not call.stream:
         return JSONResponse(response_body(call, generations, prompt_tokens, metrics))
-    step = generations[0].step_seconds / sim.time_scale if sim.pace else 0.0
     return StreamingResponse(_paced(stream_events(call, generations[0], prompt_tokens, metrics), step),
                              media_type="text/event-stream")
 

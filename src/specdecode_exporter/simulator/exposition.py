@@ -130,6 +130,8 @@ def v1_families(models: tuple[ModelSnapshot, ...]) -> list[Family]:
     families = [
         counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.", "drafts", speculating),
         counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", "draft_tokens", speculating),
+        counter("vllm:spec_decode_num_verified_draft_tokens", "Number of draft tokens verified.",
+                "verified_draft_tokens", tuple(m for m in speculating if m.spec.verified_draft_tokens_counter)),
         counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.", "accepted", speculating),
         Family("vllm:spec_decode_num_accepted_tokens_per_pos", "counter",
                "Accepted tokens per draft position.", per_position()),

@@ -88,6 +88,11 @@ def _named_workloads(value: object) -> object:
     return [{"name": f"w{i}", **w} if isinstance(w, Mapping) else w for i, w in enumerate(value)]
 
 
+# TensorRT-LLM's gate keys before #12905, and what replaced them (the simulator models the gate as it is now).
+GATE_KEYS_BEFORE_12905 = {"acceptance_window": "acceptance_rate_window_size",
+                          "acceptance_length_threshold": "acceptance_rate_threshold"}
+
+
 @dataclass(frozen=True)
 class ModelSpec(Section):
     """One served model: static shape plus the base (phase-free) traffic parameters."""
@@ -123,11 +128,13 @@ class ModelSpec(Section):
     # token grows from cost_per_draft_token to 1 at saturating_batch running requests (0: no growth).
     batch_slowdown: Annotated[Number, Range(0, 10)] = 0.0
     saturating_batch: Annotated[Number, Range(0, 1e6)] = 0.0
-    # TensorRT-LLM's acceptance gate (DecodingBaseConfig acceptance_window, acceptance_length_threshold): once the
-    # mean acceptance length over the last acceptance_window finished requests falls below the threshold, the
-    # engine stops speculating for good (until it restarts). 0 / null: no gate.
-    acceptance_window: Annotated[Int, Range(0, 10**7)] = 0
-    acceptance_length_threshold: Annotated[Number, Range(0, 65)] | None = None
+    # TensorRT-LLM's acceptance gate as it works since NVIDIA/TensorRT-LLM#12905 (acceptance_rate_window_size,
+    # acceptance_rate_threshold): one acceptance-rate sample (accepted / drafted tokens of the batch) per speculation
+    # iteration; once the window holds acceptance_rate_window_size samples and their mean is below the threshold,
+    # the engine stops speculating for good (until it restarts). 0 / null: no gate. (Older releases' gate averaged
+    # the acceptance length of the last acceptance_window finished requests: GATE_KEYS_BEFORE_12905.)
+    acceptance_rate_window_size: Annotated[Int, Range(0, 10**9)] = 0
+    acceptance_rate_threshold: Ratio | None = None
     # vLLM's dynamic speculative decoding (num_speculative_tokens_per_batch_size, vllm#32374): [low, high, k] per
     # batch-size range of running requests, from 1, non-overlapping; above the last range its k holds; k is capped
     # at num_speculative_tokens; k = 0 steps do not speculate.
@@ -143,18 +150,31 @@ class ModelSpec(Section):
     adaptive_verification_share: Ratio = 0.0
     verified_draft_length: Annotated[Int, Range(0, 64)] = 1
     draft_tokens_count: Annotated[str, Choice("proposed", "verified")] = "proposed"
+    # vllm:spec_decode_num_verified_draft_tokens, the draft tokens sent to verification (proposed upstream,
+    # vllm#58340): off, as in every vLLM released so far; on, the V1 page serves it beside num_draft_tokens, which
+    # then counts the proposed tokens (draft_tokens_count proposed).
+    verified_draft_tokens_counter: Bool = False
     # Memory: the KV cache holds this many tokens, less draft_memory_share of it on a spec-decode pod (the draft
     # model's weights and KV); a request holds its prompt, half its output on average, and k lookahead slots while
     # speculating. Requests run while they fit; beyond, they wait, and the excess demand preempts.
     kv_cache_capacity_tokens: Annotated[Int, Range(1, 10**10)] = KV_CACHE_CAPACITY_TOKENS
     draft_memory_share: Annotated[Number, Range(0, 0.99)] = 0.0
 
+    @classmethod
+    def check_keys(cls, data: object) -> object:
+        if isinstance(data, Mapping):
+            for old, new in GATE_KEYS_BEFORE_12905.items():
+                if old in data:
+                    raise fail(f"TensorRT-LLM's gate is acceptance-rate based since its #12905: use {new} (older "
+                               f"releases' {old} averaged the acceptance length over finished requests)", old)
+        return super().check_keys(data)
+
     def cross_check(self, context: Context) -> ModelSpec:
         if len({w.name for w in self.workloads}) != len(self.workloads):
             raise fail("workload names must be distinct", "workloads")
-        if (self.acceptance_window > 0) != (self.acceptance_length_threshold is not None):
-            raise fail("acceptance_window and acceptance_length_threshold go together (both, or neither)",
-                       "acceptance_window")
+        if (self.acceptance_rate_window_size > 0) != (self.acceptance_rate_threshold is not None):
+            raise fail("acceptance_rate_window_size and acceptance_rate_threshold go together (both, or neither)",
+                       "acceptance_rate_window_size")
         curve = self.position_acceptance
         if curve is not None and len(curve) != self.num_speculative_tokens:
             raise fail(f"expected {self.num_speculative_tokens} values (one per position, num_speculative_tokens), "
@@ -162,6 +182,9 @@ class ModelSpec(Section):
         problem = curve_problem(curve, self)
         if problem:
             raise fail(problem, "position_acceptance")
+        if self.verified_draft_tokens_counter and self.draft_tokens_count == "verified":
+            raise fail("expected proposed with verified_draft_tokens_counter (vLLM then counts the proposed tokens "
+                       "in num_draft_tokens and the verified ones apart), got verified", "draft_tokens_count")
         if self.adaptive_verification_share and self.verified_draft_length >= self.num_speculative_tokens:
             raise fail(f"expected fewer than num_speculative_tokens ({self.num_speculative_tokens}) tokens, got "
                        f"{self.verified_draft_length}", "verified_draft_length")
@@ -202,6 +225,7 @@ class Rates:
     k: int = 0  # the k the steps ran with (0: not speculating)
     kv_cache_usage: float = 0.0
     preemptions: float = 0.0  # per second
+    verified_draft_tokens: float = 0.0  # per second: draft_tokens less what adaptive verification trimmed
 
 
 # The simulator draws per-position acceptance from the same i.i.d. model the sidecar fits.
@@ -360,12 +384,15 @@ def adaptive_trim(spec: ModelSpec, k: int) -> tuple[float, int]:
     return (share, verified) if share > 0 and verified < k else (0.0, k)
 
 
-def counted_draft_length(spec: ModelSpec, k: int) -> float:
-    """The draft tokens per step the exposition counts: k proposed, or the mean verified under the trim."""
+def verified_draft_length(spec: ModelSpec, k: int) -> float:
+    """The draft tokens per step sent to verification: k, less what adaptive verification trims."""
     trimmed, verified = adaptive_trim(spec, k)
-    if spec.draft_tokens_count == "proposed":
-        return float(k)
     return (1.0 - trimmed) * k + trimmed * verified
+
+
+def counted_draft_length(spec: ModelSpec, k: int) -> float:
+    """The draft tokens per step vllm:spec_decode_num_draft_tokens counts: k proposed, or the mean verified."""
+    return float(k) if spec.draft_tokens_count == "proposed" else verified_draft_length(spec, k)
 
 
 def compute_rates(spec: ModelSpec, live: LiveParams, fractions: tuple[float, ...], k: int | None = None) -> Rates:
@@ -394,6 +421,7 @@ def compute_rates(spec: ModelSpec, live: LiveParams, fractions: tuple[float, ...
     return Rates(
         drafts=steps if speculating or not spec.spec_decode else 0.0,
         draft_tokens=steps * counted_draft_length(spec, k) * spec.draft_fill if speculating else 0.0,
+        verified_draft_tokens=steps * verified_draft_length(spec, k) * spec.draft_fill if speculating else 0.0,
         per_pos=per_pos,
         accepted=sum(per_pos),
         generation_tokens=generation,

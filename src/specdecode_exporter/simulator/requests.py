@@ -168,6 +168,7 @@ class Call:
     include_usage: bool
     n: int
     temperature: float | None
+    spec_details: bool = False  # SGLang's return_spec_tokens_details (its sglext; the sglang format only)
 
 
 def parse_call(payload: Any, chat: bool, models: tuple[str, ...]) -> Call:
@@ -191,10 +192,10 @@ def parse_call(payload: Any, chat: bool, models: tuple[str, ...]) -> Call:
     options = payload.get("stream_options")
     include_usage = isinstance(options, dict) and options.get("include_usage") is True
     return Call(chat, model, max_tokens, payload.get("stream") is True, include_usage, n,
-                None if temperature is None else float(temperature))
+                None if temperature is None else float(temperature), payload.get("return_spec_tokens_details") is True)
 
 
-def _text(tokens: int, offset: int = 0) -> str:
+def text_of(tokens: int, offset: int = 0) -> str:
     return "".join(WORDS[(offset + i) % len(WORDS)] for i in range(tokens))
 
 
@@ -216,7 +217,7 @@ def response_body(call: Call, generations: list[Generation], prompt_tokens: int,
     kind = "chat.completion" if call.chat else "text_completion"
     return {"id": f"{'chatcmpl' if call.chat else 'cmpl'}-{uuid.uuid4().hex[:16]}", "object": kind,
             "created": int(time.time()), "model": call.model,
-            "choices": [_choice(call, i, _text(g.tokens), "length") for i, g in enumerate(generations)],
+            "choices": [_choice(call, i, text_of(g.tokens), "length") for i, g in enumerate(generations)],
             "service_tier": None, "system_fingerprint": SYSTEM_FINGERPRINT, "usage": _usage(call, prompt_tokens),
             "metrics": metrics}
 
@@ -252,7 +253,7 @@ def stream_events(call: Call, generation: Generation, prompt_tokens: int,
     offset = 0
     for i, n in enumerate(steps):
         last = i == len(steps) - 1
-        body: dict[str, Any] = {"choices": [_chunk_choice(call, _text(n, offset), "length" if last else None)]}
+        body: dict[str, Any] = {"choices": [_chunk_choice(call, text_of(n, offset), "length" if last else None)]}
         if last and not call.include_usage:
             body["system_fingerprint"] = SYSTEM_FINGERPRINT
         yield event(body)

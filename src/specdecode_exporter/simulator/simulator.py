@@ -151,6 +151,7 @@ class EngineSnapshot:
     scheduled_steps: tuple[int, ...] = ()  # scheduler steps by the k they ran with (index = k)
     speculating: bool = True  # False once an acceptance gate switched speculation off
     drafted_per_pos: tuple[int, ...] = ()  # drafts that reached each position (the k of their step > position)
+    verified_draft_tokens: int = 0  # draft tokens sent to verification (vllm#58340's counter)
 
 
 @dataclass(frozen=True)
@@ -169,6 +170,7 @@ class _Engine:
     rng: random.Random
     drafts: float = 0.0
     draft_tokens: float = 0.0
+    verified_draft_tokens: float = 0.0
     per_pos: list[float] = field(default_factory=list)
     drafted_per_pos: list[float] = field(default_factory=list)  # a batch-size schedule drafts < k at some steps
     # Drafts by the tokens each drafted (index 0…k; 0: a control pod's steps). Exposed as whole drafts per length,
@@ -189,7 +191,7 @@ class _Engine:
     v0_logged: int = 0  # reports that carried metrics; V0 series exist only after the first
     v0_counters: tuple[int, int, int] = (0, 0, 0)  # accepted, draft, emitted (sum of lifetime totals)
     v0_lifetime: tuple[int, int, int, int] = (0, 0, 0, 0)  # accepted, draft, emitted, drafts at last report
-    gate_window: int = 0  # finished requests the acceptance gate averages over (0: no gate)
+    gate_window: int = 0  # speculation iterations the acceptance gate averages over (0: no gate)
     preemptions: float = 0.0
     kv_cache_usage: float = 0.0
     scheduled: list[float] = field(default_factory=list)  # scheduler steps by k (0…k)
@@ -213,6 +215,7 @@ def _integrate(e: _Engine, r: Rates, dt: float) -> None:
     e.drafts += r.drafts * dt
     e.drafts_by_length[r.k] += r.drafts * dt
     e.draft_tokens += r.draft_tokens * dt
+    e.verified_draft_tokens += r.verified_draft_tokens * dt
     for i, rate in enumerate(r.per_pos):
         e.per_pos[i] += rate * dt
     if r.drafts > 0:  # the steps drafted r.k tokens, each position evenly short by the fill (as draft_tokens are)
@@ -250,7 +253,7 @@ def _exposed_drafts(spec: ModelSpec, e: _Engine) -> tuple[int, int]:
 
 class RollingMean:
     """The mean of the last ``size`` (fractional) observations, fed in weighted chunks: TensorRT-LLM's
-    SpeculationGate averages the acceptance length of the last acceptance_window finished requests."""
+    SpeculationGate averages the acceptance rate of the last acceptance_rate_window_size speculation iterations."""
 
     def __init__(self, size: float) -> None:
         self.size = size
@@ -281,13 +284,14 @@ class RollingMean:
         return self.total / self.weight if self.weight > 0 else 0.0
 
 
-def _gate(e: _Engine, spec: ModelSpec, requests: float, mean_length: float) -> None:
-    """TensorRT-LLM's acceptance gate: ``requests`` more finished at ``mean_length`` tokens per step; once the mean
-    over the last acceptance_window is below acceptance_length_threshold, speculation stops for good."""
-    threshold = spec.acceptance_length_threshold
-    if threshold is None or not e.speculating or requests <= 0:
+def _gate(e: _Engine, spec: ModelSpec, iterations: float, acceptance_rate: float) -> None:
+    """TensorRT-LLM's acceptance gate (NVIDIA/TensorRT-LLM#12905): ``iterations`` more speculation iterations, each
+    accepting ``acceptance_rate`` of the tokens it drafted; once the window is full and the mean of its last
+    acceptance_rate_window_size samples is below acceptance_rate_threshold, speculation stops for good."""
+    threshold = spec.acceptance_rate_threshold
+    if threshold is None or not e.speculating or iterations <= 0:
         return
-    e.gate.add(requests, mean_length)
+    e.gate.add(iterations, acceptance_rate)
     if e.gate.full and e.gate.mean < threshold:
         e.speculating = False
 
@@ -297,6 +301,7 @@ def _account(e: _Engine, g: Generation, prompt_tokens: int) -> None:
     e.drafts += g.spec_steps
     e.drafts_by_length[min(g.drafted_per_step, e.k)] += g.spec_steps
     e.draft_tokens += g.drafted
+    e.verified_draft_tokens += g.drafted  # a served request's drafts are not trimmed
     for prefix in g.accepted_per_step:
         for i in range(prefix):
             e.per_pos[i] += 1
@@ -481,8 +486,10 @@ class Simulator:
                     curve = scale_fractions(fractions, e.noise_accept)
                 rates = compute_rates(spec, params, curve, step_k(spec, params.drafts_per_second, e.speculating))
                 _integrate(e, rates, dt)
-                if rates.k > 0 and rates.steps > 0:
-                    _gate(e, spec, rates.requests * dt, rates.generation_tokens / rates.steps)
+                if rates.k > 0 and rates.steps > 0 and rates.step_seconds > 0 and rates.verified_draft_tokens > 0:
+                    # one sample per scheduler iteration (the whole batch's): its accepted over drafted tokens
+                    _gate(e, spec, min(1.0, rates.running) * dt / rates.step_seconds,
+                          rates.accepted / rates.verified_draft_tokens)
 
     def _resample_noise(self) -> None:
         for spec in self.scenario.models:
@@ -497,7 +504,7 @@ class Simulator:
             spec.name: [
                 _Engine(index=i, started_at=self._now, k=spec.num_speculative_tokens,
                         rng=random.Random(f"{self.seed}:{spec.name}:{i}:{self._now!r}"),
-                        gate_window=spec.acceptance_window)
+                        gate_window=spec.acceptance_rate_window_size)
                 for i in range(spec.engines)
             ]
             for spec in self.scenario.models
@@ -586,8 +593,9 @@ class Simulator:
                                     self._request_rng, workload.name, k) for _ in range(call.n)]
             for generation in generations:
                 _account(engine, generation, prompt_tokens)
-                if generation.spec_steps:
-                    _gate(engine, spec, 1.0, generation.tokens / generation.steps)
+                if generation.drafted:  # its steps ride in the iterations of the running batch: a share of each
+                    _gate(engine, spec, generation.spec_steps / (1.0 + engine.running),
+                          generation.accepted / generation.drafted)
             return generations
 
     def model_names(self) -> tuple[str, ...]:
@@ -636,6 +644,7 @@ class Simulator:
             scheduled_steps=tuple(exposed(x) for x in e.scheduled),
             speculating=e.speculating,
             drafted_per_pos=tuple(exposed(x) for x in e.drafted_per_pos),
+            verified_draft_tokens=min(exposed(e.verified_draft_tokens), draft_tokens),  # never above the drafted
         )
 
     def state(self) -> dict[str, Any]:

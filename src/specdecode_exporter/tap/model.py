@@ -7,6 +7,9 @@ from typing import Any, NamedTuple, Protocol
 
 # Why a TapResult carries no metrics (TapResult.reason). None when metrics are present.
 NOT_ENABLED = "not_enabled"  # a good response without a `metrics` object (vLLM flags off, or another engine)
+# SGLang answered (its response shape: tap/openai.py sglang_shaped) and the request did not set
+# return_spec_tokens_details, without which SGLang leaves its per-request details out (SGLang #33518)
+SPEC_DETAILS_NOT_REQUESTED = "spec_tokens_details_not_requested"
 N_GT_1 = "n_gt_1"  # vLLM leaves metrics null when n > 1
 MULTI_PROMPT = "multi_prompt"  # ... and when one completion request carries several prompts
 NO_USAGE = "no_usage"  # a stream without the final usage event (usage could not be requested)
@@ -31,6 +34,7 @@ class TapRequest:
     usage_injected: bool  # the tap added stream_options.include_usage and strips the usage event again
     prompt_chars: int | None = None  # characters of a text prompt (chat: of the messages' text)
     prompt_tokens: int | None = None  # tokens of a prompt given as token ids
+    spec_details_requested: bool = False  # the request set SGLang's return_spec_tokens_details to true
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +51,7 @@ class TapResult:
     finished: float
     first_body: float | None = None  # the first byte of the response body (a stream's first event) was read
     route: Route | None = None  # where the request went, when the tap routes
+    sglext: dict[str, Any] | None = None  # SGLang's root `sglext` object (spec_tokens_details, SGLang #33518)
 
 
 # Routing (src/specdecode_exporter/tap/route.py): where a request went, and why.

@@ -1,5 +1,6 @@
 """The OpenAI completion requests the tap inspects: what they ask for, and the one rewrite it makes (asking a
-stream for its usage event, which carries vLLM's per-request metrics)."""
+stream for its usage event, which carries vLLM's per-request metrics); and what a response says of the request in
+each engine's shape (vLLM's `metrics`, llama.cpp's `timings`, SGLang's `sglext`)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ class RequestPlan:
     body: bytes  # what to send upstream: the client's body, or the rewritten one when usage_injected
     prompt_chars: int | None = None  # see prompt_size
     prompt_tokens: int | None = None
+    spec_details_requested: bool = False  # SGLang's return_spec_tokens_details: true (SGLang #33518)
 
 
 def endpoint_of(target: bytes) -> str | None:
@@ -58,6 +60,7 @@ def plan_request(endpoint: str, body: bytes) -> RequestPlan | None:
         body=new_body if new_body is not None else body,
         prompt_chars=chars,
         prompt_tokens=tokens,
+        spec_details_requested=request.get("return_spec_tokens_details") is True,
     )
 
 
@@ -134,22 +137,49 @@ class BodyFindings:
     usage: dict[str, Any] | None
     metrics: dict[str, Any] | None
     timings: dict[str, Any] | None
+    sglext: dict[str, Any] | None = None
+    sglang: bool = False  # the response is in SGLang's shape (sglang_shaped)
 
 
 def read_response_body(body: bytes) -> BodyFindings | None:
-    """usage, metrics and timings of a non-streamed completion response; None when it is not a JSON object."""
+    """usage, metrics, timings and sglext of a non-streamed completion response; None when it is not a JSON
+    object."""
     try:
         response = json.loads(body)
     except (ValueError, RecursionError):
         return None
     if not isinstance(response, dict):
         return None
-    return BodyFindings(_object(response, "usage"), _object(response, "metrics"), _object(response, "timings"))
+    usage = _object(response, "usage")
+    return BodyFindings(usage, _object(response, "metrics"), _object(response, "timings"),
+                        _object(response, "sglext"), sglang_shaped(response, usage))
 
 
 def _object(response: dict[str, Any], key: str) -> dict[str, Any] | None:
     value = response.get(key)
     return value if isinstance(value, dict) else None
+
+
+def sglang_shaped(response: Mapping[str, Any], usage: Mapping[str, Any] | None) -> bool:
+    """Whether a response (or a stream's usage event) is SGLang's: a root `sglext` member, a top-level
+    `usage.reasoning_tokens` (SGLang's UsageInfo always has one; vLLM's and TensorRT-LLM's nest reasoning tokens in
+    completion_tokens_details, llama.cpp reports none) or a choice with `matched_stop` (SGLang's choices always
+    carry it); python/sglang/srt/entrypoints/openai/protocol.py."""
+    if "sglext" in response or (usage is not None and "reasoning_tokens" in usage):
+        return True
+    choices = response.get("choices")
+    return isinstance(choices, list) and any(isinstance(c, dict) and "matched_stop" in c for c in choices)
+
+
+def sglang_spec_details(sglext: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    """SGLang's per-request spec-decode details of one choice: `sglext.spec_tokens_details` (an object for n = 1,
+    a list for n > 1, which is not one request's), or the same members directly on `sglext`."""
+    if not isinstance(sglext, Mapping):
+        return None
+    details = sglext.get("spec_tokens_details", sglext)
+    if not isinstance(details, Mapping) or "spec_num_proposed_drafts" not in details:
+        return None
+    return details
 
 
 def one_line(text: str) -> str:

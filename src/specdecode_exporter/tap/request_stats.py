@@ -19,6 +19,7 @@ from specdecode_exporter.core.buckets import ACCEPTANCE_RATIO_BUCKETS
 from specdecode_exporter.core.dispersion import Moments
 from specdecode_exporter.pipeline.latency import Histogram
 from specdecode_exporter.tap.model import TapRequest, TapResult
+from specdecode_exporter.tap.openai import sglang_spec_details
 from specdecode_exporter.tap.settings import TapSettings
 
 LENGTH_BUCKETS: tuple[float, ...] = (1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 8.0, 10.0)
@@ -31,7 +32,7 @@ MAX_LABEL_LENGTH = 64
 ADAPTIVE_VERIFICATION_WITHHELD = withheld_why(
     "a response's metrics.speculative_decoding.num_draft_tokens",
     "the per-request α (the request drafted and accepted tokens, the acceptance histogram, the variance's sums) and "
-    "the routing decisions on it")
+    "the routing decisions on it", verified="per-request count of verified tokens")
 WITHHELD = "withheld"
 
 
@@ -80,13 +81,21 @@ class RequestSpec(NamedTuple):
     steps: float | None  # verification steps (vLLM); llama.cpp does not say
 
 
-def spec_figures(metrics: Mapping[str, Any] | None, timings: Mapping[str, Any] | None) -> RequestSpec | None:
-    """A response's vLLM metrics.speculative_decoding, or llama.cpp's timings.draft_n / draft_n_accepted."""
+def spec_figures(metrics: Mapping[str, Any] | None, timings: Mapping[str, Any] | None,
+                 sglext: Mapping[str, Any] | None = None) -> RequestSpec | None:
+    """A response's vLLM metrics.speculative_decoding, llama.cpp's timings.draft_n / draft_n_accepted, or SGLang's
+    sglext.spec_tokens_details (spec_num_proposed_drafts / spec_num_correct_drafts / spec_verify_ct)."""
     spec = metrics.get("speculative_decoding") if isinstance(metrics, Mapping) else None
     if isinstance(spec, Mapping):
         drafted, accepted = _count(spec.get("num_draft_tokens")), _count(spec.get("num_accepted_draft_tokens"))
         if drafted is not None and accepted is not None:
             return RequestSpec(drafted, accepted, _count(spec.get("num_spec_steps")))
+    details = sglang_spec_details(sglext)
+    if details is not None:
+        drafted = _count(details.get("spec_num_proposed_drafts"))
+        accepted = _count(details.get("spec_num_correct_drafts"))
+        if drafted is not None and accepted is not None:
+            return RequestSpec(drafted, accepted, _count(details.get("spec_verify_ct")))
     if isinstance(timings, Mapping):
         drafted, accepted = _count(timings.get("draft_n")), _count(timings.get("draft_n_accepted"))
         if drafted is not None and accepted is not None:
@@ -175,7 +184,7 @@ class RequestRecorder:
     def figures(self, result: TapResult) -> RequestSpec | None:
         """The response's spec-decode figures as the tap may read them: vLLM's none while they are withheld (the
         router judges on these too)."""
-        return spec_figures(None if self.withheld is not None else result.metrics, result.timings)
+        return spec_figures(None if self.withheld is not None else result.metrics, result.timings, result.sglext)
 
     def band_key(self, request: TapRequest) -> BandKey:
         """The request's labels: the model as served before (else "other"), the workload capped, the temperature

@@ -165,7 +165,7 @@ class ClassRouter:
         self._clock = clock
         # A response's spec-decode figures, the evidence: the recorder's (RequestRecorder.figures: none of vLLM's
         # while they are withheld), else all that the response carries.
-        self._figures = figures or (lambda result: spec_figures(result.metrics, result.timings))
+        self._figures = figures or (lambda result: spec_figures(result.metrics, result.timings, result.sglext))
         self._enforce = settings.mode == ENFORCE
         self._classes: dict[ClassKey, _Class] = {}
         self._chars_per_token: dict[str, tuple[float, float]] = {}  # model → (characters, tokens) seen

@@ -2,7 +2,8 @@
 asked for it on the client's behalf.
 
 Each forwarded chunk is checked with a few substring searches only; events are split and parsed as JSON only
-around the end of a stream (the terminal event, the usage event, llama.cpp's timings).
+around the end of a stream (the terminal event, the events with `"choices":[]`: the usage event and SGLang's sglext
+event, llama.cpp's timings).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import re
 from typing import Any
 
 from specdecode_exporter.tap.http1 import EVENT_CHUNK_TAIL, whole_chunks
+from specdecode_exporter.tap.openai import sglang_shaped
 
 # What marks the events the tap reads, in any JSON spelling ("choices":[] as vLLM writes it, "choices": [] as
 # Python's json.dumps does). A match only makes an event a candidate: it is parsed before anything is decided, so a
@@ -29,23 +31,30 @@ _DECODER = json.JSONDecoder()
 
 
 class StreamFindings:
-    """What the end of a stream said: usage, metrics, timings."""
+    """What the end of a stream said: usage, metrics, timings, SGLang's sglext, and whether it was SGLang's."""
 
-    __slots__ = ("gave_up", "metrics", "saw_usage", "timings", "usage")
+    __slots__ = ("gave_up", "metrics", "saw_usage", "sglang", "sglext", "timings", "usage")
 
     def __init__(self) -> None:
         self.saw_usage = False
         self.usage: dict[str, Any] | None = None
         self.metrics: dict[str, Any] | None = None
         self.timings: dict[str, Any] | None = None
+        self.sglext: dict[str, Any] | None = None
+        self.sglang = False
         self.gave_up = False
 
     def record(self, event: dict[str, Any]) -> None:
         usage, metrics, timings = event.get("usage"), event.get("metrics"), event.get("timings")
-        if event.get("choices") == [] and isinstance(usage, dict):
-            self.saw_usage = True
-            self.usage = usage
-            self.metrics = metrics if isinstance(metrics, dict) else None
+        if event.get("choices") == []:
+            if isinstance(usage, dict):
+                self.saw_usage = True
+                self.usage = usage
+                self.metrics = metrics if isinstance(metrics, dict) else None
+            sglext = event.get("sglext")  # SGLang sends it in an event of its own, before the usage event
+            if isinstance(sglext, dict):
+                self.sglext = sglext
+            self.sglang = self.sglang or sglang_shaped(event, usage if isinstance(usage, dict) else None)
         if isinstance(timings, dict):
             self.timings = timings
 
@@ -117,13 +126,17 @@ class UsageStripper:
     event lacks (other than usage and metrics) are appended to the terminal event, and the usage event is dropped.
     """
 
-    __slots__ = ("_carry", "_held", "_limit", "findings")
+    __slots__ = ("_carry", "_held", "_limit", "findings", "released")
 
     def __init__(self, limit: int) -> None:
         self._carry = b""
         self._held: bytes | None = None
         self._limit = limit
         self.findings = StreamFindings()
+        # Bytes at the start of feed()'s last output that are an event held from an earlier payload and let go
+        # because an event other than the usage event followed it (SGLang's sglext event): in the chunk it came in,
+        # apart from this payload's events. 0 otherwise; the reader that frames chunks takes it (and sets it to 0).
+        self.released = 0
 
     def held_bytes(self) -> int:
         return len(self._carry) + len(self._held or b"")
@@ -150,8 +163,10 @@ class UsageStripper:
             return payload
         if self.findings.gave_up:
             return payload
+        held = self._held
         events, self._carry = split_events(self._carry + payload)
         out = [piece for event in events for piece in self._event(event)]
+        self.released = len(held) if held is not None and len(out) > 1 and out[0] is held else 0
         if len(self._carry) > self._limit:
             # Not a stream this class understands: hand over what is held, and pass the rest as it comes.
             out.append(self.finish())
@@ -176,8 +191,10 @@ class UsageStripper:
         out: list[bytes] = []
         if EMPTY_CHOICES_MARK(event):
             parsed = event_json(event)
-            if parsed is not None and parsed.get("choices") == [] and "usage" in parsed:
-                self.findings.record(parsed)
+            if parsed is not None and parsed.get("choices") == []:
+                self.findings.record(parsed)  # the usage event, or SGLang's sglext event (forwarded as it is)
+            # SGLang writes "usage":null on every event, its sglext event included: only a usage object makes one
+            if parsed is not None and parsed.get("choices") == [] and isinstance(parsed.get("usage"), dict):
                 if self._held is None:
                     return out
                 held, self._held = self._held, None
@@ -198,9 +215,9 @@ class UsageStripper:
 
 def _merge_terminal(held: bytes, usage_event: bytes, usage: dict[str, Any]) -> bytes:
     terminal = event_json(held)
-    if terminal is None or "usage" in terminal:
+    if terminal is None or isinstance(terminal.get("usage"), dict):
         # Usage on the terminal chunk: the server sends it on every chunk (--enable-force-include-usage), so the
-        # client sees the usage event without the tap too.
+        # client sees the usage event without the tap too. ("usage":null, as SGLang writes on every chunk, is not.)
         return held + usage_event
     moved = [key for key in usage if key not in terminal and key not in ("usage", "metrics")]
     members = [_raw_member(usage_event, key, usage[key]) for key in moved]

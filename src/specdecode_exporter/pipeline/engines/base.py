@@ -63,6 +63,10 @@ class SeriesReading(NamedTuple):  # a NamedTuple, not a frozen dataclass: built 
     # Drafts that reached each position (drafted tokens per position: TensorRT-LLM's token_position family): with
     # them the mean draft length and the per-position curve are measured even when the draft length varies.
     drafted_by_position: tuple[float, ...] = ()
+    # The engine's count of proposed draft tokens where it is not the one α divides by: vLLM's drafted-token count
+    # beside its verified-token counter (draft_tokens then holds the verified ones), or while the verified count
+    # is unknown (adaptive verification without that counter: draft_tokens withheld). None elsewhere.
+    proposed_draft_tokens: float | None = None
 
 
 @dataclass(slots=True)
@@ -96,15 +100,19 @@ class Decoder(Protocol):
 
 
 class WithheldDraftTokens:
-    """A decoder whose readings keep every count but the drafted tokens, which are withheld (None) with a reason:
-    where the source's drafted-token counter has no settled meaning, α and everything built on it stay absent
-    rather than computed from a count that may not be what they divide by."""
+    """A decoder whose readings withhold the drafted tokens (None) with a reason where the source's drafted-token
+    count may be proposed rather than verified tokens: α and everything built on it stay absent rather than
+    computed from a count that may not be what they divide by. The count is kept as proposed_draft_tokens (accepted
+    over it is a lower bound of α). A reading that counts verified tokens apart (proposed_draft_tokens already set
+    by the inner decoder) is kept as it is."""
 
     def __init__(self, inner: Decoder, why: str) -> None:
         self._inner, self.why = inner, why
 
     def _withheld(self, result: DecodeResult) -> DecodeResult:
-        series = [reading._replace(draft_tokens=None) for reading in result.series]
+        series = [reading if reading.proposed_draft_tokens is not None
+                  else reading._replace(draft_tokens=None, proposed_draft_tokens=reading.draft_tokens)
+                  for reading in result.series]
         return DecodeResult(series, result.pending, result.warnings, result.unreadable)
 
     def decode(self, selection: Selection, timing: FetchTiming) -> DecodeResult:

@@ -9,8 +9,8 @@ Used:
 * ``trtllm_speculative_config_info{spec_enabled="true",spec_method,spec_num_tokens}``: the method (lower-cased:
   ``MTP`` → ``mtp``) and k (``max_draft_len``), so neither needs configuring.
 * ``trtllm_generation_tokens_total``: every generated token, speculative steps or not: with the drafted tokens it
-  tells speculation that stopped while generation goes on (the acceptance gate, ``acceptance_length_threshold``,
-  switches it off for good).
+  tells speculation that stopped while generation goes on (the acceptance gate, ``acceptance_rate_window_size`` /
+  ``acceptance_rate_threshold`` since TensorRT-LLM#12905, switches it off for good).
 * ``trtllm_spec_decode_acceptance_length``: the engine's mean acceptance length of the last iteration it polled,
   passed through as ``specdecode_reported_acceptance_length``. Its samples carry ``pid`` (multiprocess gauges in
   mode "all" keep dead processes' values too): it is passed on only when the pids agree on one value.

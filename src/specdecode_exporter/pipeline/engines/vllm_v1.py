@@ -24,10 +24,24 @@ from specdecode_exporter.pipeline.latency import Histogram, monotonic
 from specdecode_exporter.pipeline.parse import Layout, Sample, Selection, is_finite_count
 
 ADAPTIVE_VERIFICATION_WHY = withheld_why(
-    "vllm:spec_decode_num_draft_tokens", "α, the draft length, the per-position curve and the modelled speedup")
+    "vllm:spec_decode_num_draft_tokens", "α, the draft length, the per-position curve and the modelled speedup",
+    "specdecode_proposed_token_acceptance_ratio")
+# What α means under a rejection sampling method that does not preserve the target model's distribution (the
+# speculative config's rejection_sample_method, declared on the target: vLLM does not export it).
+VERIFICATION_NOTES = {
+    "fly": "lossy verification (rejection_sample_method fly): vLLM accepts some drafted tokens the target model "
+           "rejected (FLy overrides an isolated rejection at an uncertain position when the next ones agree), and "
+           "counts them as accepted, so α reads higher than the target model's acceptance and the output is not "
+           "exactly the target model's",
+    "synthetic": "synthetic rejection sampling: vLLM accepts drafts at the rate its speculative config sets, "
+                 "whatever the target model says; α is that setting, not a measurement",
+}
 DRAFTS = "vllm:spec_decode_num_drafts_total"
 DRAFTS_CREATED = "vllm:spec_decode_num_drafts_created"
 DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
+# Draft tokens sent to verification, apart from the proposed ones DRAFT_TOKENS counts under adaptive verification
+# (proposed upstream, vllm-project/vllm#58340): where a vLLM exports it, α is accepted over it.
+VERIFIED_DRAFT_TOKENS = "vllm:spec_decode_num_verified_draft_tokens_total"
 ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
 PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
 CREATED_SUFFIX = "_created"
@@ -52,7 +66,7 @@ SCHEDULED_K_LABEL = "num_spec_tokens"
 LATENCY_PREFIXES = (*(f"{family}{suffix}" for family in (TPOT, TTFT, REQUEST_ACCEPTANCE)
                        for suffix in ("_bucket", "_sum", "_count")), RUNNING, WAITING, KV_CACHE_USAGE)
 COST_PREFIXES = (GENERATION, PREEMPTIONS, SCHEDULED_STEPS)
-SPEC_NAMES = frozenset({DRAFTS, DRAFT_TOKENS, ACCEPTED, PER_POSITION})
+SPEC_NAMES = frozenset({DRAFTS, DRAFT_TOKENS, ACCEPTED, PER_POSITION, VERIFIED_DRAFT_TOKENS})
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +101,7 @@ class _Slots:
     generated: int | None = None
     preemptions: int | None = None
     scheduled_steps: tuple[int, ...] = ()
+    verified: int | None = None
 
 
 def _bound(sample: Sample) -> float | None:
@@ -148,7 +163,8 @@ def _slots(model_name: str | None, engine: str | None, group: list[tuple[int, Sa
     if isinstance(scheduled_slots, str):
         return f"{SCHEDULED_STEPS}: {scheduled_slots}"
     return _Slots(model_name, engine, first.get(DRAFT_TOKENS), first.get(ACCEPTED), first.get(DRAFTS), created,
-                  position_slots, latency, first.get(GENERATION), first.get(PREEMPTIONS), scheduled_slots)
+                  position_slots, latency, first.get(GENERATION), first.get(PREEMPTIONS), scheduled_slots,
+                  first.get(VERIFIED_DRAFT_TOKENS))
 
 
 def _unusable_value(group: list[tuple[int, Sample]]) -> str | None:
@@ -183,11 +199,14 @@ def _reading(slots: _Slots, values: Sequence[float]) -> SeriesReading:
     accepted = _value(values, slots.accepted_tokens)
     created = _value(values, slots.created)
     by_position = tuple([values[i] for i in slots.positions])
+    drafted = _value(values, slots.draft_tokens)
+    verified = _value(values, slots.verified) if drafted is not None else None
     return SeriesReading(
         model_name=slots.model_name,
         engine=slots.engine,
         drafts=drafts,
-        draft_tokens=_value(values, slots.draft_tokens),
+        draft_tokens=drafted if verified is None else verified,
+        proposed_draft_tokens=None if verified is None else drafted,
         accepted_tokens=accepted,
         # Each verification step emits the accepted prefix plus one token from the target model.
         emitted_tokens=None if drafts is None or accepted is None else accepted + drafts,
@@ -271,8 +290,8 @@ class V1Decoder:
 class VllmV1:
     api: str = "vllm-v1"
     # Exact names, so the parser skips the other counters' _created lines (one _created tells a restart).
-    prefixes: tuple[str, ...] = (DRAFTS, DRAFTS_CREATED, DRAFT_TOKENS, ACCEPTED, PER_POSITION, *LATENCY_PREFIXES,
-                                 *COST_PREFIXES)
+    prefixes: tuple[str, ...] = (DRAFTS, DRAFTS_CREATED, DRAFT_TOKENS, VERIFIED_DRAFT_TOKENS, ACCEPTED, PER_POSITION,
+                                 *LATENCY_PREFIXES, *COST_PREFIXES)
     max_collect_interval: float | None = None
     labels_model: bool = True
 

@@ -6,7 +6,7 @@ import json
 
 from specdecode_exporter.tap import model
 from specdecode_exporter.tap.model import Route, TapRequest, TapResult
-from specdecode_exporter.tap.openai import read_response_body
+from specdecode_exporter.tap.openai import BodyFindings, read_response_body, sglang_spec_details
 from specdecode_exporter.tap.sse import SseWatcher, StreamFindings, UsageStripper
 
 # What is done with an inspected response body
@@ -58,25 +58,22 @@ class Exchange:
         return len(self.body or b"") + (self.stream.held_bytes() if self.stream else 0)
 
     def result(self, failure: str | None, now: float) -> TapResult:
-        findings: StreamFindings | None = self.stream.findings if self.stream is not None else None
-        usage = metrics = timings = None
-        unparsable = self.body_too_large or (findings is not None and findings.gave_up)
-        if findings is not None:
-            usage, metrics, timings = findings.usage, findings.metrics, findings.timings
-        elif self.body is not None and failure is None and not self.body_too_large:
-            found = read_response_body(bytes(self.body))
-            if found is None:
-                unparsable = True
-            else:
-                usage, metrics, timings = found.usage, found.metrics, found.timings
-        reason = failure or self._reason(metrics, findings, unparsable)
-        return TapResult(self.status, metrics, timings, usage, reason, self.started, self.first_byte, now,
-                         self.first_body, self.route)
+        findings: StreamFindings | BodyFindings | None = self.stream.findings if self.stream is not None else None
+        unparsable = self.body_too_large or (isinstance(findings, StreamFindings) and findings.gave_up)
+        if findings is None and self.body is not None and failure is None and not self.body_too_large:
+            findings = read_response_body(bytes(self.body))
+            unparsable = findings is None
+        usage = findings.usage if findings is not None else None
+        metrics = findings.metrics if findings is not None else None
+        reason = failure or self._reason(findings, unparsable)
+        return TapResult(self.status, metrics, findings.timings if findings is not None else None, usage, reason,
+                         self.started, self.first_byte, now, self.first_body, self.route,
+                         findings.sglext if findings is not None else None)
 
-    def _reason(self, metrics: object, findings: StreamFindings | None, unparsable: bool) -> str | None:
+    def _reason(self, findings: StreamFindings | BodyFindings | None, unparsable: bool) -> str | None:
         if self.status >= 400:
             return model.HTTP_ERROR
-        if metrics is not None:
+        if findings is not None and (findings.metrics is not None or sglang_spec_details(findings.sglext) is not None):
             return None
         if self.request is not None and self.request.n > 1:
             return model.N_GT_1
@@ -84,8 +81,10 @@ class Exchange:
             return model.MULTI_PROMPT
         if unparsable or self.mode == PASS:
             return model.UNPARSABLE
-        if findings is not None and not findings.saw_usage:
+        if isinstance(findings, StreamFindings) and not findings.saw_usage:
             return model.NO_USAGE
+        if findings is not None and findings.sglang and not (self.request and self.request.spec_details_requested):
+            return model.SPEC_DETAILS_NOT_REQUESTED
         return model.NOT_ENABLED
 
 

@@ -211,6 +211,7 @@ class RequestReader:
             usage_injected=plan.usage_injected,
             prompt_chars=plan.prompt_chars,
             prompt_tokens=plan.prompt_tokens,
+            spec_details_requested=plan.spec_details_requested,
         )
         return raw_head + body
 

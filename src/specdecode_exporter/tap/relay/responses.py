@@ -239,6 +239,10 @@ class ResponseReader:
                 self._chunk.clear()
                 kept = stripper.feed(payload)
                 if kept:
+                    if stripper.released:  # a held event let go before this chunk's events: in a chunk of its own
+                        cut, stripper.released = stripper.released, 0
+                        out.append(frame_chunk(kept[:cut]))
+                        kept = kept[cut:]
                     out.append(frame_chunk(kept))
             else:
                 self._chunk.append(piece)
