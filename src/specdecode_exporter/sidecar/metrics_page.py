@@ -43,12 +43,17 @@ class PageFormat:
 
 
 def _page_formats() -> dict[str, PageFormat]:
-    """Every format the page is written in, by the media type and escaping they answer: Prometheus text 0.0.4;
-    text 1.0.0 and OpenMetrics 1.0.0, each under the four name escapings Prometheus 3 may ask for."""
+    """Every format the page is written in, by the media type and name escaping they answer: Prometheus text
+    0.0.4; text 1.0.0 under the four escapings Prometheus 3 may ask for; OpenMetrics 1.0.0 under two of them.
+    prometheus_client 0.26's OpenMetrics encoder escapes a sample's whole name under dots and values escaping
+    (``specdecode__up__bucket``, ``U__specdecode__up``) where # TYPE names its family (``specdecode__up``,
+    ``specdecode_up``; client_python #1177): pages a strict parser rejects. A scraper asking for those gets its
+    next choice (Prometheus: text 1.0.0 with the same escaping, which the text encoder writes consistently)."""
     formats = {"text/plain": PageFormat(CONTENT_TYPE_PLAIN_0_0_4, text_encoder)}
     for escaping in ESCAPINGS:
         formats[f"text/plain;{escaping}"] = PageFormat(f"{CONTENT_TYPE_PLAIN_1_0_0}; escaping={escaping}",
                                                        partial(text_encoder, escaping=escaping))
+    for escaping in (UNDERSCORES, ALLOWUTF8):
         formats[f"application/openmetrics-text;{escaping}"] = PageFormat(
             f"{CONTENT_TYPE_OPENMETRICS}; escaping={escaping}",
             partial(openmetrics_encoder, escaping=escaping, version="1.0.0"))
@@ -81,26 +86,30 @@ def by_quality(header: str) -> list[str]:
     return [entry for q, _, entry in sorted(entries, key=lambda e: (-e[0], e[1])) if q > 0]
 
 
-def format_of(content_type: str) -> PageFormat:
-    """The page format for the content type choose_encoder answered: its media type and escaping (the version it
-    echoes from the client, any from 1.0.0 up, is not kept: the body is OpenMetrics 1.0.0 whatever was named)."""
+def format_of(content_type: str) -> PageFormat | None:
+    """The page format for the content type choose_encoder answered, by its media type and escaping (the version
+    it echoes from the client, any from 1.0.0 up, is not kept: the body is OpenMetrics 1.0.0 whatever was named);
+    None for a format the page is not written in."""
     media, *params = (part.strip() for part in content_type.split(";"))
     escaping = next((value for key, _, value in (p.partition("=") for p in params) if key == "escaping"), None)
     if media == "text/plain" and escaping is None:
         return TEXT
-    return PAGE_FORMATS.get(f"{media};{escaping or UNDERSCORES}", TEXT)
+    return PAGE_FORMATS.get(f"{media};{escaping or UNDERSCORES}")
 
 
 def negotiate(accept: str) -> PageFormat:
     """The page format for an Accept header: the first entry, by q-value, that choose_encoder answers with a
-    format of its own, or that a text page satisfies; else text 0.0.4 (a scraper always gets a page)."""
+    format the page is written in, or that a text page satisfies; else text 0.0.4 (a scraper always gets a
+    page)."""
     for entry in by_quality(accept):
         try:
             _, content_type = choose_encoder(entry)
         except (TypeError, ValueError):  # a version it cannot compare (version=1.x): not this entry
             continue
         page_format = format_of(content_type)
-        if page_format is not TEXT or entry.split(";")[0].strip().lower() in TEXT_RANGES:
+        if page_format is TEXT and entry.split(";")[0].strip().lower() not in TEXT_RANGES:
+            continue  # choose_encoder's default for an entry it does not serve (application/json, OpenMetrics 0.0.1)
+        if page_format is not None:
             return page_format
     return TEXT
 
