@@ -29,6 +29,7 @@ from specdecode_exporter.sidecar.status import status_json
 from specdecode_exporter.sidecar.status_page import status_html
 from specdecode_exporter.sidecar.webconfig import BasicAuthMiddleware, WebSecurity
 
+
 def _on_sighup(reloader: Reloader | None) -> Callable[[], None]:
     """Reload on SIGHUP while the app runs (main thread only); returns the undo."""
     if reloader is None:

@@ -5,15 +5,15 @@ samples in the order an engine writes them. vLLM's layouts (exposition.py) and t
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4 as CONTENT_TYPE_TEXT
 from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import Metric
-from prometheus_client.openmetrics import exposition as openmetrics
 from prometheus_client.openmetrics.exposition import ALLOWUTF8
 from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as CONTENT_TYPE_OPENMETRICS
+from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_encoder
 from prometheus_client.registry import Collector
 
 from specdecode_exporter.core.metrics import go_float
@@ -73,6 +73,9 @@ def _metric(family: Family, created: bool, sum_first: bool) -> Metric:
     return metric
 
 
+OPENMETRICS_ENCODER: Callable[..., bytes] = openmetrics_encoder  # the same, typed (its module has no annotations)
+
+
 class _Families(Collector):
     def __init__(self, families: list[Metric]) -> None:
         self._families = families
@@ -91,4 +94,4 @@ def write_text(families: Iterable[Family], *, created: bool, sum_first: bool) ->
 
 def write_openmetrics(families: Iterable[Family]) -> str:
     metrics = [_metric(family, created=True, sum_first=False) for family in families]
-    return openmetrics.generate_latest(_Families(metrics), escaping=ALLOWUTF8).decode()
+    return OPENMETRICS_ENCODER(_Families(metrics), escaping=ALLOWUTF8).decode()
