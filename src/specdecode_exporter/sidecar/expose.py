@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Protocol
 
-from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from specdecode_exporter.core import metrics as m
@@ -60,29 +60,30 @@ class HistogramValue:
 
 def label_names(series: Iterable[tuple[Labels, object]]) -> list[str]:
     """The union of the series' label names, in the order they first appear."""
-    return list(dict.fromkeys(name for labels, _ in series for name in labels))
+    shapes = dict.fromkeys(tuple(labels) for labels, _ in series)
+    return list(dict.fromkeys(name for shape in shapes for name in shape))
 
 
 def family(spec: m.MetricSpec, series: Sequence[tuple[Labels, float | HistogramValue]]) -> Metric:
     """A contract entry's family with these series. Its label names are the union of theirs; a series that lacks
     one has it empty (as node_exporter's textfile collector writes them; Prometheus stores an empty label as none).
-    Bucket bounds are written as Go writes floats (``0.5``, ``1.0``, ``+Inf``)."""
+    A histogram's samples are laid out as HistogramMetricFamily lays them out (buckets, _count, _sum; no _count or
+    _sum where a bound is negative), its bounds written as Go writes floats (``0.5``, ``1.0``, ``+Inf``); the
+    samples are added with their label dicts as they are, not rebuilt from a list of values (half the time at a
+    1 MB target's 18k samples)."""
     names = label_names(series)
-    out: CounterMetricFamily | GaugeMetricFamily | HistogramMetricFamily
-    if spec.type == "histogram":
-        out = HistogramMetricFamily(spec.name, spec.help, labels=names)
-    elif spec.type == "counter":
-        out = CounterMetricFamily(spec.name, spec.help, labels=names)
-    else:
-        out = GaugeMetricFamily(spec.name, spec.help, labels=names)
+    out = Metric(spec.name, spec.help, spec.type)
     for labels, value in series:
-        values = [labels.get(name, "") for name in names]
+        if len(labels) != len(names):
+            labels = {name: labels.get(name, "") for name in names}
         if isinstance(value, HistogramValue):
-            assert isinstance(out, HistogramMetricFamily)
-            out.add_metric(values, [(go_float(le), count) for le, count in value.buckets], value.total)
+            for le, count in value.buckets:
+                out.add_sample(spec.name + "_bucket", {**labels, "le": go_float(le)}, count)
+            if value.buckets[0][0] >= 0:
+                out.add_sample(spec.name + "_count", labels, value.buckets[-1][1])
+                out.add_sample(spec.name + "_sum", labels, value.total)
         else:
-            assert not isinstance(out, HistogramMetricFamily)
-            out.add_metric(values, value)
+            out.add_sample(spec.exposed_name, labels, value)
     return out
 
 
