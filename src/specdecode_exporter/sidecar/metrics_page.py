@@ -28,9 +28,9 @@ from specdecode_exporter.sidecar.proxy import TapRuntime
 from specdecode_exporter.sidecar.reload import ReloadCollector, Reloader
 from specdecode_exporter.tap.request_stats import NO_REQUESTS
 
-# Chosen by measurement on a real-size page (docs/performance.md): level 1 is within 10 % of level 6's size at
-# about a third of its CPU; 6 and 9 cost several times more for a few percent.
-GZIP_LEVEL = 1
+# Measured on the pages (docs/performance.md): 3 costs what 1 does (0.23 ms at a real vLLM page's 31 KiB, 5.1 ms at
+# a 1 MB target's 2.2 MB) for 3-13 % less; 6 takes 2.5-3 times the CPU for 10-14 % less, 9 up to 7 times.
+GZIP_LEVEL = 3
 ESCAPINGS = (UNDERSCORES, DOTS, VALUES, ALLOWUTF8)
 
 
