@@ -36,10 +36,9 @@ REST = "event loop and the rest"
 GC = "cyclic GC"
 _COLLECTION = "specdecode_exporter.sidecar.collection"
 _H11 = "uvicorn.protocols.http.h11_impl"
-_TRANSPORT = "specdecode_exporter.pipeline.transport"
 # (part, [(module, attribute path)]): the functions whose CPU time is that part.
 PARTS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
-    ("fetch (HTTP client)", (("specdecode_exporter.sidecar.collection", "fetch"),)),
+    ("fetch (httpx; its socket reads are the loop's)", (("specdecode_exporter.sidecar.collection", "fetch"),)),
     ("decode + store", (("specdecode_exporter.sidecar.collection", "TargetCollector.selected"),
                         ("specdecode_exporter.sidecar.collection", "TargetCollector.decode_selection"),
                         ("specdecode_exporter.sidecar.collection", "TargetCollector.store_decoded"))),
@@ -53,9 +52,7 @@ PARTS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
     ("scrape: HTTP server (uvicorn, starlette)", ((_H11, "H11Protocol.data_received"),
                                                   (_H11, "RequestResponseCycle.run_asgi"))),
     ("status model", (("specdecode_exporter.sidecar.web", "status_json"),)),
-    ("uvicorn's main loop (woken only to stop)", (("specdecode_exporter.core.httpserver", "QuietServer.main_loop"),)),
-    ("socket reads (the client's protocol callbacks)", ((_TRANSPORT, "_Connection.data_received"),
-                                                        (_TRANSPORT, "_Connection.eof_received"))),
+    ("uvicorn's main loop (a tick every 0.1 s)", (("uvicorn.server", "Server.main_loop"),)),
     ("logging", (("logging", "Logger.handle"),)),
 )
 

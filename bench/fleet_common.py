@@ -100,7 +100,7 @@ def sidecar_page(workdir: Path, rounds: int = 2) -> bytes:
         tap_port = free_port()
         sidecar = stack.enter_context(running("sidecar", lambda port: [
             *cli, "run", "--target", f"{simulator.url}/metrics", "--web.listen-address", f"127.0.0.1:{port}",
-            "--collect.interval", "1s", "--proxy.listen-address", f"127.0.0.1:{tap_port}"], workdir, "/healthz"))
+            "--collect.interval", "1s", "--tap.listen-address", f"127.0.0.1:{tap_port}"], workdir, "/healthz"))
         with httpx.Client(base_url=f"http://127.0.0.1:{tap_port}", timeout=30, trust_env=False) as client:
             for _, workload, temperature, stream in itertools.product(range(rounds), WORKLOADS, TEMPERATURES,
                                                                       (True, False)):

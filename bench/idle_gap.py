@@ -2,9 +2,9 @@
 
 The whole process (bench/whole_process.py) costs ~1.4 ms of CPU per collection of the real-size page, the pipeline
 in process a fraction of that, and the breakdown (bench/breakdown.py) leaves a quarter to "the event loop and the
-rest". This measures what an idle second alone costs: one TargetCollector (the real fetch over the lean client,
-decode, store and views) collects a moving real-size target in this process on uvloop, back to back, then after
-sleeping ``gap`` seconds before each collection. CPU is the process's CPU clock around each collection
+rest". This measures what an idle second alone costs: one TargetCollector (the real fetch over the target's httpx
+client, decode, store and views) collects a moving real-size target in this process on uvloop, back to back, then
+after sleeping ``gap`` seconds before each collection. CPU is the process's CPU clock around each collection
 (time.process_time: sleeping costs nothing), the median of the collections at each gap. The work is the same at
 every gap; what grows with the gap is what a collection finds gone meanwhile (caches that the machine's other
 processes used, the core's clock), so the figure depends on the machine: on a shared one it is most of the whole

@@ -303,7 +303,7 @@ def run_idle_gap(rep: Report, body: bytes) -> None:
     costs = idle_gap.measure(body)
     hot = costs[0].median
     rep.add("\nThe same collection back to back and after an idle gap (bench/idle_gap.py): one TargetCollector in the "
-            "bench's own process (the lean client's fetch, decode, store, views; nothing scraped or rendered) "
+            "bench's own process (the fetch over httpx, decode, store, views; nothing scraped or rendered) "
             "collecting this page, moving, from the static server, with the loop asleep for the gap before each "
             "collection; CPU = the process's CPU clock around each collection, the median. The work is the same at "
             "every gap: what grows is what a collection finds evicted meanwhile (caches: the loop spinning through "
@@ -369,7 +369,7 @@ def run_tap(rep: Report, size: tap_bench.BenchSize) -> list[dict[str, Any]]:
     rep.table(tap_bench.TABLE_HEADER, tap_bench.table_cells(rows))
     routing = tap_bench.routing_lines(measured)
     if routing:
-        rep.add("\n" + " ".join(routing) + " With routing on (proxy.route, enforce) the relay decides every request's "
+        rep.add("\n" + " ".join(routing) + " With routing on (tap.route, enforce) the relay decides every request's "
                 "pool, routes the one class after 5 requests (95 % then go to the fallback, here the same fake "
                 "vLLM on connections of their own), switches a keep-alive connection's pool and adds the "
                 "x-specdecode-route header; the per-chunk path is the same.\n")

@@ -173,7 +173,7 @@ def _sidecar_with_tap(target: str, interval: str, upstream: str) -> Iterator[tup
     tap_port = free_port()
     config = {"collect": {"interval": interval}, "windows": ["1m", "5m", "15m", "1h"],
               "targets": [{"name": "vllm", "url": target, "timeout": "3s"}],
-              "proxy": {"listen_address": f"127.0.0.1:{tap_port}", "upstream": upstream}}
+              "tap": {"listen_address": f"127.0.0.1:{tap_port}", "upstream": upstream}}
     with tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
         path = Path(tmp) / "config.yaml"
         path.write_text(json.dumps(config))

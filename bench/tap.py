@@ -40,7 +40,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -60,7 +60,7 @@ FLOOR = "raw-relay-uvloop"  # bytes relayed, nothing parsed: what the relays' CP
 CHECKED = "checked-relay-uvloop"  # the floor plus the tap's per-chunk check on each upstream read: what a relay that
 # must find the events it rewrites cannot go below, measured in the same rounds as the tap
 TAP = "tap-uvloop"  # the tap without routing: what the tap with routing on is compared with
-ROUTING = "tap-routing-uvloop"  # the tap with routing on (proxy.route, enforce): the class is routed after 5
+ROUTING = "tap-routing-uvloop"  # the tap with routing on (tap.route, enforce): the class is routed after 5
 # requests, so 95 % of them go to the fallback (the same fake vLLM, on connections of their own) and 5 % stay
 # (the canary): every request takes a decision, and keep-alive connections switch pools.
 
@@ -177,15 +177,18 @@ class _CountingObserver:
 async def _serve_tap(port: int, upstream: str, routing: bool = False) -> None:
     from specdecode_exporter.tap import start_tap
     from specdecode_exporter.tap.request_stats import RequestRecorder
-    from specdecode_exporter.tap.route import ENFORCE, ClassRouter, RouteSettings
+    from specdecode_exporter.tap.route import ClassRouter
+    from specdecode_exporter.tap.settings import ENFORCE, RouteSettings, TapSettings
 
+    settings = TapSettings(listen_address=f"127.0.0.1:{port}", upstream=upstream, target="vllm")
     if not routing:
-        await start_tap("127.0.0.1", port, upstream, _CountingObserver())
+        await start_tap("127.0.0.1", port, settings, _CountingObserver())
     else:
         # The fake vLLM's α is 0.76: a break-even of 0.9 routes its one class after min_requests.
-        settings = RouteSettings(upstream, mode=ENFORCE, min_requests=5)
-        router = ClassRouter(settings, RequestRecorder().band_key, lambda model: 0.9)
-        await start_tap("127.0.0.1", port, upstream, router, router=router, fallback_upstream=upstream)
+        settings = replace(settings, route=RouteSettings(upstream, mode=ENFORCE, min_requests=5))
+        assert settings.route is not None
+        router = ClassRouter(settings.route, RequestRecorder(settings).band_key, lambda model: 0.9)
+        await start_tap("127.0.0.1", port, settings, router, router=router)
     await asyncio.Event().wait()
 
 

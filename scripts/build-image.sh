@@ -120,7 +120,7 @@ CONTAINERS+=("$sim")
 sidecar="$(podman "${PODMAN_OPTS[@]}" run -d "${RESTRICTED[@]}" --health-interval disable \
   -e "SPECDECODE_WEB_LISTEN_ADDRESS=127.0.0.1:$SIDECAR_PORT" "$TAG" run \
   --target "vllm=http://127.0.0.1:$SIM_PORT/metrics" --collect.interval 1s \
-  --proxy.listen-address "127.0.0.1:$TAP_PORT" 2> >(grep -v 'systemd connection' >&2))"
+  --tap.listen-address "127.0.0.1:$TAP_PORT" 2> >(grep -v 'systemd connection' >&2))"
 CONTAINERS+=("$sidecar")
 log "simulator :$SIM_PORT, sidecar :$SIDECAR_PORT, tap :$TAP_PORT (read-only root, uid 65532, no capabilities)"
 

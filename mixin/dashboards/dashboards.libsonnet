@@ -1719,7 +1719,7 @@ local utils = import '../lib/utils.libsonnet';
             "type": "prometheus",
             "uid": "${datasource}"
           },
-          "description": "One observation per completion request through the request tap: that request's own α from vLLM's per-request metrics (--per-request-spec-decode-metrics summary). A band of mass below the page threshold is traffic spec decode slows down, however healthy the aggregate α looks. Empty without the tap (--proxy.listen-address).",
+          "description": "One observation per completion request through the request tap: that request's own α from vLLM's per-request metrics (--per-request-spec-decode-metrics summary). A band of mass below the page threshold is traffic spec decode slows down, however healthy the aggregate α looks. Empty without the tap (--tap.listen-address).",
           "fieldConfig": {
             "defaults": {
               "custom": {
@@ -2267,7 +2267,7 @@ local utils = import '../lib/utils.libsonnet';
           },
           "id": 28,
           "panels": [],
-          "title": "Routing: the traffic spec decode slows down, sent to a pool without it (proxy.route)",
+          "title": "Routing: the traffic spec decode slows down, sent to a pool without it (tap.route)",
           "type": "row"
         },
         {
@@ -2275,7 +2275,7 @@ local utils = import '../lib/utils.libsonnet';
             "type": "prometheus",
             "uid": "${datasource}"
           },
-          "description": "1 while the request tap (proxy.route) sends a class of requests (model, workload, temperature band, and prompt-length band where configured) to the fallback pool: a block of its requests showed α below the break-even. A class routed for long is the SpecDecodeClassRouted ticket: its draft needs attention.",
+          "description": "1 while the request tap (tap.route) sends a class of requests (model, workload, temperature band, and prompt-length band where configured) to the fallback pool: a block of its requests showed α below the break-even. A class routed for long is the SpecDecodeClassRouted ticket: its draft needs attention.",
           "fieldConfig": {
             "defaults": {
               "custom": {

@@ -25,14 +25,13 @@ from specdecode_exporter.sidecar.config import (
     BaselineConfig,
     CollectSection,
     Config,
-    ProxyConfig,
-    RouteConfig,
     TargetConfig,
     WebSection,
     parse_windows,
     split_listen_address,
 )
 from specdecode_exporter.sidecar.proxy import TapRuntime, tap_runtime
+from specdecode_exporter.sidecar.reload import Reloader
 from specdecode_exporter.sidecar.web import build_app
 from specdecode_exporter.simulator import (
     ModelSpec,
@@ -43,7 +42,7 @@ from specdecode_exporter.simulator import (
     steady_scenario,
 )
 from specdecode_exporter.simulator.server import serve_in_thread
-from specdecode_exporter.tap.route import ENFORCE
+from specdecode_exporter.tap.settings import ENFORCE, RouteSettings, TapSettings
 
 DEMO_INTERVAL_SECONDS = 2.0
 DEMO_VERDICT_WINDOW = "1m"
@@ -67,8 +66,8 @@ def demo_config(listen_address: str, spec_url: str, control_url: str) -> Config:
         # until the acceptance gate stops speculation; over 5m its 150 s are diluted by the healthy phase before.
         verdict_window=DEMO_VERDICT_WINDOW,
         web=WebSection(listen_address=listen_address),
-        proxy=ProxyConfig(listen_address="127.0.0.1:0", upstream=spec_url, target=spec.name, drain_timeout=1.0,
-                          route=RouteConfig(control_url, mode=ENFORCE, min_requests=20, canary_share=0.2)),
+        tap=TapSettings(listen_address="127.0.0.1:0", upstream=spec_url, target=spec.name, drain_timeout=1.0,
+                        route=RouteSettings(control_url, mode=ENFORCE, min_requests=20, canary_share=0.2)),
     )
 
 
@@ -134,9 +133,11 @@ def _start_sidecar(config: Config) -> tuple[ThreadedServer, TapRuntime]:
     host, port = split_listen_address(config.web.listen_address)
     exporter = Exporter(config)
     tap = tap_runtime(config, exporter.views, lambda: exporter.config)
-    assert tap is not None, "the demo config has a proxy"
+    assert tap is not None, "the demo config has a tap"
     sock = bind_socket(host, port)
-    return ThreadedServer(build_app(exporter, tap=tap), sock, name="sidecar").start(), tap
+    # POST /-/reload works as under `run`: the demo's configuration is built in, so a reload re-applies it.
+    reloader = Reloader(exporter, lambda: config)
+    return ThreadedServer(build_app(exporter, reloader=reloader, tap=tap), sock, name="sidecar").start(), tap
 
 
 def _print_urls(sidecar: str, spec: str, control: str, tap: str) -> None:

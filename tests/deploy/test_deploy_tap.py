@@ -19,7 +19,7 @@ from specdecode_exporter.sidecar.config import split_listen_address
 
 TAP_EXAMPLE = "deploy/examples/vllm-tap"
 PLAIN_EXAMPLE = "deploy/examples/vllm"
-TAP_FLAG = "--proxy.listen-address="
+TAP_FLAG = "--tap.listen-address="
 TAP_PORT_NAME = "specdecode-tap"
 VLLM_FLAGS = ("--per-request-spec-decode-metrics=summary", "--enable-per-request-metrics")
 FIRST_VLLM_WITH_PER_REQUEST_METRICS = Version("0.29")  # docs/architecture.md §3
@@ -85,10 +85,10 @@ def test_the_tap_forwards_to_the_vllm_in_the_pod() -> None:
     args = [a.replace("/etc/specdecode-exporter/", mounted) for a in _container(pod, SIDECAR)["args"]]
     config = config_from_args(build_parser().parse_args(
         [*args, f"--monitoring.config-file={DEPLOY / 'base' / 'monitoring.yaml'}"]))
-    assert config.proxy is not None, "the tap is off"
-    assert config.proxy.upstream == f"http://127.0.0.1:{vllm_port}"
-    assert split_listen_address(config.proxy.listen_address)[1] == _named_port(pod, TAP_PORT_NAME)[1]
-    assert config.proxy.target == config.targets[0].name
+    assert config.tap is not None, "the tap is off"
+    assert config.tap.upstream == f"http://127.0.0.1:{vllm_port}"
+    assert split_listen_address(config.tap.listen_address)[1] == _named_port(pod, TAP_PORT_NAME)[1]
+    assert config.tap.target == config.targets[0].name
 
 
 def test_vllm_runs_with_the_flags_the_tap_needs() -> None:

@@ -92,7 +92,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             *cli, "simulate", "--web.listen-address", f"127.0.0.1:{port}", "--scenario", str(tmp / "scenario.yaml"),
             "--pace", "false"], tmp, "/health"))
         config = {"targets": [{"name": "vllm", "url": f"{simulator.url}/metrics"}], "collect": {"interval": "1s"},
-                  "proxy": {"listen_address": f"127.0.0.1:{tap_port}", "temperature_bands": BANDS}}
+                  "tap": {"listen_address": f"127.0.0.1:{tap_port}", "temperature_bands": BANDS}}
         (tmp / "sidecar.yaml").write_text(yaml.safe_dump(config))
         sidecar = started.enter_context(running("sidecar", lambda port: [
             *cli, "run", "--config.file", str(tmp / "sidecar.yaml"), "--web.listen-address", f"127.0.0.1:{port}"],
@@ -183,7 +183,7 @@ def test_the_average_hides_what_the_tap_shows(stack: Stack, answered: list[Answe
     below = sum(a.alpha < 0.5 for a in answered) / len(answered)
     assert below == pytest.approx(0.4, abs=0.02)
     samples = sidecar_samples(stack.sidecar)
-    # The per-request histogram is per model (proxy.class_histograms is off): no workload or temperature label.
+    # The per-request histogram is per model (tap.class_histograms is off): no workload or temperature label.
     buckets = {s.labels["le"]: s.value for s in samples if s.name == "specdecode_request_acceptance_ratio_bucket"
                and "workload" not in s.labels and "temperature" not in s.labels}
     [count] = [s.value for s in samples if s.name == "specdecode_request_acceptance_ratio_count"]

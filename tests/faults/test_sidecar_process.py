@@ -3,6 +3,7 @@ POST /-/reload → new config without losing window state; TLS and basic auth fr
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -14,6 +15,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import bcrypt
 import httpx
 import pytest
 
@@ -21,6 +23,7 @@ from specdecode_exporter.core import metrics
 from specdecode_exporter.sidecar.collection import Exporter
 from specdecode_exporter.sidecar.config import Config, TargetConfig, config_from_mapping, parse_windows
 from specdecode_exporter.sidecar.reload import Reloader
+from specdecode_exporter.sidecar.webconfig import BCRYPT_THREADS
 from tests.faults.certs import Certs, leaf
 from tests.faults.conftest import PASSWORD, write
 from tests.faults.hostile import HostileServer, closed_port, scripted, serve, silent, v1_body
@@ -69,17 +72,17 @@ def test_bad_web_config_flag_is_exit_code_2(tmp_path: Path) -> None:
 
 
 def test_the_tap_pointed_at_itself_is_one_line_and_exit_code_2() -> None:
-    """--proxy.upstream the tap's own address: refused at the start, not a loop of requests to itself."""
+    """--tap.upstream the tap's own address: refused at the start, not a loop of requests to itself."""
     tap = closed_port()
     try:
         result = run_cli("run", "--web.listen-address", f"127.0.0.1:{closed_port()}", "--target",
-                         f"http://127.0.0.1:{closed_port()}/metrics", "--proxy.listen-address", f"127.0.0.1:{tap}",
-                         "--proxy.upstream", f"http://127.0.0.1:{tap}", timeout=15)
+                         f"http://127.0.0.1:{closed_port()}/metrics", "--tap.listen-address", f"127.0.0.1:{tap}",
+                         "--tap.upstream", f"http://127.0.0.1:{tap}", timeout=15)
     except subprocess.TimeoutExpired:
         pytest.fail("the sidecar started with its tap relaying to itself")
     assert result.returncode == 2, result.stderr
-    assert result.stderr == (f"specdecode-exporter: config error: --proxy.upstream: http://127.0.0.1:{tap} is the "
-                             f"tap's own address (--proxy.listen-address 127.0.0.1:{tap}): the tap would relay every "
+    assert result.stderr == (f"specdecode-exporter: config error: --tap.upstream: http://127.0.0.1:{tap} is the "
+                             f"tap's own address (--tap.listen-address 127.0.0.1:{tap}): the tap would relay every "
                              "request to itself; point it at vLLM\n")
 
 
@@ -324,6 +327,50 @@ def test_a_reloaded_web_certificate_is_served_to_new_connections(tmp_path: Path,
         sidecar.stop()
 
 
+def _threads(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("Threads:")))
+
+
+def test_a_flood_of_wrong_passwords_takes_few_threads_and_a_known_scraper_gets_in(
+        tmp_path: Path, servers: Callable[..., HostileServer]) -> None:
+    """24 clients with unique wrong passwords at once, against a bcrypt hash that takes ~0.3 s a check: they queue
+    for BCRYPT_THREADS threads (with anyio's default pool each would take one of 40, and a core with it), and
+    Prometheus's credentials, checked once and then cached, are let in while the flood is still being checked."""
+    a = servers(scripted(Counting()))
+    slow_hash = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(rounds=11)).decode()
+    web = write(tmp_path / "web.yml", f"basic_auth_users:\n  prometheus: '{slow_hash}'\n")
+    port = closed_port()
+    sidecar = Process(["--target", a.url, "--web.config.file", str(web), "--web.listen-address", f"127.0.0.1:{port}"],
+                      f"http://127.0.0.1:{port}", auth=("prometheus", PASSWORD))
+    url = sidecar.base_url + "/metrics"
+
+    async def flood() -> tuple[list[int], int, int, int]:
+        async with httpx.AsyncClient(timeout=60) as client:
+            wrong = [asyncio.ensure_future(client.get(url, auth=("prometheus", f"wrong-{i}"))) for i in range(24)]
+            peak = _threads(sidecar.proc.pid)
+            for _ in range(15):  # the flood reaches bcrypt
+                await asyncio.sleep(0.02)
+                peak = max(peak, _threads(sidecar.proc.pid))
+            known = await client.get(url, auth=("prometheus", PASSWORD))
+            pending = sum(not request.done() for request in wrong)
+            while not all(request.done() for request in wrong):
+                await asyncio.sleep(0.02)
+                peak = max(peak, _threads(sidecar.proc.pid))
+            return [(await request).status_code for request in wrong], known.status_code, pending, peak
+
+    try:
+        sidecar.wait_until(lambda: sidecar.metrics().get("specdecode_up") == 1)  # the first login: bcrypt, cached
+        before = _threads(sidecar.proc.pid)
+        statuses, known, pending, peak = asyncio.run(flood())
+    finally:
+        stderr = sidecar.stop()
+    assert statuses == [401] * 24 and known == 200
+    assert pending > 0, "the known scraper waited until the flood had been checked"
+    assert peak <= before + BCRYPT_THREADS, (before, peak)
+    assert stderr.count("basic auth failed") == 24 and PASSWORD not in stderr
+
+
 def _ca_context(certs: Certs) -> ssl.SSLContext:
     return ssl.create_default_context(cafile=str(certs.ca))
 
@@ -337,8 +384,6 @@ def _client_context(certs: Certs) -> ssl.SSLContext:
 # ---------- reload, exactly, in process ----------
 
 def test_apply_config_keeps_state_of_targets_that_stay(servers: Callable[..., HostileServer]) -> None:
-    import asyncio
-
     a, b = servers(scripted(Counting())), servers(scripted(Counting()))
     clock = FakeClock()
     windows = parse_windows("1m", "w")
@@ -400,14 +445,14 @@ def test_reload_applies_log_level_and_format(tmp_path: Path, servers: Callable[.
 
 def test_sigterm_lets_streams_through_the_tap_finish(tmp_path: Path) -> None:
     """A pod rollout: SIGTERM while a stream runs through the request tap. The stream completes (the tap drains
-    for up to proxy.drain_timeout), is recorded, and the sidecar exits 0 right after."""
+    for up to tap.drain_timeout), is recorded, and the sidecar exits 0 right after."""
     from devtools.procs import exporter_command, running
 
     with running("simulator", lambda p: [*exporter_command(), "simulate", "--web.listen-address",
                                          f"127.0.0.1:{p}", "--acceptance-rate", "0.7"], tmp_path, "/health") as sim:
         port, tap = closed_port(), closed_port()
         config = write(tmp_path / "c.yml", config_text({"vllm": f"{sim.url}/metrics"})
-                       + f"proxy: {{listen_address: '127.0.0.1:{tap}', drain_timeout: 10s}}\n")
+                       + f"tap: {{listen_address: '127.0.0.1:{tap}', drain_timeout: 10s}}\n")
         sidecar = Process(["--config.file", str(config), "--web.listen-address", f"127.0.0.1:{port}"],
                           f"http://127.0.0.1:{port}")
         try:

@@ -57,7 +57,7 @@ def tapped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tapped]:
     with running("simulator", lambda p: [*cli, "simulate", "--web.listen-address", f"127.0.0.1:{p}",
                                          "--acceptance-rate", "0.7", "--pace", "false"], tmp, "/health") as sim, \
             running("sidecar", lambda p: [*cli, "run", "--target", f"{sim.url}/metrics", "--web.listen-address",
-                                          f"127.0.0.1:{p}", "--proxy.listen-address", f"127.0.0.1:{tap_port}"],
+                                          f"127.0.0.1:{p}", "--tap.listen-address", f"127.0.0.1:{tap_port}"],
                     tmp, "/healthz") as sidecar:
         yield Tapped(sidecar, tap_port)
         assert sidecar.alive(), tail(sidecar.log)

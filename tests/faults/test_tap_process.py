@@ -67,7 +67,7 @@ class Tapped:
 
 def sidecar_with_tap(tmp: Path, simulator_url: str, tap_port: int) -> Callable[[int], list[str]]:
     return lambda port: [*exporter_command(), "run", "--target", f"{simulator_url}/metrics", "--web.listen-address",
-                         f"127.0.0.1:{port}", "--proxy.listen-address", f"127.0.0.1:{tap_port}",
+                         f"127.0.0.1:{port}", "--tap.listen-address", f"127.0.0.1:{tap_port}",
                          "--collect.interval", "1s"]
 
 
@@ -152,4 +152,4 @@ def test_the_tap_process_run_by_hand_says_what_it_is_in_one_line() -> None:
     result = subprocess.run([sys.executable, "-m", "specdecode_exporter.tap"], capture_output=True, text=True,
                             timeout=30)
     assert result.returncode == 2
-    assert len(result.stderr.strip().splitlines()) == 1 and "--proxy.listen-address" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "--tap.listen-address" in result.stderr

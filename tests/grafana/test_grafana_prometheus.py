@@ -104,9 +104,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         (tmp / "sidecar.yaml").write_text(yaml.safe_dump(sidecar_config(simulator.url, control.url)))
         sidecar = started.enter_context(running("sidecar", lambda port: [
             *cli, "run", "--config.file", str(tmp / "sidecar.yaml"), "--web.listen-address", f"127.0.0.1:{port}",
-            "--proxy.listen-address", f"127.0.0.1:{tap_port}",
+            "--tap.listen-address", f"127.0.0.1:{tap_port}",
             # routing in observe mode: every class is judged and counted, every request still goes to the simulator
-            "--proxy.route.fallback-upstream", control.url], tmp, "/healthz"))
+            "--tap.route.fallback-upstream", control.url], tmp, "/healthz"))
         sidecar_address = sidecar.url.removeprefix("http://")
         config = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "900ms"},

@@ -1,6 +1,6 @@
 """Routing end to end, as a user runs it: two simulated pools of one model (`simulate`: one with speculative
 decoding, one with `--spec-decode false`), the sidecar (`run`) collecting the first and tapping its API with
-proxy.route, real loopback HTTP, no mocks.
+tap.route, real loopback HTTP, no mocks.
 
 * The class that speculative decoding slows down (workload "summarise", per-request α ≈ 0.15 against the configured
   break-even 0.5) is routed after min_requests; the one it pays for ("chat", α ≈ 0.85) is not.
@@ -73,7 +73,7 @@ def pools(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pools]:
         sidecar = start_sidecar(stack, workdir, {
             "targets": [{"name": "vllm", "url": f"{speculative.url}/metrics"}],
             "collect": {"interval": "1s"},
-            "proxy": {"listen_address": tap, "route": {
+            "tap": {"listen_address": tap, "route": {
                 "fallback_upstream": fallback.url, "mode": "enforce", "min_requests": MIN_REQUESTS,
                 "canary_share": CANARY_SHARE}},
         })
@@ -199,7 +199,7 @@ def test_a_block_that_ends_within_a_second_of_the_first_collection_is_judged(poo
         sidecar = start_sidecar(stack, tmp_path, {
             "targets": [{"name": "vllm", "url": f"{pools.speculative.url}/metrics"}],
             "collect": {"interval": "1s"},
-            "proxy": {"listen_address": tap, "route": {
+            "tap": {"listen_address": tap, "route": {
                 "fallback_upstream": pools.fallback.url, "mode": "enforce", "min_requests": 4}},
         }, name="fresh-sidecar")
         _wait(lambda: _status(sidecar)["series"] and _status(sidecar)["series"][0]["break_even_acceptance_ratio"])

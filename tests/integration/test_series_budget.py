@@ -6,7 +6,7 @@ every feature the sidecar derives has data) is collected and tapped by sidecar p
 
 * default config with the tap on: ≤ 600 series for the model, every workload slot (max_workloads 10 + other +
   unset) × every temperature band (3 + unset) in use, and a hostile client naming 60 workloads and 50 models;
-* the same with proxy.class_histograms: the per-request histograms by class, at exactly their stated cost;
+* the same with tap.class_histograms: the per-request histograms by class, at exactly their stated cost;
 * the same with routing (observe mode): routing's per-class series, at their stated cost.
 
 The counts per feature are printed (`pytest -s`): they are the table of docs/series.md.
@@ -31,17 +31,19 @@ from devtools.procs import Process, free_port
 from devtools.stack import start_sidecar, start_simulator
 from specdecode_exporter.core import metrics as m
 from specdecode_exporter.core import monitoring_config
-from specdecode_exporter.tap.request_stats import LENGTH_BUCKETS, SPEED_BUCKETS, TapSettings
+from specdecode_exporter.tap.request_stats import LENGTH_BUCKETS, MAX_MODELS, SPEED_BUCKETS
+from tests.tap.harness import tap_settings
 
 pytestmark = pytest.mark.timeout(300)
 
 BUDGET = 600
+DEFAULTS = tap_settings()  # the declared defaults: max_workloads
 MODEL = "m"
 # Three α levels, so that requests fall in every acceptance band of the speed histogram.
-WORKLOADS = [f"w{i}" for i in range(TapSettings().max_workloads + 2)]  # the last two become "other"
+WORKLOADS = [f"w{i}" for i in range(DEFAULTS.max_workloads + 2)]  # the last two become "other"
 ALPHAS = (0.3, 0.58, 0.9)
 TEMPERATURES = (0.1, 0.5, 0.9, None)  # the three bands of the default edges 0.3, 0.7, and unset
-CLASSES = (TapSettings().max_workloads + 2) * len(TEMPERATURES)  # + other + unset workloads
+CLASSES = (DEFAULTS.max_workloads + 2) * len(TEMPERATURES)  # + other + unset workloads
 SCENARIO = {"name": "budget", "models": [{
     "name": MODEL, "num_speculative_tokens": 3, "drafts_per_second": 100,
     "workloads": [{"name": w, "acceptance_rate": ALPHAS[i % 3], "temperature": 0.0} for i, w in enumerate(WORKLOADS)]}]}
@@ -117,12 +119,12 @@ class Pods:
     routing: Pod
 
 
-def _sidecar(stack: contextlib.ExitStack, workdir: Path, name: str, upstream: str, **proxy: object) -> Pod:
+def _sidecar(stack: contextlib.ExitStack, workdir: Path, name: str, upstream: str, **settings: object) -> Pod:
     tap = f"127.0.0.1:{free_port()}"
     sidecar = start_sidecar(stack, workdir, {
         "targets": [{"name": "vllm", "url": f"{upstream}/metrics"}],
         "collect": {"interval": "1s"},  # only how soon every window has data: no series depend on it
-        "proxy": {"listen_address": tap, **proxy},
+        "tap": {"listen_address": tap, **settings},
     }, name=name)
     return Pod(sidecar, f"http://{tap}")
 
@@ -208,7 +210,7 @@ def test_one_model_fits_the_budget_at_the_default_config(pods: Pods) -> None:
     assert count.by_feature["measured variance"] == 3 + len(WINDOWS)
     assert "routing" not in count.by_feature
     # The hostile names are capped: the model names a page can carry are max_models + other.
-    assert MODEL in count.models and len(count.models) <= TapSettings().max_models + 1
+    assert MODEL in count.models and len(count.models) <= MAX_MODELS + 1
 
 
 def samples(pod: Pod, name: str) -> list[dict[str, str]]:
@@ -272,7 +274,7 @@ def test_every_class_slot_is_in_use(pods: Pods) -> None:
 def test_class_histograms_cost_what_the_docs_state(pods: Pods) -> None:
     default = settled(pods.default, complete)
     drilled = settled(pods.class_histograms, complete)
-    report("with proxy.class_histograms", drilled)
+    report("with tap.class_histograms", drilled)
     extra = drilled.by_feature["per-request histograms"] - default.by_feature["per-request histograms"]
     # The α and mean-length histograms once per class instead of once per model.
     assert extra == (CLASSES - 1) * (ACCEPTANCE_SERIES + LENGTH_SERIES)

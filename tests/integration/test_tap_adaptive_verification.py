@@ -87,7 +87,7 @@ def _sidecar(stack: contextlib.ExitStack, workdir: Path, upstream: str, fallback
     sidecar = start_sidecar(stack, workdir, {
         "targets": [{"name": "vllm", "url": f"{upstream}/metrics", "adaptive_verification": adaptive}],
         "collect": {"interval": "1s"},
-        "proxy": {"listen_address": tap, "route": {"fallback_upstream": fallback, "mode": "enforce",
+        "tap": {"listen_address": tap, "route": {"fallback_upstream": fallback, "mode": "enforce",
                                                    "min_requests": 50}},
     }, name=name)
     return sidecar, f"http://{tap}"

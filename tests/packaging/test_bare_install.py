@@ -55,7 +55,7 @@ def start_bare_sidecar(stack: contextlib.ExitStack, workdir: Path, target: str, 
     exe = runtime_bin("specdecode-exporter")
     proc = start_process("bare-sidecar", lambda port: [
         str(exe), "run", "--target", target, "--collect.interval", "0.5s",
-        "--web.listen-address", f"127.0.0.1:{port}", "--proxy.listen-address", f"127.0.0.1:{tap_port}",
+        "--web.listen-address", f"127.0.0.1:{port}", "--tap.listen-address", f"127.0.0.1:{tap_port}",
     ], workdir, "/healthz", env=child_env({"PYTHONPROFILEIMPORTTIME": "1"}, drop=("PYTHONPATH",)))
     stack.callback(proc.stop)
     return proc

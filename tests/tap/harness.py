@@ -13,6 +13,8 @@ from typing import Any
 import uvloop
 
 from specdecode_exporter.tap import Tap, TapRequest, TapResult, start_tap
+from specdecode_exporter.tap.relay import DEFAULT_MAX_INSPECT_BODY
+from specdecode_exporter.tap.settings import RouteSettings, TapSettings
 from tests.tap.fake_vllm import FakeVllm
 
 LOOPS = ["asyncio", "uvloop"]
@@ -42,11 +44,21 @@ class Recorder:
         return self.seen
 
 
+def tap_settings(upstream: str = "http://127.0.0.1:1", fallback: str | None = None, **changes: Any) -> TapSettings:
+    """The tap's settings as the sidecar hands them to its process: relaying to ``upstream`` (routing to
+    ``fallback``), the declared defaults but for ``changes``."""
+    return TapSettings(listen_address="127.0.0.1:0", upstream=upstream, target="vllm",
+                       route=RouteSettings(fallback) if fallback else None, **changes)
+
+
 @contextlib.asynccontextmanager
-async def tapped(**options: Any) -> AsyncIterator[tuple[FakeVllm, Tap, Recorder]]:
+async def tapped(max_inspect_body: int = DEFAULT_MAX_INSPECT_BODY, **settings: Any
+                 ) -> AsyncIterator[tuple[FakeVllm, Tap, Recorder]]:
+    """A tap in front of a fake vLLM; ``settings``: tap settings other than the defaults."""
     fake = await FakeVllm().start()
     recorder = Recorder()
-    tap = await start_tap("127.0.0.1", 0, fake.url, recorder, **options)
+    tap = await start_tap("127.0.0.1", 0, tap_settings(fake.url, **settings), recorder,
+                          max_inspect_body=max_inspect_body)
     try:
         yield fake, tap, recorder
     finally:

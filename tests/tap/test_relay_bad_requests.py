@@ -18,9 +18,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from specdecode_exporter.core.httpserver import QuietServer, bind_socket
+from specdecode_exporter.core.httpserver import bind_socket
 from specdecode_exporter.tap import start_tap
-from tests.tap.harness import LOOPS, Recorder, run
+from tests.tap.harness import LOOPS, Recorder, run, tap_settings
 
 KEEP_ALIVE = 1  # uvicorn's timeout_keep_alive here (s): a kept-alive direct connection ends after this
 READ_LIMIT = 5.0  # how long a client waits for the end of its connection before the test calls it a hang
@@ -38,7 +38,7 @@ class Upstream:
         self.sock = bind_socket()
         config = uvicorn.Config(app, http="h11", lifespan="off", log_config=None, access_log=False,
                                 date_header=False, server_header=False, timeout_keep_alive=KEEP_ALIVE)
-        self.server = QuietServer(config)
+        self.server = uvicorn.Server(config)
         self.port = int(self.sock.getsockname()[1])
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 
@@ -58,7 +58,7 @@ def upstream() -> Iterator[Upstream]:
     try:
         yield server
     finally:
-        server.server.request_exit()
+        server.server.should_exit = True
         server.thread.join(5)
         server.sock.close()
 
@@ -118,7 +118,7 @@ def test_what_the_tap_cannot_read_ends_as_a_direct_connection_would(upstream: Up
     raw, closes_at_once = CASES[case]
 
     async def main() -> None:
-        tap = await start_tap("127.0.0.1", 0, f"http://127.0.0.1:{upstream.port}", Recorder())
+        tap = await start_tap("127.0.0.1", 0, tap_settings(f"http://127.0.0.1:{upstream.port}"), Recorder())
         try:
             (direct, direct_end), (tapped, tapped_end) = await asyncio.gather(
                 _talk(upstream.port, raw), _talk(tap.port, raw))

@@ -24,6 +24,7 @@ from tests.tap.harness import (
     fetch,
     request_bytes,
     run,
+    tap_settings,
     tapped,
     unanswering_listener,
 )
@@ -68,7 +69,8 @@ def test_upstream_down_gives_a_json_502_at_once(loop: str) -> None:
     async def main() -> None:
         recorder = Recorder()
         # A connect timeout far beyond the test's own limit: a refusal must be answered at once, not timed out.
-        tap = await start_tap("127.0.0.1", 0, f"http://127.0.0.1:{_closed_port()}", recorder, connect_timeout=60.0)
+        tap = await start_tap("127.0.0.1", 0, tap_settings(f"http://127.0.0.1:{_closed_port()}", connect_timeout=60.0),
+                              recorder)
         response = await fetch(tap.port, raw)
         head, _, body = response.partition(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 502 Bad Gateway\r\n") and b"connection: close" in head
@@ -95,7 +97,7 @@ def test_upstream_not_answering_connects_gives_a_502_within_the_connect_timeout(
     async def main() -> None:
         # The kernel retries a dropped SYN for minutes: a 502 that names the connect timeout, within the test's
         # own limit, is the tap's timeout at work.
-        tap = await start_tap("127.0.0.1", 0, f"http://127.0.0.1:{port}", Recorder(), connect_timeout=0.5)
+        tap = await start_tap("127.0.0.1", 0, tap_settings(f"http://127.0.0.1:{port}", connect_timeout=0.5), Recorder())
         response = await fetch(tap.port, request_bytes("/v1/completions", STREAM))
         assert response.startswith(b"HTTP/1.1 502 ") and b"connect timeout" in response
         await tap.close()
@@ -166,7 +168,7 @@ def test_upstream_idle_close_is_mirrored_but_never_loses_a_request_being_read() 
         # upstream closes its connection is HTTP/1.1's keep-alive race, not what this test is about.
         fake = await FakeVllm(max_idle_closes=2).start()
         recorder = Recorder()
-        tap = await start_tap("127.0.0.1", 0, fake.url, recorder)
+        tap = await start_tap("127.0.0.1", 0, tap_settings(fake.url), recorder)
         direct = await fetch(fake.port, raw)  # its connection has no idle timer: the timeout is set only now
         fake.idle_timeout = 0.2
         idle = await Client.open(tap.port)
@@ -261,7 +263,7 @@ def test_close_with_grace_lets_requests_in_flight_finish(loop: str) -> None:
     async def main() -> None:
         fake = await FakeVllm().start()
         recorder = Recorder()
-        tap = await start_tap("127.0.0.1", 0, fake.url, recorder)
+        tap = await start_tap("127.0.0.1", 0, tap_settings(fake.url), recorder)
         raw = request_bytes("/v1/completions", {**STREAM, "max_tokens": 40, "fake_interval": 0.01})
         streaming, idle = await Client.open(tap.port), await Client.open(tap.port)
         await idle.exchange(request_bytes("/v1/models", method="GET"))
@@ -289,7 +291,7 @@ def test_close_cuts_what_outlasts_the_grace(grace: float) -> None:
 
     async def main() -> None:
         fake = await FakeVllm().start()
-        tap = await start_tap("127.0.0.1", 0, fake.url, Recorder())
+        tap = await start_tap("127.0.0.1", 0, tap_settings(fake.url), Recorder())
         client = await Client.open(tap.port)
         await client.send(request_bytes("/v1/completions", {**STREAM, "max_tokens": 500, "fake_interval": 0.01}))
         await client.reader.readuntil(b"data: ")
@@ -318,7 +320,7 @@ def test_bad_upstream_urls() -> None:
             "127.0.0.1:8000",
         ):
             with pytest.raises(ValueError) as error:
-                await start_tap("127.0.0.1", 0, url, Recorder())
+                await start_tap("127.0.0.1", 0, tap_settings(url), Recorder())
             assert "pw" not in str(error.value)
 
     run("asyncio", main)

@@ -11,7 +11,7 @@ import pytest
 from specdecode_exporter.core.log import LOGGER_NAME
 from specdecode_exporter.tap import TapRequest, TapResult
 from tests.tap.fake_vllm import FIXTURES, fixture_events
-from tests.tap.harness import LOOPS, fetch, request_bytes, run, tapped
+from tests.tap.harness import LOOPS, fetch, request_bytes, run, tap_settings, tapped
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -115,7 +115,7 @@ def test_failing_observer_does_not_break_the_relay() -> None:
         from tests.tap.fake_vllm import FakeVllm
 
         fake = await FakeVllm().start()
-        tap = await start_tap("127.0.0.1", 0, fake.url, Broken())
+        tap = await start_tap("127.0.0.1", 0, tap_settings(fake.url), Broken())
         raw = request_bytes(COMPLETIONS, {"prompt": "a", "stream": True})
         direct = await fetch(fake.port, raw)
         for _ in range(3):

@@ -20,7 +20,7 @@ from specdecode_exporter.core.httpserver import ThreadedServer, bind_socket
 from specdecode_exporter.tap import TapRequest, start_tap
 from specdecode_exporter.tap.model import BENEFIT, FALLBACK, Route
 from tests.tap.fake_vllm import FakeVllm
-from tests.tap.harness import Recorder, dechunk, fetch, request_bytes, run
+from tests.tap.harness import Recorder, dechunk, fetch, request_bytes, run, tap_settings
 
 
 def python_style_server() -> Starlette:
@@ -66,7 +66,7 @@ def test_its_usage_event_never_reaches_a_client_that_did_not_ask(python_server: 
 
     async def main() -> None:
         recorder = Recorder()
-        tap = await start_tap("127.0.0.1", 0, python_server, recorder)
+        tap = await start_tap("127.0.0.1", 0, tap_settings(python_server), recorder)
         direct = await fetch(port, request_bytes("/v1/completions", STREAM))
         through = await fetch(tap.port, request_bytes("/v1/completions", STREAM))
         await tap.close()
@@ -89,8 +89,8 @@ def test_as_the_routing_fallback(python_server: str) -> None:
     async def main() -> None:
         speculative = await FakeVllm().start()
         recorder = Recorder()
-        tap = await start_tap("127.0.0.1", 0, speculative.url, recorder, router=AlwaysFallback(),
-                              fallback_upstream=python_server)
+        tap = await start_tap("127.0.0.1", 0, tap_settings(speculative.url, python_server), recorder,
+                              router=AlwaysFallback())
         direct = await fetch(port, request_bytes("/v1/completions", STREAM))
         through = await fetch(tap.port, request_bytes("/v1/completions", STREAM))
         await tap.close()

@@ -27,7 +27,17 @@ from specdecode_exporter.tap.model import (
 )
 from specdecode_exporter.tap.relay.fallback_watch import check_fallback
 from tests.tap.fake_vllm import FakeVllm
-from tests.tap.harness import LOOPS, Client, Recorder, dechunk, fetch, request_bytes, run, unanswering_listener
+from tests.tap.harness import (
+    LOOPS,
+    Client,
+    Recorder,
+    dechunk,
+    fetch,
+    request_bytes,
+    run,
+    tap_settings,
+    unanswering_listener,
+)
 
 COMPLETION = {"model": "tiny", "prompt": "a", "max_tokens": 3}
 HEADER = b"x-specdecode-route"
@@ -51,12 +61,13 @@ class ByWorkload:
 
 
 @contextlib.asynccontextmanager
-async def two_pools(fallback_url: str | None = None, **options: Any
+async def two_pools(fallback_url: str | None = None, router_options: dict[str, Any] | None = None,
+                    fallback_check: tuple[float, float] | None = None, **settings: Any
                     ) -> AsyncIterator[tuple[FakeVllm, FakeVllm, Tap, Recorder, ByWorkload]]:
     speculative, fallback = await FakeVllm().start(), await FakeVllm().start()
-    recorder, router = Recorder(), ByWorkload(**options.pop("router", {}))
-    tap = await start_tap("127.0.0.1", 0, speculative.url, recorder, router=router,
-                          fallback_upstream=fallback_url or fallback.url, **options)
+    recorder, router = Recorder(), ByWorkload(**(router_options or {}))
+    tap = await start_tap("127.0.0.1", 0, tap_settings(speculative.url, fallback_url or fallback.url, **settings),
+                          recorder, router=router, **({"fallback_check": fallback_check} if fallback_check else {}))
     try:
         yield speculative, fallback, tap, recorder, router
     finally:
@@ -373,7 +384,7 @@ def test_fallback_dying_mid_response_cuts_that_response_as_the_pool_would() -> N
 @pytest.mark.parametrize("loop", LOOPS)
 def test_observe_mode_sends_everything_to_the_speculative_pool(loop: str) -> None:
     async def main() -> None:
-        async with two_pools(router={"enforce": False}) as (speculative, fallback, tap, recorder, _):
+        async with two_pools(router_options={"enforce": False}) as (speculative, fallback, tap, recorder, _):
             response = await fetch(tap.port, _completion("slow"))
             assert _route_header(response) == b"speculative; reason=observe"
             assert (len(speculative.exchanges), len(fallback.exchanges)) == (1, 0)
@@ -391,8 +402,8 @@ def test_a_failing_router_sends_to_the_speculative_pool() -> None:
     async def main() -> None:
         speculative, fallback = await FakeVllm().start(), await FakeVllm().start()
         recorder = Recorder()
-        tap = await start_tap("127.0.0.1", 0, speculative.url, recorder, router=Broken(),
-                              fallback_upstream=fallback.url)
+        tap = await start_tap("127.0.0.1", 0, tap_settings(speculative.url, fallback.url), recorder,
+                              router=Broken())
         response = await fetch(tap.port, _completion("slow"))
         assert response.startswith(b"HTTP/1.1 200 ") and _route_header(response) is None
         ((_, result),) = await recorder.wait(1)
@@ -419,7 +430,7 @@ def test_streams_record_when_their_body_started() -> None:
 def test_a_routing_tap_needs_a_fallback() -> None:
     async def main() -> None:
         with pytest.raises(ValueError, match="fallback"):
-            await start_tap("127.0.0.1", 0, "http://127.0.0.1:1", Recorder(), router=ByWorkload())
+            await start_tap("127.0.0.1", 0, tap_settings(), Recorder(), router=ByWorkload())
 
     run("uvloop", main)
 

@@ -24,7 +24,7 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 30) 
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["run", "--web.listen-adress", ":1"], "unrecognized arguments: --web.listen-adress"),
+        (["run", "--web.listen-adress", ":1"], "unknown flag --web.listen-adress"),
         (["run", "--collect.interval", "fast"], "--collect.interval: expected a duration"),
         (["run", "--web.listen-address", "nowhere"], "--web.listen-address: expected host:port"),
         (["run", "--target", "localhost:8000"], "--target: expected an http(s) URL"),
@@ -63,9 +63,9 @@ def test_env_var_is_validated_like_the_flag_and_named() -> None:
     [
         ({"SPECDECODE_COLLECT_TIMEOUT": "soon"}, "SPECDECODE_COLLECT_TIMEOUT: expected a duration"),
         ({"SPECDECODE_TARGET": "localhost:8000"}, "SPECDECODE_TARGET: expected an http(s) URL"),
-        ({"SPECDECODE_PROXY_LISTEN_ADDRESS": "tap"}, "SPECDECODE_PROXY_LISTEN_ADDRESS: expected host:port"),
-        ({"SPECDECODE_PROXY_LISTEN_ADDRESS": ":0", "SPECDECODE_PROXY_ROUTE_FALLBACK_UPSTREAM": "http://127.0.0.1:9",
-          "SPECDECODE_PROXY_ROUTE_MODE": "always"}, "SPECDECODE_PROXY_ROUTE_MODE: expected one of observe, enforce"),
+        ({"SPECDECODE_TAP_LISTEN_ADDRESS": "tap"}, "SPECDECODE_TAP_LISTEN_ADDRESS: expected host:port"),
+        ({"SPECDECODE_TAP_LISTEN_ADDRESS": ":0", "SPECDECODE_TAP_ROUTE_FALLBACK_UPSTREAM": "http://127.0.0.1:9",
+          "SPECDECODE_TAP_ROUTE_MODE": "always"}, "SPECDECODE_TAP_ROUTE_MODE: expected one of observe, enforce"),
     ],
 )
 def test_a_bad_value_in_a_variable_names_the_variable(env: dict[str, str], message: str) -> None:
@@ -75,11 +75,11 @@ def test_a_bad_value_in_a_variable_names_the_variable(env: dict[str, str], messa
     assert message in line, line
 
 
-def test_a_bad_value_in_a_proxy_flag_names_the_flag() -> None:
-    result = run_cli("run", "--proxy.listen-address", ":0", "--proxy.route.fallback-upstream", "http://127.0.0.1:9",
-                     "--proxy.route.mode", "always")
+def test_a_bad_value_in_a_tap_flag_names_the_flag() -> None:
+    result = run_cli("run", "--tap.listen-address", ":0", "--tap.route.fallback-upstream", "http://127.0.0.1:9",
+                     "--tap.route.mode", "always")
     assert result.returncode == 2
-    assert "config error: --proxy.route.mode: expected one of observe, enforce, got 'always'" in result.stderr
+    assert "config error: --tap.route.mode: expected one of observe, enforce, got 'always'" in result.stderr
 
 
 def test_an_unknown_variable_stops_the_start_naming_it() -> None:
@@ -102,18 +102,41 @@ def test_the_other_tools_variables_are_left_to_them() -> None:
 @pytest.mark.parametrize(
     ("args", "line"),
     [
-        (["run", "--collect.intervl", "5s"], "specdecode-exporter run: error: unrecognized arguments: "
-         "--collect.intervl 5s; did you mean --collect.interval? (see specdecode-exporter run --help)"),
-        (["run", "--web.listen-adress=:1"], "specdecode-exporter run: error: unrecognized arguments: "
-         "--web.listen-adress=:1; did you mean --web.listen-address? (see specdecode-exporter run --help)"),
-        (["check", "http://127.0.0.1:9/metrics", "--duraton", "1s"], "specdecode-exporter check: error: "
-         "unrecognized arguments: --duraton 1s; did you mean --duration? (see specdecode-exporter check --help)"),
+        (["run", "--collect.intervl", "5s"], "specdecode-exporter run: error: unknown flag --collect.intervl; did you "
+         "mean --collect.interval? (see specdecode-exporter run --help)"),
+        (["run", "--web.listen-adress=:1"], "specdecode-exporter run: error: unknown flag --web.listen-adress; did you "
+         "mean --web.listen-address? (see specdecode-exporter run --help)"),
+        (["check", "http://127.0.0.1:9/metrics", "--duraton", "1s"], "specdecode-exporter check: error: unknown flag "
+         "--duraton; did you mean --duration? (see specdecode-exporter check --help)"),
+        # The misspelt flag's value was taken for the URL, and the URL left over: the flag is named, not the URL.
+        (["check", "--durration", "3s", "http://127.0.0.1:9/metrics"], "specdecode-exporter check: error: unknown "
+         "flag --durration; did you mean --duration? (see specdecode-exporter check --help)"),
     ],
 )
 def test_a_wrong_flag_gets_did_you_mean_and_the_commands_help(args: list[str], line: str) -> None:
     result = run_cli(*args)
     assert result.returncode == 2
     assert result.stderr == line + "\n"
+
+
+@pytest.mark.parametrize(
+    ("args", "flag", "meant"),
+    [
+        (["run", "--web.listen", "127.0.0.1:0"], "--web.listen", "--web.listen-address"),
+        (["run", "--collect.int", "1s"], "--collect.int", "--collect.interval"),
+        (["check", "--dur", "1s", "http://127.0.0.1:9/metrics"], "--dur", "--duration"),
+        (["probe", "--url", "http://127.0.0.1:9", "--temperature", "0"], "--temperature", "--temperatures"),
+        (["demo", "--web.listen-addr", "127.0.0.1:0"], "--web.listen-addr", "--web.listen-address"),
+        (["simulate", "--acceptance", "0.5"], "--acceptance", "--acceptance-rate"),
+    ],
+)
+def test_an_abbreviated_flag_is_refused_naming_the_whole_one(args: list[str], flag: str, meant: str) -> None:
+    """argparse takes a unique prefix for the flag it begins by default: `probe --temperature 0` ran as
+    --temperatures, and a flag added later could silently change what an old command line means."""
+    result = run_cli(*args)
+    assert result.returncode == 2, result.stderr
+    [line] = result.stderr.splitlines()
+    assert f"unknown flag {flag}; did you mean {meant}?" in line
 
 
 def test_listen_address_in_use_is_one_line_exit_1() -> None:
@@ -183,6 +206,21 @@ def test_check_given_the_base_url_suggests_its_metrics() -> None:
     assert result.returncode == 1
     assert result.stderr == (f"specdecode-exporter check: cannot collect {url}: http_status: HTTP 404 "
                              f"(did you mean {url}/metrics?)\n")
+
+
+def test_check_on_a_vllm_without_spec_decode_says_what_it_found_and_how_to_use_it_as_a_control() -> None:
+    """A control pod's page (no vllm:spec_decode_* counters) is not a failure to collect: check names what it read
+    and the flag that declares it a control; it used to print only `no_spec_metrics`."""
+    server, url = serve_in_thread(Simulator(steady_scenario(ModelSpec(spec_decode=False))))
+    try:
+        result = run_cli("check", url + "/metrics", "--duration", "1s")
+    finally:
+        server.stop()
+    assert result.returncode == 1
+    assert result.stderr == (
+        f"specdecode-exporter check: {url}/metrics: nothing to judge: a vLLM page without spec-decode counters (vLLM "
+        "started without --speculative-config); if this is the control pod, declare it as one: run --control-target "
+        "NAME=URL, or spec_decode: false in the config file\n")
 
 
 def test_check_unreachable_is_one_line_exit_1() -> None:

@@ -73,31 +73,31 @@ def test_a_full_config_loads(tmp_path: Path) -> None:
         ("- 1\n- 2\n", "expected a mapping at the top level"),
         ("targets:\n  - url: 'http://x/m'\n    num_speculative_tokens: 0\n",
          "targets[0].num_speculative_tokens: expected an integer >= 1, got 0"),
-        ("proxy: {listen_adress: ':8001'}\n", "proxy.listen_adress: unknown key (did you mean 'listen_address'?)"),
-        ("proxy: {listen_address: nohost}\n", "proxy.listen_address: expected host:port or :port"),
-        ("proxy: {listen_address: ':8001', upstream: 'https://x:1'}\n", "proxy.upstream: expected http://host:port"),
-        ("proxy: {listen_address: ':8001', target: nope}\n", "proxy.target: 'nope' is not one of the targets"),
-        ("proxy: {listen_address: ':8001', temperature_bands: [0.7, 0.3]}\n", "proxy.temperature_bands: must increase"),
-        ("proxy: {listen_address: ':8001', workload_header: 'a b'}\n", "proxy.workload_header: expected an HTTP"),
-        ("proxy: {listen_address: ':8001', max_workloads: 0}\n",
-         "proxy.max_workloads: expected an integer >= 1, got 0"),
-        ("proxy: {listen_address: ':8001', drain_timeout: soon}\n", "proxy.drain_timeout: expected a duration"),
-        ("proxy: {listen_address: ':8001', route: {mode: enforce}}\n", "proxy.route.fallback_upstream: required"),
-        ("proxy: {listen_address: ':8001', route: {fallback_upstream: 'http://f:1', mdoe: enforce}}\n",
-         "proxy.route.mdoe: unknown key (did you mean 'mode'?)"),
-        ("proxy: {listen_address: ':8001', route: {fallback_upstream: 'http://f:1', mode: route}}\n",
-         "proxy.route.mode: expected one of observe, enforce, got 'route'"),
-        ("proxy: {listen_address: ':8001', route: {fallback_upstream: 'https://f:1'}}\n",
-         "proxy.route.fallback_upstream: expected http://host:port"),
-        ("proxy: {listen_address: ':8001', route: {fallback_upstream: 'http://f:1', min_requests: 1}}\n",
-         "proxy.route.min_requests: expected an integer >= 2, got 1"),
-        ("proxy: {listen_address: ':8001', route: {fallback_upstream: 'http://f:1', canary_share: 1.5}}\n",
-         "proxy.route.canary_share: expected a number above 0 and at most 1, got 1.5"),
-        ("proxy: {listen_address: ':8001', route: {fallback_upstream: 'http://f:1', prompt_length_bands: [9, 3]}}\n",
-         "proxy.route.prompt_length_bands: expected increasing prompt lengths in tokens"),
-        ("proxy: {route: {fallback_upstream: 'http://f:1'}}\n", "proxy.route: routing needs the request tap"),
-        ("proxy: {listen_address: ':8001', class_histograms: 'yes'}\n",
-         "proxy.class_histograms: expected true or false"),
+        ("tap: {listen_adress: ':8001'}\n", "tap.listen_adress: unknown key (did you mean 'listen_address'?)"),
+        ("tap: {listen_address: nohost}\n", "tap.listen_address: expected host:port or :port"),
+        ("tap: {listen_address: ':8001', upstream: 'https://x:1'}\n", "tap.upstream: expected http://host:port"),
+        ("tap: {listen_address: ':8001', target: nope}\n", "tap.target: 'nope' is not one of the targets"),
+        ("tap: {listen_address: ':8001', temperature_bands: [0.7, 0.3]}\n", "tap.temperature_bands: must increase"),
+        ("tap: {listen_address: ':8001', workload_header: 'a b'}\n", "tap.workload_header: expected an HTTP"),
+        ("tap: {listen_address: ':8001', max_workloads: 0}\n",
+         "tap.max_workloads: expected an integer >= 1, got 0"),
+        ("tap: {listen_address: ':8001', drain_timeout: soon}\n", "tap.drain_timeout: expected a duration"),
+        ("tap: {listen_address: ':8001', route: {mode: enforce}}\n", "tap.route.fallback_upstream: required"),
+        ("tap: {listen_address: ':8001', route: {fallback_upstream: 'http://f:1', mdoe: enforce}}\n",
+         "tap.route.mdoe: unknown key (did you mean 'mode'?)"),
+        ("tap: {listen_address: ':8001', route: {fallback_upstream: 'http://f:1', mode: route}}\n",
+         "tap.route.mode: expected one of observe, enforce, got 'route'"),
+        ("tap: {listen_address: ':8001', route: {fallback_upstream: 'https://f:1'}}\n",
+         "tap.route.fallback_upstream: expected http://host:port"),
+        ("tap: {listen_address: ':8001', route: {fallback_upstream: 'http://f:1', min_requests: 1}}\n",
+         "tap.route.min_requests: expected an integer >= 2, got 1"),
+        ("tap: {listen_address: ':8001', route: {fallback_upstream: 'http://f:1', canary_share: 1.5}}\n",
+         "tap.route.canary_share: expected a number above 0 and at most 1, got 1.5"),
+        ("tap: {listen_address: ':8001', route: {fallback_upstream: 'http://f:1', prompt_length_bands: [9, 3]}}\n",
+         "tap.route.prompt_length_bands: expected increasing prompt lengths in tokens"),
+        ("tap: {route: {fallback_upstream: 'http://f:1'}}\n", "tap.route: routing needs the request tap"),
+        ("tap: {listen_address: ':8001', class_histograms: 'yes'}\n",
+         "tap.class_histograms: expected true or false"),
         ("targets:\n  - {name: a, url: 'http://x/m', baseline: {target: a}}\n",
          "targets[0].baseline.target: 'a' is not a target with spec_decode: false"),
         ("targets:\n  - {name: a, url: 'http://x/m', baseline: {}}\n",
@@ -126,64 +126,64 @@ def test_missing_file(tmp_path: Path) -> None:
         load_config_file(str(tmp_path / "nope.yaml"))
 
 
-def test_proxy_defaults_and_a_drain_of_zero() -> None:
+def test_tap_defaults_and_a_drain_of_zero() -> None:
     config = config_from_mapping({"targets": [{"name": "vllm", "url": "http://10.0.0.1:8000/metrics"}],
-                                  "proxy": {"listen_address": ":8001", "drain_timeout": "0s"}}, "f")
-    assert config.proxy is not None
-    assert config.proxy.upstream == "http://10.0.0.1:8000" and config.proxy.target == "vllm"
-    assert config.proxy.drain_timeout == 0.0 and config.proxy.connect_timeout == 3.0
-    assert config.proxy.temperature_bands == (0.3, 0.7) and config.proxy.workload_header == "x-workload"
-    assert config_from_mapping({}, "f").proxy is None
+                                  "tap": {"listen_address": ":8001", "drain_timeout": "0s"}}, "f")
+    assert config.tap is not None
+    assert config.tap.upstream == "http://10.0.0.1:8000" and config.tap.target == "vllm"
+    assert config.tap.drain_timeout == 0.0 and config.tap.connect_timeout == 3.0
+    assert config.tap.temperature_bands == (0.3, 0.7) and config.tap.workload_header == "x-workload"
+    assert config_from_mapping({}, "f").tap is None
 
 
 def test_route_keys_defaults_flags_and_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     data = {"targets": [{"name": "vllm", "url": "http://10.0.0.1:8000/metrics"}],
-            "proxy": {"listen_address": ":8001", "route": {"fallback_upstream": "http://10.0.0.2:8000/"}}}
+            "tap": {"listen_address": ":8001", "route": {"fallback_upstream": "http://10.0.0.2:8000/"}}}
     config = config_from_mapping(data, "f")
-    assert config.proxy is not None and config.proxy.route is not None
-    route = config.proxy.route
+    assert config.tap is not None and config.tap.route is not None
+    route = config.tap.route
     assert (route.fallback_upstream, route.mode, route.min_requests, route.canary_share, route.prompt_length_bands) \
         == ("http://10.0.0.2:8000", "observe", 50, 0.05, ())
-    without = config_from_mapping({"proxy": {"listen_address": ":8001"}}, "f").proxy
+    without = config_from_mapping({"tap": {"listen_address": ":8001"}}, "f").tap
     assert without is not None and without.route is None  # routing off without a fallback
     path = tmp_path / "c.yaml"
-    path.write_text("proxy:\n  listen_address: ':8001'\n  route: {fallback_upstream: 'http://f:1', mode: observe}\n")
-    monkeypatch.setenv(env_name("--proxy.route.canary-share"), "0.2")
+    path.write_text("tap:\n  listen_address: ':8001'\n  route: {fallback_upstream: 'http://f:1', mode: observe}\n")
+    monkeypatch.setenv(env_name("--tap.route.canary-share"), "0.2")
     args = build_parser().parse_args([
-        "run", "--config.file", str(path), "--proxy.route.mode", "enforce", "--proxy.route.min-requests", "20",
-        "--proxy.route.prompt-length-bands", "1024,4096"])
-    flagged = config_from_args(args).proxy
+        "run", "--config.file", str(path), "--tap.route.mode", "enforce", "--tap.route.min-requests", "20",
+        "--tap.route.prompt-length-bands", "1024,4096"])
+    flagged = config_from_args(args).tap
     assert flagged is not None and flagged.route is not None
     assert (flagged.route.fallback_upstream, flagged.route.mode, flagged.route.min_requests,
             flagged.route.canary_share, flagged.route.prompt_length_bands) == ("http://f:1", "enforce", 20, 0.2,
                                                                                (1024, 4096))
-    assert env_name("--proxy.route.fallback-upstream") == "SPECDECODE_PROXY_ROUTE_FALLBACK_UPSTREAM"
-    monkeypatch.setenv(env_name("--proxy.route.fallback-upstream"), "http://g:2")
-    monkeypatch.setenv(env_name("--proxy.listen-address"), ":8002")
-    from_env = config_from_args(build_parser().parse_args(["run"])).proxy
+    assert env_name("--tap.route.fallback-upstream") == "SPECDECODE_TAP_ROUTE_FALLBACK_UPSTREAM"
+    monkeypatch.setenv(env_name("--tap.route.fallback-upstream"), "http://g:2")
+    monkeypatch.setenv(env_name("--tap.listen-address"), ":8002")
+    from_env = config_from_args(build_parser().parse_args(["run"])).tap
     assert from_env is not None and from_env.route is not None and from_env.route.fallback_upstream == "http://g:2"
 
 
 def test_class_histograms_off_by_default_on_by_key_flag_or_env(tmp_path: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    tapped = {"targets": [{"name": "vllm", "url": "http://10.0.0.1:8000/metrics"}], "proxy": {"listen_address": ":1"}}
-    default = config_from_mapping(tapped, "f").proxy
+    tapped = {"targets": [{"name": "vllm", "url": "http://10.0.0.1:8000/metrics"}], "tap": {"listen_address": ":1"}}
+    default = config_from_mapping(tapped, "f").tap
     assert default is not None and default.class_histograms is False
-    keyed = config_from_mapping({**tapped, "proxy": {"listen_address": ":1", "class_histograms": True}}, "f").proxy
+    keyed = config_from_mapping({**tapped, "tap": {"listen_address": ":1", "class_histograms": True}}, "f").tap
     assert keyed is not None and keyed.class_histograms is True
     path = tmp_path / "c.yaml"
-    path.write_text("proxy: {listen_address: ':8001', class_histograms: false}\n")
+    path.write_text("tap: {listen_address: ':8001', class_histograms: false}\n")
     flagged = config_from_args(build_parser().parse_args(
-        ["run", "--config.file", str(path), "--proxy.class-histograms"])).proxy
+        ["run", "--config.file", str(path), "--tap.class-histograms"])).tap
     assert flagged is not None and flagged.class_histograms is True
-    monkeypatch.setenv(env_name("--proxy.class-histograms"), "true")
-    from_env = config_from_args(build_parser().parse_args(["run", "--config.file", str(path)])).proxy
+    monkeypatch.setenv(env_name("--tap.class-histograms"), "true")
+    from_env = config_from_args(build_parser().parse_args(["run", "--config.file", str(path)])).tap
     assert from_env is not None and from_env.class_histograms is True
-    monkeypatch.setenv(env_name("--proxy.class-histograms"), "maybe")
+    monkeypatch.setenv(env_name("--tap.class-histograms"), "maybe")
     with pytest.raises(ConfigError) as error:
         config_from_args(build_parser().parse_args(["run", "--config.file", str(path)]))
     # the variable that gave the value, not the file's key
-    assert str(error.value) == "SPECDECODE_PROXY_CLASS_HISTOGRAMS: expected true or false, got 'maybe'"
+    assert str(error.value) == "SPECDECODE_TAP_CLASS_HISTOGRAMS: expected true or false, got 'maybe'"
 
 
 def test_defaults() -> None:
@@ -258,10 +258,10 @@ def test_target_flags_replace_file_targets_and_default(tmp_path: Path) -> None:
          "targets[0].cost_model.c_verify: expected a number between 0 and 10, got 11"),
         ("targets:\n  - url: http://x/m\n    baseline: {time_per_output_token_seconds: 0}\n",
          "targets[0].baseline.time_per_output_token_seconds: expected a number > 0, got 0"),
-        ("proxy: {listen_address: ':8001', temperature_bands: [0.3, 11]}\n",
-         "proxy.temperature_bands[1]: expected a number between 0 and 10, got 11"),
-        ("proxy: {listen_address: ':8001', connect_timeout: 0s}\n",
-         "proxy.connect_timeout: must be greater than 0, got '0s'"),
+        ("tap: {listen_address: ':8001', temperature_bands: [0.3, 11]}\n",
+         "tap.temperature_bands[1]: expected a number between 0 and 10, got 11"),
+        ("tap: {listen_address: ':8001', connect_timeout: 0s}\n",
+         "tap.connect_timeout: must be greater than 0, got '0s'"),
         # missing required keys
         ("targets:\n  - name: a\n", "targets[0].url: required"),
         # the rules between keys, with the messages they always had
@@ -280,19 +280,19 @@ def test_target_flags_replace_file_targets_and_default(tmp_path: Path) -> None:
         ("targets:\n  - {url: 'http://x/m', labels: {job: x}}\n",
          "targets[0].labels.job: reserved by the exporter; choose another label name"),
         ("web: {telemetry_path: /-/reload}\n", "web.telemetry_path: /-/reload is used by the exporter itself"),
-        ("proxy: {listen_address: ':8001', target: nope}\n", "proxy.target: 'nope' is not one of the targets (vllm)"),
+        ("tap: {listen_address: ':8001', target: nope}\n", "tap.target: 'nope' is not one of the targets (vllm)"),
         # the tap relaying to itself: every request would loop until the sockets run out
-        ("proxy: {listen_address: '127.0.0.1:8001', upstream: 'http://127.0.0.1:8001'}\n",
-         "proxy.upstream: http://127.0.0.1:8001 is the tap's own address (proxy.listen_address 127.0.0.1:8001): the "
+        ("tap: {listen_address: '127.0.0.1:8001', upstream: 'http://127.0.0.1:8001'}\n",
+         "tap.upstream: http://127.0.0.1:8001 is the tap's own address (tap.listen_address 127.0.0.1:8001): the "
          "tap would relay every request to itself; point it at vLLM"),
-        ("targets:\n  - url: http://127.0.0.1:8001/metrics\nproxy: {listen_address: ':8001'}\n",
-         "proxy.upstream: http://127.0.0.1:8001 (the default: the host and port of target 'vllm') is the tap's own "
-         "address (proxy.listen_address :8001): the tap would relay every request to itself; point it at vLLM"),
-        ("proxy: {listen_address: '[::]:8001', upstream: 'http://[::1]:8001/'}\n",
-         "proxy.upstream: http://[::1]:8001 is the tap's own address (proxy.listen_address [::]:8001): the tap would "
+        ("targets:\n  - url: http://127.0.0.1:8001/metrics\ntap: {listen_address: ':8001'}\n",
+         "tap.upstream: http://127.0.0.1:8001 (the default: the host and port of target 'vllm') is the tap's own "
+         "address (tap.listen_address :8001): the tap would relay every request to itself; point it at vLLM"),
+        ("tap: {listen_address: '[::]:8001', upstream: 'http://[::1]:8001/'}\n",
+         "tap.upstream: http://[::1]:8001 is the tap's own address (tap.listen_address [::]:8001): the tap would "
          "relay every request to itself; point it at vLLM"),
-        ("proxy: {listen_address: 'localhost:80', route: {fallback_upstream: 'http://LOCALHOST'}}\n",
-         "proxy.route.fallback_upstream: http://LOCALHOST is the tap's own address (proxy.listen_address "
+        ("tap: {listen_address: 'localhost:80', route: {fallback_upstream: 'http://LOCALHOST'}}\n",
+         "tap.route.fallback_upstream: http://LOCALHOST is the tap's own address (tap.listen_address "
          "localhost:80): the tap would relay every request to itself; point it at vLLM"),
         # no target: an explicit empty list is not the default target; unnamed targets are all called vllm
         ("targets: []\n", "targets: no target configured: list at least one, or leave the key out for the default "
@@ -322,8 +322,8 @@ def test_each_message_in_full(tmp_path: Path, text: str, message: str) -> None:
     ("127.0.0.1:0", "http://127.0.0.1:80"),  # a port the kernel picks
 ])
 def test_a_tap_beside_its_upstream_is_not_taken_for_itself(listen: str, upstream: str) -> None:
-    config = config_from_mapping({"proxy": {"listen_address": listen, "upstream": upstream}}, "test")
-    assert config.proxy is not None and config.proxy.upstream == upstream
+    config = config_from_mapping({"tap": {"listen_address": listen, "upstream": upstream}}, "test")
+    assert config.tap is not None and config.tap.upstream == upstream
 
 
 def test_no_targets_key_is_the_default_target() -> None:

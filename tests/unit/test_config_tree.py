@@ -10,7 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from specdecode_exporter.cli import RUN_FLAGS, build_parser, check_environment, config_from_args, flag_help, main
+from specdecode_exporter.cli import (
+    DEPRECATED_FLAGS,
+    RUN_FLAGS,
+    build_parser,
+    check_environment,
+    config_from_args,
+    flag_help,
+    main,
+)
 from specdecode_exporter.core.settings import get, setting, tree
 from specdecode_exporter.core.validation import ConfigError, Duration, Int, Section, validate
 from specdecode_exporter.sidecar.config import OUTER_FLAGS, SETTINGS, reference_table
@@ -32,8 +40,10 @@ def test_the_flag_table_is_the_trees_settings_with_a_flag() -> None:
         assert item.flag in options, item.key
         assert options[item.flag].help == flag_help(item)
     flags = {name for name in options if name.startswith("--")}
-    assert flags - {s.flag for s in RUN_FLAGS} == {"--help", *(outer.flag for outer in OUTER_FLAGS)}
-    assert {outer.flag for outer in OUTER_FLAGS} == {"--config.file", "--target"}
+    hidden = {s.flag for s in DEPRECATED_FLAGS}  # the tap's --proxy.* names, for one more release
+    assert flags - {s.flag for s in RUN_FLAGS} == {"--help", *(outer.flag for outer in OUTER_FLAGS), *hidden}
+    assert all(options[flag].help == argparse.SUPPRESS for flag in hidden)
+    assert {outer.flag for outer in OUTER_FLAGS} == {"--config.file", "--target", "--control-target"}
 
 
 def test_the_file_and_the_targets_flags_are_declared_once() -> None:
@@ -41,7 +51,8 @@ def test_the_file_and_the_targets_flags_are_declared_once() -> None:
     and their rows in the reference come from one declaration each."""
     options = {name: action for action in run_parser()._actions for name in action.option_strings}
     rows = reference_table().splitlines()[2:]
-    assert [outer.env for outer in OUTER_FLAGS] == ["SPECDECODE_CONFIG_FILE", "SPECDECODE_TARGET"]  # the contract
+    assert [outer.env for outer in OUTER_FLAGS] == [  # the contract
+        "SPECDECODE_CONFIG_FILE", "SPECDECODE_TARGET", "SPECDECODE_CONTROL_TARGET"]
     for outer, row in zip(OUTER_FLAGS, rows, strict=False):
         assert options[outer.flag].help == outer.flag_help
         assert f"| `{outer.flag}` | `{outer.env}` |" in row and outer.help in row
@@ -79,8 +90,8 @@ def test_the_docs_reference_is_the_tree() -> None:
 def test_the_reload_applies_what_the_tree_says() -> None:
     runtime = [s for s in SETTINGS if s.key.partition(".")[0] in ("web", "collect", "log", "monitoring", "windows")]
     assert {s.key for s in runtime if s.reload} <= set(APPLIED)
-    assert {s.key for s in runtime if not s.reload} | {"proxy"} == set(RESTART_ONLY)
-    assert all(not s.reload for s in SETTINGS if s.key.startswith("proxy."))  # the tap restarts as a whole
+    assert {s.key for s in runtime if not s.reload} | {"tap"} == set(RESTART_ONLY)
+    assert all(not s.reload for s in SETTINGS if s.key.startswith("tap."))  # the tap restarts as a whole
 
 
 

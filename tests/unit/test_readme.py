@@ -83,9 +83,9 @@ def test_the_install_paths_in_the_readme_are_the_ones_make_test_runs() -> None:
     assert "scripts/build-image.sh --local-base --smoke" in install
     # The bare install runs the sidecar with these flags; the README's pip path shows the same.
     bare = (ROOT / "tests" / "packaging" / "test_bare_install.py").read_text(encoding="utf-8")
-    for flag in ('"run", "--target"', '"--proxy.listen-address"'):
+    for flag in ('"run", "--target"', '"--tap.listen-address"'):
         assert flag in bare, flag
-    assert re.search(r"specdecode-exporter run --target \S+ --proxy.listen-address", install)
+    assert re.search(r"specdecode-exporter run --target \S+ --tap.listen-address", install)
     # The smoke runs the image as Kubernetes does; the README runs it with the same restrictions.
     smoke = re.search(r"^RESTRICTED=\((.*)\)$", (ROOT / "scripts" / "build-image.sh").read_text(encoding="utf-8"),
                       re.M)

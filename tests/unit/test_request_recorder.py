@@ -12,7 +12,8 @@ from specdecode_exporter.core.dispersion import Moments, Variance, WindowVarianc
 from specdecode_exporter.sidecar.expose import RequestsCollector
 from specdecode_exporter.tap import TapRequest, TapResult
 from specdecode_exporter.tap.process import break_even_for
-from specdecode_exporter.tap.request_stats import NO_REQUESTS, OTHER, RequestRecorder, TapSettings, combined
+from specdecode_exporter.tap.request_stats import NO_REQUESTS, OTHER, RequestRecorder, combined
+from tests.tap.harness import tap_settings
 
 METRICS = {"speculative_decoding": {"num_draft_tokens": 30, "num_accepted_draft_tokens": 21, "num_spec_steps": 10}}
 
@@ -27,7 +28,7 @@ def answered(status: int) -> TapResult:
 
 
 def test_model_names_the_upstream_never_served_take_no_slot() -> None:
-    recorder = RequestRecorder(TapSettings(max_models=4))
+    recorder = RequestRecorder(tap_settings(), max_models=4)
     for i in range(50):  # a client naming models vLLM does not serve: 404s
         recorder.observe(request(f"junk-{i}"), answered(404))
     recorder.observe(request("llama"), answered(200))
@@ -40,7 +41,7 @@ def test_model_names_the_upstream_never_served_take_no_slot() -> None:
 
 
 def test_served_model_names_are_capped() -> None:
-    recorder = RequestRecorder(TapSettings(max_models=2))
+    recorder = RequestRecorder(tap_settings(), max_models=2)
     for name in ("a", "b", "c", "a"):
         recorder.observe(request(name), answered(200))
     view = recorder.view()
@@ -50,7 +51,7 @@ def test_served_model_names_are_capped() -> None:
 
 def test_two_recorders_combined_count_as_one() -> None:
     """A tap process that died and the one started after it (tap/process.py): one recorder's counts."""
-    first, then, both = (RequestRecorder() for _ in range(3))
+    first, then, both = (RequestRecorder(tap_settings()) for _ in range(3))
     for recorder, models in ((first, ["a", "a", "b"]), (then, ["a", "c"])):
         for name in models:
             for each in (recorder, both):
@@ -70,7 +71,7 @@ def test_break_even_is_the_models_own_when_the_target_serves_several() -> None:
 def test_the_variance_sums_are_per_model_over_every_class_and_exported() -> None:
     """Σ D, Σ A, Σ D², Σ A², Σ A·D per model, whatever the workload and temperature (the page's pooled α), from
     vLLM's metrics and llama.cpp's timings alike; exposed as counters per model beside the gauge per window."""
-    recorder = RequestRecorder()
+    recorder = RequestRecorder(tap_settings())
     chat = TapRequest("POST", "/v1/completions", "completions", "llama", 0.0, False, 1, "chat", False)
     code = TapRequest("POST", "/v1/completions", "completions", "llama", 0.9, False, 1, "code", False)
     recorder.observe(chat, answered(200))  # D 30, A 21, 10 steps

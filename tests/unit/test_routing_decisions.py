@@ -24,8 +24,10 @@ from specdecode_exporter.tap.model import (
     TapRequest,
     TapResult,
 )
-from specdecode_exporter.tap.request_stats import RequestRecorder, TapSettings
-from specdecode_exporter.tap.route import ENFORCE, OBSERVE, ClassKey, ClassRouter, RouteSettings, latencies
+from specdecode_exporter.tap.request_stats import RequestRecorder
+from specdecode_exporter.tap.route import ClassKey, ClassRouter, latencies
+from specdecode_exporter.tap.settings import ENFORCE, OBSERVE, RouteSettings
+from tests.tap.harness import tap_settings
 
 # ---- the statistics -------------------------------------------------------------------------------------------------
 
@@ -166,7 +168,7 @@ class Clock:
 
 def _router(mode: str = ENFORCE, break_even: float | Callable[[str], float | None] | None = 0.5, seed: int = 7,
             **settings: Any) -> tuple[ClassRouter, Clock]:
-    recorder = RequestRecorder(TapSettings())
+    recorder = RequestRecorder(tap_settings())
     # The upstream has served model "m" before: a model name is a class label only from then on.
     recorder.observe(_request_for(), _result(Route(SPECULATIVE, UNROUTED, False, ClassKey("m", "chat", "0-0.3", None))))
     clock = Clock()
@@ -346,7 +348,7 @@ def test_prompt_length_bands() -> None:
 def test_the_request_figures_leave_out_what_the_fallback_served() -> None:
     """The tapped target's per-request figures are its own: a request routed to the fallback is counted by the
     router (specdecode_route_requests_total), not as a target request without spec-decode metrics."""
-    recorder = RequestRecorder(TapSettings())
+    recorder = RequestRecorder(tap_settings())
     request = _request_for("summarise")
     key = ClassKey("m", "summarise", "0-0.3", None)
     recorder.observe(request, _result(Route(FALLBACK, BENEFIT, True, key), drafted=None))

@@ -15,6 +15,7 @@ from specdecode_exporter.sidecar.collection import HISTORY_SECONDS, HISTORY_STEP
 from specdecode_exporter.sidecar.status import requests_json
 from specdecode_exporter.sidecar.status_page import ago, minutes_axis, speedup_cell, variance_table
 from specdecode_exporter.tap.request_stats import RequestRecorder
+from tests.tap.harness import tap_settings
 
 
 def test_history_keeps_about_one_point_a_step_and_always_the_latest() -> None:
@@ -106,7 +107,7 @@ def test_the_routing_table_explains_its_bound_and_what_decides() -> None:
 
 def test_the_page_s_variance_shows_its_value_source_and_requests() -> None:
     """Status JSON and page: per model and window, v, measured or assumed, on how many requests."""
-    view = RequestRecorder().view()
+    view = RequestRecorder(tap_settings()).view()
     rows = [WindowVariance("llama", "1m", Variance(1.83, "assumed", 3)),
             WindowVariance("llama", "1h", Variance(0.91, "measured", 412, 0.84))]
     requests = requests_json(view, 0.5, 600.0, rows)

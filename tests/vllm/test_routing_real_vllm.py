@@ -1,6 +1,6 @@
 """Routing against two real vLLM 0.32.0 servers (CPU build, the same tiny model): one with ngram speculative
 decoding (k = 3, per-request spec-decode metrics and timings), one without it (timings only), and the real sidecar
-process tapping the first with proxy.route pointing at the second. Kept short: the CPU build is slow.
+process tapping the first with tap.route pointing at the second. Kept short: the CPU build is slow.
 
 * The class is routed: with c_draft + c_verify = 0.95 (a break-even no ngram class reaches), every block of
   MIN_REQUESTS requests shows α below it, and one of the first MAX_BLOCKS shows it with the test's confidence.
@@ -58,7 +58,7 @@ def routing(vllm_ngram: h.VllmServer, vllm_nospec: h.VllmServer,
         "targets": [{"name": "vllm", "url": f"{vllm_ngram.base_url}/metrics",
                      "cost_model": {"c_draft": 0.5, "c_verify": 0.45}}],
         "collect": {"interval": "1s"},
-        "proxy": {"route": {"fallback_upstream": vllm_nospec.base_url, "mode": "enforce",
+        "tap": {"route": {"fallback_upstream": vllm_nospec.base_url, "mode": "enforce",
                             "min_requests": MIN_REQUESTS, "canary_share": CANARY_SHARE}},
     }, tap=True)
     try:

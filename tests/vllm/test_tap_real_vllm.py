@@ -1,6 +1,6 @@
 """The request tap (issue #13) in front of a real vLLM 0.32.0 (CPU build, ngram k = 3, started with
 --per-request-spec-decode-metrics summary --enable-per-request-metrics): the real sidecar process with
---proxy.listen-address, real loopback HTTP, no mocks.
+--tap.listen-address, real loopback HTTP, no mocks.
 
 * What the tap counts per workload and temperature band adds up, exactly, to what vLLM's own counters grew by over
   the same requests (completions and chat, streamed and not, with and without the client asking for usage).
@@ -45,7 +45,7 @@ def tapped(vllm_ngram: h.VllmServer, tmp_path_factory: pytest.TempPathFactory) -
     sidecar = h.start_sidecar(tmp_path_factory.mktemp("tap-sidecar"), {
         "targets": [{"name": TARGET, "url": f"{vllm_ngram.base_url}/metrics"}],
         "collect": {"interval": "1s"},
-        "proxy": {"class_histograms": True},  # the per-band α histograms are checked against the responses
+        "tap": {"class_histograms": True},  # the per-band α histograms are checked against the responses
     }, tap=True)
     try:
         yield sidecar

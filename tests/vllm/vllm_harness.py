@@ -401,7 +401,7 @@ class Sidecar:
 
 def start_sidecar(workdir: Path, config: Mapping[str, Any], *, tap: bool = False, timeout: float = 30.0) -> Sidecar:
     """The sidecar with ``config`` as its YAML config file, ready (/readyz: every target collected); with
-    ``tap``, also --proxy.listen-address on a free port (a new one at each start attempt). Stop it with
+    ``tap``, also --tap.listen-address on a free port (a new one at each start attempt). Stop it with
     ``sidecar.process.stop()``."""
     config_file = workdir / "sidecar.yaml"
     config_file.write_text(yaml.safe_dump(dict(config), sort_keys=False))
@@ -412,7 +412,7 @@ def start_sidecar(workdir: Path, config: Mapping[str, Any], *, tap: bool = False
                 "--web.listen-address", f"127.0.0.1:{port}"]
         if tap:
             tap_ports.append(free_port())
-            args += ["--proxy.listen-address", f"127.0.0.1:{tap_ports[-1]}"]
+            args += ["--tap.listen-address", f"127.0.0.1:{tap_ports[-1]}"]
         return args
 
     process = start_process("sidecar", command, workdir, "/readyz", timeout=timeout)

@@ -7,13 +7,12 @@ import time
 from typing import TextIO
 from urllib.parse import urlsplit, urlunsplit
 
-import httpx
-
 from specdecode_exporter.check import per_request as check_per_request
+from specdecode_exporter.core.failure import FailureReason
 from specdecode_exporter.core.monitoring_config import Statistics
 from specdecode_exporter.core.validation import validate
 from specdecode_exporter.pipeline.derive import acceptance_ratio
-from specdecode_exporter.pipeline.engines import NOT_APPLICABLE
+from specdecode_exporter.pipeline.engines import NOT_APPLICABLE, vllm_plain
 from specdecode_exporter.pipeline.engines.vllm_v1 import ADAPTIVE_VERIFICATION_WHY
 from specdecode_exporter.pipeline.schedule import (
     BatchSchedule,
@@ -21,7 +20,7 @@ from specdecode_exporter.pipeline.schedule import (
     trtllm_draft_len_schedule,
     vllm_speculative_config,
 )
-from specdecode_exporter.sidecar.collection import Exporter, TargetView
+from specdecode_exporter.sidecar.collection import Exporter, TargetView, new_client
 from specdecode_exporter.sidecar.config import CollectSection, Config, TargetConfig, Url, Window
 from specdecode_exporter.sidecar.series import SeriesView
 from specdecode_exporter.sidecar.status import verdict_stats
@@ -37,7 +36,8 @@ def _fmt(value: float | int | None, spec: str = ".3f") -> str:
 
 
 async def collect_for(exporter: Exporter, duration: float) -> TargetView:
-    async with httpx.AsyncClient(follow_redirects=False, trust_env=False) as client:
+    (collector,) = exporter.collectors.values()
+    async with new_client(collector.config) as client:
         deadline = time.monotonic() + duration
         (view,) = await exporter.collect_all_once(client)
         while view.up and time.monotonic() < deadline:
@@ -53,6 +53,14 @@ def metrics_hint(url: str, error: str | None) -> str:
     if error is None or not error.startswith("http_status: HTTP 404") or parts.path == "/metrics":
         return ""
     return f" (did you mean {urlunsplit((parts.scheme, parts.netloc, '/metrics', '', ''))}?)"
+
+
+def failure_line(url: str, error: str | None) -> str:
+    """Why check has no verdict: what it found where it read a page (a vLLM without spec decode is not a failure to
+    collect: it may be the control pod), else why it could not collect."""
+    if error == f"{FailureReason.NO_SPEC_METRICS.value}: {vllm_plain.WHY_NOT}":
+        return f"{url}: nothing to judge: {vllm_plain.WHY_NOT}"
+    return f"cannot collect {url}: {error}{metrics_hint(url, error)}"
 
 
 def withheld(view: TargetView) -> str | None:
@@ -182,7 +190,7 @@ def run_check(url: str, duration: float, timeout: float, out: TextIO, err: TextI
     exporter = Exporter(config)
     view = asyncio.run(collect_for(exporter, duration))
     if not view.up:
-        err.write(f"{PROG}: cannot collect {url}: {view.last_error}{metrics_hint(url, view.last_error)}\n")
+        err.write(f"{PROG}: {failure_line(url, view.last_error)}\n")
         return 1
     out.write(render(view, duration))
     out.write("".join(f"{line}\n" for line in variance_lines(view, config.statistics)))

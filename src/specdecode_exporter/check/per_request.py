@@ -1,4 +1,4 @@
-"""What `check` says about vLLM's per-request metrics, the numbers the request tap (--proxy.listen-address) reads.
+"""What `check` says about vLLM's per-request metrics, the numbers the request tap (--tap.listen-address) reads.
 
 vLLM (≥ 0.29) puts a `metrics` object in each completion response only when started with
 ``--per-request-spec-decode-metrics summary`` (its `speculative_decoding` part: the tap's per-request α) and/or
@@ -46,11 +46,11 @@ class PerRequestFinding:
 def hint(api: str | None) -> str | None:
     """The line `check` prints without a test completion; None for targets other than vLLM."""
     if api == "vllm-v0":
-        return (f"{PREFIX} none in the V0 engine. The request tap (--proxy.listen-address) needs vLLM ≥ {MIN_VLLM} "
+        return (f"{PREFIX} none in the V0 engine. The request tap (--tap.listen-address) needs vLLM ≥ {MIN_VLLM} "
                 f"started with {SPEC_FLAG}.")
     if api != "vllm-v1":
         return None
-    return (f"{PREFIX} the request tap (--proxy.listen-address) records per-request α only when vLLM ≥ {MIN_VLLM} "
+    return (f"{PREFIX} the request tap (--tap.listen-address) records per-request α only when vLLM ≥ {MIN_VLLM} "
             f"runs with {SPEC_FLAG} ({TIMINGS_FLAG} adds timings); `check --send-test-completion` tells whether it "
             "does.")
 
@@ -81,7 +81,7 @@ def classify(document: Any, model: str) -> PerRequestFinding:
             f"record per-request α; add {TIMINGS_FLAG} to vLLM for per-request speed.")
     return PerRequestFinding(
         f"{PREFIX} on ({asked} carried metrics.speculative_decoding and timings): the request tap "
-        "(--proxy.listen-address) can record per-request α and speed.")
+        "(--tap.listen-address) can record per-request α and speed.")
 
 
 async def _post(client: httpx.AsyncClient, url: str, payload: Mapping[str, Any], timeout: float
@@ -97,7 +97,7 @@ async def _post(client: httpx.AsyncClient, url: str, payload: Mapping[str, Any],
 
 
 def routing_line(header: str | None) -> str | None:
-    """Where a routing request tap (proxy.route) sent the test completion, from its x-specdecode-route header."""
+    """Where a routing request tap (tap.route) sent the test completion, from its x-specdecode-route header."""
     if header is None:
         return None
     sent, _, reason = header.partition(";")

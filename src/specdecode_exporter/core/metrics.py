@@ -278,21 +278,21 @@ VERDICT = MetricSpec(
     (*SERIES_LABELS, "window", "verdict", "basis"),
 )
 TAP_LABELS = ("target", "model_name", "workload", "temperature")
-# The per-request histograms are per model unless proxy.class_histograms adds the class labels (series per pod).
+# The per-request histograms are per model unless tap.class_histograms adds the class labels (series per pod).
 REQUEST_HISTOGRAM_LABELS = ("target", "model_name")
 FIXED_BUCKETS_NOTE = " Fixed bucket bounds (README, series per pod)."
 REQUEST_ACCEPTANCE = MetricSpec(
     "specdecode_request_acceptance_ratio", "histogram",
     "Per-request α from the request tap (vLLM's per-request metrics: accepted / drafted tokens of one request), "
-    "per model: the distribution the aggregate counters hide. With proxy.class_histograms "
-    "(--proxy.class-histograms) by workload and temperature band too (labels workload, temperature; the same "
+    "per model: the distribution the aggregate counters hide. With tap.class_histograms "
+    "(--tap.class-histograms) by workload and temperature band too (labels workload, temperature; the same "
     "family, so sum by model_name reads it either way)." + FIXED_BUCKETS_NOTE,
     REQUEST_HISTOGRAM_LABELS,
 )
 REQUEST_MEAN_LENGTH = MetricSpec(
     "specdecode_request_mean_acceptance_length", "histogram",
     "Per-request mean acceptance length from the request tap (1 + accepted / verification steps), per model; by "
-    "workload and temperature band too with proxy.class_histograms." + FIXED_BUCKETS_NOTE,
+    "workload and temperature band too with tap.class_histograms." + FIXED_BUCKETS_NOTE,
     REQUEST_HISTOGRAM_LABELS,
 )
 REQUESTS = MetricSpec(
@@ -358,12 +358,12 @@ TAP_BUFFERED_BYTES = MetricSpec(
 ROUTE_LABELS = ("target", "model_name", "workload", "temperature")  # and prompt_length, where its bands are set
 ROUTE_REQUESTS = MetricSpec(
     "specdecode_route_requests", "counter",
-    "Completion requests through a routing tap (proxy.route) by where they went (upstream: speculative, fallback) "
+    "Completion requests through a routing tap (tap.route) by where they went (upstream: speculative, fallback) "
     "and why (reason: benefit, the class is routed; canary, the random share of a routed class kept on speculative "
     "decoding; unrouted; fallback_down, meant for the fallback, which refused, did not answer the connect, closed "
     "before answering or failed its health check). In observe mode upstream is where enforce mode would have sent "
     "the request; every request goes to the speculative pool (the x-specdecode-route response header says where "
-    "each went). With proxy.route.prompt_length_bands a prompt_length label is added to the route families.",
+    "each went). With tap.route.prompt_length_bands a prompt_length label is added to the route families.",
     (*ROUTE_LABELS, "upstream", "reason"),
 )
 ROUTE_CLASS_STATE = MetricSpec(

@@ -2,27 +2,50 @@
 the simulator's scenarios are all read through ``validate`` (pydantic v2) into frozen dataclasses, and every
 problem is one ConfigError line: ``<file>: <key path>: expected <what>, got <value>``.
 
-A config file's section is a frozen dataclass that inherits ``Section``: its fields are the keys (a key that is
-not a Python name gets ``Field(alias=...)``), their annotations say what each accepts (``Duration``, ``Number``
-with a ``Range``, ``Choice``, ...), and ``cross_check`` holds the rules between keys. Adding a key is adding a field.
+A config file's section is a frozen dataclass that inherits ``Section`` (core/settings.py): its fields are the keys
+(a key that is not a Python name gets ``Field(alias=...)``), their annotations say what each accepts (``Duration``,
+``Number`` with a ``Range``, ``Choice``, ...: core/kinds.py, which imports no pydantic, or pydantic's validators),
+and ``cross_check`` holds the rules between keys. Adding a key is adding a field. This module tells pydantic how to
+run the plain rules and sections (``_Pydantic``) when it is imported.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import difflib
-import math
 import re
 import typing
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Self, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import yaml
-from pydantic import BeforeValidator, GetCoreSchemaHandler, Strict, TypeAdapter, ValidationError, ValidationInfo
+from pydantic import BeforeValidator, GetCoreSchemaHandler, TypeAdapter, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError, core_schema
+
+from specdecode_exporter.core.kinds import (
+    Bool,
+    Choice,
+    ConfigError,
+    Duration,
+    DurationOrZero,
+    Int,
+    Invalid,
+    Named,
+    Number,
+    Range,
+    Rule,
+    SourcedError,
+    Text,
+    duration_reader,
+    duration_seconds,
+    duration_text,
+    seconds,
+    show,
+    use_validator,
+    words,
+)
+from specdecode_exporter.core.settings import Context, Section, suggest
 
 __all__ = [
     "Bool",
@@ -32,6 +55,7 @@ __all__ = [
     "Duration",
     "DurationOrZero",
     "Int",
+    "Invalid",
     "Named",
     "Number",
     "PromDuration",
@@ -42,6 +66,7 @@ __all__ = [
     "SourcedError",
     "Text",
     "duration_seconds",
+    "duration_text",
     "fail",
     "load_yaml",
     "parse_duration",
@@ -55,25 +80,6 @@ __all__ = [
 ]
 
 
-class ConfigError(ValueError):
-    """A bad configuration value (a file, a flag, an environment variable); str() is the one line shown."""
-
-
-class SourcedError(ConfigError):
-    """A bad value that a flag or an environment variable gave: the line names it, not a file's key (and no file's
-    path goes before it)."""
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Named:
-    """In an ``Annotated`` type: what the type is called in --help and the configuration reference, and how a value
-    of it is written there (``Duration``'s 600.0 as 10m). Pydantic leaves it alone."""
-
-    name: str
-    text: Callable[[Any], str] = str
-
-
-Context = Mapping[str, Any]
 T = TypeVar("T")
 
 
@@ -82,59 +88,15 @@ def fail(message: str, *at: str | int) -> PydanticCustomError:
     return PydanticCustomError("config", "{message}", {"message": message, "at": at})
 
 
-def show(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
 # ---------- durations: one syntax, one parser ----------
 
-_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w|y)")
-_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0, "y": 31536000.0}
 _PROMETHEUS_DURATION = re.compile(r"(\d+y)?(\d+w)?(\d+d)?(\d+h)?(\d+m)?(\d+s)?(\d+ms)?")
-DURATION_EXAMPLE = "a duration like 5s, 1m or 500ms"
-
-
-def seconds(value: object) -> float | None:
-    """'500ms', '5s', '1m30s', '1h', '1d', '1w' or a plain number of seconds → seconds; None when it is none of
-    those (or not finite). The sign is the caller's to judge."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int | float):
-        number = float(value)
-    elif isinstance(value, str):
-        text = value.strip()
-        parts = _DURATION_PART.findall(text)
-        if parts and "".join(n + u for n, u in parts) == text:
-            return sum(float(n) * _UNIT_SECONDS[u] for n, u in parts)
-        try:
-            number = float(text)
-        except ValueError:
-            return None
-    else:
-        return None
-    return number if math.isfinite(number) else None
-
-
-def duration_seconds(value: object, *at: str | int, allow_zero: bool = False) -> float:
-    """``value`` in seconds, for a validator; the error to raise (at ``at`` below the value) when it is not a
-    duration, or not above 0 (not 0 or more with ``allow_zero``)."""
-    result = seconds(value)
-    if result is None:
-        raise fail(f"expected {DURATION_EXAMPLE}, got {show(value)}", *at)
-    if result < 0 or (result == 0 and not allow_zero):
-        raise fail(f"must be {'0 or more' if allow_zero else 'greater than 0'}, got {show(value)}", *at)
-    return result
-
-
-def _duration(allow_zero: bool) -> Callable[[object], float]:
-    return lambda value: duration_seconds(value, allow_zero=allow_zero)
 
 
 def _prometheus_text(allow_zero: bool) -> Callable[[object], str]:
     """The duration as written when Prometheus reads it so (rule names and window labels keep the user's
     spelling), else the same length spelled as Prometheus does ('90' → '1m30s')."""
-    check = _duration(allow_zero)
+    check = duration_reader(allow_zero)
 
     def text(value: object) -> str:
         length = check(value)
@@ -148,19 +110,6 @@ def _prometheus_text(allow_zero: bool) -> Callable[[object], str]:
     return text
 
 
-def duration_text(value: float) -> str:
-    """Seconds as a duration is written: 600.0 → 10m, 0.5 → 500ms."""
-    millis, out = round(value * 1000), ""
-    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000), ("ms", 1)):
-        count, millis = divmod(millis, size)
-        out += f"{count}{unit}" if count else ""
-    return out or "0s"
-
-
-_DURATION = Named("duration", duration_text)
-Duration = Annotated[float, BeforeValidator(_duration(allow_zero=False)), _DURATION]
-"""Seconds (> 0), from '500ms', '5s', '1m30s', '1h', '1d' or a plain number of seconds."""
-DurationOrZero = Annotated[float, BeforeValidator(_duration(allow_zero=True)), _DURATION]
 PromDuration = Annotated[str, BeforeValidator(_prometheus_text(allow_zero=False))]
 """The same syntax as Duration, kept as text for PromQL and label values (the monitoring config)."""
 PromDurationOrZero = Annotated[str, BeforeValidator(_prometheus_text(allow_zero=True))]
@@ -182,26 +131,6 @@ def _size(value: object) -> int:
     return size
 
 
-def _number(value: object) -> float:
-    if isinstance(value, str):  # YAML 1.1 reads 8e9 (no dot) as a string
-        with contextlib.suppress(ValueError):
-            value = float(value)
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise fail(f"expected a number, got {show(value)}")
-    return float(value)
-
-
-def words(what: str) -> BeforeValidator:
-    """A non-empty string, described as ``what`` when it is not: ``Annotated[str, words("a path")]``."""
-
-    def check(value: object) -> str:
-        if not isinstance(value, str) or not value.strip():
-            raise fail(f"expected {what}, got {show(value)}")
-        return value
-
-    return BeforeValidator(check)
-
-
 def size_text(size: int) -> str:
     """Bytes as a size is written: 16777216 → 16MiB."""
     for unit, factor in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
@@ -212,126 +141,43 @@ def size_text(size: int) -> str:
 
 Size = Annotated[int, BeforeValidator(_size), Named("size", size_text)]
 """Bytes (> 0), from '16MiB', '1GB', '512KiB' or a plain number of bytes."""
-Number = Annotated[float, BeforeValidator(_number)]
-"""A finite number; add a Range to bound it."""
-Int = Annotated[int, Strict()]
-"""An integer (not a bool, not 3.0, not '3'); add a Range to bound it."""
-Bool = Annotated[bool, Strict()]
-Text = Annotated[str, words("a non-empty string")]
-"""A non-empty string."""
 
 
-def _plain(number: float) -> str:
-    """1e7 as 10000000 and 2.0 as 2, but 1e-06 and 0.5 as such."""
-    if isinstance(number, int) or (float(number).is_integer() and abs(number) < 1e16):
-        return str(int(number))
-    return f"{number:g}"
+# ---------- how pydantic runs the plain rules (core/kinds.py) and sections (core/settings.py) ----------
 
+class _Pydantic:
+    """The rules and sections declared without pydantic, run by it (registered below: kinds.use_validator)."""
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Range:
-    """Bounds of a Number or Int field: ``Annotated[Number, Range(0, 1)]``; ``above=True``: strictly above low."""
+    def __init__(self) -> None:
+        self._keys: dict[type, tuple[str, ...]] = {}
 
-    low: float = -math.inf
-    high: float = math.inf
-    above: bool = False
+    def rule_schema(self, rule: Rule, source: Any, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
+        if rule.TYPED:
+            return core_schema.no_info_after_validator_function(rule.read, handler(source))
+        return core_schema.no_info_before_validator_function(rule.read, handler(source))
 
-    def describe(self, integer: bool) -> str:
-        kind = "an integer" if integer else "a number"
-        low, high = _plain(self.low), _plain(self.high)
-        if self.high == math.inf:
-            return f"{kind} {'>' if self.above else '>='} {low}"
-        if self.above:
-            return f"{kind} above {low} and at most {high}"
-        return f"{kind} between {low} and {high}"
-
-    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
-        def check(value: float) -> float:
-            if value < self.low or value > self.high or (self.above and value == self.low):
-                raise fail(f"expected {self.describe(isinstance(value, int))}, got {_plain(value)}")
-            return value
-
-        return core_schema.no_info_after_validator_function(check, handler(source))
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Choice:
-    """One of some words: ``Annotated[str, Choice("debug", "info")]``."""
-
-    options: tuple[str, ...]
-
-    def __init__(self, *options: str) -> None:
-        object.__setattr__(self, "options", options)
-
-    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
-        def check(value: object) -> object:
-            if not isinstance(value, str) or value not in self.options:
-                raise fail(f"expected one of {', '.join(self.options)}, got {show(value)}")
-            return value
-
-        return core_schema.no_info_before_validator_function(check, handler(source))
-
-
-# ---------- sections: frozen dataclasses whose fields are the keys ----------
-
-class Section:
-    """Base of a frozen dataclass read from a config file: unknown keys are refused with "did you mean",
-    ``cross_check`` runs after its fields are valid (and may return a completed copy)."""
-
-    __slots__ = ()
-    NULL_IS_EMPTY: ClassVar[bool] = False  # `key:` with no value means an empty section (all defaults)
-    UNSUPPORTED: ClassVar[frozenset[str]] = frozenset()  # keys of the upstream format this project refuses
-
-    def cross_check(self, context: Context) -> Self:
-        return self
-
-    @classmethod
-    def file_keys(cls) -> tuple[str, ...]:
-        if cls not in _KEYS:
-            _KEYS[cls] = _keys(cls)
-        return _KEYS[cls]
-
-    @classmethod
-    def __get_pydantic_core_schema__(cls, source: Any, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
-        def cross_check(value: Section, info: ValidationInfo) -> Section:
+    def section_schema(self, section: type, source: Any, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
+        def cross_check(value: Section, info: core_schema.ValidationInfo) -> Section:
             return value.cross_check(info.context or {})
 
         checked = core_schema.with_info_after_validator_function(cross_check, handler(source))
-        return core_schema.no_info_before_validator_function(cls.check_keys, checked)
+        return core_schema.no_info_before_validator_function(typing.cast(type[Section], section).check_keys, checked)
 
-    @classmethod
-    def check_keys(cls, data: object) -> object:
-        """``data`` (``{}`` for a null NULL_IS_EMPTY section); the error to raise at its first unknown key."""
-        if data is None and cls.NULL_IS_EMPTY:
-            return {}
-        if isinstance(data, Mapping):
-            allowed = cls.file_keys()
-            for key in data:
-                if key in cls.UNSUPPORTED:
-                    raise fail("not supported by specdecode-exporter; remove it", str(key))
-                if key not in allowed:
-                    raise fail(f"unknown key{suggest(str(key), allowed)}", str(key))
-        return data
-
-
-def suggest(key: str, allowed: tuple[str, ...]) -> str:
-    close = difflib.get_close_matches(key, allowed, n=1)
-    return f" (did you mean '{close[0]}'?)" if close else f" (allowed: {', '.join(sorted(allowed))})"
+    def file_keys(self, section: type) -> tuple[str, ...]:
+        """The keys a section accepts: its init fields not marked ``metadata={"key": False}``, by alias."""
+        if section not in self._keys:
+            hints = typing.get_type_hints(section, include_extras=True)
+            keys = []
+            for field in dataclasses.fields(section):
+                if not field.init or not field.metadata.get("key", True):
+                    continue
+                infos = [m for m in getattr(hints[field.name], "__metadata__", ()) if isinstance(m, FieldInfo)]
+                keys.append(next((i.alias for i in infos if i.alias), field.name))
+            self._keys[section] = tuple(keys)
+        return self._keys[section]
 
 
-_KEYS: dict[type, tuple[str, ...]] = {}
-
-
-def _keys(cls: type) -> tuple[str, ...]:
-    """The keys a section accepts: its init fields not marked ``metadata={"key": False}``, by alias."""
-    hints = typing.get_type_hints(cls, include_extras=True)
-    keys = []
-    for field in dataclasses.fields(cls):
-        if not field.init or not field.metadata.get("key", True):
-            continue
-        infos = [m for m in getattr(hints[field.name], "__metadata__", ()) if isinstance(m, FieldInfo)]
-        keys.append(next((i.alias for i in infos if i.alias), field.name))
-    return tuple(keys)
+use_validator(_Pydantic())
 
 
 # ---------- validation and its one-line errors ----------
@@ -366,7 +212,8 @@ def one_line(exc: ValidationError, at: tuple[str | int, ...] = ()) -> str:
     """The first of pydantic's errors, in this project's words: ``key.path[0].key: expected ..., got ...``."""
     error = exc.errors(include_url=False)[0]
     ctx = error.get("ctx") or {}
-    loc = (*at, *error["loc"], *ctx.get("at", ()))
+    raised = ctx.get("error")
+    loc = (*at, *error["loc"], *ctx.get("at", ()), *(raised.at if isinstance(raised, Invalid) else ()))
     path = key_path(loc)
     message = _MESSAGES.get(error["type"], _pydantic_message)(error)
     if not path and error["type"] in _MAPPING_ERRORS:

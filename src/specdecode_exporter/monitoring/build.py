@@ -257,7 +257,7 @@ def build(src: Sources, check: bool, only: list[str] | None = None) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m specdecode_exporter.monitoring.build", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
     parser.add_argument("--config", type=Path, help="your monitoring config, merged onto the shipped one")
     parser.add_argument("--profile", help="apply profiles.<NAME> of the config (e.g. e2e); needs --rules-out")
     parser.add_argument("--rules-out", type=Path, help="write only the rules file, here ('-' for stdout)")

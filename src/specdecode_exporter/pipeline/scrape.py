@@ -1,56 +1,84 @@
-"""Fetch one target's /metrics: total deadline, size cap on the decoded body, our own bounded gzip
-decoding (a gzip bomb stops at the cap), no redirects. Returns bytes or a typed failure, never raises."""
+"""Fetch one target's /metrics over httpx: one deadline for the whole answer, no redirects, and the body read raw
+and decoded here (gunzip bounded per call), so a gzip bomb stops at the size cap. Returns bytes or a typed failure,
+never raises."""
 
 from __future__ import annotations
 
 import asyncio
-import sys
+import ssl
 import time
 import zlib
-from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+
+import httpx
 
 from specdecode_exporter.core.failure import FailureReason as FailureReason  # re-exported: its old home
 from specdecode_exporter.pipeline.engines.base import FetchTiming
-from specdecode_exporter.pipeline.transport import (
-    Answer,
-    BodyTooLarge,
-    BoundedDecoder,
-    Fields,
-    LeanClient,
-    TransportError,
-    UnsupportedEncoding,
-)
 
 ACCEPT = (
     "application/openmetrics-text;version=1.0.0;q=0.5,text/plain;version=0.0.4;q=0.4,*/*;q=0.1"
 )
 USER_AGENT = "specdecode-exporter"
+# How long an idle connection is kept: well past any collection interval (httpx's default, 5 s, is the default
+# interval: the connection would be dropped just before each collection). Prometheus keeps its own 5 minutes.
+KEEPALIVE_SECONDS = 300.0
+INFLATE_STEP = 256 * 1024  # the most one decompress call inflates, whatever the compression ratio
+# What a request meets when the server closed a kept connection as the request went out (uvicorn, vLLM's server,
+# closes one idle for 5 s, the default interval): it is sent once more, on a new connection.
+_UNANSWERED = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
 
 
-class HeaderFields(Protocol):
-    def get(self, name: str, default: str = ..., /) -> str: ...
+def http_client(tls: ssl.SSLContext) -> httpx.AsyncClient:
+    """A client for one target: ``tls`` verifies its https server, nothing is read from the environment (no proxy,
+    no .netrc), redirects are not followed, and its connection is kept from one collection to the next."""
+    return httpx.AsyncClient(verify=tls, trust_env=False, follow_redirects=False,
+                             limits=httpx.Limits(max_keepalive_connections=2, keepalive_expiry=KEEPALIVE_SECONDS))
 
 
-class StreamedResponse(Protocol):
-    @property
-    def status_code(self) -> int: ...
-    @property
-    def headers(self) -> HeaderFields: ...
-    def aiter_raw(self) -> AsyncIterator[bytes]: ...
+class BodyTooLarge(Exception):
+    """The decoded body passed the cap."""
 
 
-class StreamingClient(Protocol):
-    """What fetch asks of a client other than the sidecar's own (pipeline/transport.py's LeanClient, asked with
-    ``get``): httpx.AsyncClient (check, the tests)."""
-
-    def stream(self, method: str, url: str, *, headers: dict[str, str], timeout: float,
-               extensions: dict[str, Any] | None) -> AbstractAsyncContextManager[StreamedResponse]: ...
+class UnsupportedEncoding(ValueError):
+    """A Content-Encoding that is not decoded here."""
 
 
-FetchClient = LeanClient | StreamingClient  # the sidecar's own client, or httpx (check, the tests)
+class BoundedDecoder:
+    """Collects a response body, gunzipping if needed, and stops once the decoded size passes the cap."""
+
+    def __init__(self, content_encoding: str, max_bytes: int) -> None:
+        encoding = content_encoding.strip().lower()
+        if encoding in ("", "identity"):
+            self._inflater = None
+        elif encoding in ("gzip", "x-gzip", "deflate"):
+            self._inflater = zlib.decompressobj(47 if encoding != "deflate" else zlib.MAX_WBITS)
+        else:
+            raise UnsupportedEncoding(f"unsupported Content-Encoding {content_encoding!r}")
+        self._max = max_bytes
+        self._parts: list[bytes] = []
+        self._size = 0
+
+    def _add(self, data: bytes) -> None:
+        self._size += len(data)
+        if self._size > self._max:
+            raise BodyTooLarge
+        self._parts.append(data)
+
+    def feed(self, chunk: bytes) -> None:
+        if self._inflater is None:
+            self._add(chunk)
+            return
+        data = chunk
+        while data:
+            self._add(self._inflater.decompress(data, INFLATE_STEP))
+            data = self._inflater.unconsumed_tail
+
+    def finish(self) -> bytes:
+        if self._inflater is not None:
+            self._add(self._inflater.flush())
+        parts = self._parts
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +94,14 @@ class FetchResult:
         return self.failure is None
 
 
+@dataclass(frozen=True, slots=True)
+class _Answer:
+    status_code: int
+    content_type: str
+    location: str
+    body: bytes | None  # None unless the status is 200 (another answer's body is not read)
+
+
 def valid_bearer_token(token: str) -> bool:
     """A token we can put in a header: visible ASCII only (no CR/LF injection, no spaces)."""
     return bool(token) and all(33 <= ord(c) <= 126 for c in token)
@@ -79,7 +115,7 @@ def _headers(bearer_token: str | None) -> dict[str, str]:
 
 
 async def fetch(
-    client: FetchClient,
+    client: httpx.AsyncClient,
     url: str,
     timeout: float,
     max_bytes: int,
@@ -92,60 +128,41 @@ async def fetch(
     def failed(reason: FailureReason, detail: str) -> FetchResult:
         return FetchResult(FetchTiming(started, clock()), failure=reason, detail=detail)
 
+    request = client.build_request("GET", url, headers=_headers(bearer_token), timeout=timeout,
+                                   extensions={"sni_hostname": sni_hostname} if sni_hostname else None)
     try:
-        if isinstance(client, LeanClient):
-            answer = await client.get(url, headers=_headers(bearer_token), timeout=timeout, max_bytes=max_bytes,
-                                      sni_hostname=sni_hostname)
-        else:
-            async with asyncio.timeout(timeout):
-                answer = await _streamed(client, url, _headers(bearer_token), timeout, sni_hostname, max_bytes)
-        if answer.body is None:
-            location = answer.headers.get("location")
-            hint = f" (redirect to {location} not followed)" if location else ""
-            return failed(FailureReason.HTTP_STATUS, f"HTTP {answer.status_code}{hint}")
+        async with asyncio.timeout(timeout):
+            answer = await _answer(client, request, max_bytes)
     except UnsupportedEncoding as exc:
         return failed(FailureReason.PARSE, str(exc))
     except BodyTooLarge:
         return failed(FailureReason.TOO_LARGE, f"body larger than {max_bytes} bytes")
     except zlib.error as exc:
         return failed(FailureReason.PARSE, f"bad gzip body: {exc}")
-    except TimeoutError:
+    except (TimeoutError, httpx.TimeoutException):
         return failed(FailureReason.TIMEOUT, f"no complete answer within {timeout:g}s")
-    except OSError as exc:
-        return failed(FailureReason.CONNECT, str(exc))
-    except Exception as exc:
-        reason = client_failure(exc)
-        if reason is None:
-            raise
-        detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-        return failed(reason, f"no complete answer within {timeout:g}s" if reason is FailureReason.TIMEOUT else detail)
-    return FetchResult(FetchTiming(started, clock()), body=answer.body,
-                       content_type=answer.headers.get("content-type", ""))
+    except (httpx.HTTPError, OSError) as exc:
+        return failed(FailureReason.CONNECT, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+    if answer.body is None:
+        hint = f" (redirect to {answer.location} not followed)" if answer.location else ""
+        return failed(FailureReason.HTTP_STATUS, f"HTTP {answer.status_code}{hint}")
+    return FetchResult(FetchTiming(started, clock()), body=answer.body, content_type=answer.content_type)
 
 
-async def _streamed(client: StreamingClient, url: str, headers: dict[str, str], timeout: float,
-                    sni_hostname: str | None, max_bytes: int) -> Answer:
-    """The answer through a streaming client (httpx: check's, the tests'), its body decoded as the lean client's is
-    (None unless the status is 200)."""
-    extensions = {"sni_hostname": sni_hostname} if sni_hostname else None  # httpx's name for it
-    async with client.stream("GET", url, headers=headers, timeout=timeout, extensions=extensions) as response:
-        fields = Fields({name: response.headers.get(name, "") for name in ("content-type", "location")})
+async def _answer(client: httpx.AsyncClient, request: httpx.Request, max_bytes: int) -> _Answer:
+    """The answer to ``request``, its body read raw and decoded under ``max_bytes``. A connection whose answer was
+    not read to its end (another status, a failure, a cancellation) is closed by httpx, not kept."""
+    try:
+        response = await client.send(request, stream=True)
+    except _UNANSWERED:
+        response = await client.send(request, stream=True)
+    try:
+        content_type = response.headers.get("content-type", "")
         if response.status_code != 200:
-            return Answer(response.status_code, fields, None)
+            return _Answer(response.status_code, content_type, response.headers.get("location", ""), None)
         decoder = BoundedDecoder(response.headers.get("content-encoding", ""), max_bytes)
         async for chunk in response.aiter_raw():
             decoder.feed(chunk)
-        return Answer(200, fields, decoder.finish())
-
-
-def client_failure(exc: Exception) -> FailureReason | None:
-    """What an HTTP client's error means: the lean client's, or httpx's (check's and the tests' client). httpx is
-    loaded whenever one of its errors is raised; the sidecar's own process never loads it."""
-    if isinstance(exc, TransportError):
-        return FailureReason.CONNECT
-    httpx: Any = sys.modules.get("httpx")
-    if httpx is not None and isinstance(exc, httpx.TimeoutException):
-        return FailureReason.TIMEOUT
-    if httpx is not None and isinstance(exc, httpx.HTTPError):
-        return FailureReason.CONNECT
-    return None
+        return _Answer(200, content_type, "", decoder.finish())
+    finally:
+        await response.aclose()

@@ -46,7 +46,8 @@ tokens/s per temperature and prompt group against a running server, and with --b
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = DESCRIPTION
     add = parser.add_argument
-    add("--url", required=True, metavar="URL", help="the server with spec decode, e.g. http://127.0.0.1:8000")
+    add("--url", required=True, metavar="URL", help="the server with spec decode, e.g. http://127.0.0.1:8000 (its "
+                                                   "/metrics URL, as check and run take, works too)")
     add("--baseline-url", metavar="URL", help="the same model without spec decode: the same requests go there too, "
                                              "for the observed speedup (baseline TPOT / TPOT)")
     add("--model", metavar="NAME", help="the served model name (default: the one model /v1/models lists)")
@@ -92,8 +93,9 @@ def _integer(flag: str, raw: str, low: int, high: int) -> int:
 
 
 def parse_url(flag: str, raw: str) -> str:
-    """An http(s) base URL without a trailing slash (and without a trailing /v1, which the probe adds): checked as
-    a target's URL is (sidecar/config.py's one validator), and without a query or fragment."""
+    """An http(s) base URL without a trailing slash: checked as a target's URL is (sidecar/config.py's one
+    validator), and without a query or fragment. The server's /metrics URL (what `check` and `run --target` take)
+    and its /v1 URL name the same server, so either is taken for its base URL."""
     try:
         url: str = validate(Url, raw.strip(), flag, context=URL_CONTEXT)
     except ConfigError as exc:
@@ -101,7 +103,7 @@ def parse_url(flag: str, raw: str) -> str:
     parts = urlsplit(url)
     if parts.query or parts.fragment:
         raise UsageError(f"{flag}: expected an http(s) URL like {URL_CONTEXT['url_example']}, got {raw!r}")
-    return url.rstrip("/").removesuffix("/v1")
+    return url.rstrip("/").removesuffix("/metrics").removesuffix("/v1")
 
 
 def parse_temperatures(raw: str) -> tuple[float, ...]:

@@ -19,6 +19,7 @@ from typing import NamedTuple, Protocol, TypeVar
 from urllib.parse import urlsplit
 
 import certifi
+import httpx
 
 from specdecode_exporter.core.failure import FailureReason
 from specdecode_exporter.core.log import event
@@ -37,9 +38,8 @@ from specdecode_exporter.pipeline.engines import (
 )
 from specdecode_exporter.pipeline.latency import BaselineLatency
 from specdecode_exporter.pipeline.parse import LineCache, ParseError, Sample, Selection, select
-from specdecode_exporter.pipeline.scrape import FetchClient, FetchResult, fetch, valid_bearer_token
+from specdecode_exporter.pipeline.scrape import FetchResult, fetch, http_client, valid_bearer_token
 from specdecode_exporter.pipeline.store import SeriesKey, Store
-from specdecode_exporter.pipeline.transport import LeanClient
 from specdecode_exporter.sidecar.config import Config, TargetConfig, Window
 from specdecode_exporter.sidecar.discover import served_model
 from specdecode_exporter.sidecar.series import (
@@ -303,7 +303,7 @@ class TargetCollector:
                                     "in an HTTP header")
         return token
 
-    async def collect(self, client: FetchClient) -> TargetView:
+    async def collect(self, client: httpx.AsyncClient) -> TargetView:
         started = time.perf_counter()  # durations are real time even when tests drive a fake clock
         try:
             result = await fetch(client, self.config.url, self.config.timeout, self.app.collect.max_body_size,
@@ -379,7 +379,7 @@ class TargetCollector:
                               model_name=model if not engine.labels_model else None,
                               adaptive_verification=self.config.adaptive_verification)
 
-    async def _discover_model(self, client: FetchClient) -> None:
+    async def _discover_model(self, client: httpx.AsyncClient) -> None:
         model, detail = await served_model(client, self.config.url, self.config.timeout, self._bearer_token(),
                                            self.clock, self.config.tls.server_name if self.config.tls else None)
         if model is None:
@@ -563,7 +563,7 @@ class Exporter:
                 return False, reason
         return True, "ok"
 
-    async def collect_all_once(self, client: FetchClient) -> list[TargetView]:
+    async def collect_all_once(self, client: httpx.AsyncClient) -> list[TargetView]:
         return list(await asyncio.gather(*(c.collect(client) for c in self.collectors.values())))
 
     async def _loop(self, collector: TargetCollector, limit: asyncio.Semaphore, phase: float) -> None:
@@ -667,10 +667,16 @@ def default_ssl_context() -> ssl.SSLContext:
     return ssl.create_default_context(cafile=certifi.where())  # httpx's own default bundle
 
 
-def new_client(target: TargetConfig) -> LeanClient:
+@functools.cache
+def plain_http_context() -> ssl.SSLContext:
+    """The context of a plain-http target's client, which never speaks TLS: it trusts no CA (so it could verify no
+    server), and loads no CA bundle (2.6 MB of RSS)."""
+    return ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+
+
+def new_client(target: TargetConfig) -> httpx.AsyncClient:
     """One client per target: its own TLS settings and keep-alive connection, and a hanging target holds only its
-    own. The lean client (pipeline/transport.py): httpx cost more CPU than collecting the page. No retries, no
-    redirects, no proxy from the environment."""
+    own (pipeline/scrape.py's http_client: no redirects, no proxy or .netrc from the environment)."""
     if target.tls is None and urlsplit(target.url).scheme != "https":
-        return LeanClient(None)  # no TLS: the CA bundle (2.6 MB of RSS) is not loaded
-    return LeanClient(target.tls.ssl_context() if target.tls else default_ssl_context())
+        return http_client(plain_http_context())
+    return http_client(target.tls.ssl_context() if target.tls else default_ssl_context())

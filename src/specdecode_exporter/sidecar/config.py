@@ -6,32 +6,36 @@ configures, with its help, flag, variable and reload behaviour; SETTINGS lists t
 --help, the reload's notes and docs/configuration.md are built from it. Flags and variables are merged into the
 file's mapping by dotted key (``merged``) before it is read, in three steps of the same validation: the file's
 sections (ConfigFile), then each target (TargetConfig, whose missing timeout and cost_model come from
-collect.timeout and the top-level cost_model), then the request tap (ProxyConfig, its target and upstream defaulting
-to the first target). TargetConfig, TLSConfig, BaselineConfig and ProxyConfig are what the sidecar runs with, and
-their fields are the keys. Config is the validated tree the sidecar reads: the file's sections as they are
-(``config.collect.interval``), the targets and windows resolved, and the monitoring config's verdict settings.
+collect.timeout and the top-level cost_model), then the request tap (TapSettings, declared beside the tap's code in
+tap/settings.py; its target and upstream default to the first target's). TargetConfig, TLSConfig, BaselineConfig and
+TapSettings are what the sidecar and the tap run with, and their fields are the keys. Config is the validated tree
+the sidecar reads: the file's sections as they are (``config.collect.interval``), the targets and windows resolved,
+and the monitoring config's verdict settings. The tap's section was called proxy: RENAMED keeps that name working
+for a release.
 """
 from __future__ import annotations
 
+import logging
 import re
 import ssl
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from typing import Annotated, Any
 from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, BeforeValidator, Field, GetCoreSchemaHandler, ValidationInfo
+from pydantic import BeforeValidator, Field, GetCoreSchemaHandler, ValidationInfo
 from pydantic_core import core_schema
 
 from specdecode_exporter.core import monitoring_config, validation
-from specdecode_exporter.core.settings import env_name, put, setting, tree
+from specdecode_exporter.core.kinds import ListenAddress
+from specdecode_exporter.core.log import event
+from specdecode_exporter.core.settings import Renamed, Renaming, Setting, env_name, put, setting, tree
 from specdecode_exporter.core.validation import (
     Bool,
     Choice,
     ConfigError,
     Context,
     Duration,
-    DurationOrZero,
     Int,
     Named,
     Number,
@@ -46,7 +50,7 @@ from specdecode_exporter.core.validation import (
 )
 from specdecode_exporter.core.verdict import VerdictBands
 from specdecode_exporter.pipeline.derive import CostModel
-from specdecode_exporter.tap.route import MODES, OBSERVE, RouteSettings
+from specdecode_exporter.tap.settings import TapSettings
 
 RESERVED_LABELS = frozenset(
     {"target", "model_name", "engine", "window", "position", "reason", "api", "method", "num_speculative_tokens",
@@ -58,7 +62,6 @@ LOG_FORMATS = ("logfmt", "json")
 DEFAULT_TARGET_URL = "http://127.0.0.1:8000/metrics"
 DEFAULT_TARGET_NAME = "vllm"  # the default target's, and that of a target without a name
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
-_HEADER_NAME = re.compile(r"[A-Za-z0-9!#$%&'*+.^_`|~-]+")
 
 
 # ---------- the value types of the sidecar's keys and flags ----------
@@ -111,28 +114,9 @@ def _url(value: object, info: ValidationInfo) -> str:
     return str(value)
 
 
-def _listen_address(value: object) -> str:
-    _, sep, port = str(value).rpartition(":")
-    if not isinstance(value, str) or not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise fail(f"expected host:port or :port, got {show(value)}")
-    return value
-
-
-def _upstream(value: object) -> str:
-    if not isinstance(value, str) or not re.fullmatch(r"http://[^/@\s]+/?", value):
-        raise fail(f"expected http://host:port (the tap relays plain HTTP), got {show(value)}")
-    return value.rstrip("/")
-
-
 def _url_path(value: object) -> str:
     if not isinstance(value, str) or not value.startswith("/"):
         raise fail(f"expected a path starting with /, got {show(value)}")
-    return value
-
-
-def _header_name(value: object) -> str:
-    if not isinstance(value, str) or not _HEADER_NAME.fullmatch(value):
-        raise fail(f"expected an HTTP header name, got {show(value)}")
     return value
 
 
@@ -151,21 +135,12 @@ def _labels(value: object) -> tuple[tuple[str, str], ...]:
     return tuple(sorted((k, str(v)) for k, v in value.items()))
 
 
-def _increasing(bands: tuple[float, ...]) -> tuple[float, ...]:
-    if not bands:
-        raise fail("expected a list of increasing temperatures, got []")
-    if list(bands) != sorted(set(bands)):
-        raise fail(f"must increase, got {list(bands)}")
-    return bands
-
-
 def _windows_text(windows: tuple[Window, ...]) -> str:
     return ",".join(w.name for w in windows)
 
 
 Windows = Annotated[tuple[Window, ...], BeforeValidator(_windows), Named("windows", _windows_text)]
 Url = Annotated[str, BeforeValidator(_url), Named("URL")]
-ListenAddress = Annotated[str, BeforeValidator(_listen_address), Named("address")]
 UrlPath = Annotated[str, BeforeValidator(_url_path), Named("path")]
 FilePath = Annotated[str, words("a path"), Named("file")]
 Cost = Annotated[Number, Range(0, 10)]
@@ -290,81 +265,6 @@ class TargetConfig(Section):
     tls: Annotated[TLSConfig | None, Field(alias="tls_config")] = None
 
 
-# ---------- the request tap ----------
-
-def _fallback(value: object) -> str:
-    if not isinstance(value, str) or not re.fullmatch(r"http://[^/@\s]+/?", value):
-        raise fail(f"expected http://host:port (the tap relays plain HTTP), got {show(value)}")
-    return value.rstrip("/")
-
-
-def _bands(value: object) -> object:
-    """Prompt-length band edges: [1024, 4096] or '1024,4096' (a flag), in tokens, increasing."""
-    items = [v.strip() for v in value.split(",") if v.strip()] if isinstance(value, str) else value
-    if not isinstance(items, list | tuple) or not all(
-            (isinstance(v, int) and not isinstance(v, bool)) or (isinstance(v, str) and v.isdigit()) for v in items):
-        raise fail(f"expected increasing prompt lengths in tokens like [1024, 4096], got {show(value)}")
-    edges = tuple(int(v) for v in items)
-    if list(edges) != sorted(set(edges)) or (edges and edges[0] < 1):
-        raise fail(f"expected increasing prompt lengths in tokens like [1024, 4096], got {show(value)}")
-    return edges
-
-
-def _numbers_text(numbers: tuple[int, ...]) -> str:
-    return ",".join(str(n) for n in numbers) or "none"
-
-
-@dataclass(frozen=True, slots=True)
-class RouteConfig(Section):
-    """proxy.route (flags --proxy.route.*): routing, on when a fallback upstream is set. Validated here, so that
-    the tap's own process imports no validation (tap/route.py's RouteSettings is what it runs on)."""
-
-    fallback_upstream: Annotated[str, BeforeValidator(_fallback), Named("URL")] = setting(
-        help="turn routing on: a pool of the same model without speculative decoding, http://host:port, where the "
-             "tap sends the classes of requests speculative decoding slows down", reload=False, shown="off")
-    mode: Annotated[str, Choice(*MODES), Named("mode")] = setting(
-        OBSERVE, "observe (decide and count only) or enforce (send routed classes to the fallback)", reload=False)
-    min_requests: Annotated[Int, Range(2)] = setting(
-        50, "requests of a class (with spec-decode metrics) per decision", reload=False)
-    canary_share: Annotated[Number, Range(0, 1, above=True)] = setting(
-        0.05, "share of a routed class kept on speculative decoding, which measures its speedup and brings it back",
-        reload=False)
-    prompt_length_bands: Annotated[tuple[int, ...], BeforeValidator(_bands), Named("tokens", _numbers_text)] = setting(
-        (), "comma-separated prompt lengths in tokens, e.g. 1024,4096: the prompt-length band becomes part of a "
-            "class", reload=False)
-
-    def settings(self) -> RouteSettings:
-        """The same fields, by name (a field added to one and not the other fails here, not silently)."""
-        return RouteSettings(**{f.name: getattr(self, f.name) for f in fields(self)})
-
-
-@dataclass(frozen=True, slots=True)
-class ProxyConfig(Section):
-    """The request tap: the sidecar also forwards vLLM's OpenAI API and reads each response's per-request metrics."""
-
-    listen_address: ListenAddress = setting(
-        help="turn the request tap on: also forward vLLM's OpenAI API here and record each response's per-request "
-             "metrics", reload=False, shown="off")
-    upstream: Annotated[str, BeforeValidator(_upstream), Named("URL")] = setting(
-        help="where the tap forwards to, http://host:port", reload=False, shown="the target's scheme, host and port")
-    target: Text = setting(help="the target whose series the tap's figures go with", flag=False, reload=False,
-                           shown="the first target")
-    workload_header: Annotated[str, BeforeValidator(_header_name)] = setting(
-        "x-workload", "the request header that names a request's workload", flag=False, reload=False)
-    max_workloads: Annotated[Int, Range(1)] = setting(
-        10, "workloads kept as label values (more are counted as other)", flag=False, reload=False)
-    temperature_bands: Annotated[tuple[Annotated[Number, Range(0, 10)], ...], AfterValidator(_increasing)] = setting(
-        (0.3, 0.7), "the edges of the temperature label's bands", flag=False, reload=False)
-    connect_timeout: Duration = setting(3.0, "timeout of connecting to the upstream", flag=False, reload=False)
-    drain_timeout: DurationOrZero = setting(
-        20.0, "on shutdown: how long requests in flight may take to finish", flag=False, reload=False)
-    class_histograms: Bool = setting(
-        False, "export the tap's per-request histograms by workload and temperature band too, not only per model "
-               "(a drill-down that multiplies their series by the classes in use; α per class stays exact from the "
-               "counters)", reload=False)
-    route: RouteConfig | None = None  # routing to a pool without spec decode: off unless a fallback is set
-
-
 def _target_list(value: object) -> object:
     """The file's targets: a non-empty list (the default target is for a file without the key, not an empty one)."""
     if value is not None and not isinstance(value, list):
@@ -386,11 +286,11 @@ def _unnamed_clash(entries: tuple[Any, ...]) -> None:
                               f"targets[{others[0]}]; give each target its own name (its target label)")
 
 
-def _proxy_keys(value: object) -> object:
-    """The file's proxy section: only ProxyConfig's keys (validated once the flags and targets are known)."""
+def _tap_keys(value: object) -> object:
+    """The file's tap section: only TapSettings' keys (validated once the flags and targets are known)."""
     if value is not None and not isinstance(value, Mapping):
         raise fail(f"expected a mapping, got {show(value)}")
-    return ProxyConfig.check_keys(value)
+    return TapSettings.check_keys(value)
 
 
 def api_base(url: str) -> str:
@@ -399,41 +299,41 @@ def api_base(url: str) -> str:
     return f"{parts.scheme}://{parts.netloc}"
 
 
-def proxy_config(section: Mapping[str, Any] | None, targets: tuple[TargetConfig, ...],
-                 origins: Mapping[str, str] | None = None) -> ProxyConfig | None:
-    """The proxy section (the --proxy.* flags are merged into it already); None (the tap off) when no listen address
-    is set."""
+def tap_config(section: Mapping[str, Any] | None, targets: tuple[TargetConfig, ...],
+               origins: Mapping[str, str] | None = None, name: str = "tap") -> TapSettings | None:
+    """The tap section (the --tap.* flags are merged into it already); None (the tap off) when no listen address is
+    set. ``name``: the section as the file called it (tap, or proxy: RENAMED), for the messages."""
     raw = dict(section or {})
     if raw.get("listen_address") is None:
         if raw.get("route") is not None:
-            raise ConfigError("proxy.route: routing needs the request tap: set proxy.listen_address "
-                              "(--proxy.listen-address)")
+            raise ConfigError(f"{name}.route: routing needs the request tap: set {name}.listen_address "
+                              "(--tap.listen-address)")
         return None
     names = [t.name for t in targets]
     target = raw.get("target", names[0] if names else None)
     if target not in names:
-        raise ConfigError(f"proxy.target: {target!r} is not one of the targets ({', '.join(names)})")
+        raise ConfigError(f"{name}.target: {target!r} is not one of the targets ({', '.join(names)})")
     if not raw.get("upstream"):
         raw["upstream"] = api_base(next(t.url for t in targets if t.name == target))
-    proxy: ProxyConfig = validation.validate(ProxyConfig, {**raw, "target": target}, at=("proxy",), origins=origins)
-    check_not_itself(proxy, defaulted=not (section or {}).get("upstream"), origins=origins or {})
-    return proxy
+    tap: TapSettings = validation.validate(TapSettings, {**raw, "target": target}, at=("tap",), origins=origins)
+    check_not_itself(tap, defaulted=not (section or {}).get("upstream"), origins=origins or {}, name=name)
+    return tap
 
 
-def check_not_itself(proxy: ProxyConfig, defaulted: bool, origins: Mapping[str, str]) -> None:
+def check_not_itself(tap: TapSettings, defaulted: bool, origins: Mapping[str, str], name: str = "tap") -> None:
     """A ConfigError when the tap's upstream (or routing's fallback) is the tap itself: every request would loop
     until the sockets run out. ``defaulted``: the upstream is the target's, not given."""
-    fallback = proxy.route.fallback_upstream if proxy.route else None
-    for key, upstream in (("upstream", proxy.upstream), ("route.fallback_upstream", fallback)):
-        if upstream is None or not relays_to_itself(proxy.listen_address, upstream):
+    fallback = tap.route.fallback_upstream if tap.route else None
+    for key, upstream in (("upstream", tap.upstream), ("route.fallback_upstream", fallback)):
+        if upstream is None or not relays_to_itself(tap.listen_address, upstream):
             continue
-        origin = origins.get(f"proxy.{key}")
+        origin = origins.get(f"tap.{key}")
         given = key != "upstream" or not defaulted
-        default = "" if given else f" (the default: the host and port of target {proxy.target!r})"
-        listen = origins.get("proxy.listen_address", "proxy.listen_address")
+        default = "" if given else f" (the default: the host and port of target {tap.target!r})"
+        listen = origins.get("tap.listen_address", f"{name}.listen_address")
         raise (SourcedError if origin else ConfigError)(
-            f"{origin or f'proxy.{key}'}: {upstream}{default} is the tap's own address ({listen} "
-            f"{proxy.listen_address}): the tap would relay every request to itself; point it at vLLM")
+            f"{origin or f'{name}.{key}'}: {upstream}{default} is the tap's own address ({listen} "
+            f"{tap.listen_address}): the tap would relay every request to itself; point it at vLLM")
 
 
 def relays_to_itself(listen_address: str, upstream: str) -> bool:
@@ -498,8 +398,8 @@ class MonitoringSection(Section):
 
 @dataclass(frozen=True, slots=True)
 class ConfigFile(Section):
-    """The sidecar's YAML file, its sections validated; targets and proxy are validated as TargetConfig and
-    ProxyConfig once the defaults they take from the rest of the file (and the flags) are known."""
+    """The sidecar's YAML file, its sections validated; targets and tap are validated as TargetConfig and
+    TapSettings once the defaults they take from the rest of the file (and the flags) are known."""
 
     NULL_IS_EMPTY = True
     web: WebSection = WebSection()
@@ -513,8 +413,8 @@ class ConfigFile(Section):
         flag=False, shown="the monitoring config's")
     log: LogSection = LogSection()
     monitoring: MonitoringSection = MonitoringSection()
-    proxy: Annotated[dict[str, Any] | None, BeforeValidator(_proxy_keys)] = field(
-        default=None, metadata={"section": ProxyConfig})  # validated once the targets are known
+    tap: Annotated[dict[str, Any] | None, BeforeValidator(_tap_keys)] = field(
+        default=None, metadata={"section": TapSettings})  # validated once the targets are known
 
     def targets_config(self, origins: Mapping[str, str] | None = None) -> tuple[TargetConfig, ...]:
         """The file's targets (or --target's); a target without timeout or cost_model takes collect.timeout and
@@ -548,8 +448,10 @@ class Config:
         default_factory=lambda: monitoring_config.shipped().speculation_stopped)
     # The page's statistics: the configured variance (m, s) and min_requests, for the measured variance's gauge.
     statistics: monitoring_config.Statistics = field(default_factory=lambda: monitoring_config.shipped().statistics)
-    proxy: ProxyConfig | None = None  # the request tap, off unless a listen address is given
+    tap: TapSettings | None = None  # the request tap, off unless a listen address is given
     source: str = "flags"  # where the config came from, for messages
+    deprecated: tuple[str, ...] = ()  # one warning line per deprecated name the config used (RENAMED), logged at
+    # start and at each reload
 
     @property
     def longest_window(self) -> float:
@@ -563,6 +465,11 @@ class Config:
 SETTINGS = tree(ConfigFile)
 """Every setting of the sidecar (``run``), in the order declared: the flags, --help, the reload's notes and the
 configuration reference are built from it."""
+RENAMED = Renamed("proxy", "tap")
+"""The tap's section was called proxy: its proxy.* keys, --proxy.* flags and SPECDECODE_PROXY_* variables keep
+working, each with a warning, for one more release (CHANGELOG.md)."""
+DEPRECATED: tuple[Setting, ...] = tuple(alias for item in SETTINGS if (alias := RENAMED.alias(item)) is not None)
+"""The tap's settings under their old names: hidden flags of ``run``, and variables it knows."""
 
 
 @dataclass(frozen=True)
@@ -591,7 +498,10 @@ CONFIG_FILE_FLAG = OuterFlag("", "--config.file", "file", "none", "the path: res
 TARGET_FLAG = OuterFlag("targets", "--target", "[NAME=]URL", DEFAULT_TARGET_URL,
                         "applied (the file's)", "a vLLM /metrics URL; repeatable (the variable: comma-separated); "
                         "replaces the file's targets, each taking collect.timeout and cost_model")
-OUTER_FLAGS = (CONFIG_FILE_FLAG, TARGET_FLAG)
+CONTROL_TARGET_FLAG = OuterFlag("targets", "--control-target", "[NAME=]URL", "none", "applied (the file's)",
+                                "a vLLM /metrics URL serving the same model without spec decode (a control target, "
+                                "spec_decode: false), the baseline of every --target; goes with --target")
+OUTER_FLAGS = (CONFIG_FILE_FLAG, TARGET_FLAG, CONTROL_TARGET_FLAG)
 
 
 def reference_table() -> str:
@@ -642,8 +552,20 @@ def merged(data: Any, flags: Mapping[str, object]) -> Any:
 def config_from_mapping(data: Any, source: str, flags: Mapping[str, object] | None = None,
                         origins: Mapping[str, str] | None = None) -> Config:
     """The config from a YAML mapping, with ``flags`` (dotted key → value) over it; ``origins`` names the flag or
-    variable that gave each, for the error about it."""
-    file: ConfigFile = validation.validate(ConfigFile, merged(data, flags or {}), origins=origins)
+    variable that gave each, for the error about it. The tap's old names (RENAMED) are made new first; an error
+    about the file's tap section names it as the file does."""
+    renaming = RENAMED.apply(data, flags or {}, origins or {})
+    try:
+        return _config(renaming, source)
+    except SourcedError:
+        raise
+    except ConfigError as exc:
+        raise ConfigError(renaming.as_written(str(exc))) from None
+
+
+def _config(renaming: Renaming, source: str) -> Config:
+    origins = renaming.origins
+    file: ConfigFile = validation.validate(ConfigFile, merged(renaming.data, renaming.flags), origins=origins)
     targets = file.targets_config(origins)
     if not targets:  # no targets key: the vLLM beside the sidecar
         targets = (TargetConfig(name=DEFAULT_TARGET_NAME, url=DEFAULT_TARGET_URL, timeout=file.collect.timeout),)
@@ -662,10 +584,17 @@ def config_from_mapping(data: Any, source: str, flags: Mapping[str, object] | No
         verdict_window=monitoring.verdict_window,
         speculation_stopped=monitoring.speculation_stopped,
         statistics=monitoring.statistics,
-        proxy=proxy_config(file.proxy, targets, origins),
+        tap=tap_config(file.tap, targets, origins, renaming.written),
         source=source,
+        deprecated=renaming.warnings,
     )
     return check_config(config)
+
+
+def warn_deprecated(config: Config) -> None:
+    """One warning line per deprecated name the config used: at start, and at each reload."""
+    for line in config.deprecated:
+        event(logging.WARNING, "deprecated setting name", detail=line)
 
 
 def check_config(config: Config) -> Config:
@@ -700,13 +629,26 @@ def load_config_file(path: str, monitoring_file: str | None = None, flags: Mappi
         raise ConfigError(f"{path}: {exc}") from None
 
 
-def target_entries(specs: list[str], source: str) -> list[dict[str, str]]:
+def target_entries(specs: list[str], source: str, unnamed: str = DEFAULT_TARGET_NAME) -> list[dict[str, Any]]:
     """``--target URL`` or ``--target name=URL`` as the targets key's entries; the first unnamed target is called
-    vllm. Each URL is checked here, so that its error names ``source`` (the flag or the variable)."""
-    entries = []
+    ``unnamed`` (vllm), the next ones vllm-2, …. Each URL is checked here, so that its error names ``source`` (the
+    flag or the variable)."""
+    entries: list[dict[str, Any]] = []
     for i, spec in enumerate(specs):
         name, sep, url = spec.partition("=")
         if not sep or "://" in name:
-            name, url = ("vllm" if i == 0 else f"vllm-{i + 1}"), spec
+            name, url = (unnamed if i == 0 else f"{unnamed}-{i + 1}"), spec
         entries.append({"name": name, "url": validation.validate(Url, url, source)})
     return entries
+
+
+def with_control(targets: list[dict[str, Any]], controls: list[str], source: str) -> list[dict[str, Any]]:
+    """``--control-target``'s entries (spec_decode: false) after ``targets``, which take the control as their
+    baseline. One control only: several are paired with their targets in the config file (baseline.target)."""
+    entries = target_entries(controls, source, unnamed="control")
+    if len(entries) > 1:
+        raise SourcedError(f"{source}: one control target on the command line; pair several with their targets in "
+                           "the config file (spec_decode: false, baseline.target)")
+    (control,) = entries
+    paired = [{**entry, "baseline": {"target": control["name"]}} for entry in targets]
+    return [*paired, {**control, "spec_decode": False}]

@@ -7,7 +7,9 @@ import json
 import time
 from collections.abc import Callable
 
-from specdecode_exporter.pipeline.scrape import FetchClient, fetch
+import httpx
+
+from specdecode_exporter.pipeline.scrape import fetch
 from specdecode_exporter.sidecar.config import api_base
 
 MODELS_MAX_BYTES = 1024 * 1024
@@ -38,7 +40,7 @@ def first_model_id(body: bytes) -> str | None:
     return ids[0] if ids else None
 
 
-async def served_model(client: FetchClient, metrics_url: str, timeout: float, bearer_token: str | None,
+async def served_model(client: httpx.AsyncClient, metrics_url: str, timeout: float, bearer_token: str | None,
                        clock: Callable[[], float] = time.monotonic, sni_hostname: str | None = None
                        ) -> tuple[str | None, str]:
     """(model id, "") or (None, why not)."""

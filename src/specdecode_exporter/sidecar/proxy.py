@@ -1,5 +1,6 @@
-"""The request tap in the sidecar: its settings, its process (tap/process.py) and that process' lifecycle beside
-the sidecar's event loop. The tap relays in a process of its own; the sidecar reads its counters per scrape."""
+"""The request tap in the sidecar: its process (tap/process.py), started with the tap's settings as the config
+validated them (tap/settings.py), and that process' lifecycle beside the sidecar's event loop. The tap relays in a
+process of its own; the sidecar reads its counters per scrape."""
 
 from __future__ import annotations
 
@@ -15,10 +16,11 @@ from specdecode_exporter.core import dispersion
 from specdecode_exporter.core.dispersion import MomentsHistory, WindowVariance
 from specdecode_exporter.core.httpserver import bind_socket
 from specdecode_exporter.sidecar.collection import TargetView
-from specdecode_exporter.sidecar.config import Config, ProxyConfig, split_listen_address
+from specdecode_exporter.sidecar.config import Config, split_listen_address
 from specdecode_exporter.sidecar.expose import Labels
-from specdecode_exporter.tap.request_stats import ADAPTIVE_VERIFICATION_WITHHELD, RequestsView, TapSettings
+from specdecode_exporter.tap.request_stats import ADAPTIVE_VERIFICATION_WITHHELD, RequestsView
 from specdecode_exporter.tap.route import RoutesView
+from specdecode_exporter.tap.settings import TapSettings
 
 if TYPE_CHECKING:  # the tap's process and relay load only when the tap is on (TapRuntime.__post_init__)
     from specdecode_exporter.tap.process import BreakEvens, TapProcess
@@ -46,7 +48,7 @@ def break_evens_of(views: list[TargetView], target: str) -> BreakEvens:
 class TapRuntime:
     """The tap of one sidecar: configured at start (a bound socket), started and stopped with the app."""
 
-    config: ProxyConfig
+    config: TapSettings
     labels: Labels  # the tapped target's name and static labels
     sock: socket.socket
     views: Views = list  # the collection's latest: the router's break-even comes from the tapped target's
@@ -54,7 +56,7 @@ class TapRuntime:
     current: Callable[[], Config] | None = None  # the config in force (reloads change windows and statistics)
     clock: Callable[[], float] = time.monotonic
     withheld: str | None = None  # why vLLM's per-request draft counts are not read (the target's adaptive
-    # verification: TapSettings.withheld); fixed at start, as the rest of the tap's settings
+    # verification: RequestRecorder.withheld); fixed at start, as the tap's settings are
     process: TapProcess = field(init=False)
     history: MomentsHistory = field(init=False)
     _pushing: asyncio.Task[None] | None = None
@@ -63,12 +65,7 @@ class TapRuntime:
         from specdecode_exporter.tap.process import TapProcess, TapProcessSettings
 
         self.history = MomentsHistory(HISTORY_KEEP_SECONDS).recorded(self.clock(), {})
-        self.process = TapProcess(TapProcessSettings(
-            self.config.upstream, self.config.workload_header, self.config.connect_timeout,
-            TapSettings(temperature_edges=self.config.temperature_bands, max_workloads=self.config.max_workloads,
-                        withheld=self.withheld),
-            self.config.route.settings() if self.config.route is not None else None, self.config.drain_timeout,
-            *self.log), self.sock)
+        self.process = TapProcess(TapProcessSettings(self.config, self.withheld, *self.log), self.sock)
 
     async def start(self) -> None:
         """Start the tap process; RuntimeError when it does not start."""
@@ -131,11 +128,11 @@ def tap_runtime(config: Config, views: Views = list, current: Callable[[], Confi
     """The tap for ``config``, its socket bound now (OSError when the address is taken); None when it is off.
     ``views`` are the collection's latest: the router's break-even comes from the tapped target's; ``current`` the
     config in force (else ``config``), whose windows and statistics the measured variance reads."""
-    proxy = config.proxy
-    if proxy is None:
+    tap = config.tap
+    if tap is None:
         return None
-    target = next(t for t in config.targets if t.name == proxy.target)
-    host, port = split_listen_address(proxy.listen_address)
-    return TapRuntime(proxy, {"target": target.name, **dict(target.labels)}, bind_socket(host, port), views,
+    target = next(t for t in config.targets if t.name == tap.target)
+    host, port = split_listen_address(tap.listen_address)
+    return TapRuntime(tap, {"target": target.name, **dict(target.labels)}, bind_socket(host, port), views,
                       (config.log.level, config.log.format), current or (lambda: config),
                       withheld=ADAPTIVE_VERIFICATION_WITHHELD if target.adaptive_verification else None)

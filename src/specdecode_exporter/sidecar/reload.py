@@ -23,13 +23,14 @@ from specdecode_exporter.core.log import event, reconfigure_logging
 from specdecode_exporter.core.settings import get
 from specdecode_exporter.core.validation import ConfigError
 from specdecode_exporter.sidecar.collection import Exporter
-from specdecode_exporter.sidecar.config import SETTINGS, Config
+from specdecode_exporter.sidecar.config import SETTINGS, Config, warn_deprecated
 from specdecode_exporter.sidecar.webconfig import WebSecurity
 
-# From the config tree: the settings a reload applies and those that wait for a restart (the tap, proxy.*, as one).
+# From the config tree: the settings a reload applies and those that wait for a restart (the tap, tap.*, as one: its
+# process is started with its settings, none of which reloads).
 _SECTIONS = ("web", "collect", "log", "monitoring")  # Config's fields that are the file's sections, as they are
 _RUNTIME = [s for s in SETTINGS if s.key.partition(".")[0] in (*_SECTIONS, "windows")]
-RESTART_ONLY = (*(s.key for s in _RUNTIME if not s.reload), "proxy")
+RESTART_ONLY = (*(s.key for s in _RUNTIME if not s.reload), "tap")
 # Config fields a reload applies, with the names a user knows them by: the tree's settings by their keys, and what
 # the monitoring config gives the verdict. Targets are described by apply_config.
 APPLIED = {
@@ -37,7 +38,7 @@ APPLIED = {
     "verdict": "verdict (page_threshold and bands)", "verdict_window": "verdict window",
     "speculation_stopped": "speculation_stopped",
 }
-NOT_SETTINGS = ("targets", "source")
+NOT_SETTINGS = ("targets", "source", "deprecated")
 
 
 def _shown(value: object) -> str:
@@ -116,6 +117,7 @@ class Reloader:
         self.last_successful = True
         self.last_success_time = time.time()
         message = "; ".join(notes) or "no changes"
+        warn_deprecated(config)
         event(logging.INFO, "configuration reloaded", source=config.source, changes=message)
         return True, message
 

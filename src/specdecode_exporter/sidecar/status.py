@@ -183,7 +183,7 @@ def status_json(views: list[TargetView], ready: tuple[bool, str], version: str, 
                 routes: RoutesView | None = None, fallback_available: bool | None = None,
                 variances: Sequence[WindowVariance] = ()) -> dict[str, Any]:
     bands = config.verdict
-    tapped = config.proxy.target if config.proxy is not None else None
+    tapped = config.tap.target if config.tap is not None else None
     return {
         "version": version,
         "uptime_seconds": round(uptime, 1),

@@ -1,4 +1,4 @@
-"""The ASGI app (Starlette): /metrics, /healthz, /readyz, /api/v1/status and the landing page; and the server."""
+"""The ASGI app (FastAPI): /metrics, /healthz, /readyz, /api/v1/status and the landing page; and the server."""
 
 from __future__ import annotations
 
@@ -9,14 +9,12 @@ import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import uvicorn
-from starlette.applications import Starlette
+from fastapi import FastAPI, Request
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.background import BackgroundTask
-from starlette.middleware import Middleware
-from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
-from starlette.routing import Route
+from starlette.exceptions import HTTPException
 
-from specdecode_exporter.core.httpserver import IDLE_KEEP_ALIVE, QuietServer, bind_socket
+from specdecode_exporter.core.httpserver import ConnectionGuard, bind_socket, server_config
 from specdecode_exporter.core.log import event
 from specdecode_exporter.sidecar.collection import Exporter
 from specdecode_exporter.sidecar.config import Config, split_listen_address
@@ -46,11 +44,11 @@ def _on_sighup(reloader: Reloader | None) -> Callable[[], None]:
 
 
 def _lifespan(exporter: Exporter, reloader: Reloader | None, tap: TapRuntime | None,
-              run_collection: bool) -> Callable[[Starlette], contextlib.AbstractAsyncContextManager[None]]:
+              run_collection: bool) -> Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]:
     """What runs beside the app, started and stopped with it: the tap's process, the collection loops and SIGHUP."""
 
     @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if tap is not None:  # a process of its own: nothing this loop does delays a relayed token
             try:
                 await tap.start()
@@ -74,8 +72,8 @@ def _lifespan(exporter: Exporter, reloader: Reloader | None, tap: TapRuntime | N
     return lifespan
 
 
-def _reload_endpoint(reloader: Reloader) -> Callable[[Request], Awaitable[PlainTextResponse]]:
-    async def reload(_: Request) -> PlainTextResponse:  # on the event loop, like the collection loops it changes
+def _reload_endpoint(reloader: Reloader) -> Callable[[], Awaitable[PlainTextResponse]]:
+    async def reload() -> PlainTextResponse:  # on the event loop, like the collection loops it changes
         ok, message = reloader.reload()
         return PlainTextResponse(("ok: " if ok else "failed: ") + message + "\n", status_code=200 if ok else 400)
 
@@ -83,7 +81,7 @@ def _reload_endpoint(reloader: Reloader) -> Callable[[Request], Awaitable[PlainT
 
 
 def build_app(exporter: Exporter, run_collection: bool = True, reloader: Reloader | None = None,
-              security: WebSecurity | None = None, tap: TapRuntime | None = None) -> Starlette:
+              security: WebSecurity | None = None, tap: TapRuntime | None = None) -> FastAPI:
     config: Config = exporter.config  # what the listener was built with; a reload changes exporter.config
     page = MetricsPage(exporter.views, reloader, tap)
     if tap is not None:  # after each collection the tap's router hears the break-even it found
@@ -106,32 +104,40 @@ def build_app(exporter: Exporter, run_collection: bool = True, reloader: Reloade
         return Response(body, headers=headers,
                         background=BackgroundTask(collect_after_response, len(body)))  # once the response is sent
 
-    async def healthz(_: Request) -> PlainTextResponse:
+    async def healthz() -> PlainTextResponse:
         return PlainTextResponse("ok\n")
 
-    async def readyz(_: Request) -> PlainTextResponse:
+    async def readyz() -> PlainTextResponse:
         ready, reason = exporter.ready()
         return PlainTextResponse(("ok" if ready else f"not ready: {reason}") + "\n", status_code=200 if ready else 503)
 
-    async def status(_: Request) -> JSONResponse:
+    async def status() -> JSONResponse:
         return JSONResponse(await current_status())
 
-    async def landing(_: Request) -> HTMLResponse:
+    async def landing() -> HTMLResponse:
         return HTMLResponse(status_html(await current_status(), config.web.telemetry_path))
 
-    routes = [Route(config.web.telemetry_path, metrics), Route("/healthz", healthz), Route("/readyz", readyz),
-              Route("/api/v1/status", status), Route("/", landing)]
+    # No API documentation (docs_url, redoc_url, openapi_url): nothing to document, and no page of the sidecar
+    # that serves a script from a CDN. /metrics/ is not /metrics (redirect_slashes): the redirect to the slashless
+    # path builds its Location from the client's Host header, which lets a request name any host to be sent to.
+    app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None, redirect_slashes=False,
+                  lifespan=_lifespan(exporter, reloader, tap, run_collection))
+    app.add_exception_handler(HTTPException, _plain_error)
+    for path, endpoint in ((config.web.telemetry_path, metrics), ("/healthz", healthz), ("/readyz", readyz),
+                           ("/api/v1/status", status), ("/", landing)):
+        app.add_api_route(path, endpoint, methods=["GET", "HEAD"])
     if reloader is not None:
-        routes.append(Route("/-/reload", _reload_endpoint(reloader), methods=["POST"]))
-    middleware = ([Middleware(BasicAuthMiddleware, security=security)] if security is not None and security.users
-                  else [])
-    app = Starlette(routes=routes, middleware=middleware,
-                    lifespan=_lifespan(exporter, reloader, tap, run_collection))
+        app.add_api_route("/-/reload", _reload_endpoint(reloader), methods=["POST"])
+    if security is not None and security.users:
+        app.add_middleware(BasicAuthMiddleware, security=security)
     app.state.startup_failed = False
-    # /metrics/ is not /metrics: Starlette's redirect to the slashless path builds its Location from the client's
-    # Host header, which lets a request name any host to be sent to.
-    app.router.redirect_slashes = False
     return app
+
+
+async def _plain_error(_: Request, exc: Exception) -> PlainTextResponse:
+    """A 404 or 405 in plain text ("Not Found"), as the sidecar has always answered, not FastAPI's JSON."""
+    assert isinstance(exc, HTTPException)
+    return PlainTextResponse(exc.detail, status_code=exc.status_code, headers=exc.headers)
 
 
 def serve(config: Config, load: Callable[[], Config] | None = None, security: WebSecurity | None = None) -> int:
@@ -142,26 +148,24 @@ def serve(config: Config, load: Callable[[], Config] | None = None, security: We
     try:
         tap = tap_runtime(config, exporter.views, lambda: exporter.config)
     except OSError as exc:
-        event(logging.ERROR, "cannot listen", listen_address=config.proxy.listen_address if config.proxy else "",
+        event(logging.ERROR, "cannot listen", listen_address=config.tap.listen_address if config.tap else "",
               detail=exc.strerror or str(exc), what="request tap",
-              change_with="--proxy.listen-address (proxy.listen_address in the config file)")
+              change_with="--tap.listen-address (tap.listen_address in the config file)")
         return 1
     # uvloop where installed (the tap's relay is a few µs a chunk cheaper on it), else asyncio's own loop.
     # The TLS context is ours, so that a reload can swap the certificate in place.
     context = security.ssl_context if security is not None else None
     app = build_app(exporter, reloader=reloader, security=security, tap=tap)
-    uv_config = uvicorn.Config(app, host=host,
-                               port=port, log_config=None, access_log=False, timeout_graceful_shutdown=5,
-                               lifespan="on", loop="auto", timeout_keep_alive=IDLE_KEEP_ALIVE,
-                               ssl_context_factory=(lambda _config, _default: context) if context else None)
-    server = QuietServer(uv_config)
+    server = uvicorn.Server(server_config(
+        app, ConnectionGuard(), host=host, port=port, timeout_graceful_shutdown=5, lifespan="on", loop="auto",
+        ssl_context_factory=(lambda _config, _default: context) if context else None))
     event(logging.INFO, "starting", version=exporter_version(), listen_address=config.web.listen_address,
           telemetry_path=config.web.telemetry_path, targets=",".join(t.url for t in config.targets),
           interval=f"{config.collect.interval:g}s", windows=",".join(w.name for w in config.windows),
           tls=security is not None and security.ssl_context is not None,
           basic_auth=security is not None and bool(security.users),
-          request_tap=f"{config.proxy.listen_address} -> {config.proxy.upstream}" if config.proxy else "off",
-          routing=f"{route.mode} -> {route.fallback_upstream}" if (route := config.proxy and config.proxy.route)
+          request_tap=f"{config.tap.listen_address} -> {config.tap.upstream}" if config.tap else "off",
+          routing=f"{route.mode} -> {route.fallback_upstream}" if (route := config.tap and config.tap.route)
           else "off")
     try:
         sock = bind_socket(host, port)
@@ -169,10 +173,11 @@ def serve(config: Config, load: Callable[[], Config] | None = None, security: We
         event(logging.ERROR, "cannot listen", listen_address=config.web.listen_address, detail=exc.strerror or str(exc),
               change_with="--web.listen-address (web.listen_address in the config file)")
         return 1
-    # uvicorn re-raises a captured SIGTERM once it has shut down gracefully, with the handler found before it
-    # started: with this one that means "stop" (also before uvicorn listens) and the process exits 0.
+    # uvicorn handles SIGTERM and SIGINT while it serves, and re-raises the signal once it has shut down, with the
+    # handler found before it started: with this one a SIGTERM means "stop" (also one before uvicorn's handler is
+    # in place: the server then stops as soon as it has started) and the process exits 0.
     def stop(_signum: int, _frame: object) -> None:
-        server.request_exit()
+        server.should_exit = True
 
     signal.signal(signal.SIGTERM, stop)
     tune_gc()

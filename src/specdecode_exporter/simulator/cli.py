@@ -186,6 +186,6 @@ def main(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":  # python -m specdecode_exporter.simulator.cli
-    _parser = argparse.ArgumentParser(prog="specdecode-exporter simulate", description=__doc__)
+    _parser = argparse.ArgumentParser(prog="specdecode-exporter simulate", description=__doc__, allow_abbrev=False)
     add_arguments(_parser)
     sys.exit(main(_parser.parse_args()))

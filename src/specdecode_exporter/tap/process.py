@@ -4,7 +4,8 @@ page render, a full GC pass) holds the interpreter while a client's tokens are w
 The sidecar binds the tap's socket and starts ``python -m specdecode_exporter.tap`` with it and one end of
 a socket pair. Over that pair, length-prefixed pickles (the two processes are one program):
 
-  sidecar → tap   TapProcessSettings (first), ("snapshot",), ("break_even", table), ("stop", grace)
+  sidecar → tap   TapProcessSettings (first: the validated TapSettings as they are, tap/settings.py), ("snapshot",),
+                  ("break_even", table), ("stop", grace)
   tap → sidecar   ("ready", port), ("snapshot", TapSnapshot), ("stopped",)
 
 The tap process runs the relay, the recorder and the router; a scrape asks it for a snapshot of their counters.
@@ -33,8 +34,9 @@ from typing import NamedTuple, cast
 from specdecode_exporter.core.log import event, setup_logging
 from specdecode_exporter.tap.model import Observer, TapRequest, TapResult
 from specdecode_exporter.tap.relay import Tap, TapStats, start_tap
-from specdecode_exporter.tap.request_stats import NO_REQUESTS, RequestRecorder, RequestsView, TapSettings, combined
-from specdecode_exporter.tap.route import ClassRouter, RouteSettings, RoutesView
+from specdecode_exporter.tap.request_stats import NO_REQUESTS, RequestRecorder, RequestsView, combined
+from specdecode_exporter.tap.route import ClassRouter, RoutesView
+from specdecode_exporter.tap.settings import TapSettings
 
 _LENGTH = struct.Struct("!I")
 MAX_MESSAGE = 64 * 1024 * 1024
@@ -49,16 +51,13 @@ BreakEvens = tuple[tuple[str, float], ...]
 
 @dataclass(frozen=True)
 class TapProcessSettings:
-    """What the tap process needs: where it relays, how it labels, whether it routes, how it logs."""
+    """What the tap process needs: the tap's settings as the sidecar validated them, and what the rest of the
+    config says of it: whether vLLM's per-request draft counts are withheld (RequestRecorder.withheld), how to log."""
 
-    upstream: str
-    workload_header: str
-    connect_timeout: float
-    recording: TapSettings
-    route: RouteSettings | None
-    drain_timeout: float = 20.0  # how long requests in flight may take to finish when the sidecar has gone
-    log_level: str = "info"
-    log_format: str = "logfmt"
+    tap: TapSettings
+    withheld: str | None
+    log_level: str
+    log_format: str
 
 
 class TapSnapshot(NamedTuple):
@@ -117,21 +116,18 @@ class _TapWorker:
         self.settings = settings
         self.writer = writer
         self.break_evens: BreakEvens = ()
-        self.recorder = RequestRecorder(settings.recording)
-        self.router = (ClassRouter(settings.route, self.recorder.band_key,
+        self.recorder = RequestRecorder(settings.tap, settings.withheld)
+        self.router = (ClassRouter(settings.tap.route, self.recorder.band_key,
                                    lambda model: break_even_for(self.break_evens, model),
                                    figures=self.recorder.figures)
-                       if settings.route is not None else None)
+                       if settings.tap.route is not None else None)
         self.tap: Tap | None = None
 
     async def start(self, sock: socket.socket) -> None:
         router = self.router
         observer: Observer = self.recorder if router is None else _Observers(self.recorder, router)
         host = str(sock.getsockname()[0])
-        self.tap = await start_tap(host, 0, self.settings.upstream, observer,
-                                   workload_header=self.settings.workload_header,
-                                   connect_timeout=self.settings.connect_timeout, sock=sock, router=router,
-                                   fallback_upstream=router.settings.fallback_upstream if router else None)
+        self.tap = await start_tap(host, 0, self.settings.tap, observer, sock=sock, router=router)
         self.send(("ready", self.tap.port))
 
     def send(self, message: object) -> None:
@@ -147,7 +143,7 @@ class _TapWorker:
             try:
                 message = await read_message(reader)
             except EOFError:
-                await self.close(self.settings.drain_timeout)
+                await self.close(self.settings.tap.drain_timeout)
                 return
             match message:
                 case ("snapshot",):
@@ -185,7 +181,7 @@ def main(argv: list[str]) -> int:
     # kill of the process group) would otherwise cut the requests in flight before the sidecar could drain them.
     if len(argv) != 3 or not all(arg.isdigit() for arg in argv[1:]):
         print("specdecode-exporter tap: the sidecar starts this process (specdecode-exporter run "
-              "--proxy.listen-address ...); it is not a command", file=sys.stderr)
+              "--tap.listen-address ...); it is not a command", file=sys.stderr)
         return 2
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, signal.SIG_IGN)

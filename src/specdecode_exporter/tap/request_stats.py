@@ -19,13 +19,14 @@ from specdecode_exporter.core.buckets import ACCEPTANCE_RATIO_BUCKETS
 from specdecode_exporter.core.dispersion import Moments
 from specdecode_exporter.pipeline.latency import Histogram
 from specdecode_exporter.tap.model import TapRequest, TapResult
+from specdecode_exporter.tap.settings import TapSettings
 
 LENGTH_BUCKETS: tuple[float, ...] = (1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 8.0, 10.0)
 SPEED_BUCKETS: tuple[float, ...] = (1, 2, 5, 10, 20, 30, 50, 75, 100, 150, 200, 300, 500, 1000)
 UNSET = "unset"
 OTHER = "other"
 MAX_LABEL_LENGTH = 64
-# Why a vLLM response's per-request draft counts are not read (TapSettings.withheld), in the sentence the sidecar
+# Why a vLLM response's per-request draft counts are not read (RequestRecorder.withheld), in the sentence the sidecar
 # says of its own counters (core/adaptive_verification.py), and the reason such requests are counted by.
 ADAPTIVE_VERIFICATION_WITHHELD = withheld_why(
     "a response's metrics.speculative_decoding.num_draft_tokens",
@@ -34,17 +35,8 @@ ADAPTIVE_VERIFICATION_WITHHELD = withheld_why(
 WITHHELD = "withheld"
 
 
-@dataclass(frozen=True)
-class TapSettings:
-    """How tapped requests are labelled (the proxy section of the config)."""
-
-    temperature_edges: tuple[float, ...] = (0.3, 0.7)  # bands: [0, 0.3), [0.3, 0.7), [0.7, ∞)
-    max_workloads: int = 10  # distinct workload values kept; the rest are "other"
-    max_models: int = 32  # the same for model names (clients name them; a hostile one could name many)
-    acceptance_edges: tuple[float, ...] = (0.5, 0.65)  # bands of per-request α for the speed histogram
-    # Why vLLM's per-request draft counts (metrics.speculative_decoding) are not read: the target declares adaptive
-    # verification (ADAPTIVE_VERIFICATION_WITHHELD). None: they are read.
-    withheld: str | None = None
+MAX_MODELS = 32  # model names kept as label values (clients name them; a hostile one could name many)
+ACCEPTANCE_EDGES = (0.5, 0.65)  # bands of per-request α for the speed histogram
 
 
 def temperature_band(temperature: float | None, edges: Sequence[float]) -> str:
@@ -132,14 +124,18 @@ class RequestsView(NamedTuple):
     # model → Σ D, Σ A, Σ D², Σ A², Σ A·D (and steps) of its requests with metrics: the measured variance per drafted
     # token (core.dispersion) over any window. Per model, not per class: the page tests a model's pooled α.
     moments: Mapping[str, Moments] = {}
-    withheld: str | None = None  # TapSettings.withheld of the tap that counted them
+    withheld: str | None = None  # RequestRecorder.withheld of the tap that counted them
 
 
 @dataclass
 class RequestRecorder:
-    """The tap's Observer."""
+    """The tap's Observer: requests labelled as ``settings`` say (max_workloads, temperature_bands)."""
 
-    settings: TapSettings = field(default_factory=TapSettings)
+    settings: TapSettings
+    # Why vLLM's per-request draft counts (metrics.speculative_decoding) are not read: the target declares adaptive
+    # verification (ADAPTIVE_VERIFICATION_WITHHELD). None: they are read.
+    withheld: str | None = None
+    max_models: int = MAX_MODELS
     bands: dict[BandKey, BandTotals] = field(default_factory=dict)
     without_metrics: dict[tuple[str, str], int] = field(default_factory=dict)
     speed: dict[tuple[str, str], Histogram] = field(default_factory=dict)
@@ -151,11 +147,11 @@ class RequestRecorder:
         if result.route is not None and result.route.to_fallback:
             return  # served by the routing fallback: not a request of the tapped target
         if 200 <= result.status < 300:  # a model name takes a slot only once the upstream has served it
-            capped(request.model, self.models, self.settings.max_models)
+            capped(request.model, self.models, self.max_models)
         model = known(request.model, self.models)
         figures = self.figures(result)
         if figures is None:
-            withheld = self.settings.withheld is not None and spec_figures(result.metrics, None) is not None
+            withheld = self.withheld is not None and spec_figures(result.metrics, None) is not None
             reason = WITHHELD if withheld else result.reason or "no_spec_metrics"
             self.without_metrics[(model, reason)] = self.without_metrics.get((model, reason), 0) + 1
             return
@@ -173,24 +169,24 @@ class RequestRecorder:
             totals.mean_length = totals.mean_length.observed(1.0 + figures.accepted_tokens / figures.steps)
         speed = tokens_per_second(request, result)
         if speed is not None:
-            band = (model, acceptance_band(alpha, self.settings.acceptance_edges))
+            band = (model, acceptance_band(alpha, ACCEPTANCE_EDGES))
             self.speed[band] = self.speed.get(band, Histogram.empty(SPEED_BUCKETS)).observed(speed)
 
     def figures(self, result: TapResult) -> RequestSpec | None:
         """The response's spec-decode figures as the tap may read them: vLLM's none while they are withheld (the
         router judges on these too)."""
-        return spec_figures(None if self.settings.withheld is not None else result.metrics, result.timings)
+        return spec_figures(None if self.withheld is not None else result.metrics, result.timings)
 
     def band_key(self, request: TapRequest) -> BandKey:
         """The request's labels: the model as served before (else "other"), the workload capped, the temperature
         banded (the router labels classes so)."""
         return BandKey(known(request.model, self.models),
                        capped(request.workload, self.workloads, self.settings.max_workloads),
-                       temperature_band(request.temperature, self.settings.temperature_edges))
+                       temperature_band(request.temperature, self.settings.temperature_bands))
 
     def view(self) -> RequestsView:
         return RequestsView({k: v.frozen() for k, v in self.bands.items()}, dict(self.without_metrics),
-                            dict(self.speed), dict(self.moments), self.settings.withheld)
+                            dict(self.speed), dict(self.moments), self.withheld)
 
 
 def capped(raw: str | None, seen: set[str], limit: int) -> str:

@@ -39,9 +39,8 @@ from specdecode_exporter.tap.model import (
     TapResult,
 )
 from specdecode_exporter.tap.request_stats import BandKey, RequestSpec, spec_figures, temperature_band
+from specdecode_exporter.tap.settings import ENFORCE, RouteSettings
 
-OBSERVE, ENFORCE = "observe", "enforce"
-MODES = (OBSERVE, ENFORCE)
 UPSTREAMS = (SPECULATIVE, FALLBACK)
 REASONS = (BENEFIT, CANARY, UNROUTED, FALLBACK_DOWN)
 # Before any response said how many tokens a model's prompts have, a text prompt is taken as this many characters
@@ -50,17 +49,6 @@ PRIOR_CHARS_PER_TOKEN = 4.0
 PRIOR_WEIGHT_TOKENS = 100.0
 _FAILED = frozenset((model.CLIENT_DISCONNECTED, model.UPSTREAM_FAILED, model.HTTP_ERROR))
 TPOT_ENGINE, TPOT_CLOCK = "engine timings", "tap clock"
-
-
-@dataclass(frozen=True, slots=True)
-class RouteSettings:
-    """How the router decides (sidecar/config.py's RouteConfig validates proxy.route into one)."""
-
-    fallback_upstream: str  # a pool of the same model without spec decode: http://host:port
-    mode: str = OBSERVE  # observe: decide and count only; enforce: route
-    min_requests: int = 50  # requests of a class (with spec-decode metrics) per decision
-    canary_share: float = 0.05  # share of a routed class kept on speculation
-    prompt_length_bands: tuple[int, ...] = ()  # edges in prompt tokens; empty: not a class dimension
 
 
 class ClassKey(NamedTuple):

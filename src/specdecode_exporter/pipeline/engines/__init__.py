@@ -10,6 +10,7 @@ from specdecode_exporter.pipeline.engines import (
     tgi,
     trtllm,
     vllm_diffusion,
+    vllm_plain,
     vllm_v0,
     vllm_v1,
 )
@@ -35,6 +36,7 @@ NOT_APPLICABLE: dict[str, str] = {vllm_diffusion.API: vllm_diffusion.NOT_APPLICA
 # Dialects recognised only to say why they cannot be monitored: (prefixes, why_not(samples) -> reason or None).
 UNSUPPORTED: tuple[tuple[tuple[str, ...], Callable[[Sequence[Sample]], str | None]], ...] = (
     (tgi.PREFIXES, tgi.why_not),
+    ((), vllm_plain.why_not),  # its families are among vLLM V1's
 )
 NO_SPEC_METRICS = "no speculative-decoding metrics in the exposition"
 

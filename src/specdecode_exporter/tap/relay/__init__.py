@@ -12,7 +12,6 @@ readers) > ``shared`` (settings, the observer) > ``pools`` (the pools' health, w
 """
 
 from specdecode_exporter.tap.relay.server import (
-    DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_MAX_INSPECT_BODY,
     Tap,
     TapStats,
@@ -22,7 +21,6 @@ from specdecode_exporter.tap.relay.server import (
 from specdecode_exporter.tap.relay.shared import WRITE_HIGH_WATER, WRITE_LOW_WATER
 
 __all__ = [
-    "DEFAULT_CONNECT_TIMEOUT",
     "DEFAULT_MAX_INSPECT_BODY",
     "WRITE_HIGH_WATER",
     "WRITE_LOW_WATER",

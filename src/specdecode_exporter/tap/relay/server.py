@@ -15,8 +15,8 @@ from specdecode_exporter.tap.relay.fallback_watch import FALLBACK_CHECK_INTERVAL
 from specdecode_exporter.tap.relay.link import Link
 from specdecode_exporter.tap.relay.pools import FALLBACK_POOL
 from specdecode_exporter.tap.relay.shared import Shared
+from specdecode_exporter.tap.settings import TapSettings
 
-DEFAULT_CONNECT_TIMEOUT = 3.0
 DEFAULT_MAX_INSPECT_BODY = 8 * 1024 * 1024
 DRAIN_POLL_SECONDS = 0.05
 
@@ -74,34 +74,32 @@ class Tap:
 async def start_tap(
     host: str,
     port: int,
-    upstream_base_url: str,
+    settings: TapSettings,
     observer: Observer,
     *,
-    workload_header: str = "x-workload",
-    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
     max_inspect_body: int = DEFAULT_MAX_INSPECT_BODY,
     sock: socket.socket | None = None,
     router: Router | None = None,
-    fallback_upstream: str | None = None,
     fallback_check: tuple[float, float] = (FALLBACK_CHECK_INTERVAL, FALLBACK_CHECK_TIMEOUT),
 ) -> Tap:
-    """Listen on host:port (0: any free port) and relay to ``upstream_base_url`` (http://host:port) on the
-    running event loop; ``observer.observe`` is called on that loop for every inspected request.
+    """Listen on host:port (0: any free port) and relay to ``settings.upstream`` (http://host:port) on the running
+    event loop, as ``settings`` say (workload_header, connect_timeout); ``observer.observe`` is called on that loop
+    for every inspected request.
 
-    With a ``router``, each inspected request goes where ``router.route`` says: the upstream, or the
-    ``fallback_upstream`` (a pool without speculative decoding); everything else goes to the upstream. The
-    fallback's health is checked every ``fallback_check[0]`` seconds, each check given ``fallback_check[1]``."""
-    pools = [parse_upstream(upstream_base_url)]
+    With a ``router``, each inspected request goes where ``router.route`` says: the upstream, or
+    ``settings.route.fallback_upstream`` (a pool without speculative decoding); everything else goes to the
+    upstream. The fallback's health is checked every ``fallback_check[0]`` seconds, each given ``fallback_check[1]``."""
+    pools = [parse_upstream(settings.upstream)]
     if router is not None:
-        if fallback_upstream is None:
-            raise ValueError("a routing tap needs a fallback upstream")
-        pools.append(parse_upstream(fallback_upstream))
+        if settings.route is None:
+            raise ValueError("a routing tap needs a fallback upstream (tap.route.fallback_upstream)")
+        pools.append(parse_upstream(settings.route.fallback_upstream))
     shared = Shared(
         pools=tuple(pools),
         router=router,
         observer=observer,
-        workload_header=workload_header.lower().encode("latin-1"),
-        connect_timeout=connect_timeout,
+        workload_header=settings.workload_header.lower().encode("latin-1"),
+        connect_timeout=settings.connect_timeout,
         max_inspect_body=max_inspect_body,
     )
     loop = asyncio.get_running_loop()

@@ -36,7 +36,7 @@ def request_heatmap(ctx: Context) -> Any:
         "One observation per completion request through the request tap: that request's own α from vLLM's "
         "per-request metrics (--per-request-spec-decode-metrics summary). A band of mass below the page threshold "
         "is traffic spec decode slows down, however healthy the aggregate α looks. Empty without the tap "
-        "(--proxy.listen-address).",
+        "(--tap.listen-address).",
         ctx.pooled.increase_by_le("request", RATE_INTERVAL), "No tapped requests")
 
 

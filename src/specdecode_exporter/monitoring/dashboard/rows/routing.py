@@ -1,4 +1,4 @@
-"""The dashboard's row: Routing: the traffic spec decode slows down, sent to a pool without it (proxy.route)."""
+"""The dashboard's row: Routing: the traffic spec decode slows down, sent to a pool without it (tap.route)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ def routed_classes(ctx: Context) -> Any:
     state = q.selector(m.ROUTE_CLASS_STATE.name, ctx.tapped.matchers)
     return (ts_panel(
         "Classes routed to the pool without spec decode",
-        "1 while the request tap (proxy.route) sends a class of requests (model, workload, temperature band, and "
+        "1 while the request tap (tap.route) sends a class of requests (model, workload, temperature band, and "
         "prompt-length band where configured) to the fallback pool: a block of its requests showed α below the "
         "break-even. A class routed for long is the SpecDecodeClassRouted ticket: its draft needs attention.",
         queries((f"max by ({q.by(ROUTE_CLASS)}) ({state})",
@@ -50,5 +50,5 @@ def routed_speedup(ctx: Context) -> Any:
 
 # The row: its title, and its panels left to right (wrapping at 24 columns). A new panel is a function above
 # and its name here.
-ROW = Row("Routing: the traffic spec decode slows down, sent to a pool without it (proxy.route)",
+ROW = Row("Routing: the traffic spec decode slows down, sent to a pool without it (tap.route)",
           (routed_classes, routed_requests, routed_speedup))
