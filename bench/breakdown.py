@@ -1,10 +1,11 @@
 """Bench 3's breakdown: where the real sidecar process's CPU per collection goes at a real-size page.
 
 The sidecar runs as `specdecode-exporter run` does (cli.main, in a process of its own), wrapped by this module's
-``profiled`` command, which times the functions that do each part of the work with the process's CPU clock
-(time.process_time) before the sidecar starts: instrumented counters, no profiler. Each CPU second goes to the
-innermost part running (a render a scrape waits for is the render's, not the scrape's); coroutines are timed
-step by step, so the time they spend suspended is not theirs. Cyclic GC passes are timed by gc.callbacks (a pass
+``profiled`` command, which times the functions that do each part of the work with the threads' CPU clocks
+(time.thread_time) before the sidecar starts: instrumented counters, no profiler. Each CPU second of the event
+loop's thread goes to the innermost part running; a part run in a worker thread (the page's render) gets that
+thread's CPU time while it runs. Coroutines are timed step by step, so the time they spend suspended is not
+theirs. Cyclic GC passes are timed by gc.callbacks (a pass
 is made inside whatever code ran when it started: its time is taken out of that part). What no part names is the
 event loop and the rest (uvloop, the selector, timers, task switches, signal handling). The counters start at
 SIGUSR1, once the warm-up is over, and are written out at SIGUSR2. The target moves (the captured vLLM 0.32.0
@@ -23,6 +24,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
@@ -40,13 +42,13 @@ PARTS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
     ("decode + store", (("specdecode_exporter.sidecar.collection", "TargetCollector.selected"),
                         ("specdecode_exporter.sidecar.collection", "TargetCollector.decode_selection"),
                         ("specdecode_exporter.sidecar.collection", "TargetCollector.store_decoded"))),
-    ("views (publish)", (("specdecode_exporter.sidecar.collection", "TargetCollector._publish_sliced"),
-                         ("specdecode_exporter.sidecar.collection", "TargetCollector.publish"))),
+    ("views (publish)", (("specdecode_exporter.sidecar.collection", "TargetCollector.publish"),)),
     ("collection bookkeeping (loop, schedule)", ((_COLLECTION, "Exporter._loop"),
                                                  (_COLLECTION, "TargetCollector.collect"))),
-    ("page render (spec-decode part)", (("specdecode_exporter.sidecar.page", "SpecDecodePage._render"),)),
-    ("keep_fresh (looks between renders)", (("specdecode_exporter.sidecar.page", "SpecDecodePage._keep_fresh"),)),
-    ("scrape: live families, gzip", (("specdecode_exporter.sidecar.web", "MetricsRenderer.render"),)),
+    ("page render (families, encoders, gzip; a worker thread)", (("specdecode_exporter.sidecar.metrics_page",
+                                                                   "encoded"),)),
+    ("scrape: negotiation, the views and the tap's read", (("specdecode_exporter.sidecar.metrics_page",
+                                                            "MetricsPage.render"),)),
     ("scrape: HTTP server (uvicorn, starlette)", ((_H11, "H11Protocol.data_received"),
                                                   (_H11, "RequestResponseCycle.run_asgi"))),
     ("status model", (("specdecode_exporter.sidecar.web", "status_json"),)),
@@ -56,20 +58,32 @@ PARTS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
 
 
 class Counters:
-    """CPU seconds per part, each second to the innermost part running (a stack of the parts entered)."""
+    """CPU seconds per part. On the event loop's thread (the one that made the counters), each second goes to the
+    innermost part running (a stack of the parts entered); a part that runs in a worker thread (the page's
+    render) is that thread's CPU time while it runs (``worker``), GC passes there included."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
         self.stack: list[str] = []
-        self.mark = time.process_time()
+        self.loop_thread = threading.get_ident()
+        self.lock = threading.Lock()
+        self.mark = time.thread_time()
         self.on = False
 
+    def on_loop(self) -> bool:
+        return threading.get_ident() == self.loop_thread
+
     def _book(self) -> None:
-        now = time.process_time()
+        now = time.thread_time()
         if self.on:
             part = self.stack[-1] if self.stack else REST
             self.seconds[part] = self.seconds.get(part, 0.0) + now - self.mark
         self.mark = now
+
+    def worker(self, part: str, seconds: float) -> None:
+        with self.lock:
+            if self.on:
+                self.seconds[part] = self.seconds.get(part, 0.0) + seconds
 
     def enter(self, part: str) -> None:
         self._book()
@@ -84,6 +98,8 @@ class Counters:
         self.seconds, self.on = {}, True
 
     def gc_callback(self, phase: str, info: dict[str, int]) -> None:
+        if not self.on_loop():
+            return
         if phase == "start":
             self.enter(GC)
         else:
@@ -122,6 +138,12 @@ def timed(counters: Counters, part: str, fn: Callable[..., Any]) -> Callable[...
 
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:
+        if not counters.on_loop():
+            started = time.thread_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                counters.worker(part, time.thread_time() - started)
         counters.enter(part)
         try:
             return fn(*args, **kwargs)
@@ -156,7 +178,7 @@ def profiled(out: str, argv: list[str]) -> int:
         counters.start()
 
     def off(_signum: int, _frame: FrameType | None) -> None:
-        counters._book()
+        counters._book()  # a signal handler runs on the main thread: the loop's
         counters.on = False
         Path(out).write_text(json.dumps({"total": time.process_time() - started[0], "parts": counters.seconds,
                                          "system": os.times().system - started[1]}))

@@ -129,33 +129,33 @@ def ring_fill(models: int, engines: int, k: int, collections: int = 780) -> Ring
 
 _SIDECAR_HOUR = """
 import asyncio, json, os, sys
-from prometheus_client.openmetrics.exposition import generate_latest as openmetrics
 from bench import collect
 from bench.common import FakeClock, proc_rss_mb
 from specdecode_exporter.sidecar.collection import Exporter
 from specdecode_exporter.sidecar.config import CollectSection, Config, TargetConfig, parse_windows
 from specdecode_exporter.sidecar.heap import collect_after_scrape, tune_gc
-from specdecode_exporter.sidecar.web import MetricsRenderer, build_app
+from specdecode_exporter.sidecar.metrics_page import MetricsPage
+from specdecode_exporter.sidecar.web import build_app
 body, collections = open(sys.argv[1], "rb").read(), int(sys.argv[2])
 clock = FakeClock()
 config = Config(targets=(TargetConfig(name="vllm", url="http://127.0.0.1:1/metrics"),),
                 windows=parse_windows("1m,5m,15m,1h", "windows"), collect=CollectSection(interval=collect.INTERVAL))
 exporter = Exporter(config, clock=clock)
 build_app(exporter, run_collection=False)
-renderer = MetricsRenderer(exporter)
+page = MetricsPage(exporter.views)
 tune_gc()
 collector = exporter.collectors["vllm"]
 async def scrape():
-    return await renderer.render(openmetrics, compress=True)
+    return (await page.render("application/openmetrics-text;version=1.0.0", "gzip"))[0]
 start = proc_rss_mb(os.getpid())
 for i in range(collections):
     collect.scrape_once(collector, clock, collect.scaled_body(body, 1.0 + 0.01 * (i + 1)))
-    page = asyncio.run(scrape())
+    body = asyncio.run(scrape())
     collect_after_scrape()  # as the sidecar does once a scrape is answered
 states = exporter.store.for_target("vllm")
 print(json.dumps({"series": len(states), "snapshots": max(len(s.times) for s in states), "start_mb": start,
                   "end_mb": proc_rss_mb(os.getpid()), "hwm_mb": proc_rss_mb(os.getpid(), "VmHWM"),
-                  "page_kib": len(page) / 1024}))
+                  "page_kib": len(body) / 1024}))
 """
 
 

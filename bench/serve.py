@@ -5,8 +5,9 @@ at every fetch), collected every 5 s; a scraper asking for /metrics as Prometheu
 5 s; and the request tap (a process of its own beside the sidecar's, tap/process.py) under streaming load at the
 same time.
 
-- ``page_costs``: in-process, interleaved rounds: one collection (fetch excluded), the page's render once per
-  collection (OpenMetrics + gzip, what Prometheus asks for), and one scrape once it is rendered.
+- ``page_costs``: in-process, interleaved rounds: one collection (fetch excluded), then one scrape as Prometheus
+  asks for it (OpenMetrics, gzip): the page rendered by prometheus_client's encoders in a worker thread and
+  gzipped; meanwhile, the longest the event loop went without running another task.
 - ``tap_under_scrapes``: real processes: the tap's time to first byte on the sidecar's tap while the sidecar
   collects and is scraped (busy) against the same with both stopped (SIGSTOP of the busy sidecar; a second,
   quiet sidecar that collected once at start carries the load), and against the fake vLLM called directly;
@@ -28,24 +29,22 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import httpx
-from prometheus_client.openmetrics.exposition import generate_latest as openmetrics
 
 from bench import tap as tap_bench
 from bench.collect import INTERVAL, Pipeline, body_sequence
 from bench.common import proc_rss_mb, tree_cpu_seconds
 from bench.procs import EXPORTER_BIN, Scraper, child_env, static_server
 from devtools.procs import child_pids, free_port, running
-from specdecode_exporter.core.exposition import OPENMETRICS, LineFormat
-from specdecode_exporter.sidecar.collection import Exporter
-from specdecode_exporter.sidecar.expose import spec_decode_text
 from specdecode_exporter.sidecar.heap import collect_after_scrape, tune_gc
-from specdecode_exporter.sidecar.page import new_gzip
-from specdecode_exporter.sidecar.web import MetricsRenderer
+from specdecode_exporter.sidecar.metrics_page import MetricsPage
 
 LIVE_TARGET = (4, 20, 8)  # models, engines, k: a ~1 MB exposition
+PROMETHEUS_ACCEPT = ("application/openmetrics-text;version=1.0.0;escaping=allow-utf-8;q=0.6,"
+                     "application/openmetrics-text;version=0.0.1;q=0.5,text/plain;version=1.0.0;"
+                     "escaping=allow-utf-8;q=0.4,text/plain;version=0.0.4;q=0.3,*/*;q=0.2")  # Prometheus 3's
 WARM_COLLECTIONS = 3  # the busy sidecar's, before the tap rounds start
 
 
@@ -54,16 +53,14 @@ class PageCosts:
     page_kib: float  # the sidecar's /metrics, identity
     gzip_kib: float
     collect: float  # CPU seconds, medians over the rounds
-    render: float  # the page, once per collection (OpenMetrics + its gzip)
-    scrape: float  # one scrape of the rendered page (OpenMetrics, gzip)
-    lazy_scrape: float  # the scrape as it was: the page rendered whole at the scrape (nothing remembered), gzipped
-    render_slices: int  # how many times a render handed the loop back
-    longest_slice: float  # the longest stretch a render held the loop, seconds (all rounds)
+    scrape: float  # one scrape (OpenMetrics, gzip): the page rendered and gzipped in a worker thread
+    scrape_wall: float  # its wall time, seconds
+    loop_gap: float  # the longest the event loop went without running another task during a scrape (all rounds)
     gc_pass: float  # the cyclic GC's pass the sidecar makes after each scrape (sidecar/heap.py)
 
 
 class _Views:
-    """What MetricsRenderer reads of an Exporter: the latest views, here the bench pipeline's."""
+    """What MetricsPage reads of an Exporter: the latest views, here the bench pipeline's."""
 
     def __init__(self, pipeline: Pipeline) -> None:
         self.pipeline = pipeline
@@ -93,12 +90,12 @@ def page_costs(rounds: int) -> PageCosts:
 
 def _page_costs(rounds: int) -> PageCosts:
     pipeline = Pipeline(body_sequence(*LIVE_TARGET, rounds + 6), warm=4)
-    renderer = MetricsRenderer(cast(Exporter, _Views(pipeline)))
-    collect, render, scrape, lazy, slices, passes, longest = [], [], [], [], [], [], 0.0
-    page = gzipped = b""
+    page = MetricsPage(_Views(pipeline).views)
+    collect, scrape, wall, passes, longest = [], [], [], [], 0.0
+    body = plain = b""
 
-    async def render_and_scrape() -> tuple[float, float, int, float, bytes, bytes]:
-        loop_gaps: list[float] = []
+    async def scrape_once() -> tuple[float, float, float, bytes, bytes]:
+        gaps: list[float] = []
         stop = asyncio.Event()
 
         async def watch_loop() -> None:  # how long the loop went without running this task
@@ -106,42 +103,33 @@ def _page_costs(rounds: int) -> PageCosts:
             while not stop.is_set():
                 await asyncio.sleep(0)
                 now = time.perf_counter()
-                loop_gaps.append(now - last)
+                gaps.append(now - last)
                 last = now
 
         watcher = asyncio.ensure_future(watch_loop())
-        t0 = time.process_time()
-        await renderer.spec_decode.get(openmetrics, compress=True)
-        t1 = time.process_time()
+        t0, w0 = time.process_time(), time.perf_counter()  # process-wide: the render thread's CPU included
+        packed, _ = await page.render(PROMETHEUS_ACCEPT, "gzip")
+        t1, w1 = time.process_time(), time.perf_counter()
         stop.set()
         await watcher
-        body = await renderer.render(openmetrics, compress=True)
-        t2 = time.process_time()
-        plain = await renderer.render(openmetrics, compress=False)
-        return t1 - t0, t2 - t1, len(loop_gaps), max(loop_gaps, default=0.0), body, plain
+        uncompressed, _ = await page.render(PROMETHEUS_ACCEPT, "identity")
+        return t1 - t0, w1 - w0, max(gaps, default=0.0), packed, uncompressed
 
     pipeline()
-    asyncio.run(render_and_scrape())  # the first render also learns every line's prefix: not a round
+    asyncio.run(scrape_once())  # the first scrape starts the render threads: not a round
     for _ in range(rounds):
         t0 = time.process_time()
         pipeline()
         collect.append(time.process_time() - t0)
-        t0 = time.process_time()
-        gzip = new_gzip()
-        gzip.compress(spec_decode_text(_Views(pipeline).views(), LineFormat(OPENMETRICS)).encode())
-        gzip.flush()
-        lazy.append(time.process_time() - t0)
-        r, s, n, gap, gzipped, page = asyncio.run(render_and_scrape())
+        cpu, seconds, gap, body, plain = asyncio.run(scrape_once())
         t0 = time.process_time()
         collect_after_scrape()
         passes.append(time.process_time() - t0)
-        render.append(r)
-        scrape.append(s)
-        slices.append(n)
+        scrape.append(cpu)
+        wall.append(seconds)
         longest = max(longest, gap)
-    return PageCosts(len(page) / 1024, len(gzipped) / 1024, statistics.median(collect), statistics.median(render),
-                     statistics.median(scrape), statistics.median(lazy), int(statistics.median(slices)), longest,
-                     statistics.median(passes))
+    return PageCosts(len(plain) / 1024, len(body) / 1024, statistics.median(collect), statistics.median(scrape),
+                     statistics.median(wall), longest, statistics.median(passes))
 
 
 @dataclass

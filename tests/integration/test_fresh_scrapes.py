@@ -18,12 +18,14 @@ import pytest
 from specdecode_exporter.core.httpserver import ThreadedServer, bind_socket
 from specdecode_exporter.sidecar.collection import Exporter
 from specdecode_exporter.sidecar.config import CollectSection, Config, TargetConfig, parse_windows
-from specdecode_exporter.sidecar.web import PROMETHEUS_ACCEPT, build_app
+from specdecode_exporter.sidecar.web import build_app
 from specdecode_exporter.simulator import ModelSpec, Simulator, steady_scenario
 from specdecode_exporter.simulator.server import serve_in_thread
 from tests.helpers import Exposition
 
 INTERVAL = 0.5  # the collection interval: 5 s in production, ten times faster here
+PROMETHEUS_ACCEPT = ("application/openmetrics-text;version=1.0.0;q=0.5,application/openmetrics-text;version=0.0.1;"
+                     "q=0.4,text/plain;version=0.0.4;q=0.3,*/*;q=0.2")  # what Prometheus 2.x sends
 PROMETHEUS = {"Accept": PROMETHEUS_ACCEPT, "Accept-Encoding": "gzip"}
 
 

@@ -8,10 +8,9 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from specdecode_exporter.sidecar.collection import TargetView
 from specdecode_exporter.sidecar.config import TargetConfig
 from specdecode_exporter.simulator import ModelSpec, steady_scenario
-from tests.helpers import Harness, harness_fixture, start_harness
+from tests.helpers import Exposition, Harness, harness_fixture, start_harness
 
 ALPHA = "specdecode_acceptance_ratio"
 
@@ -309,218 +308,20 @@ def test_metrics_are_gzipped_for_clients_that_ask(harness: Harness, accept: str)
     assert "content-encoding" not in _raw_metrics(harness, "gzip;q=0, identity")[0]
 
 
-def test_specdecode_families_are_rendered_once_per_collection(harness: Harness) -> None:
-    import asyncio
-
-    from prometheus_client import generate_latest
-    from prometheus_client.openmetrics.exposition import generate_latest as openmetrics
-
-    from specdecode_exporter.sidecar.expose import specdecode_registry
-    from specdecode_exporter.sidecar.web import MetricsRenderer
-
-    harness.step(5.0)
-    harness.step(5.0)
-    renderer = MetricsRenderer(harness.exporter)
-
-    async def scrape(encoder, compress: bool = False) -> bytes:
-        return await renderer.render(encoder, compress)
-
-    first, second = asyncio.run(scrape(generate_latest)), asyncio.run(scrape(generate_latest, True))
-    assert renderer.spec_decode.renders == 1  # the gzipped scrape compressed the same text, not a new render
-    spec_decode = generate_latest(specdecode_registry(harness.exporter.views()))
-    assert first.startswith(spec_decode)  # the same bytes as prometheus_client writes, the live families after
-    assert zlib.decompress(second, 16 + zlib.MAX_WBITS).startswith(spec_decode)
-    harness.step(5.0)
-    third = asyncio.run(scrape(generate_latest))
-    assert renderer.spec_decode.renders == 2  # a new collection: rendered again
-    assert third.startswith(generate_latest(specdecode_registry(harness.exporter.views()))) and third != first
-    page = asyncio.run(scrape(openmetrics))
-    reference = openmetrics(specdecode_registry(harness.exporter.views()))
-    assert page.startswith(reference.removesuffix(b"# EOF\n")) and page.endswith(b"# EOF\n")
-    assert page.count(b"# EOF") == 1
-
-
-def test_a_scrape_never_reads_a_page_older_than_the_last_collection(harness: Harness) -> None:
-    """A scrape that comes while the page of an older collection renders waits for it and then for the page of
-    the views published when it came; one that comes while that page renders joins its render; one that comes
-    after a collection nobody rendered renders it (once: keep_fresh then finds it done)."""
-    import asyncio
-
-    from prometheus_client import generate_latest
-
-    from specdecode_exporter.sidecar.expose import specdecode_registry
-    from specdecode_exporter.sidecar.page import SpecDecodePage
-    from specdecode_exporter.sidecar.web import MetricsRenderer
-
-    harness.step(5.0)
-    renderer = MetricsRenderer(harness.exporter)
-    first = asyncio.run(renderer.render(generate_latest))  # no page yet: it waits for the first
-    before = generate_latest(specdecode_registry(harness.exporter.views()))
-    assert first.startswith(before) and renderer.spec_decode.renders == 1
-    harness.step(5.0)
-    after = generate_latest(specdecode_registry(harness.exporter.views()))
-    assert after != before
-
-    async def scrape_during_render() -> tuple[bytes, bytes]:
-        # What keep_fresh starts right after a collection; a scrape that comes meanwhile joins it.
-        rendering = asyncio.ensure_future(renderer.spec_decode.get(generate_latest, compress=False))
-        await asyncio.sleep(0)
-        during = await renderer.render(generate_latest)
-        return during, (await rendering).text
-
-    during, rendered = asyncio.run(scrape_during_render())
-    assert during.startswith(after) and rendered == after and renderer.spec_decode.renders == 2
-    older = harness.exporter.views()
-    harness.step(5.0)
-    newer = harness.exporter.views()
-    views = older
-    page = SpecDecodePage(lambda: views)
-
-    async def scrape_during_an_older_render() -> tuple[bytes, bytes]:
-        """A render of views a collection replaces as it begins: the scrape that comes after that collection
-        does not take its page."""
-        nonlocal views
-        rendering = asyncio.ensure_future(page.get(generate_latest, compress=False))
-        await asyncio.sleep(0)  # its render has begun, of the older views
-        views = newer
-        scraped = await page.get(generate_latest, compress=False)
-        return (await rendering).text, scraped.text
-
-    rendered_older, scraped = asyncio.run(scrape_during_an_older_render())
-    assert rendered_older == generate_latest(specdecode_registry(older))
-    assert scraped == generate_latest(specdecode_registry(newer)) and page.renders == 2
-    harness.step(5.0)  # no render under way: the scrape renders the new views itself
-    latest = generate_latest(specdecode_registry(harness.exporter.views()))
-    renders = renderer.spec_decode.renders
-    assert asyncio.run(renderer.render(generate_latest)).startswith(latest)
-    assert renderer.spec_decode.renders == renders + 1
-    assert asyncio.run(renderer.render(generate_latest)).startswith(latest)
-    assert renderer.spec_decode.renders == renders + 1  # the next scrape reads it: no render
-
-
-def views_every_5s(harness: Harness, count: int) -> list[list[TargetView]]:
-    """The views ``count`` collections publish, 5 s apart."""
-    published = []
-    for _ in range(count):
+@pytest.mark.parametrize("accept", ["text/plain", "application/openmetrics-text;version=1.0.0"])
+@pytest.mark.parametrize("accept_encoding", ["identity", "gzip"])
+def test_every_scrape_reads_the_last_collection(harness: Harness, accept: str, accept_encoding: str) -> None:
+    """After each collection, every scrape (any format, gzipped or not, one right after another) reads that
+    collection's counters: a page cached across collections, or rendered ahead for another scraper, reads older
+    ones."""
+    for _ in range(4):
         harness.step(5.0)
-        published.append(harness.exporter.views())
-    return published
-
-
-def test_a_sidecar_scraped_less_often_than_it_collects_renders_once_per_scrape(harness: Harness) -> None:
-    """keep_fresh renders the views of the last collection before the scrape it expects, once: not views that
-    a later collection replaces before that scrape, and not again when the scrape comes (a sidecar collecting
-    every second, scraped every 15 s, rendered three times per scrape); nothing before the second scrape (its
-    time unknown) nor once the scraper went away."""
-    import asyncio
-
-    from prometheus_client import generate_latest
-
-    from specdecode_exporter.sidecar.expose import specdecode_registry
-    from specdecode_exporter.sidecar.page import SpecDecodePage
-
-    published = views_every_5s(harness, 5)
-    current, now = published[0], 0.0
-    page = SpecDecodePage(lambda: current)
-
-    async def scrape(at: float) -> bytes:
-        nonlocal now
-        now = at
-        page.scraped(at)
-        return (await page.get(generate_latest, compress=False)).text
-
-    async def collect(at: float, index: int) -> int:
-        """Views published (or none, the same again) at ``at``; keep_fresh's renders so far."""
-        nonlocal now, current
-        now, current = at, published[index]
-        await asyncio.sleep(0.05)  # keep_fresh looks every 1 ms: it renders now if it is to
-        return page.renders
-
-    async def main() -> list[bytes]:
-        nonlocal current
-        fresh = asyncio.create_task(page.keep_fresh(0.001, 5.0, clock=lambda: now, rest=0.001, longest_sleep=0.001))
-        try:
-            pages = [await scrape(0.0)]  # no page yet: it waits for one
-            assert await collect(5.0, 1) == 1  # one scrape, the next unknown: nothing rendered for nobody
-            pages.append(await scrape(30.0))  # a scrape every 30 s from here
-            assert await collect(35.0, 2) == 2  # long before the next scrape: not rendered
-            assert await collect(52.0, 3) == 2  # a collection is still due before the scrape: not rendered
-            assert await collect(56.0, 3) == 2  # within 5 s of the scrape now, but a newer collection comes
-            assert await collect(58.0, 4) == 3  # the last before the scrape: rendered
-            pages.append(await scrape(60.0))  # its page is ready: nothing rendered for or by it
-            assert await collect(61.0, 0) == 3
-            assert await collect(80.0, 1) == 3
-            assert await collect(89.999, 1) == 4  # no collection since 80 s (a late one): rendered before 90 s
-            current = published[2]  # a collection as the scrape comes: the scrape renders it (never the
-            pages.append(await scrape(90.0))  # page of the collection before)
-            assert await collect(91.0, 2) == 5  # and keep_fresh does not render it again
-            assert await collect(151.0, 3) == 5  # no scrape for two intervals: the scraper went away, and
-            assert await collect(156.0, 4) == 5  # nothing is rendered for nobody
-            return pages
-        finally:
-            fresh.cancel()
-
-    pages = asyncio.run(main())
-    assert page.renders == 5
-    assert pages == [generate_latest(specdecode_registry(published[i])) for i in (0, 1, 4, 2)]
-
-
-def test_keep_fresh_renders_once_when_collections_land_just_before_each_scrape(harness: Harness) -> None:
-    """A sidecar collecting every second, scraped every 15 s, whose collections land 0.09 s before each scrape (a
-    real sidecar's phase rendered twice per scrape): the collection 1.09 s before the scrape published while
-    keep_fresh slept outside the window, and the next comes 0.09 s before the scrape. Only that one is rendered:
-    not the earlier one when keep_fresh first sees it as the window opens (it came before the window), nor
-    shortly before the scrape (a collection is still due first)."""
-    import asyncio
-
-    from prometheus_client import generate_latest
-
-    from specdecode_exporter.sidecar.expose import specdecode_registry
-    from specdecode_exporter.sidecar.page import SpecDecodePage
-
-    published = views_every_5s(harness, 4)
-    current, now = published[0], 0.0
-    page = SpecDecodePage(lambda: current)
-
-    def publish(at: float, index: int) -> None:
-        nonlocal now, current
-        now, current = at, published[index]
-        page.wake()
-
-    async def at(moment: float, wait: float) -> int:
-        """The clock moves to ``moment``; keep_fresh has ``wait`` real seconds to look; its renders so far."""
-        nonlocal now
-        now = moment
-        await asyncio.sleep(wait)
-        return page.renders
-
-    async def main() -> bytes:
-        nonlocal now
-        # Outside the window keep_fresh looks every 0.3 real seconds; within it, it sleeps the clock's seconds.
-        fresh = asyncio.create_task(page.keep_fresh(0.1, 1.0, clock=lambda: now, rest=0.001, longest_sleep=0.3,
-                                                    woken=True))
-        try:
-            for scrape in (15.21, 30.21):  # the next scrape is due at 45.21; the window opens at 44.21
-                now = scrape
-                page.scraped(scrape)
-                await page.get(generate_latest, compress=False)
-            assert page.renders == 1
-            publish(43.12, 1)
-            assert await at(43.12, 0.5) == 1  # before the window: not rendered
-            publish(44.12, 2)  # while keep_fresh sleeps: it first sees these views as the window opens
-            assert await at(44.21, 0.5) == 1, "views that came before the window were rendered as it opened"
-            assert await at(45.01, 1.0) == 1, "rendered before the scrape, though a collection was due first"
-            publish(45.12, 3)
-            assert await at(45.12, 0.3) == 2  # the last collection before the scrape: rendered as it came
-            now = 45.21
-            page.scraped(45.21)
-            return (await page.get(generate_latest, compress=False)).text
-        finally:
-            fresh.cancel()
-
-    scraped = asyncio.run(main())
-    assert page.renders == 2
-    assert scraped == generate_latest(specdecode_registry(published[3]))
+        drafted = harness.simulator.snapshot()[0].engines[0].draft_tokens
+        for _ in range(2):
+            text = httpx.get(harness.sidecar_url + "/metrics", timeout=5,
+                             headers={"Accept": accept, "Accept-Encoding": accept_encoding}).text
+            parsed = Exposition.parse(text.removesuffix("# EOF\n"))
+            assert parsed.get("specdecode_draft_tokens_total", engine="0") == drafted
 
 
 def test_targets_share_one_default_tls_context() -> None:
@@ -536,85 +337,3 @@ def test_targets_share_one_default_tls_context() -> None:
     assert rss_mib() - before < 20, "per-target clients must not each load the CA bundle"
     assert default_ssl_context() is default_ssl_context()
     assert len(clients) == 100
-
-
-@pytest.mark.parametrize(("ahead_above", "ahead"), [(60.0, False), (1e-9, True)], ids=["cheap page", "slow page"])
-def test_keep_fresh_leaves_a_cheap_page_to_the_scrape_that_reads_it(harness: Harness, ahead_above: float,
-                                                                    ahead: bool) -> None:
-    """The running sidecar's keep_fresh renders ahead only a page whose last render took ``ahead_above`` or
-    longer: a cheaper page is rendered by the scrape that reads it (keep_fresh's looks, each a cold wakeup, cost
-    more than that wait). Either way the scrape reads the last collection's page."""
-    import asyncio
-
-    from prometheus_client import generate_latest
-
-    from specdecode_exporter.sidecar.expose import specdecode_registry
-    from specdecode_exporter.sidecar.page import SpecDecodePage
-
-    published = views_every_5s(harness, 3)
-    current, now = published[0], 0.0
-    page = SpecDecodePage(lambda: current)
-
-    async def main() -> bytes:
-        nonlocal now, current
-        fresh = asyncio.create_task(page.keep_fresh(0.2, 5.0, clock=lambda: now, rest=0.001, longest_sleep=0.01,
-                                                    woken=True, ahead_above=ahead_above))
-        try:
-            for at in (0.0, 30.0):
-                page.scraped(at)
-                await page.get(generate_latest, compress=False)  # the scrapes render their own pages
-            assert page.renders == 1 and page.last_render_seconds > 0
-            now = 55.5  # within a collection interval of the next scrape (60 s)
-            await asyncio.sleep(0.05)
-            now, current = 56.0, published[2]  # the last collection before it
-            page.wake()
-            await asyncio.sleep(0.05)
-            assert page.renders == (2 if ahead else 1)
-            now = 60.0
-            page.scraped(now)
-            text = (await page.get(generate_latest, compress=False)).text
-            assert page.renders == 2  # rendered once for this scrape: ahead, or by the scrape
-            return text
-        finally:
-            fresh.cancel()
-
-    assert asyncio.run(main()) == generate_latest(specdecode_registry(published[2]))
-
-
-def test_keep_fresh_woken_by_collections_renders_ahead_without_polling(harness: Harness) -> None:
-    """With ``woken`` (the running sidecar: each collection calls wake), keep_fresh sleeps through the window
-    before a scrape and renders the collection that comes in it as soon as it comes; nothing before the window."""
-    import asyncio
-
-    from prometheus_client import generate_latest
-
-    from specdecode_exporter.sidecar.page import SpecDecodePage
-
-    published = views_every_5s(harness, 3)
-    current, now = published[0], 0.0
-    page = SpecDecodePage(lambda: current)
-
-    async def collect(at: float, index: int) -> int:
-        nonlocal now, current
-        now, current = at, published[index]
-        page.wake()
-        await asyncio.sleep(0.05)
-        return page.renders
-
-    async def main() -> None:
-        nonlocal now
-        fresh = asyncio.create_task(page.keep_fresh(0.2, 5.0, clock=lambda: now, rest=0.001, longest_sleep=0.01,
-                                                    woken=True))
-        try:
-            for at in (0.0, 30.0):
-                page.scraped(at)
-                await page.get(generate_latest, compress=False)  # the scrapes render their own pages
-            assert page.renders == 1
-            assert await collect(40.0, 1) == 1  # long before the next scrape (60 s): not rendered
-            now = 55.5  # within a collection interval of the scrape: keep_fresh now sleeps until woken (or
-            await asyncio.sleep(0.05)  # until 0.4 s before the scrape, a time this test never reaches)
-            assert await collect(56.0, 2) == 2  # the last collection before it: rendered as it came
-        finally:
-            fresh.cancel()
-
-    asyncio.run(main())

@@ -1,10 +1,10 @@
-"""Content negotiation helpers of the /metrics endpoint."""
+"""Accept-Encoding as the /metrics page reads it (the page itself: tests/integration/test_metrics_page.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from specdecode_exporter.sidecar.web import accepts_gzip
+from specdecode_exporter.sidecar.metrics_page import accepts_gzip
 
 
 @pytest.mark.parametrize(("header", "expected"), [

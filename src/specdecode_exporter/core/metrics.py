@@ -20,22 +20,6 @@ def batch_size_label(low: int, high: int) -> str:
     return f"{low}-{high}"
 
 
-_GO_SPECIAL = {"inf": "+Inf", "-inf": "-Inf", "nan": "NaN"}
-
-
-def go_float(value: float) -> str:
-    """A float as Go (and so Prometheus' own exposition) writes it: +Inf, 1e+06, 0.5. The same text as
-    prometheus_client's floatToGoString (a test holds them equal), in fewer steps: the page writes ~20k a render."""
-    text = repr(float(value))
-    if text[-1] in "fn":  # inf, -inf, nan: the only reprs that end in a letter
-        return _GO_SPECIAL[text]
-    dot = text.find(".")
-    if dot > 6 and value > 0:  # Go switches to exponents sooner than Python (only positive values need it)
-        mantissa = f"{text[0]}.{text[1:dot]}{text[dot + 1:]}".rstrip("0.")
-        return f"{mantissa}e+{dot - 1:02d}"
-    return text
-
-
 def quantile_name(q: float) -> str:
     """0.1 -> p10, 0.5 -> p50, 0.999 -> p99_9."""
     text = f"{q * 100:.6f}".rstrip("0").rstrip(".")

@@ -23,7 +23,6 @@ import httpx
 
 from specdecode_exporter.core.failure import FailureReason
 from specdecode_exporter.core.log import event
-from specdecode_exporter.core.slices import Slice, run_sliced
 from specdecode_exporter.pipeline import capacity, latency
 from specdecode_exporter.pipeline.capacity import CapacityStats
 from specdecode_exporter.pipeline.engines import (
@@ -312,16 +311,12 @@ class TargetCollector:
                                  sni_hostname=self.config.tls.server_name if self.config.tls else None)
             if result.failure is not None:
                 raise CollectionFailure(result.failure, result.detail)
-            piece = Slice()  # the fetch waited on the socket: the slice on the loop starts with its body
             text, selection = self.selected(result)
-            await piece.boundary()  # a scrape waiting meanwhile goes first (once a slice has run): the decode next
             try:
                 decoded = self.decode_selection(text, selection, result)
             except ModelNameNeeded:
                 await self._discover_model(client)
-                piece = Slice()  # that waited on the socket too
                 decoded = self.decode_selection(text, selection, result)
-            await piece.boundary()  # and again before the store update
             self.store_decoded(decoded)
         except CollectionFailure as failure:
             return self.fail(failure, time.perf_counter() - started)
@@ -333,20 +328,7 @@ class TargetCollector:
         self._recovered()
         self.last_success_wall = time.time()
         self.last_success_monotonic = self.clock()
-        return await self._publish_sliced(duration=time.perf_counter() - started, piece=piece)
-
-    async def _publish_sliced(self, duration: float, piece: Slice | None = None) -> TargetView:
-        """publish(up=True) with the views built in slices: a 1 MB target's take ~20 ms, which a scrape arriving
-        meanwhile would otherwise wait out. A reload meanwhile (it republishes) has the last word. ``piece``: the
-        slice the collection is in (its decode and store came before the views)."""
-        piece = piece or Slice()
-        await piece.boundary()
-        config, app, now = self.config, self.app, self.clock()
-        series = tuple(await run_sliced(self._series_views(now), under_way=piece))
-        if config is not self.config or app is not self.app:
-            return self.publish(up=True, duration=duration)
-        self._published = self._assembled(now, series, up=True, duration=duration, error=None)
-        return self._published
+        return self.publish(up=True, duration=time.perf_counter() - started)
 
     def ingest(self, result: FetchResult) -> None:
         """A fetched body into the store: select, decode, update. Raises CollectionFailure, or ModelNameNeeded
@@ -489,7 +471,7 @@ class TargetCollector:
         return self._assembled(now, tuple(self._series_views(now)), up, duration, error)
 
     def _series_views(self, now: float) -> Iterator[SeriesView]:
-        """Each series' view at ``now``, one at a time (the collection runs them in slices)."""
+        """Each series' view at ``now``."""
         interval = self.interval
         freshness = 2 * interval + self.config.timeout
         peers = self._peers_as_now()
@@ -554,7 +536,7 @@ class Exporter:
     started_at: float = field(init=False)
     _tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     _limit: asyncio.Semaphore | None = None
-    # Called after each collection its loop ran (the /metrics page renders what came, instead of looking).
+    # Called after each collection its loop ran (the tap's router hears the break-even it found).
     collected: Callable[[], None] = field(default=lambda: None)
 
     def __post_init__(self) -> None:

@@ -1,23 +1,23 @@
 """What the sidecar exposes, sample by sample, from the latest TargetViews and the tap's view: ``fill_families``
-and ``add_request_families`` put every sample into a ``SampleSink``; ``PageLines`` writes them as text lines
-through the one exposition writer (core/exposition.py). The collectors at the end hand the same text to a
-prometheus_client registry (its public parser reads it back into families), for whatever wants one."""
+and ``add_request_families`` put every sample into a ``SampleSink``; ``Families`` turns them into prometheus_client
+metric families, which the collectors at the end yield (sidecar/metrics_page.py renders them with
+prometheus_client's encoders)."""
 
 from __future__ import annotations
 
 import functools
 import platform
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client.metrics_core import Metric
-from prometheus_client.parser import text_string_to_metric_families
-from prometheus_client.registry import Collector, CollectorRegistry
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from specdecode_exporter.core import metrics as m
 from specdecode_exporter.core.dispersion import WindowVariance
-from specdecode_exporter.core.exposition import FamilyKey, LineFormat, histogram_samples
 from specdecode_exporter.core.metrics import quantile_name
 from specdecode_exporter.pipeline import latency
 from specdecode_exporter.pipeline.derive import WindowStats
@@ -43,7 +43,7 @@ def exporter_version() -> str:
 
 
 class SampleSink(Protocol):
-    """Where fill_families puts the samples: PageLines (text lines), or anything else that takes them."""
+    """Where fill_families puts the samples: Families, or anything else that takes them."""
 
     def add(self, spec: m.MetricSpec, labels: Labels, value: float | None) -> None: ...
 
@@ -51,40 +51,66 @@ class SampleSink(Protocol):
                   total: float) -> None: ...
 
 
-@functools.cache
-def spec_family(spec: m.MetricSpec) -> FamilyKey:
-    """A contract entry's family header key."""
-    return spec.name, spec.type, spec.help, ""
+@dataclass(frozen=True, slots=True)
+class HistogramValue:
+    """One histogram series: cumulative buckets by upper bound, and the sum of its observations."""
+
+    buckets: tuple[tuple[float, float], ...]
+    total: float
 
 
-class PageLines:
-    """The families of these contract entries as text: each sample's line is written as it is added, with no
-    family or sample object in between (a 1 MB target's page is ~17k lines: building prometheus_client families
-    and then formatting them cost ~3x as much). The same bytes as prometheus_client's encoders (tests hold them
-    equal)."""
+def label_names(series: Iterable[tuple[Labels, object]]) -> list[str]:
+    """The union of the series' label names, in the order they first appear."""
+    shapes = dict.fromkeys(tuple(labels) for labels, _ in series)
+    return list(dict.fromkeys(name for shape in shapes for name in shape))
 
-    def __init__(self, line_format: LineFormat, specs: tuple[m.MetricSpec, ...] = m.COLLECTED) -> None:
-        self._format = line_format
-        self._families: dict[str, tuple[FamilyKey, list[str]]] = {spec.name: (spec_family(spec), []) for spec in specs}
+
+def family(spec: m.MetricSpec, series: Sequence[tuple[Labels, float | HistogramValue]]) -> Metric:
+    """A contract entry's family with these series. Its label names are the union of theirs; a series that lacks
+    one has it empty (as node_exporter's textfile collector writes them; Prometheus stores an empty label as none).
+    A histogram's samples are laid out as HistogramMetricFamily lays them out (buckets, _count, _sum; no _count or
+    _sum where a bound is negative), its bounds written as Go writes floats (``0.5``, ``1.0``, ``+Inf``); the
+    samples are added with their label dicts as they are, not rebuilt from a list of values (half the time at a
+    1 MB target's 18k samples)."""
+    names = label_names(series)
+    out = Metric(spec.name, spec.help, spec.type)
+    for labels, value in series:
+        if len(labels) != len(names):
+            labels = {name: labels.get(name, "") for name in names}
+        if isinstance(value, HistogramValue):
+            for le, count in value.buckets:
+                out.add_sample(spec.name + "_bucket", {**labels, "le": floatToGoString(le)}, count)
+            if value.buckets[0][0] >= 0:
+                out.add_sample(spec.name + "_count", labels, value.buckets[-1][1])
+                out.add_sample(spec.name + "_sum", labels, value.total)
+        else:
+            out.add_sample(spec.exposed_name, labels, value)
+    return out
+
+
+class Families:
+    """The samples of these contract entries, kept per family in the order they came, as prometheus_client
+    families (``metrics``). An unknown value (None) adds nothing, so absent data stays absent; a histogram without
+    buckets likewise."""
+
+    def __init__(self, specs: tuple[m.MetricSpec, ...] = m.COLLECTED) -> None:
+        self._specs = specs
+        self._series: dict[str, list[tuple[Labels, float | HistogramValue]]] = {spec.name: [] for spec in specs}
 
     def add(self, spec: m.MetricSpec, labels: Labels, value: float | None) -> None:
-        """Add a sample; an unknown value (None) adds nothing, so absent data stays absent."""
         if value is not None:
-            self._families[spec.name][1].append(self._format.line(spec.exposed_name, labels, value))
+            self._series[spec.name].append((labels, value))
 
     def histogram(self, spec: m.MetricSpec, labels: Labels, buckets: Iterable[tuple[float, float]],
                   total: float) -> None:
-        lines, line = self._families[spec.name][1], self._format.line
-        lines.extend(line(name, sample_labels, value)
-                     for name, sample_labels, value, _ in histogram_samples(spec.name, labels, buckets, total))
+        rows = tuple(buckets)
+        if rows:
+            self._series[spec.name].append((labels, HistogramValue(rows, total)))
 
-    def pieces(self) -> Iterator[str]:
-        """The families' text, a family at a time (the lines are written by then: joining them is quick)."""
-        for family, lines in self._families.values():
-            yield self._format.header(family) + "".join(lines)
-
-    def text(self) -> str:
-        return "".join(self.pieces())
+    def metrics(self) -> list[Metric]:
+        """Every family, in the contract's order, those without series too (their HELP and TYPE tell a reader
+        the name exists)."""
+        return [family(spec, self._series[spec.name]) for spec in self._specs]
 
 
 def series_labels(view: TargetView, series: SeriesView) -> Labels:
@@ -212,9 +238,8 @@ def add_baseline_info(families: SampleSink, view: TargetView, target: Labels) ->
                                        "baseline": config.baseline.target or "measured"}, 1.0)
 
 
-def fill_families(families: SampleSink, views: Iterable[TargetView]) -> Iterator[None]:
-    """Add every view's samples to ``families``, pausing after each series (a step of well under a millisecond),
-    so that a caller on the event loop can hand it back between steps."""
+def fill_families(families: SampleSink, views: Iterable[TargetView]) -> None:
+    """Add every view's samples to ``families``."""
     families.add(m.BUILD_INFO, {"version": exporter_version(), "python_version": platform.python_version()}, 1.0)
     for view in views:
         target = {"target": view.config.name, **dict(view.config.labels)}
@@ -226,43 +251,26 @@ def fill_families(families: SampleSink, views: Iterable[TargetView]) -> Iterator
         add_baseline_info(families, view, target)
         for series in view.series:
             add_series(families, view, series)
-            yield
 
 
-def spec_decode_text(views: Iterable[TargetView], line_format: LineFormat | None = None) -> str:
-    """The spec-decode families of these views in one piece (the sliced page, sidecar/page.py, writes the same)."""
-    lines = PageLines(line_format if line_format is not None else LineFormat())
-    for _ in fill_families(lines, views):
-        pass
-    return lines.text()
-
-
-def parsed(text: str) -> Iterator[Metric]:
-    """Families written by the exposition writer (text format), as prometheus_client's public parser reads them:
-    what a prometheus_client registry takes."""
-    yield from text_string_to_metric_families(text)
+def spec_decode_families(views: Iterable[TargetView]) -> list[Metric]:
+    """The spec-decode families (metrics.COLLECTED) of these views."""
+    families = Families()
+    fill_families(families, views)
+    return families.metrics()
 
 
 class SpecDecodeCollector(Collector):
-    """The spec-decode families as a prometheus_client collector (tests and benches read them through one; the
-    sidecar's page writes them itself)."""
+    """The spec-decode families of the views ``views`` returns when collected."""
 
-    def __init__(self, views: Callable[[], list[TargetView]]) -> None:
+    def __init__(self, views: Callable[[], Sequence[TargetView]]) -> None:
         self._views = views
 
     def collect(self) -> Iterator[Metric]:
-        yield from parsed(spec_decode_text(self._views()))
+        yield from spec_decode_families(self._views())
 
     def describe(self) -> Iterator[Metric]:
-        yield from parsed(spec_decode_text([]))
-
-
-def specdecode_registry(views: list[TargetView]) -> CollectorRegistry:
-    """A registry whose only collector yields the spec-decode families of exactly these views (what the sliced
-    page in sidecar/page.py must equal, byte for byte, through prometheus_client's encoders)."""
-    registry = CollectorRegistry(auto_describe=True)
-    registry.register(SpecDecodeCollector(lambda: views))
-    return registry
+        yield from Families().metrics()
 
 
 def per_model(bands: Mapping[BandKey, BandTotals]) -> dict[str, tuple[Histogram, Histogram]]:
@@ -339,9 +347,9 @@ def add_route_families(families: SampleSink, view: RoutesView, target: Labels) -
                              measured.speedup if measured is not None else None)
 
 
-class TapFamilies:
-    """The request tap's families, fresh at every scrape (they change with every request); routing's too, when
-    the tap routes. Written at a scrape by ``pieces``; ``RequestsCollector`` hands them to a registry."""
+class RequestsCollector(Collector):
+    """The request tap's families (m.TAP), fresh at every collect (they change with every request); routing's
+    (m.ROUTE) too, when the tap routes."""
 
     def __init__(self, view: Callable[[], RequestsView], target: Callable[[], Labels],
                  stats: Callable[[], TapStats | None], routes: Callable[[], RoutesView | None] = lambda: None,
@@ -350,30 +358,17 @@ class TapFamilies:
         self._view, self._target, self._stats, self._routes = view, target, stats, routes
         self._class_histograms, self._variances = class_histograms, variances
 
-    def pieces(self, line_format: LineFormat) -> Iterator[str]:
-        """The families' text, a family at a time (no render_done: the caller's render goes on)."""
+    def collect(self) -> Iterator[Metric]:
         target = self._target()
-        lines = PageLines(line_format, m.TAP)
-        add_request_families(lines, self._view(), target, self._stats(), self._class_histograms, self._variances())
-        yield from lines.pieces()
+        families = Families(m.TAP)
+        add_request_families(families, self._view(), target, self._stats(), self._class_histograms,
+                             self._variances())
+        yield from families.metrics()
         routes = self._routes()
         if routes is not None:
-            lines = PageLines(line_format, m.ROUTE)
-            add_route_families(lines, routes, target)
-            yield from lines.pieces()
-
-
-class RequestsCollector(Collector):
-    """The request tap's families (and routing's) as a prometheus_client collector."""
-
-    def __init__(self, view: Callable[[], RequestsView], target: Callable[[], Labels],
-                 stats: Callable[[], TapStats | None], routes: Callable[[], RoutesView | None] = lambda: None,
-                 class_histograms: bool = False,
-                 variances: Callable[[], Sequence[WindowVariance]] = lambda: ()) -> None:
-        self.families = TapFamilies(view, target, stats, routes, class_histograms, variances)
-
-    def collect(self) -> Iterator[Metric]:
-        yield from parsed("".join(self.families.pieces(LineFormat())))
+            families = Families(m.ROUTE)
+            add_route_families(families, routes, target)
+            yield from families.metrics()
 
     def describe(self) -> Iterator[Metric]:
-        yield from parsed("".join(PageLines(LineFormat(), m.TAP).pieces()))
+        yield from Families(m.TAP).metrics()

@@ -6,109 +6,26 @@ import asyncio
 import contextlib
 import logging
 import signal
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
-from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException
 
-from specdecode_exporter.core.exposition import LineFormat, TextFormat, family_pieces
 from specdecode_exporter.core.httpserver import ConnectionGuard, bind_socket, server_config
 from specdecode_exporter.core.log import event
-from specdecode_exporter.core.slices import run_sliced
 from specdecode_exporter.sidecar.collection import Exporter
 from specdecode_exporter.sidecar.config import Config, split_listen_address
-from specdecode_exporter.sidecar.expose import TapFamilies, exporter_version
+from specdecode_exporter.sidecar.expose import exporter_version
 from specdecode_exporter.sidecar.heap import collect_after_response, tune_gc
-from specdecode_exporter.sidecar.page import Encoder, SpecDecodePage, negotiate, text_format
+from specdecode_exporter.sidecar.metrics_page import MetricsPage
 from specdecode_exporter.sidecar.proxy import TapRuntime, tap_runtime
-from specdecode_exporter.sidecar.reload import ReloadCollector, Reloader
+from specdecode_exporter.sidecar.reload import Reloader
 from specdecode_exporter.sidecar.status import status_json
 from specdecode_exporter.sidecar.status_page import status_html
 from specdecode_exporter.sidecar.webconfig import BasicAuthMiddleware, WebSecurity
-from specdecode_exporter.tap.request_stats import NO_REQUESTS
-
-# What Prometheus sends (scrape_protocols' default order): its format is rendered and gzipped from the start.
-PROMETHEUS_ACCEPT = ("application/openmetrics-text;version=1.0.0;q=0.5,application/openmetrics-text;version=0.0.1;"
-                     "q=0.4,text/plain;version=0.0.4;q=0.3,*/*;q=0.2")
-
-
-class MetricsRenderer:
-    """Renders /metrics. The spec-decode families change only when a collection publishes new views: their text
-    (and its gzip) is rendered once per set of views, in slices between which the event loop serves the tap
-    (sidecar/page.py), and every scrape until the next collection reuses it. The live families (the tap's,
-    process, platform, GC, reload) are small and rendered fresh each time, after it."""
-
-    def __init__(self, exporter: Exporter, reloader: Reloader | None = None, tap: TapRuntime | None = None) -> None:
-        """A scrape reads the page of the views published by the time it came, never an older one (keep_fresh
-        renders it ahead of the scrape it expects; any other scrape waits for its render)."""
-        self.spec_decode = SpecDecodePage(exporter.views, gzipped=(negotiate(PROMETHEUS_ACCEPT)[0],))
-        self._reload = CollectorRegistry(auto_describe=True)
-        if reloader is not None:
-            self._reload.register(ReloadCollector(reloader))
-        # The per-request families change with every tapped request: rendered on every scrape (empty, with
-        # their HELP and TYPE, when the tap is off).
-        self._tap = (TapFamilies(tap.view, lambda: tap.labels, tap.stats, tap.routes, tap.config.class_histograms,
-                                 tap.variances) if tap is not None
-                     else TapFamilies(lambda: NO_REQUESTS, dict, lambda: None))
-        self._process = CollectorRegistry(auto_describe=True)
-        ProcessCollector(registry=self._process)
-        PlatformCollector(registry=self._process)
-        GCCollector(registry=self._process)
-        self._live_formats: dict[TextFormat, LineFormat] = {}  # one per format: 2 × 4 escapings at most
-
-    def live_pieces(self, line_format: LineFormat) -> Iterator[str]:
-        """The live families' text: the reload families, the tap's, then the process, platform and GC ones."""
-        for family in self._reload.collect():
-            yield from family_pieces(family, line_format)
-        yield from self._tap.pieces(line_format)
-        for family in self._process.collect():
-            yield from family_pieces(family, line_format)
-        line_format.render_done()
-
-    async def render(self, encoder: Encoder, compress: bool = False) -> bytes:
-        """The exposition; with ``compress``, gzipped."""
-        encoder = self.spec_decode.encoder(encoder)
-        self.spec_decode.scraped(time.monotonic())
-        cached = await self.spec_decode.get(encoder, compress)
-        page_format = text_format(encoder)
-        live_format = self._live_formats.get(page_format)
-        if live_format is None:
-            live_format = self._live_formats[page_format] = LineFormat(page_format)
-        live = ("".join(await run_sliced(self.live_pieces(live_format))) + live_format.eof).encode()
-        if not compress:
-            return cached.text + live
-        assert cached.gzipped is not None
-        head, compressor = cached.gzipped
-        rest = compressor.copy()
-        return head + rest.compress(live) + rest.flush()
-
-
-PAGE_POLL_SECONDS = 0.1  # how soon after a collection the page is rendered again
-# A page that renders faster is rendered by the scrape that reads it (a real vLLM page's: ~1 ms), not ahead of it:
-# keep_fresh's looks around each scrape, cold wakeups all, cost more than that wait (bench 3).
-RENDER_AHEAD_ABOVE_SECONDS = 0.005
-
-
-def accepts_gzip(accept_encoding: str) -> bool:
-    """Whether an Accept-Encoding header allows gzip: its own entry decides where it has one, else ``*``'s (q=0
-    forbids it; RFC 9110 §12.5.3)."""
-    qualities: dict[str, bool] = {}
-    for item in accept_encoding.split(","):
-        coding, _, params = item.strip().partition(";")
-        coding = coding.strip().lower()
-        if coding in ("gzip", "*") and coding not in qualities:
-            params = params.strip()
-            q = params[2:] if params.startswith("q=") else "1"
-            try:
-                qualities[coding] = float(q) > 0
-            except ValueError:
-                qualities[coding] = False
-    return qualities.get("gzip", qualities.get("*", False))
 
 
 def _on_sighup(reloader: Reloader | None) -> Callable[[], None]:
@@ -126,11 +43,9 @@ def _on_sighup(reloader: Reloader | None) -> Callable[[], None]:
     return undo
 
 
-def _lifespan(exporter: Exporter, renderer: MetricsRenderer, reloader: Reloader | None, tap: TapRuntime | None,
+def _lifespan(exporter: Exporter, reloader: Reloader | None, tap: TapRuntime | None,
               run_collection: bool) -> Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]:
-    """What runs beside the app, started and stopped with it: the tap's process, the collection loops, the page
-    kept fresh after each collection, and SIGHUP."""
-    config: Config = exporter.config  # what the listener was built with; a reload changes exporter.config
+    """What runs beside the app, started and stopped with it: the tap's process, the collection loops and SIGHUP."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -142,11 +57,6 @@ def _lifespan(exporter: Exporter, renderer: MetricsRenderer, reloader: Reloader 
                 app.state.startup_failed = True
                 raise
         task = asyncio.create_task(exporter.run(), name="collection") if run_collection else None
-        # A page that takes RENDER_AHEAD_ABOVE_SECONDS or more is rendered right after the collection that precedes
-        # each scrape, not by the scrape; a smaller one by the scrape.
-        page = renderer.spec_decode
-        fresh = asyncio.create_task(page.keep_fresh(PAGE_POLL_SECONDS, config.collect.interval, woken=run_collection,
-                                                    ahead_above=RENDER_AHEAD_ABOVE_SECONDS), name="metrics page")
         undo_sighup = _on_sighup(reloader)
         try:
             yield
@@ -154,11 +64,10 @@ def _lifespan(exporter: Exporter, renderer: MetricsRenderer, reloader: Reloader 
             undo_sighup()
             if tap is not None:
                 await tap.stop()
-            for running in (fresh, task):
-                if running is not None:
-                    running.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await running
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
 
     return lifespan
 
@@ -171,23 +80,12 @@ def _reload_endpoint(reloader: Reloader) -> Callable[[], Awaitable[PlainTextResp
     return reload
 
 
-def _also_to_the_tap(collected: Callable[[], None], tap: TapRuntime) -> Callable[[], None]:
-    """After each collection: ``collected``, then the tap's router hears the break-even it found."""
-
-    def after_collection() -> None:
-        collected()
-        tap.push_break_evens()
-
-    return after_collection
-
-
 def build_app(exporter: Exporter, run_collection: bool = True, reloader: Reloader | None = None,
               security: WebSecurity | None = None, tap: TapRuntime | None = None) -> FastAPI:
     config: Config = exporter.config  # what the listener was built with; a reload changes exporter.config
-    # A scrape reads the last collection completed before it: keep_fresh renders a slow page ahead of the scrape
-    # it expects; any other scrape (a small page's, an HA pair's other replica, curl) waits for the render.
-    renderer = MetricsRenderer(exporter, reloader, tap)
-    exporter.collected = renderer.spec_decode.wake if tap is None else _also_to_the_tap(renderer.spec_decode.wake, tap)
+    page = MetricsPage(exporter.views, reloader, tap)
+    if tap is not None:  # after each collection the tap's router hears the break-even it found
+        exporter.collected = tap.push_break_evens
 
     async def current_status() -> dict[str, object]:
         if tap is not None:
@@ -200,14 +98,10 @@ def build_app(exporter: Exporter, run_collection: bool = True, reloader: Reloade
                            stats.fallback_available if stats is not None else None,
                            tap.variances() if tap is not None else ())
 
-    async def metrics(request: Request) -> Response:  # on the loop: a scrape is mostly a copy of rendered bytes
-        encoder, content_type = negotiate(request.headers.get("accept", ""))
-        compress = accepts_gzip(request.headers.get("accept-encoding", ""))
-        if tap is not None:
-            await tap.refresh()
-        headers = {"Vary": "Accept-Encoding"} | ({"Content-Encoding": "gzip"} if compress else {})
-        body = await renderer.render(encoder, compress)
-        return Response(body, media_type=content_type, headers=headers,
+    async def metrics(request: Request) -> Response:
+        body, headers = await page.render(request.headers.get("accept", ""),
+                                          request.headers.get("accept-encoding", ""))
+        return Response(body, headers=headers,
                         background=BackgroundTask(collect_after_response, len(body)))  # once the response is sent
 
     async def healthz() -> PlainTextResponse:
@@ -227,7 +121,7 @@ def build_app(exporter: Exporter, run_collection: bool = True, reloader: Reloade
     # that serves a script from a CDN. /metrics/ is not /metrics (redirect_slashes): the redirect to the slashless
     # path builds its Location from the client's Host header, which lets a request name any host to be sent to.
     app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None, redirect_slashes=False,
-                  lifespan=_lifespan(exporter, renderer, reloader, tap, run_collection))
+                  lifespan=_lifespan(exporter, reloader, tap, run_collection))
     app.add_exception_handler(HTTPException, _plain_error)
     for path, endpoint in ((config.web.telemetry_path, metrics), ("/healthz", healthz), ("/readyz", readyz),
                            ("/api/v1/status", status), ("/", landing)):
