@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -135,3 +136,24 @@ def harness_fixture(harness: Harness) -> Iterator[Harness]:
         yield harness
     finally:
         harness.stop()
+
+
+HELP_MAX_CHARS = 120
+# A sentence ends at '.', '!' or '?' followed by a space and a character that is not lower case; "i.i.d. per-token"
+# and "e.g. k" do not end one.
+AFTER_A_STOP = re.compile(r"[.!?] +(\S)")
+
+
+def help_text_problems(text: str) -> list[str]:
+    """Why a HELP text (what follows the metric name) is not one sentence of at most HELP_MAX_CHARS characters: it
+    must end with a full stop, hold no sentence end before that, and no ';' (two sentences joined). Empty if it is."""
+    problems = []
+    if len(text) > HELP_MAX_CHARS:
+        problems.append(f"{len(text)} characters, over {HELP_MAX_CHARS}")
+    if not text.endswith("."):
+        problems.append("does not end with a full stop")
+    if ";" in text:
+        problems.append("';' joins two sentences")
+    problems.extend(f"a second sentence: {text[match.start(1):match.start(1) + 24]!r}…"
+                    for match in AFTER_A_STOP.finditer(text) if not match.group(1).islower())
+    return problems

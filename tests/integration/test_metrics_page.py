@@ -18,8 +18,9 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 
 from devtools.procs import Process, exporter_command, running
+from specdecode_exporter.core.metrics import CONTRACT
 from tests.faults.hostile import v1_body
-from tests.helpers import FIXTURES, Exposition
+from tests.helpers import FIXTURES, Exposition, help_text_problems
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -64,15 +65,22 @@ def signatures(text: str) -> set[tuple[str, frozenset[str]]]:
     return found
 
 
+def filled_page(sidecar: Process) -> str:
+    """The page once every series of the golden page is on it (the windows take a few collections to fill)."""
+    golden = GOLDEN.read_text()
+    deadline = time.monotonic() + 60
+    text = get(sidecar).text
+    while signatures(golden) - signatures(text) and time.monotonic() < deadline:
+        time.sleep(0.5)
+        text = get(sidecar).text
+    return text
+
+
 def test_the_page_has_the_golden_pages_families_labels_and_bucket_bounds(sidecar: Process) -> None:
     """Breaks when a family, its HELP or TYPE, a label, an ``le`` as written (``0.5``, ``1.0``) or an info gauge's
     value changes in the running process's page."""
     golden = GOLDEN.read_text()
-    deadline = time.monotonic() + 60
-    text = get(sidecar).text
-    while signatures(golden) - signatures(text) and time.monotonic() < deadline:  # the windows filling
-        time.sleep(0.5)
-        text = get(sidecar).text
+    text = filled_page(sidecar)
     headers = [line for line in golden.splitlines() if line.startswith("# ")]
     assert [line for line in headers if line not in text.splitlines()] == []
     assert signatures(golden) - signatures(text) == set()
@@ -82,6 +90,17 @@ def test_the_page_has_the_golden_pages_families_labels_and_bucket_bounds(sidecar
     info = Exposition.parse(text).all("specdecode_info")
     assert len(info) == 2 and set(info.values()) == {1.0}
     assert "process_resident_memory_bytes" in text and "python_gc_collections_total" in text
+
+
+def test_every_help_on_the_page_is_one_sentence_of_at_most_120_characters(sidecar: Process) -> None:
+    """What a user reads in the HELP lines of the running process (tests.helpers.help_text_problems); the long
+    descriptions are docs/metrics.md's and never on the page."""
+    text = filled_page(sidecar)
+    helps = dict(line.removeprefix("# HELP ").split(" ", 1) for line in text.splitlines()
+                 if line.startswith("# HELP specdecode_"))
+    assert len(helps) >= GOLDEN.read_text().count("# HELP ")
+    assert {name: found for name, help_text in helps.items() if (found := help_text_problems(help_text))} == {}
+    assert [spec.name for spec in CONTRACT if spec.detail and spec.detail in text] == []
 
 
 @pytest.mark.parametrize(("accept", "content_type"), [
