@@ -33,7 +33,8 @@ NOT_IN_RUN = ("specdecode_exporter.probe", "specdecode_exporter.simulator", "spe
 # tap reports (tap.route, tap.request_stats, tap.model: the /metrics families and the status page, empty): never
 # its relay, its process or the stream readers.
 TAP_WHEN_OFF = {"specdecode_exporter.tap", "specdecode_exporter.tap.model", "specdecode_exporter.tap.request_stats",
-                "specdecode_exporter.tap.route", "specdecode_exporter.tap.settings"}
+                "specdecode_exporter.tap.route", "specdecode_exporter.tap.settings",
+                "specdecode_exporter.tap.openai"}  # the recorder reads SGLang's per-request details through it
 RUN = """
 import json, os, signal, sys
 from specdecode_exporter import cli
@@ -102,4 +103,4 @@ def test_the_run_process_imports_only_what_run_uses_and_logs_nothing_per_collect
     assert tap <= TAP_WHEN_OFF, sorted(tap - TAP_WHEN_OFF)
     log = [line for line in proc.log.read_text().splitlines() if line.startswith("ts=")]  # after the command line
     assert len(log) == 2 and "msg=starting" in log[0] and "msg=stopped" in log[1], log  # info: nothing else
-    assert state["rss_kib"] < 60 * 1024  # bench 3 measures it (≤ 50 MB is its target); this catches a regression
+    assert state["rss_kib"] < 70 * 1024  # bench 3 measures it (≤ 80 MB after an hour is its target); a regression

@@ -15,7 +15,7 @@ from specdecode_exporter.tap import TapRequest, TapResult
 from specdecode_exporter.tap.model import N_GT_1, NOT_ENABLED, SPEC_DETAILS_NOT_REQUESTED
 from specdecode_exporter.tap.request_stats import RequestRecorder, spec_figures
 from tests.tap.fake_vllm import SGLANG_FIXTURES
-from tests.tap.harness import LOOPS, fetch, request_bytes, run, tapped
+from tests.tap.harness import LOOPS, fetch, request_bytes, run, tap_settings, tapped
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -93,7 +93,7 @@ def test_details_per_choice_are_not_one_requests() -> None:
 
 def test_the_recorder_counts_sglang_requests_in_the_same_families_as_vllms() -> None:
     """Bands, the per-request α distribution, the mean length and the variance sums, from SGLang's details."""
-    recorder = RequestRecorder()
+    recorder = RequestRecorder(tap_settings())
     request, result = _through_the_tap(COMPLETIONS, {"temperature": 0.0, "return_spec_tokens_details": True})
     recorder.observe(request, result)
     unasked_request, unasked = _through_the_tap(COMPLETIONS, {"temperature": 0.0})

@@ -16,7 +16,7 @@ from specdecode_exporter.tap import start_tap
 from specdecode_exporter.tap.model import SPEC_DETAILS_NOT_REQUESTED
 from specdecode_exporter.tap.openai import sglang_shaped
 from specdecode_exporter.tap.request_stats import spec_figures
-from tests.tap.harness import Recorder, fetch, request_bytes, run
+from tests.tap.harness import Recorder, fetch, request_bytes, run, tap_settings
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
@@ -47,7 +47,7 @@ def test_the_tap_reads_the_simulators_sglang_details_as_its_counters_count_them(
     counts: list[tuple[int, int]] = []
 
     async def main() -> None:
-        tap = await start_tap("127.0.0.1", 0, url, recorder)
+        tap = await start_tap("127.0.0.1", 0, tap_settings(url), recorder)
         try:
             unasked = {"model": MODEL, "prompt": "a", "messages": [], "max_tokens": 40, "stream": True}
             await fetch(tap.port, request_bytes(path, unasked))
