@@ -179,7 +179,7 @@ def test_a_down_targets_windowed_gauges_go_stale_after_one_failed_collection() -
         assert target["windows_stale"] is True and target["failed_in_a_row"] == 2
         assert target["no_data_since"] == status_before["last_success"]
         series = target["series"][0]
-        assert series["verdict"] == "no data" and series["verdict_reason"].startswith("no data since ")
+        assert series["verdict"] == "no data" and series["verdict_reason"].startswith("since ")
         assert series["verdict_reason"].endswith(": the last 2 collections failed (timeout)")
         page = httpx.get(harness.sidecar_url + "/", timeout=5).text
         since = status_before["last_success"].replace("T", " ").replace("Z", " UTC")

@@ -78,11 +78,11 @@ def test_a_gate_that_stops_speculation_is_said_within_three_collections_for_as_l
         for c in seen[first_stopped:]:
             assert c.state == "stopped" and c.verdict == c.exported == "not speculating", c
             assert c.reason.startswith("stopped speculating since ") and "acceptance gate" in c.reason
-            assert c.verdict_reason.startswith("not speculating since ") and "P99" not in c.verdict_reason
+            assert c.verdict_reason.startswith("since ") and "P99" not in c.verdict_reason
         # the minute after the stop: the 1m window still counted drafts, which used to keep "speculating"
         assert seen[first_stopped].reason.endswith("though it drafted before; " + UNEXPLAINED_STOP)
         page = httpx.get(harness.sidecar_url + "/", timeout=5).text
-        assert "stopped speculating since" in page and "not speculating since" in page
+        assert "stopped speculating since" in page and "not speculating<br><small>since " in page
         # α by window: the 1m window says why it has no α (it used to drop out, leaving the 5m α in its place)
         five = series_status(harness.status())["windows"]["5m"]["acceptance_ratio"]
         assert f"1m – <small>(nothing drafted (speculation stopped))</small> · 5m {five:.2f}" in page

@@ -114,8 +114,8 @@ def test_a_verdict_past_a_band_edge_by_the_margin_takes_over_at_once() -> None:
 
 
 def test_stopping_speculating_and_no_data_take_over_at_once_both_ways() -> None:
-    stopped = Evidence(None, None, not_speculating="not speculating since 12:00:00 UTC")
-    down = Evidence(None, None, no_data="no data since 12:00:00 UTC")
+    stopped = Evidence(None, None, not_speculating="since 12:00:00 UTC")
+    down = Evidence(None, None, no_data="since 12:00:00 UTC")
     held = held_sequence([observed(1.3), stopped, observed(1.08), down, observed(0.98)])
     assert [verdict for _, verdict in held] == [Verdict.PAYING_OFF, Verdict.NOT_SPECULATING, Verdict.MARGINAL,
                                                 Verdict.NO_DATA, Verdict.HURTING]

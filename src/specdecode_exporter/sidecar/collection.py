@@ -518,17 +518,18 @@ class TargetCollector:
             yield series_view(state, now, self._no_data(state.times, moment), context)
 
     def _no_data(self, times: list[float], moment: Moment) -> str | None:
-        """Why a series' windows are stale, in words; None while they are not: within WINDOW_GRACE_FAILURES failed
-        collections in a row, and the series in a collection within two intervals and a timeout."""
+        """Since when and why a series' windows are stale, in words (the "no data" verdict's reason); None while they
+        are not: within WINDOW_GRACE_FAILURES failed collections in a row, and the series in a collection within two
+        intervals and a timeout."""
         if not times:
-            return "no data yet"
+            return "not collected yet"
         late = moment.now - times[-1] > 2 * self.interval + self.config.timeout
         if self.failed_in_a_row > WINDOW_GRACE_FAILURES or (late and self.failed_in_a_row):
             failure = self.last_failure[0] if self.last_failure else "unknown"
-            return (f"no data since {moment.words(self.last_success_monotonic or times[-1])}: the last "
+            return (f"since {moment.words(self.last_success_monotonic or times[-1])}: the last "
                     f"{self.failed_in_a_row} collections failed ({failure})")
         if late:
-            return f"no data since {moment.words(times[-1])}: the series was missing from the latest collections"
+            return f"since {moment.words(times[-1])}: the series was missing from the latest collections"
         return None
 
     def _peers_as_now(self) -> Callable[[str], TargetView | None]:

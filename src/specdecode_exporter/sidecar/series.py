@@ -445,7 +445,7 @@ class Speculation(NamedTuple):
     reason: str
     since: float | None = None  # stopped: the last collection that counted drafted tokens; speculating: resumed
     configured: bool | None = None  # stopped: whether the engine's page shows the stop configured (a cut-off)
-    verdict: str | None = None  # stopped: what the verdict says instead of judging
+    verdict: str | None = None  # stopped: the verdict's reason ("not speculating" + "since …: …")
 
 
 class Stop(NamedTuple):
@@ -466,17 +466,22 @@ def stop_of(drafting: Drafting, latest: Totals, window_steps: tuple[float, ...])
     if before.generated_tokens and drafting.idle_generated * per_generated / before.generated_tokens \
             < MIN_EXPECTED_DRAFT_TOKENS:
         return None
+    return Stop(drafting.last_at, drafting.idle, configured_stop(drafting, latest, window_steps))
+
+
+def configured_stop(drafting: Drafting, latest: Totals, window_steps: tuple[float, ...]) -> str | None:
+    """How the engine's page shows a stop configured, in words: the scheduled-steps counter at k = 0 since drafting
+    stopped (else over the window), or a running batch above every one it drafted at; None where it does not."""
     steps = positions_minus(latest.scheduled_steps, drafting.at_last.scheduled_steps) if drafting.at_last \
         else window_steps
-    configured = None
     if steps and sum(steps) > 0 and steps[0] / sum(steps) >= 0.5:
-        configured = (f"the batch-size schedule chose k = 0 for {steps[0] / sum(steps):.0%} of the scheduler steps "
-                      "since: vLLM's num_speculative_tokens_per_batch_size, configured at this batch size, not a fault")
-    elif (drafting.idle_running is not None and drafting.drafting_running is not None
-          and drafting.idle_running > drafting.drafting_running):
-        configured = (f"it stopped drafting when the running batch rose to {drafting.idle_running:.0f} requests (it "
-                      f"drafted at up to {drafting.drafting_running:.0f}): {CONFIGURED_CUT_OFF}")
-    return Stop(drafting.last_at, drafting.idle, configured)
+        return (f"the batch-size schedule chose k = 0 for {steps[0] / sum(steps):.0%} of the scheduler steps "
+                "since: vLLM's num_speculative_tokens_per_batch_size, configured at this batch size, not a fault")
+    if (drafting.idle_running is not None and drafting.drafting_running is not None
+            and drafting.idle_running > drafting.drafting_running):
+        return (f"it stopped drafting when the running batch rose to {drafting.idle_running:.0f} requests (it "
+                f"drafted at up to {drafting.drafting_running:.0f}): {CONFIGURED_CUT_OFF}")
+    return None
 
 
 def speculation(windows: tuple[WindowView, ...], drafted_ever: bool, settings: SpeculationStopped,
@@ -484,7 +489,9 @@ def speculation(windows: tuple[WindowView, ...], drafted_ever: bool, settings: S
                 ) -> Speculation | None:
     """Stopped as soon as the drafted-token counter stands still at STANDSTILL_COLLECTIONS collections in a row
     that generated (a series that drafted before), for as long as it does; speculating from the first collection
-    that drafts; else, over the shortest window that counted generated tokens, too little traffic to tell."""
+    that drafts. Else, over the shortest window that counted generated tokens: too little traffic to tell, or
+    stopped where its speculative token share is below share_below and the last collection drafted nothing (a
+    standstill too short to prove a stop: `check`, a sidecar just started), else speculating."""
     view = next((w for w in windows if w.capacity is not None and w.capacity.generated_tokens is not None), None)
     if view is None or view.capacity is None or not drafted_ever:
         return None
@@ -500,6 +507,12 @@ def speculation(windows: tuple[WindowView, ...], drafted_ever: bool, settings: S
     if rate < settings.min_generated_tokens_per_second:
         return Speculation("too little traffic", name, share, f"{rate:.1f} generated tokens/s over {name}: too "
                            "little to tell whether it speculates")
+    if share is not None and share < settings.share_below and drafting.idle and latest is not None:
+        # Too short a standstill to prove a stop (`check`, a sidecar just started), but the window shows one, as
+        # SpecDecodeSpeculationStopped does.
+        return _stopped(Stop(drafting.last_at, drafting.idle, configured_stop(drafting, latest,
+                                                                                capacity.scheduled_steps)),
+                        view, share, moment)
     again = drafting.resumed_at if drafting.resumed_at is not None and \
         moment.now - drafting.resumed_at <= view.window.seconds else None
     stopped_for = again - drafting.stopped_at if again is not None and drafting.stopped_at is not None else None
@@ -515,11 +528,12 @@ def speculation(windows: tuple[WindowView, ...], drafted_ever: bool, settings: S
 def _stopped(stop: Stop, view: WindowView, share: float | None, moment: Moment) -> Speculation:
     capacity, name = view.capacity, view.window.name
     rate = (capacity.generated_tokens_per_second if capacity is not None else None) or 0.0
-    when = f"since {moment.words(stop.since)}" if stop.since is not None else "since before the sidecar saw it draft"
+    when = f"since {moment.words(stop.since)}" if stop.since is not None else "since before the first collection"
     cause = stop.configured or UNEXPLAINED_STOP
-    reason = (f"stopped speculating {when}: {rate:.0f} generated tokens/s over {name} and none drafted at the last "
-              f"{stop.collections} collections, though it drafted before; {cause}")
-    verdict = (f"not speculating {when}: it generates without drafting, so nothing is judged; "
+    last = "the last collection" if stop.collections == 1 else f"the last {stop.collections} collections"
+    reason = (f"stopped speculating {when}: {rate:.0f} generated tokens/s over {name} and none drafted at {last}, "
+              f"though it drafted before; {cause}")
+    verdict = (f"{when}: it generates without drafting, so nothing is judged; "
                f"{stop.configured or 'the engine shows no configured cause'}")
     return Speculation("stopped", name, share, reason, stop.since, stop.configured is not None, verdict)
 
