@@ -183,7 +183,7 @@ def test_a_down_targets_windowed_gauges_go_stale_after_one_failed_collection() -
         assert series["verdict_reason"].endswith(": the last 2 collections failed (timeout)")
         page = httpx.get(harness.sidecar_url + "/", timeout=5).text
         since = status_before["last_success"].replace("T", " ").replace("Z", " UTC")
-        assert (f"no data since {since}: windowed figures dropped after 1 failed collection, counters kept"
+        assert (f"no data since {since}: windowed figures dropped (kept through 1 failed collection), counters kept"
                 in page), page
         assert "1m – <small>(stale: the target cannot be read)</small>" in page
         harness.simulator.set_fault("none")

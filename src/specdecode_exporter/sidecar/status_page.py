@@ -165,8 +165,9 @@ def target_state(target: dict[str, Any]) -> str:
     state = f"down ({e(target['last_error'] or '')})"
     if target.get("windows_stale"):
         since = target.get("no_data_since")
+        grace = target["windows_grace_failed_collections"]
         state += (f"; no data since {e(since.replace('T', ' ').replace('Z', ' UTC')) if since else 'the start'}: "
-                  f"windowed figures dropped after {target['windows_grace_failed_collections']} failed collection, "
+                  f"windowed figures dropped (kept through {grace} failed collection{'s' if grace != 1 else ''}), "
                   "counters kept")
     return state
 
