@@ -511,7 +511,7 @@ class TargetCollector:
         """Each series' view at ``now``, one at a time (the collection runs them in slices)."""
         interval = self.interval
         peers = self._peers_as_now()
-        moment = Moment(now, time.time() - now)
+        moment = Moment(now)
         context = SeriesContext(self.config, self.app, interval / 2, baseline_provider(self.config, peers),
                                 control_provider(self.config, peers), moment)
         for state in self.store.for_target(self.config.name):

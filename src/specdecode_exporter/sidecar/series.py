@@ -73,11 +73,16 @@ def ago(seconds: float) -> str:
     return f"{hours} h {minutes % 60} min" if hours < 48 else f"{hours // 24} d {hours % 24} h"
 
 
+# The wall clock's lead on the monotonic clock the collector runs on, taken once: the times in words a view gives
+# (since when) depend only on its collection, not on when it is built or read.
+WALL_CLOCK_LEAD = time.time() - time.monotonic()
+
+
 class Moment(NamedTuple):
     """A collection's time on the collector's clock, and the wall clock's lead on it (to say times in words)."""
 
     now: float
-    wall_offset: float = 0.0
+    wall_offset: float = WALL_CLOCK_LEAD
 
     def wall(self, at: float) -> float:
         return at + self.wall_offset
@@ -87,7 +92,7 @@ class Moment(NamedTuple):
         return f"{time.strftime('%H:%M:%S', time.gmtime(self.wall(at)))} UTC, {ago(self.now - at)} ago"
 
 
-CLOCK_START = Moment(0.0)
+CLOCK_START = Moment(0.0)  # a view built outside a collection
 
 
 class WindowView:

@@ -22,7 +22,7 @@ from specdecode_exporter.pipeline.schedule import (
 )
 from specdecode_exporter.sidecar.collection import WINDOW_GRACE_FAILURES, HistoryPoint, TargetView
 from specdecode_exporter.sidecar.config import Config
-from specdecode_exporter.sidecar.series import SeriesView, Speculation, WindowView
+from specdecode_exporter.sidecar.series import WALL_CLOCK_LEAD, SeriesView, Speculation, WindowView
 from specdecode_exporter.tap.request_stats import RequestsView
 from specdecode_exporter.tap.route import ClassView, Decision, Experiment, RoutesView
 
@@ -110,7 +110,7 @@ class Clock:
     """The collector's clock at a request (``now``), and how to say one of its times on the wall clock."""
 
     def __init__(self, now: float) -> None:
-        self.now, self._lead = now, time.time() - now
+        self.now, self._lead = now, WALL_CLOCK_LEAD
 
     def iso(self, at: float | None) -> str | None:
         return None if at is None else iso_time(at + self._lead)
