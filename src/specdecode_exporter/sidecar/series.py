@@ -438,7 +438,8 @@ CONFIGURED_CUT_OFF = ("a batch-size cut-off the deployment configured (vLLM's --
                       "draft_len_schedule), not a fault")
 UNEXPLAINED_STOP = ("nothing on the engine's page shows it configured; causes: an acceptance gate (TensorRT-LLM's "
                     "acceptance_length_threshold switches speculation off for good), a drafter that finds nothing "
-                    "(ngram), or a config change")
+                    "(ngram), a batch-size schedule at k = 0 on a page without the running batch (TensorRT-LLM's "
+                    "draft_len_schedule), or a config change")
 
 
 class Speculation(NamedTuple):
@@ -481,7 +482,8 @@ def configured_stop(drafting: Drafting, latest: Totals, window_steps: tuple[floa
         else window_steps
     if steps and sum(steps) > 0 and steps[0] / sum(steps) >= 0.5:
         return (f"the batch-size schedule chose k = 0 for {steps[0] / sum(steps):.0%} of the scheduler steps "
-                "since: vLLM's num_speculative_tokens_per_batch_size, configured at this batch size, not a fault")
+                "since it stopped (vLLM's num_speculative_tokens_per_batch_size, configured at this batch size): "
+                "not a fault")
     if (drafting.idle_running is not None and drafting.drafting_running is not None
             and drafting.idle_running > drafting.drafting_running):
         return (f"it stopped drafting when the running batch rose to {drafting.idle_running:.0f} requests (it "
