@@ -211,9 +211,8 @@ class Drafting(NamedTuple):
     idle_generated: float = 0.0  # the tokens they generated
     idle_running: float | None = None  # the fewest requests running at those collections
     drafting_running: float | None = None  # the most requests running at a drafting collection since it resumed
-    resumed_at: float | None = None  # the first drafting collection after the latest standstill, ...
-    stopped_at: float | None = None  # ... the latest drafting collection before that standstill ...
-    stopped_for: int = 0  # ... and its idle collections
+    resumed_at: float | None = None  # the first drafting collection after the latest standstill, and ...
+    stopped_at: float | None = None  # ... the latest drafting collection before that standstill
 
 
 NOTHING_DRAFTED_YET = Drafting()
@@ -234,8 +233,7 @@ def drafting_after(drafting: Drafting, before: Totals, after: Totals, now: float
     drafted = drafted_increase(before, after)
     if drafted is not None and drafted > 0:
         if drafting.idle >= STANDSTILL_COLLECTIONS:  # drafting again after a standstill
-            return Drafting(now, after, drafting_running=running, resumed_at=now, stopped_at=drafting.last_at,
-                            stopped_for=drafting.idle)
+            return Drafting(now, after, drafting_running=running, resumed_at=now, stopped_at=drafting.last_at)
         return drafting._replace(last_at=now, at_last=after, idle=0, idle_generated=0.0, idle_running=None,
                                  drafting_running=_most(drafting.drafting_running, running, max))
     generated = optional_minus(after.generated_tokens, before.generated_tokens)

@@ -274,7 +274,7 @@ class TargetCollector:
     peer_view: Callable[[str], TargetView | None] = lambda name: None  # another target's latest view
     # Each series' history: the points kept, then the newest (pending: worked out when read or kept).
     history: dict[SeriesKey, tuple[HistoryPoint | PendingPoint, ...]] = field(default_factory=dict)
-    failed_in_a_row: int = 0
+    failed_in_a_row: int = 0  # collections that failed since the last success
     verdicts: dict[SeriesKey, HeldVerdict] = field(default_factory=dict)  # each series' verdict in force
     _published: TargetView | None = field(default=None, init=False)
 
@@ -525,9 +525,9 @@ class TargetCollector:
             return "not collected yet"
         late = moment.now - times[-1] > 2 * self.interval + self.config.timeout
         if self.failed_in_a_row > WINDOW_GRACE_FAILURES or (late and self.failed_in_a_row):
-            failure = self.last_failure[0] if self.last_failure else "unknown"
-            return (f"since {moment.words(self.last_success_monotonic or times[-1])}: the last "
-                    f"{self.failed_in_a_row} collections failed ({failure})")
+            failure, count = self.last_failure[0] if self.last_failure else "unknown", self.failed_in_a_row
+            failed = f"the last {count} collections" if count > 1 else "the last collection"
+            return f"since {moment.words(self.last_success_monotonic or times[-1])}: {failed} failed ({failure})"
         if late:
             return f"since {moment.words(times[-1])}: the series was missing from the latest collections"
         return None
