@@ -173,15 +173,12 @@ def target_state(target: dict[str, Any]) -> str:
 
 
 def verdict_since(series: dict[str, Any]) -> str:
-    """Since when the verdict is in force, and the one waiting out the hysteresis."""
+    """Since when the verdict is in force (one waiting out the hysteresis is in the reason: "held: …")."""
     since = series.get("verdict_since")
     if since is None or not series["spec_decode"]:
         return ""
-    words = f"since {html.escape(since[11:19])} UTC ({ago(series['verdict_seconds'] or 0.0)})"
-    pending = series.get("verdict_pending")
-    if pending is not None:
-        words += f"; {html.escape(pending['verdict'])} for {ago(pending['seconds'] or 0.0)}, not yet held long enough"
-    return f"<br><small class='since'>{words}</small>"
+    return (f"<br><small class='since'>in force since {html.escape(since[11:19])} UTC, "
+            f"{ago(series['verdict_seconds'] or 0.0)} ago</small>")
 
 
 def speculation_row(series: dict[str, Any]) -> str:
