@@ -17,6 +17,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import time
@@ -180,6 +181,37 @@ def test_a_slow_class_is_routed_the_canary_holds_and_the_speedup_is_the_response
     assert summarise["last_decision"]["bound"] < 0.5
     page = httpx.get(f"{pools.sidecar.url}/").text
     assert "Routing" in page and "routed</b> for" in page
+    said_with_its_own_numbers(pools, summarise, page)
+
+
+def logged(line: str, key: str) -> float:
+    found = re.search(rf"\b{key}=([0-9.]+)", line)
+    assert found is not None, line
+    return float(found.group(1))
+
+
+def said_with_its_own_numbers(pools: Pools, summarise: dict[str, Any], page: str) -> None:
+    """The decision that routed the class is said with the numbers it was made on (the ones its log line gives),
+    its upper bound below the break-even in force then; the canary blocks judged since (about 50 canary requests:
+    two blocks) left it routed, and say so in their own words: their α, their lower bound not above the
+    break-even."""
+    routed_by, latest = summarise["state_decision"], summarise["last_decision"]
+    assert routed_by["outcome"] == "routed" and routed_by["bound_kind"] == "upper"
+    (line,) = [line for line in Path(pools.sidecar.log).read_text().splitlines()
+               if "route: class sent to the fallback" in line and "workload=summarise" in line]
+    assert (routed_by["acceptance_ratio"], routed_by["bound"], routed_by["break_even_acceptance_ratio"]) == (
+        logged(line, "acceptance_ratio"), logged(line, "bound"), logged(line, "break_even"))
+    assert routed_by["bound"] < routed_by["break_even_acceptance_ratio"]
+    assert latest["outcome"] == "stays routed" and latest["bound_kind"] == "lower", latest
+    assert latest["bound"] <= latest["break_even_acceptance_ratio"]
+    assert latest["acceptance_ratio"] != routed_by["acceptance_ratio"]  # another block, its own α
+    routed_words = (f"routed: α {routed_by['acceptance_ratio']:.2f}, upper bound {routed_by['bound']:.2f} &lt; "
+                    f"break-even {routed_by['break_even_acceptance_ratio']:.2f} in force then, "
+                    f"{routed_by['requests']} requests")
+    stays_words = (f"latest: stays routed: canary α {latest['acceptance_ratio']:.2f}, lower bound "
+                   f"{latest['bound']:.2f} ≤ break-even {latest['break_even_acceptance_ratio']:.2f} in force then, "
+                   f"{latest['requests']} requests")
+    assert f"{routed_words}<br><small>{stays_words}</small>" in page, page
 
 
 def test_check_through_the_tap_says_where_its_test_completion_went(pools: Pools) -> None:

@@ -140,6 +140,58 @@ def test_faults_set_up_to_zero_and_count_the_reason(fault: str, reason: str) -> 
         harness.stop()
 
 
+def windowed(metrics: Exposition) -> set[tuple[str, frozenset[tuple[str, str]]]]:
+    """Every sample that carries a window label: the windowed gauges (and the verdict over its window)."""
+    return {(name, labels) for name, labels in metrics.samples if any(key == "window" for key, _ in labels)}
+
+
+def test_a_down_targets_windowed_gauges_go_stale_after_one_failed_collection() -> None:
+    """One timed-out collection keeps every windowed gauge (a scrape that found them gone would reset the `for:` of
+    the tickets that read them: SpecDecodeObservedSpeedupLow, SpecDecodeTailRegression, SpecDecodeThroughputCut,
+    SpecDecodeRecommendedKLower); the second failed collection in a row drops them, the verdict with them, as
+    exporters do for targets they cannot read. The counters and specdecode_up 0 stay; the status says since when
+    there is no data; the next good collection brings the windows back."""
+    harness = start_harness(target=None, hang_seconds=3.0)
+    short_timeout = TargetConfig("vllm", harness.simulator_url + "/metrics", timeout=0.5)
+    harness.exporter.collectors["vllm"].reconfigure(short_timeout, harness.exporter.config)
+    try:
+        for _ in range(4):
+            harness.step(5.0)
+        before, status_before = harness.metrics(), harness.status()["targets"][0]
+        gauges = windowed(before)
+        assert ("specdecode_acceptance_ratio", frozenset({("target", "vllm"), ("window", "1m"), ("engine", "0"), (
+            "model_name", "meta-llama/Llama-3.1-8B-Instruct")})) in gauges and len(gauges) > 20
+        assert before.get("specdecode_verdict") == 1.0
+        harness.simulator.set_fault("hang")
+        harness.step(5.5)  # the next tick, and its timeout
+        once = harness.metrics()
+        assert once.get("specdecode_up") == 0.0 and once.get("specdecode_collect_errors_total", reason="timeout") == 1
+        assert windowed(once) == gauges  # all of them, through one timed-out collection
+        assert harness.status()["targets"][0]["windows_stale"] is False
+        harness.step(4.5)  # the tick after: timed out too
+        twice = harness.metrics()
+        assert windowed(twice) == set() and twice.get("specdecode_verdict") is None
+        assert twice.get("specdecode_up") == 0.0
+        for counter in ("specdecode_draft_tokens_total", "specdecode_accepted_tokens_total", "specdecode_drafts_total"):
+            assert twice.get(counter) == before.get(counter) is not None, counter
+        target = harness.status()["targets"][0]
+        assert target["windows_stale"] is True and target["failed_in_a_row"] == 2
+        assert target["no_data_since"] == status_before["last_success"]
+        series = target["series"][0]
+        assert series["verdict"] == "no data" and series["verdict_reason"].startswith("since ")
+        assert series["verdict_reason"].endswith(": the last 2 collections failed (timeout)")
+        page = httpx.get(harness.sidecar_url + "/", timeout=5).text
+        since = status_before["last_success"].replace("T", " ").replace("Z", " UTC")
+        assert (f"no data since {since}: windowed figures dropped (kept through 1 failed collection), counters kept"
+                in page), page
+        assert "1m – <small>(stale: the target cannot be read)</small>" in page
+        harness.simulator.set_fault("none")
+        harness.step(5.0)
+        assert windowed(harness.metrics()) == gauges and harness.status()["targets"][0]["windows_stale"] is False
+    finally:
+        harness.stop()
+
+
 def test_unreachable_target_is_connect_and_metrics_keep_answering() -> None:
     harness = start_harness()
     try:

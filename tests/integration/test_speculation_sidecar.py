@@ -6,9 +6,11 @@ pod (KV cache, preemptions, throughput) — and the verdict takes those costs in
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
+import re
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 import pytest
@@ -16,11 +18,12 @@ import pytest
 from specdecode_exporter.core.httpserver import ThreadedServer, bind_socket
 from specdecode_exporter.sidecar.collection import Exporter, TargetView
 from specdecode_exporter.sidecar.config import BaselineConfig, CollectSection, Config, TargetConfig, parse_windows
+from specdecode_exporter.sidecar.series import CONFIGURED_CUT_OFF, UNEXPLAINED_STOP
 from specdecode_exporter.sidecar.web import build_app
 from specdecode_exporter.simulator import ModelSpec, Simulator, steady_scenario
 from specdecode_exporter.simulator.clock import ManualClock
 from specdecode_exporter.simulator.server import serve_in_thread
-from tests.helpers import Exposition, start_harness
+from tests.helpers import Exposition, Harness, start_harness
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
@@ -30,35 +33,69 @@ def series_status(status: dict[str, Any], target: str = "vllm") -> dict[str, Any
     return found["series"][0]  # type: ignore[no-any-return]
 
 
-def test_a_gate_that_stops_speculation_is_seen_said_and_exported() -> None:
-    # α 0.3, below the gate's 0.5: it closes once its window of 1300 iterations is full (20 a second: 65 s)
+class Collected(NamedTuple):
+    """What one collection showed: the counters on /metrics, and what the status API and the verdict said."""
+
+    drafted: float
+    generated: float
+    state: str
+    reason: str
+    verdict: str
+    verdict_reason: str
+    exported: str  # specdecode_verdict's verdict label
+
+
+def collected(harness: Harness) -> Collected:
+    metrics, series = harness.metrics(), series_status(harness.status())
+    (labels,) = metrics.all("specdecode_verdict")
+    drafted = metrics.get("specdecode_draft_tokens_total")
+    generated = metrics.get("specdecode_generated_tokens_total", spec_decode="true")
+    assert drafted is not None and generated is not None
+    return Collected(drafted, generated, series["speculation"]["state"], series["speculation"]["reason"],
+                     series["verdict"], series["verdict_reason"], dict(labels)["verdict"])
+
+
+def test_a_gate_that_stops_speculation_is_said_within_three_collections_for_as_long_as_it_lasts() -> None:
+    """The gate closes about 65 s in (α 0.3, below the gate's 0.5, once its window of 1300 iterations is full at 20 a
+    second). The stop is said from the drafted-token counter's standstill while generation goes on, not
+    from the 1m window emptying (a minute later): within three collections of the last drafted token, and at every
+    collection after it, by the speculation state, the verdict and specdecode_verdict. The restart (vLLM restarted:
+    the gate opens again) is said as fast."""
     harness = start_harness(steady_scenario(ModelSpec(acceptance_rate=0.3, acceptance_rate_window_size=1300,
                                                       acceptance_rate_threshold=0.5)))
     try:
         harness.collect()
-        harness.step(5)
-        speculating = series_status(harness.status())
-        assert speculating["speculation"]["state"] == "speculating"
-        assert harness.metrics().get("specdecode_speculative_token_share", window="1m") == pytest.approx(1.0, abs=0.01)
-        for _ in range(30):  # 150 s: the gate closed; the 1m window is past it
+        seen = []
+        for _ in range(36):  # 180 s
             harness.step(5)
-        metrics = harness.metrics()
-        assert metrics.get("specdecode_speculative_token_share", window="1m") == 0.0
-        drafts = metrics.get("specdecode_drafts_total")
-        generated = metrics.get("specdecode_generated_tokens_total", spec_decode="true")
-        harness.step(5)
-        later = harness.metrics()
-        assert later.get("specdecode_drafts_total") == drafts  # no drafts ...
-        assert later.get("specdecode_generated_tokens_total", spec_decode="true") == pytest.approx(generated + 1000)
-        stopped = series_status(harness.status())["speculation"]
-        assert stopped["state"] == "stopped" and stopped["window"] == "1m" and stopped["share"] == 0.0
-        assert "stopped speculating: 200 generated tokens/s over 1m" in stopped["reason"]
-        assert "acceptance gate" in stopped["reason"]
+            seen.append(collected(harness))
+        last_drafting = max(i for i in range(1, len(seen)) if seen[i].drafted > seen[i - 1].drafted)
+        assert 6 < last_drafting < len(seen) - 20, last_drafting
+        assert all(c.generated > b.generated for b, c in itertools.pairwise(seen))  # generation goes on
+        assert {c.state for c in seen[1:last_drafting + 1]} == {"speculating"}
+        first_stopped = next(i for i, c in enumerate(seen) if c.state == "stopped")
+        assert last_drafting < first_stopped <= last_drafting + 3
+        for c in seen[first_stopped:]:
+            assert c.state == "stopped" and c.verdict == c.exported == "not speculating", c
+            assert c.reason.startswith("stopped speculating since ") and "acceptance gate" in c.reason
+            assert c.verdict_reason.startswith("since ") and "P99" not in c.verdict_reason
+        # the minute after the stop: the 1m window still counted drafts, which used to keep "speculating"
+        assert seen[first_stopped].reason.endswith("though it drafted before; " + UNEXPLAINED_STOP)
         page = httpx.get(harness.sidecar_url + "/", timeout=5).text
-        assert "stopped speculating" in page
+        assert "stopped speculating since" in page and "not speculating<br><small>since " in page
         # α by window: the 1m window says why it has no α (it used to drop out, leaving the 5m α in its place)
         five = series_status(harness.status())["windows"]["5m"]["acceptance_ratio"]
         assert f"1m – <small>(nothing drafted (speculation stopped))</small> · 5m {five:.2f}" in page
+
+        harness.simulator.restart()  # vLLM restarted: the gate is open again
+        again = []
+        for _ in range(4):
+            harness.step(5)
+            again.append(collected(harness))
+        first_speculating = next(i for i, c in enumerate(again) if c.state == "speculating")
+        assert first_speculating <= 2, again
+        assert again[first_speculating].reason.startswith("speculating again since ")
+        assert all(c.verdict != "not speculating" and c.exported == c.verdict for c in again[first_speculating:])
     finally:
         harness.stop()
 
@@ -80,11 +117,43 @@ def test_a_schedule_at_k_0_is_said_to_be_on_purpose() -> None:
         assert metrics.get("specdecode_scheduled_steps_total", num_speculative_tokens="1") > 0
         assert metrics.get("specdecode_scheduled_steps_total", num_speculative_tokens="3") == 0
         harness.simulator.set_override(drafts_per_second=3000.0)  # busy: the schedule drafts nothing
-        for _ in range(14):
+        for _ in range(3):
             harness.step(5)
-        stopped = series_status(harness.status())["speculation"]
-        assert stopped["state"] == "stopped"
+        series = series_status(harness.status())
+        stopped = series["speculation"]
+        assert stopped["state"] == "stopped" and stopped["configured"] is True
         assert "the batch-size schedule chose k = 0 for 100% of the scheduler steps" in stopped["reason"]
+        assert series["verdict"] == "not speculating"
+        assert "vLLM's num_speculative_tokens_per_batch_size, configured at this batch size" in series["verdict_reason"]
+    finally:
+        harness.stop()
+
+
+def test_a_stop_at_a_batch_size_cut_off_is_named_as_configured() -> None:
+    """Without the scheduled-steps counter (vLLM today) the engine's page still shows a configured cut-off by batch
+    size (--speculative-disable-by-batch-size, or a schedule at k = 0): drafting stopped when the running batch rose
+    above every batch it drafted at."""
+    spec = ModelSpec(drafts_per_second=200.0, num_speculative_tokens_per_batch_size=SCHEDULE)
+    harness = start_harness(steady_scenario(spec))
+    try:
+        harness.collect()
+        for _ in range(3):
+            harness.step(5)
+        harness.simulator.set_override(drafts_per_second=3000.0)  # about 60 requests run: above 16, k = 0
+        for _ in range(3):
+            harness.step(5)
+        series = series_status(harness.status())
+        stopped = series["speculation"]
+        assert stopped["state"] == "stopped" and stopped["configured"] is True, stopped
+        assert re.search(r"it stopped drafting when the running batch rose to \d+ requests \(it drafted at up to "
+                         r"\d+\): " + re.escape(CONFIGURED_CUT_OFF), stopped["reason"]), stopped["reason"]
+        assert series["verdict"] == "not speculating" and CONFIGURED_CUT_OFF in series["verdict_reason"]
+        harness.simulator.set_override(drafts_per_second=200.0)  # the batch comes down: it drafts again
+        states = []
+        for _ in range(6):
+            harness.step(5)
+            states.append(series_status(harness.status())["speculation"]["state"])
+        assert states[-1] == "speculating", states
     finally:
         harness.stop()
 

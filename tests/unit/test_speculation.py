@@ -14,7 +14,16 @@ from specdecode_exporter.pipeline.engines import ALL_PREFIXES, DecoderOptions, F
 from specdecode_exporter.pipeline.engines.base import LatencyReading, SeriesReading
 from specdecode_exporter.pipeline.latency import Histogram
 from specdecode_exporter.pipeline.parse import select
-from specdecode_exporter.pipeline.store import SeriesKey, SeriesState, Totals, WindowSpan, add_reading
+from specdecode_exporter.pipeline.store import (
+    Drafting,
+    SeriesKey,
+    SeriesState,
+    Totals,
+    WindowSpan,
+    add_reading,
+    drafting_after,
+)
+from specdecode_exporter.sidecar.series import stop_of
 from tests.helpers import fixture_text
 
 
@@ -150,3 +159,39 @@ def test_tensorrt_llm_gives_its_generated_tokens() -> None:
     series = decoded("trtllm_spec.prom")
     assert series.generated_tokens == 314503  # trtllm_generation_tokens_total: a stop is generation without drafts
     assert series.draft_tokens == 327216 and series.drafts is None
+
+
+def standstill(drafted_per_interval: float, idle_intervals: int) -> tuple[Drafting, Totals]:
+    """A series that drafted ``drafted_per_interval`` tokens in each of 4 intervals of 1000 generated tokens, then
+    generated on without drafting for ``idle_intervals``; running 8 while drafting, 40 after."""
+    state = SeriesState(SeriesKey("t", "m", "0"))
+    drafted = generated = 0.0
+    for i in range(5 + idle_intervals):
+        state.update(SeriesReading("m", "0", drafted, drafted / 2, drafted / 3, None, (),
+                                   latency=LatencyReading(running=8.0 if i < 5 else 40.0),
+                                   generated_tokens=generated), 5.0 * i, 3600)
+        drafted += drafted_per_interval if i < 4 else 0.0
+        generated += 1000.0
+    return state.drafting, state.totals
+
+
+def test_a_standstill_proves_a_stop_only_where_the_drafting_before_would_have_shown() -> None:
+    drafting, latest = standstill(300.0, 2)
+    assert (drafting.last_at, drafting.idle, drafting.idle_generated) == (20.0, 2, 2000.0)
+    stop = stop_of(drafting, latest, ())
+    assert stop is not None and (stop.since, stop.collections) == (20.0, 2)
+    assert stop.configured is not None
+    assert "running batch rose to 40 requests (it drafted at up to 8)" in stop.configured
+    assert stop_of(*standstill(300.0, 1), ()) is None  # one collection: not yet
+    # 3 drafted tokens per 1000 generated: 2000 generated without one is no proof (6 expected, not 10)
+    assert stop_of(*standstill(3.0, 2), ()) is None
+    assert stop_of(*standstill(3.0, 4), ()) is not None  # 12 expected
+
+
+def test_drafting_again_after_a_standstill_is_remembered() -> None:
+    drafting, _ = standstill(300.0, 3)
+    before = Totals(draft_tokens=1200.0, generated_tokens=7000.0)
+    after = Totals(draft_tokens=1300.0, generated_tokens=8000.0)
+    again = drafting_after(drafting, before, after, 45.0, 6.0)
+    assert (again.resumed_at, again.stopped_at, again.idle, again.last_at) == (45.0, 20.0, 0, 45.0)
+    assert again.drafting_running == 6.0 and again.idle_running is None

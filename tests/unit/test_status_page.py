@@ -83,24 +83,37 @@ def test_ago(seconds: float, words: str) -> None:
     assert ago(seconds) == words
 
 
-def test_the_routing_table_explains_its_bound_and_what_decides() -> None:
-    """The decision names which bound it compared (upper to route, lower to bring back) and the break-even in force
-    then; the note says that α decides, not the measured speedups, and why TPOT and end to end can disagree."""
+def test_the_routing_table_says_each_decision_with_its_own_numbers() -> None:
+    """Each decision names the bound its test compared (upper for an unrouted class's block, lower for a canary
+    block) and the break-even in force then; a class that stays routed says so in its own words, below the decision
+    that routed it; the note says that α decides, not the measured speedups, and why TPOT and end to end can
+    disagree."""
     from specdecode_exporter.sidecar.status_page import routing_rows
 
-    def route(routed: bool, bound: float) -> dict[str, object]:
+    def decision(outcome: str, alpha: float, bound: float, break_even: float) -> dict[str, object]:
+        was_routed = outcome in ("stays routed", "back on speculation")
+        return {"outcome": outcome, "acceptance_ratio": alpha, "bound": bound,
+                "bound_kind": "lower" if was_routed else "upper", "break_even_acceptance_ratio": break_even,
+                "requests": 50, "routed": outcome in ("routed", "stays routed")}
+
+    def route(routed: bool, state: dict[str, object] | None, last: dict[str, object]) -> dict[str, object]:
         return {"model_name": "m", "workload": "code", "temperature": "0", "routed": routed, "seconds_in_state": 60.0,
                 "requests": [{"upstream": "speculative", "reason": "x", "requests": 50}],
-                "last_decision": {"acceptance_ratio": 0.41, "bound": bound, "break_even_acceptance_ratio": 0.58,
-                                  "requests": 50, "routed": routed},
+                "state_decision": state, "last_decision": last,
                 "measured_speedup": None, "last_episode_measured_speedup": None}
 
+    routed_by = decision("routed", 0.533, 0.592, 0.604)
     routing = {"mode": "enforce", "fallback_upstream": "http://f:1", "fallback_available": True, "min_requests": 50,
                "canary_share": 0.05, "statistics": {"route_level": 0.01, "return_level": 0.01},
-               "classes": [route(True, 0.47), route(False, 0.61)]}
+               "classes": [route(True, routed_by, routed_by),
+                           route(True, routed_by, decision("stays routed", 0.47, 0.36, 0.55)),
+                           route(False, None, decision("stays on speculation", 0.71, 0.8, 0.55))]}
     html = routing_rows({"routing": routing})
-    assert "α 0.41, upper bound 0.47 &lt; break-even 0.58 in force then, 50 requests" in html
-    assert "α 0.41, lower bound 0.61 ≥ break-even 0.58 in force then, 50 requests" in html
+    said_route = "routed: α 0.53, upper bound 0.59 &lt; break-even 0.60 in force then, 50 requests"
+    assert html.count(said_route) == 2
+    assert (f"{said_route}<br><small>latest: stays routed: canary α 0.47, lower bound 0.36 ≤ break-even 0.55 in "
+            "force then, 50 requests</small>") in html
+    assert "stays on speculation: α 0.71, upper bound 0.80 ≥ break-even 0.55 in force then, 50 requests" in html
     assert "its 99% one-sided upper bound" in html
     assert "Only α decides routing: the measured speedups" in html and "are not used to decide" in html
 

@@ -300,9 +300,10 @@ VERDICT = MetricSpec(
     "specdecode_verdict", "gauge",
     "Always 1, for the verdict in force over the verdict window, observed or modelled (basis).",
     (*SERIES_LABELS, "window", "verdict", "basis"),
-    detail="Always 1, for the verdict in force (paying off, marginal, hurting, no traffic) over the verdict window "
-    "(monitoring config windows.verdict, else the next longer one with data, else the longest with data); basis: "
-    "observed (against a baseline) or modelled (the cost model).",
+    detail="Always 1, for the verdict in force (paying off, marginal, hurting, not speculating, no traffic) over the "
+    "verdict window (monitoring config windows.verdict, else the next longer one with data, else the longest with "
+    "data); basis: observed (against a baseline) or modelled (the cost model). A new band verdict takes over once it "
+    "has held verdict.hold, or passes a band edge by verdict.margin; absent while the target's windows are stale.",
 )
 TAP_LABELS = ("target", "model_name", "workload", "temperature")
 # The per-request histograms are per model unless tap.class_histograms adds the class labels (series per pod).

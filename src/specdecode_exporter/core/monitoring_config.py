@@ -134,6 +134,8 @@ class VerdictSpeedups(Section):
     NULL_IS_EMPTY = True
     hurting_below: NonNegative
     paying_off_from: NonNegative
+    hold: PromDuration = "1m"  # a new verdict replaces the one in force once it has held this long ...
+    margin: NonNegative = 0.05  # ... or at once when it holds with its figures this much toward the one in force
 
     def cross_check(self, context: Context) -> VerdictSpeedups:
         if self.paying_off_from < self.hurting_below:
@@ -319,7 +321,9 @@ class MonitoringConfig(Section):
     def verdict(self) -> VerdictBands:
         return VerdictBands(page_acceptance_ratio=self.thresholds.page_acceptance_ratio,
                             hurting_below=self.speedups.hurting_below, paying_off_from=self.speedups.paying_off_from,
-                            capacity=self.cost_vs_control.bounds)
+                            capacity=self.cost_vs_control.bounds,
+                            hold_seconds=validation.duration_seconds(self.speedups.hold),
+                            margin=self.speedups.margin)
 
     def level_labels(self, level: str | None = None) -> tuple[str, ...]:
         return dict(self.levels)[level or self.alert_level]

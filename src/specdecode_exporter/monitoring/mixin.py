@@ -83,6 +83,8 @@ BAKED = {
     "thresholds.request_quantile": "names the per-request quantile recording rule",
     "alerts.window": "which of the short and long windows an alert reads",
     "probe.measure_below": "the probe's, not the rules' or the dashboard's",
+    "speedups.hold": "the sidecar's verdict hysteresis, not the rules' or the dashboard's",
+    "speedups.margin": "the sidecar's verdict hysteresis, not the rules' or the dashboard's",
     "probe.ship_speedup": "the probe's, not the rules' or the dashboard's",
     "force_for": "the end-to-end profile's",
     "windows.long": "the tickets' window: their tests' bars are worked out from its length (core.evidence)",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 import operator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -201,6 +202,54 @@ class WindowSpan(NamedTuple):
     end: Totals
 
 
+# Collections in a row that count generated tokens and no drafted one before a standstill of the drafted-token
+# counter counts as one (sidecar/series.py says speculation stopped from it, and started again after it).
+STANDSTILL_COLLECTIONS = 2
+
+
+class Drafting(NamedTuple):
+    """What the drafted-token counter did at the latest collections: when it last moved, and how many collections
+    since then counted generated tokens without a drafted one. Speculation stopped, and started again, is said from
+    this (sidecar/series.py), not from a window emptying."""
+
+    last_at: float | None = None  # the latest collection that counted drafted tokens (None: none since the start)
+    at_last: Totals | None = None  # the totals then
+    idle: int = 0  # collections since then that counted generated tokens and no drafted one
+    idle_generated: float = 0.0  # the tokens they generated
+    idle_running: float | None = None  # the fewest requests running at those collections
+    drafting_running: float | None = None  # the most requests running at a drafting collection since it resumed
+    resumed_at: float | None = None  # the first drafting collection after the latest standstill, and ...
+    stopped_at: float | None = None  # ... the latest drafting collection before that standstill
+
+
+NOTHING_DRAFTED_YET = Drafting()
+
+
+def drafted_increase(before: Totals, after: Totals) -> float | None:
+    """Drafted tokens (else drafts, where the source counts only those) between two totals."""
+    tokens = optional_minus(after.draft_tokens, before.draft_tokens)
+    return tokens if tokens is not None else optional_minus(after.drafts, before.drafts)
+
+
+def _most(a: float | None, b: float | None, pick: Callable[[float, float], float]) -> float | None:
+    return b if a is None else a if b is None else pick(a, b)
+
+
+def drafting_after(drafting: Drafting, before: Totals, after: Totals, now: float, running: float | None) -> Drafting:
+    """``drafting`` after one more collection (``before`` and ``after`` its totals), ``running`` requests then."""
+    drafted = drafted_increase(before, after)
+    if drafted is not None and drafted > 0:
+        if drafting.idle >= STANDSTILL_COLLECTIONS:  # drafting again after a standstill
+            return Drafting(now, after, drafting_running=running, resumed_at=now, stopped_at=drafting.last_at)
+        return drafting._replace(last_at=now, at_last=after, idle=0, idle_generated=0.0, idle_running=None,
+                                 drafting_running=_most(drafting.drafting_running, running, max))
+    generated = optional_minus(after.generated_tokens, before.generated_tokens)
+    if not generated or generated <= 0:
+        return drafting  # nothing generated: nothing said about drafting
+    return drafting._replace(idle=drafting.idle + 1, idle_generated=drafting.idle_generated + generated,
+                             idle_running=_most(drafting.idle_running, running, min))
+
+
 @dataclass
 class SeriesState:
     key: SeriesKey
@@ -212,6 +261,7 @@ class SeriesState:
     last_seen: float = 0.0
     restarts: int = 0
     appended_since_thinning: int = 0
+    drafting: Drafting = NOTHING_DRAFTED_YET
 
     def update(self, reading: SeriesReading, now: float, keep_seconds: float) -> None:
         previous = self.last_reading
@@ -223,6 +273,9 @@ class SeriesState:
         added = add_reading(before, previous, reading, restarted, seconds)
         running = previous.latency.running if previous is not None and previous.latency is not None else None
         self.totals = with_interval(before, added, seconds, running)
+        if previous is not None:
+            self.drafting = drafting_after(self.drafting, before, self.totals, now,
+                                           reading.latency.running if reading.latency is not None else None)
         self.last_reading = reading
         self.last_seen = now
         drafted = optional_minus(self.totals.draft_tokens, before.draft_tokens)

@@ -23,6 +23,7 @@ import httpx
 
 from specdecode_exporter.core.failure import FailureReason
 from specdecode_exporter.core.log import event
+from specdecode_exporter.core.verdict import HeldVerdict, hold
 from specdecode_exporter.pipeline import capacity, latency
 from specdecode_exporter.pipeline.capacity import CapacityStats
 from specdecode_exporter.pipeline.engines import (
@@ -45,6 +46,7 @@ from specdecode_exporter.sidecar.discover import served_model
 from specdecode_exporter.sidecar.series import (
     BaselineFor,
     ControlFor,
+    Moment,
     SeriesContext,
     SeriesView,
     WindowView,
@@ -52,6 +54,10 @@ from specdecode_exporter.sidecar.series import (
 )
 
 LOG_REPEAT_SECONDS = 60.0
+# Failed collections in a row through which a target's windowed figures are kept: one timed-out collection leaves
+# every gauge in place (a scrape that found one missing would reset the `for:` of the tickets that read it), the
+# second in a row drops them, as exporters do for targets they cannot read. Counters and specdecode_up stay.
+WINDOW_GRACE_FAILURES = 1
 HISTORY_SECONDS = 3600.0  # what the status page's charts show
 HISTORY_STEP_SECONDS = 30.0
 
@@ -149,6 +155,12 @@ class TargetView:
     last_error: str | None = None
     last_success_monotonic: float | None = None
     history: Mapping[SeriesKey, tuple[HistoryPoint, ...]] = field(default_factory=dict)
+    failed_in_a_row: int = 0  # collections that failed since the last success
+
+    @property
+    def windows_stale(self) -> bool:
+        """Whether its windowed figures went stale: more failed collections in a row than the grace."""
+        return self.failed_in_a_row > WINDOW_GRACE_FAILURES
 
     @property
     def method(self) -> str:
@@ -261,6 +273,8 @@ class TargetCollector:
     peer_view: Callable[[str], TargetView | None] = lambda name: None  # another target's latest view
     # Each series' history: the points kept, then the newest (pending: worked out when read or kept).
     history: dict[SeriesKey, tuple[HistoryPoint | PendingPoint, ...]] = field(default_factory=dict)
+    failed_in_a_row: int = 0  # collections that failed since the last success
+    verdicts: dict[SeriesKey, HeldVerdict] = field(default_factory=dict)  # each series' verdict in force
     _published: TargetView | None = field(default=None, init=False)
 
     @property
@@ -419,6 +433,7 @@ class TargetCollector:
     def fail(self, failure: CollectionFailure, duration: float) -> TargetView:
         """Count and log a failed collection, expire what went stale, and publish a down view."""
         self.errors[failure.reason.value] += 1
+        self.failed_in_a_row += 1
         now = self.clock()
         signature = (failure.reason.value, failure.detail)
         if signature != self.last_failure or now - self.last_failure_logged >= LOG_REPEAT_SECONDS:
@@ -430,6 +445,7 @@ class TargetCollector:
         return self.publish(up=False, duration=duration, error=f"{failure.reason.value}: {failure.detail}")
 
     def _recovered(self) -> None:
+        self.failed_in_a_row = 0
         if self.last_failure is not None:
             event(logging.INFO, "collection recovered", target=self.config.name,
                   api=self.engine.api if self.engine else None)
@@ -448,7 +464,10 @@ class TargetCollector:
             self.publish(up=view.up, duration=view.collect_duration or 0.0, error=view.last_error)
 
     def reconfigure(self, target: TargetConfig, app: Config) -> Reconfigured:
-        """Switch to a reloaded config. A new URL is a new source: its series and engine start afresh."""
+        """Switch to a reloaded config. A new URL is a new source: its series and engine start afresh. New verdict
+        bands or window are a real change: the verdict in force is dropped, not held through the hysteresis."""
+        if (self.app.verdict, self.app.verdict_window) != (app.verdict, app.verdict_window):
+            self.verdicts = {}
         self.app = app
         previous, self.config = self.config, target
         if previous == target:
@@ -473,12 +492,27 @@ class TargetCollector:
     def _series_views(self, now: float) -> Iterator[SeriesView]:
         """Each series' view at ``now``."""
         interval = self.interval
-        freshness = 2 * interval + self.config.timeout
         peers = self._peers_as_now()
+        moment = Moment(now)
         context = SeriesContext(self.config, self.app, interval / 2, baseline_provider(self.config, peers),
-                                control_provider(self.config, peers))
+                                control_provider(self.config, peers), moment)
         for state in self.store.for_target(self.config.name):
-            yield series_view(state, now, bool(state.times) and now - state.times[-1] <= freshness, context)
+            yield series_view(state, now, self._no_data(state.times, moment), context)
+
+    def _no_data(self, times: list[float], moment: Moment) -> str | None:
+        """Since when and why a series' windows are stale, in words (the "no data" verdict's reason); None while they
+        are not: within WINDOW_GRACE_FAILURES failed collections in a row, and the series in a collection within two
+        intervals and a timeout."""
+        if not times:
+            return "not collected yet"
+        late = moment.now - times[-1] > 2 * self.interval + self.config.timeout
+        if self.failed_in_a_row > WINDOW_GRACE_FAILURES or (late and self.failed_in_a_row):
+            failure, count = self.last_failure[0] if self.last_failure else "unknown", self.failed_in_a_row
+            failed = f"the last {count} collections" if count > 1 else "the last collection"
+            return f"since {moment.words(self.last_success_monotonic or times[-1])}: {failed} failed ({failure})"
+        if late:
+            return f"since {moment.words(times[-1])}: the series was missing from the latest collections"
+        return None
 
     def _peers_as_now(self) -> Callable[[str], TargetView | None]:
         """The peers' views as published now: a window view worked out later (its parts are, at their first
@@ -489,6 +523,7 @@ class TargetCollector:
 
     def _assembled(self, now: float, series: tuple[SeriesView, ...], up: bool, duration: float,
                    error: str | None) -> TargetView:
+        series = self._held(now, series)
         self._remember(now, series)
         return TargetView(
             config=self.config,
@@ -503,7 +538,14 @@ class TargetCollector:
             last_error=error,
             last_success_monotonic=self.last_success_monotonic,
             history=History(dict(self.history)),
+            failed_in_a_row=self.failed_in_a_row,
         )
+
+    def _held(self, now: float, series: tuple[SeriesView, ...]) -> tuple[SeriesView, ...]:
+        """Each series with its verdict in force after this collection's judgement (core.verdict.hold)."""
+        bands, before = self.app.verdict, self.verdicts
+        self.verdicts = {view.key: hold(before.get(view.key), view.advice.evidence, bands, now) for view in series}
+        return tuple(view._replace(held=self.verdicts[view.key]) for view in series)
 
     def _remember(self, now: float, series: tuple[SeriesView, ...]) -> None:
         live = {s.key for s in series}

@@ -213,7 +213,7 @@ def add_series(families: SampleSink, view: TargetView, series: SeriesView) -> No
                            zip(histogram.bounds, histogram.counts, strict=True), histogram.total)
         judgement = series.judgement
         families.add(m.VERDICT, {**labels, "window": series.verdict_window or "",
-                                 "verdict": judgement.verdict.value, "basis": judgement.basis}, 1.0)
+                                 "verdict": judgement.verdict.value, "basis": judgement.basis}, judgement.sample)
     tpot = totals.time_per_output_token
     if tpot is not None:
         families.histogram(m.REQUEST_TPOT, {**labels, "spec_decode": "true" if series.spec_decode else "false"},

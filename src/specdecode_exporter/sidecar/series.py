@@ -5,8 +5,10 @@ verdict."""
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import functools
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -14,7 +16,7 @@ from typing import NamedTuple
 from specdecode_exporter.core.metrics import MetricSpec
 from specdecode_exporter.core.monitoring_config import SpeculationStopped
 from specdecode_exporter.core.validation import parse_duration
-from specdecode_exporter.core.verdict import Evidence, Judgement, judge
+from specdecode_exporter.core.verdict import Evidence, HeldVerdict, Judgement, judge
 from specdecode_exporter.pipeline import latency
 from specdecode_exporter.pipeline.capacity import (
     AgainstControl,
@@ -35,7 +37,17 @@ from specdecode_exporter.pipeline.derive import (
 )
 from specdecode_exporter.pipeline.latency import BaselineLatency, Histogram, LatencyStats, ObservedSpeedup
 from specdecode_exporter.pipeline.schedule import BatchSchedule, Calibration, LazySchedule
-from specdecode_exporter.pipeline.store import SeriesKey, SeriesState, Totals, WindowSpan, optional_minus
+from specdecode_exporter.pipeline.store import (
+    NOTHING_DRAFTED_YET,
+    STANDSTILL_COLLECTIONS,
+    Drafting,
+    SeriesKey,
+    SeriesState,
+    Totals,
+    WindowSpan,
+    optional_minus,
+    positions_minus,
+)
 from specdecode_exporter.sidecar.config import Config, TargetConfig, Window
 
 # A baseline for a model over a window (the collector knows the control target or the configured figures).
@@ -49,6 +61,39 @@ class _Unread(enum.Enum):
 
 
 UNREAD = _Unread.UNREAD
+
+
+def ago(seconds: float) -> str:
+    """A duration as a person says it: 45 s, 12 min, 3 h 5 min, 2 d 4 h."""
+    minutes = int(seconds // 60)
+    if minutes < 1:
+        return f"{seconds:.0f} s"
+    if minutes < 60:
+        return f"{minutes} min"
+    hours = minutes // 60
+    return f"{hours} h {minutes % 60} min" if hours < 48 else f"{hours // 24} d {hours % 24} h"
+
+
+# The wall clock's lead on the monotonic clock the collector runs on, taken once: the times in words a view gives
+# (since when) depend only on its collection, not on when it is built or read.
+WALL_CLOCK_LEAD = time.time() - time.monotonic()
+
+
+class Moment(NamedTuple):
+    """A collection's time on the collector's clock, and the wall clock's lead on it (to say times in words)."""
+
+    now: float
+    wall_offset: float = WALL_CLOCK_LEAD
+
+    def wall(self, at: float) -> float:
+        return at + self.wall_offset
+
+    def words(self, at: float) -> str:
+        """``at`` (the collector's clock) as a reader says it: 12:03:04 UTC, 40 s ago."""
+        return f"{time.strftime('%H:%M:%S', time.gmtime(self.wall(at)))} UTC, {ago(self.now - at)} ago"
+
+
+CLOCK_START = Moment(0.0)  # a view built outside a collection
 
 
 class WindowView:
@@ -181,36 +226,37 @@ class WindowView:
         return "WindowView(" + ", ".join(f"{n}={v!r}" for n, v in zip(self.PARTS, self.parts(), strict=True)) + ")"
 
 
-class Speculation(NamedTuple):
-    """Whether a series still speculates, in words (status page, `check`, /api/v1/status)."""
-
-    state: str  # "speculating", "stopped" (it drafted before, generates now without), "too little traffic"
-    window: str
-    share: float | None  # the speculative token share over the window
-    reason: str
-
-
 class SeriesAdvice:
     """What a series' windows add up to: the verdict over its verdict window, the calibrated break-even, whether it
-    still speculates, and the batch-size schedule. Worked out at the first read, like the windows' parts (only a
-    render, the status API or `check` reads them; the windows it reads are the collection's). Equal when every part
-    is."""
+    still speculates, and the batch-size schedule. Worked out at the first read, like the windows' parts (a render,
+    the status API, `check`, and the collector's verdict hysteresis read them; the windows it reads are the
+    collection's). Equal when every part is."""
 
-    __slots__ = ("_computed", "_ctx", "_drafted_ever", "_has_tokens", "_judged", "_judgement", "_schedule",
-                 "_speculation")
+    __slots__ = ("_computed", "_ctx", "_drafted_ever", "_drafting", "_has_tokens", "_judged", "_judgement",
+                 "_no_data", "_schedule", "_speculation")
 
     def __init__(self, computed: tuple[tuple[WindowView, WindowSpan], ...], judged: WindowView | None,
-                 ctx: SeriesContext, has_tokens: bool, drafted_ever: bool) -> None:
+                 ctx: SeriesContext, has_tokens: bool, drafted_ever: bool, drafting: Drafting = NOTHING_DRAFTED_YET,
+                 no_data: str | None = None) -> None:
         self._computed, self._judged, self._ctx = computed, judged, ctx
         self._has_tokens, self._drafted_ever = has_tokens, drafted_ever
+        self._drafting, self._no_data = drafting, no_data
         self._judgement: Judgement | _Unread = UNREAD
         self._speculation: Speculation | _Unread | None = UNREAD
         self._schedule: tuple[LazySchedule | None, str | None] | _Unread = UNREAD
 
     @property
+    def evidence(self) -> Evidence:
+        """What the verdict is judged on: the verdict window's figures, or why there is nothing to judge."""
+        speculation = self.speculation
+        stopped = speculation.verdict if speculation is not None and speculation.state == "stopped" else None
+        return dataclasses.replace(evidence(self._judged), not_speculating=stopped, no_data=self._no_data)
+
+    @property
     def judgement(self) -> Judgement:
+        """This collection's judgement (the one in force, held through the hysteresis, is SeriesView's)."""
         if self._judgement is UNREAD:
-            self._judgement = judge(evidence(self._judged), self._ctx.app.verdict)
+            self._judgement = judge(self.evidence, self._ctx.app.verdict)
         return self._judgement
 
     @property
@@ -224,8 +270,10 @@ class SeriesAdvice:
     def speculation(self) -> Speculation | None:
         """None where the source counts no generated tokens (and for a control target's series)."""
         if self._speculation is UNREAD:
-            self._speculation = (speculation(tuple(view for view, _ in self._computed), self._drafted_ever,
-                                             self._ctx.app.speculation_stopped)
+            computed = self._computed
+            self._speculation = (speculation(tuple(view for view, _ in computed), self._drafted_ever,
+                                             self._ctx.app.speculation_stopped, self._drafting, self._ctx.moment,
+                                             computed[-1][1].end if computed else None)
                                  if self._ctx.config.spec_decode else None)
         return self._speculation
 
@@ -262,10 +310,12 @@ class SeriesView(NamedTuple):
     configured_break_even: float | None = None  # the configured cost per drafted token (None without tokens)
     spec_decode: bool = True  # False for a control target's series
     kv_cache_usage: float | None = None  # at the last reading
+    held: HeldVerdict | None = None  # the verdict in force, through the hysteresis (the collector keeps it)
 
     @property
     def judgement(self) -> Judgement:
-        return self.advice.judgement
+        """The verdict in force: held through the hysteresis, else (a view nobody held) this collection's."""
+        return self.held.judgement if self.held is not None else self.advice.judgement
 
     @property
     def calibrated_break_even(self) -> float | None:
@@ -319,6 +369,7 @@ class SeriesContext:
     slack: float  # a snapshot this much before a window's start may open it
     baseline_for: BaselineFor
     control_for: ControlFor = lambda model, window: None
+    moment: Moment = CLOCK_START  # when the collection viewed it
 
 
 def has_latency(span: WindowSpan) -> bool:
@@ -386,10 +437,76 @@ def evidence(view: WindowView | None) -> Evidence:
                     observed.baseline, *costs)
 
 
-def speculation(windows: tuple[WindowView, ...], drafted_ever: bool, settings: SpeculationStopped
+# A standstill of the drafted-token counter proves a stop only where the drafting before it would have drafted at
+# least this many tokens over the tokens generated since (a Poisson count of 10 is 0 with probability 5e-5).
+MIN_EXPECTED_DRAFT_TOKENS = 10.0
+CONFIGURED_CUT_OFF = ("a batch-size cut-off the deployment configured (vLLM's --speculative-disable-by-batch-size, or "
+                      "a batch-size schedule at k = 0: vLLM's num_speculative_tokens_per_batch_size, TensorRT-LLM's "
+                      "draft_len_schedule), not a fault")
+UNEXPLAINED_STOP = ("nothing on the engine's page shows it configured; causes: an acceptance gate (TensorRT-LLM "
+                    "switches speculation off for good once the mean acceptance rate over acceptance_rate_window_size "
+                    "iterations is below acceptance_rate_threshold), a drafter that finds nothing "
+                    "(ngram), a batch-size schedule at k = 0 on a page without the running batch (TensorRT-LLM's "
+                    "draft_len_schedule), or a config change")
+
+
+class Speculation(NamedTuple):
+    """Whether a series still speculates, in words (status page, `check`, /api/v1/status, the verdict)."""
+
+    state: str  # "speculating", "stopped" (it drafted before, generates now without), "too little traffic"
+    window: str
+    share: float | None  # the speculative token share over the window
+    reason: str
+    since: float | None = None  # stopped: the last collection that counted drafted tokens; speculating: resumed
+    configured: bool | None = None  # stopped: whether the engine's page shows the stop configured (a cut-off)
+    verdict: str | None = None  # stopped: the verdict's reason ("not speculating" + "since …: …")
+
+
+class Stop(NamedTuple):
+    """A standstill of the drafted-token counter long and large enough to say speculation stopped."""
+
+    since: float | None  # the last collection that counted drafted tokens (None: none since the sidecar started)
+    collections: int  # collections since then that counted generated tokens and no drafted one
+    configured: str | None  # how the engine's page shows it configured, in words; None: it does not
+
+
+def stop_of(drafting: Drafting, latest: Totals, window_steps: tuple[float, ...]) -> Stop | None:
+    """The stop the drafted-token counter's standstill proves, and whether the engine's page shows it configured;
+    None while it drafts, or before the standstill proves anything."""
+    if drafting.idle < STANDSTILL_COLLECTIONS:
+        return None
+    before = drafting.at_last or latest
+    per_generated = (before.draft_tokens if before.draft_tokens is not None else before.drafts) or 0.0
+    if before.generated_tokens and drafting.idle_generated * per_generated / before.generated_tokens \
+            < MIN_EXPECTED_DRAFT_TOKENS:
+        return None
+    return Stop(drafting.last_at, drafting.idle, configured_stop(drafting, latest, window_steps))
+
+
+def configured_stop(drafting: Drafting, latest: Totals, window_steps: tuple[float, ...]) -> str | None:
+    """How the engine's page shows a stop configured, in words: the scheduled-steps counter at k = 0 since drafting
+    stopped (else over the window), or a running batch above every one it drafted at; None where it does not."""
+    steps = positions_minus(latest.scheduled_steps, drafting.at_last.scheduled_steps) if drafting.at_last \
+        else window_steps
+    if steps and sum(steps) > 0 and steps[0] / sum(steps) >= 0.5:
+        return (f"the batch-size schedule chose k = 0 for {steps[0] / sum(steps):.0%} of the scheduler steps "
+                "since it stopped (vLLM's num_speculative_tokens_per_batch_size, configured at this batch size): "
+                "not a fault")
+    if (drafting.idle_running is not None and drafting.drafting_running is not None
+            and drafting.idle_running > drafting.drafting_running):
+        return (f"it stopped drafting when the running batch rose to {drafting.idle_running:.0f} requests (it "
+                f"drafted at up to {drafting.drafting_running:.0f}): {CONFIGURED_CUT_OFF}")
+    return None
+
+
+def speculation(windows: tuple[WindowView, ...], drafted_ever: bool, settings: SpeculationStopped,
+                drafting: Drafting = NOTHING_DRAFTED_YET, moment: Moment = CLOCK_START, latest: Totals | None = None
                 ) -> Speculation | None:
-    """Over the shortest window that counted generated tokens: speculating, stopped (a series that drafted tokens
-    generates with a speculative token share below share_below), or too little traffic to tell."""
+    """Stopped as soon as the drafted-token counter stands still at STANDSTILL_COLLECTIONS collections in a row
+    that generated (a series that drafted before), for as long as it does; speculating from the first collection
+    that drafts. Else, over the shortest window that counted generated tokens: too little traffic to tell, or
+    stopped where its speculative token share is below share_below and the last collection drafted nothing (a
+    standstill too short to prove a stop: `check`, a sidecar just started), else speculating."""
     view = next((w for w in windows if w.capacity is not None and w.capacity.generated_tokens is not None), None)
     if view is None or view.capacity is None or not drafted_ever:
         return None
@@ -399,28 +516,41 @@ def speculation(windows: tuple[WindowView, ...], drafted_ever: bool, settings: S
     if share is None and capacity.draft_tokens == 0:
         share = 0.0  # a source without an emitted-token count that drafted nothing while it generated
     name = view.window.name
+    stop = stop_of(drafting, latest, capacity.scheduled_steps) if latest is not None else None
+    if stop is not None:
+        return _stopped(stop, view, share, moment)
     if rate < settings.min_generated_tokens_per_second:
         return Speculation("too little traffic", name, share, f"{rate:.1f} generated tokens/s over {name}: too "
                            "little to tell whether it speculates")
+    if share is not None and share < settings.share_below and drafting.idle and latest is not None:
+        # Too short a standstill to prove a stop (`check`, a sidecar just started), but the window shows one, as
+        # SpecDecodeSpeculationStopped does.
+        return _stopped(Stop(drafting.last_at, drafting.idle, configured_stop(drafting, latest,
+                                                                                capacity.scheduled_steps)),
+                        view, share, moment)
+    again = drafting.resumed_at if drafting.resumed_at is not None and \
+        moment.now - drafting.resumed_at <= view.window.seconds else None
+    stopped_for = again - drafting.stopped_at if again is not None and drafting.stopped_at is not None else None
+    resumed = "" if again is None else (f"speculating again since {moment.words(again)}"
+                                        f"{f', after {ago(stopped_for)} without drafting' if stopped_for else ''}; ")
     if share is None:  # no emitted tokens to weigh the drafts with
         return None if capacity.draft_tokens is None else Speculation(
-            "speculating", name, None, f"drafting over {name} ({rate:.0f} generated tokens/s)")
-    if share >= settings.share_below:
-        return Speculation("speculating", name, share, f"speculative steps produced {share:.0%} of {rate:.0f} "
-                           f"generated tokens/s over {name}")
-    return Speculation("stopped", name, share, f"stopped speculating: {rate:.0f} generated tokens/s over {name}, "
-                       f"{share:.0%} of them from speculative steps, though it drafted before"
-                       f"{_stop_cause(capacity)}")
+            "speculating", name, None, f"{resumed}drafting over {name} ({rate:.0f} generated tokens/s)", again)
+    return Speculation("speculating", name, share, f"{resumed}speculative steps produced {share:.0%} of {rate:.0f} "
+                       f"generated tokens/s over {name}", again)
 
 
-def _stop_cause(capacity: CapacityStats) -> str:
-    steps = capacity.scheduled_steps
-    if steps and sum(steps) > 0:
-        return (f"; the batch-size schedule chose k = 0 for {steps[0] / sum(steps):.0%} of the scheduler steps "
-                "(vLLM's num_speculative_tokens_per_batch_size: on purpose, at this batch size)")
-    return ("; causes: an acceptance gate (TensorRT-LLM switches speculation off for good once the mean acceptance "
-            "rate over acceptance_rate_window_size iterations is below acceptance_rate_threshold), a batch-size "
-            "schedule at k = 0, or a drafter that finds nothing (ngram)")
+def _stopped(stop: Stop, view: WindowView, share: float | None, moment: Moment) -> Speculation:
+    capacity, name = view.capacity, view.window.name
+    rate = (capacity.generated_tokens_per_second if capacity is not None else None) or 0.0
+    when = f"since {moment.words(stop.since)}" if stop.since is not None else "since before the first collection"
+    cause = stop.configured or UNEXPLAINED_STOP
+    last = "the last collection" if stop.collections == 1 else f"the last {stop.collections} collections"
+    reason = (f"stopped speculating {when}: {rate:.0f} generated tokens/s over {name} and none drafted at {last}, "
+              f"though it drafted before; {cause}")
+    verdict = (f"{when}: it generates without drafting, so nothing is judged; "
+               f"{stop.configured or 'the engine shows no configured cause'}")
+    return Speculation("stopped", name, share, reason, stop.since, stop.configured is not None, verdict)
 
 
 def schedule_of(views: tuple[tuple[WindowView, WindowSpan], ...], ctx: SeriesContext
@@ -437,11 +567,12 @@ def schedule_of(views: tuple[tuple[WindowView, WindowSpan], ...], ctx: SeriesCon
     return None, None
 
 
-def series_view(state: SeriesState, now: float, fresh: bool, ctx: SeriesContext) -> SeriesView:
+def series_view(state: SeriesState, now: float, no_data: str | None, ctx: SeriesContext) -> SeriesView:
+    """The series' view at ``now``; ``no_data``: why its windows are stale (they are then left out), in words."""
     reading, config = state.last_reading, ctx.config
     k = config.num_speculative_tokens or (reading.num_speculative_tokens if reading else None)
     computed: list[tuple[WindowView, WindowSpan]] = []
-    if fresh:
+    if no_data is None:
         for window in ctx.app.windows:
             span = state.window_span(now, window.seconds, ctx.slack)
             view = window_view(window, span, state.key.model_name, k, ctx) if span else None
@@ -453,7 +584,8 @@ def series_view(state: SeriesState, now: float, fresh: bool, ctx: SeriesContext)
     return SeriesView(
         state.key, state.totals, state.histogram, windows, k, reading.reported if reading else (), state.restarts,
         judged.window.name if judged else None,
-        SeriesAdvice(tuple(computed), judged, ctx, has_tokens, bool(state.totals.draft_tokens)),
+        SeriesAdvice(tuple(computed), judged, ctx, has_tokens, bool(state.totals.draft_tokens), state.drafting,
+                     no_data),
         config.method or (reading.method if reading else None),
         config.cost.break_even_acceptance_ratio if has_tokens else None,
         config.spec_decode,

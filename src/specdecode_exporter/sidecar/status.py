@@ -20,12 +20,12 @@ from specdecode_exporter.pipeline.schedule import (
     trtllm_draft_len_schedule,
     vllm_speculative_config,
 )
-from specdecode_exporter.sidecar.collection import HistoryPoint, TargetView
+from specdecode_exporter.sidecar.collection import WINDOW_GRACE_FAILURES, HistoryPoint, TargetView
 from specdecode_exporter.sidecar.config import Config
-from specdecode_exporter.sidecar.series import SeriesView, Speculation, WindowView
+from specdecode_exporter.sidecar.series import WALL_CLOCK_LEAD, SeriesView, Speculation, WindowView
 from specdecode_exporter.tap.model import SPEC_DETAILS_NOT_REQUESTED
 from specdecode_exporter.tap.request_stats import RequestsView
-from specdecode_exporter.tap.route import ClassView, Experiment, RoutesView
+from specdecode_exporter.tap.route import ClassView, Decision, Experiment, RoutesView
 
 
 def verdict_stats(series: SeriesView) -> WindowStats | None:
@@ -105,11 +105,47 @@ def against_control_json(versus: AgainstControl) -> dict[str, Any]:
             "control_kv_cache_usage": _round(versus.control_kv_cache_usage)}
 
 
-def speculation_json(speculation: Speculation | None) -> dict[str, Any] | None:
+def iso_time(wall: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(wall))
+
+
+class Clock:
+    """The collector's clock at a request (``now``), and how to say one of its times on the wall clock."""
+
+    def __init__(self, now: float) -> None:
+        self.now, self._lead = now, WALL_CLOCK_LEAD
+
+    def iso(self, at: float | None) -> str | None:
+        return None if at is None else iso_time(at + self._lead)
+
+    def seconds_ago(self, at: float | None) -> float | None:
+        return None if at is None else round(self.now - at, 1)
+
+
+def speculation_json(speculation: Speculation | None, clock: Clock) -> dict[str, Any] | None:
+    """Stopped: since the last collection that counted drafted tokens; speculating: since it resumed, where it
+    stopped within the window."""
     if speculation is None:
         return None
     return {"state": speculation.state, "window": speculation.window, "share": _round(speculation.share),
-            "reason": speculation.reason}
+            "reason": speculation.reason, "since": clock.iso(speculation.since),
+            "seconds": clock.seconds_ago(speculation.since), "configured": speculation.configured}
+
+
+def verdict_json(series: SeriesView, clock: Clock) -> dict[str, Any]:
+    """The verdict in force, since when, and the different one waiting out the hysteresis."""
+    judgement, held = series.judgement, series.held
+    return {
+        "verdict": judgement.verdict.value,
+        "verdict_basis": judgement.basis,
+        "verdict_reason": judgement.reason,
+        "verdict_window": series.verdict_window,
+        "verdict_since": clock.iso(held.since) if held else None,
+        "verdict_seconds": clock.seconds_ago(held.since) if held else None,
+        "verdict_pending": None if held is None or held.pending is None else {
+            "verdict": held.pending.value, "since": clock.iso(held.pending_since),
+            "seconds": clock.seconds_ago(held.pending_since)},
+    }
 
 
 def schedule_json(schedule: BatchSchedule | None, window: str | None, method: str | None) -> dict[str, Any] | None:
@@ -138,7 +174,7 @@ def history_json(points: tuple[HistoryPoint, ...], now: float) -> list[dict[str,
 
 
 def series_json(view: TargetView, series: SeriesView, now: float) -> dict[str, Any]:
-    totals = series.totals
+    totals, clock = series.totals, Clock(now)
     return {
         "model_name": series.key.model_name,
         "engine": series.key.engine,
@@ -147,10 +183,7 @@ def series_json(view: TargetView, series: SeriesView, now: float) -> dict[str, A
         "break_even_acceptance_ratio": _round(series.break_even),
         "cost_basis": series.cost_basis,
         "cost_basis_words": series.cost_basis_words,
-        "verdict": series.judgement.verdict.value,
-        "verdict_basis": series.judgement.basis,
-        "verdict_reason": series.judgement.reason,
-        "verdict_window": series.verdict_window,
+        **verdict_json(series, clock),
         "totals": {
             "drafts": totals.drafts,
             "draft_tokens": totals.draft_tokens,
@@ -162,7 +195,7 @@ def series_json(view: TargetView, series: SeriesView, now: float) -> dict[str, A
             "scheduled_steps_by_k": list(totals.scheduled_steps),
         },
         "kv_cache_usage": _round(series.kv_cache_usage),
-        "speculation": speculation_json(series.speculation),
+        "speculation": speculation_json(series.speculation, clock),
         "schedule": schedule_json(series.schedule, series.schedule_window, series.method or view.method),
         "reported_by_engine": {spec.name: _round(value) for spec, value in series.reported},
         "restarts": series.restarts,
@@ -205,7 +238,8 @@ def status_json(views: list[TargetView], ready: tuple[bool, str], version: str, 
         "windows": [window.name for window in config.windows],
         "verdict_bands": {"hurting_below": bands.hurting_below, "paying_off_from": bands.paying_off_from,
                           "page_acceptance_ratio": bands.page_acceptance_ratio, "window": config.verdict_window,
-                          "cost_vs_control": dataclasses.asdict(bands.capacity)},
+                          "cost_vs_control": dataclasses.asdict(bands.capacity),
+                          "hold_seconds": bands.hold_seconds, "margin": bands.margin},
         "speculation_stopped": dataclasses.asdict(config.speculation_stopped),
         "targets": [
             {
@@ -220,9 +254,13 @@ def status_json(views: list[TargetView], ready: tuple[bool, str], version: str, 
                 "method": view.method,
                 "interval_seconds": view.interval,
                 "collect_duration_seconds": _round(view.collect_duration, 6),
-                "last_success": None if view.last_success_wall is None
-                else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(view.last_success_wall)),
+                "last_success": None if view.last_success_wall is None else iso_time(view.last_success_wall),
                 "last_error": view.last_error,
+                "failed_in_a_row": view.failed_in_a_row,
+                "windows_stale": view.windows_stale,
+                "no_data_since": iso_time(view.last_success_wall) if view.windows_stale and view.last_success_wall
+                else None,
+                "windows_grace_failed_collections": WINDOW_GRACE_FAILURES,
                 "errors": dict(view.errors),
                 "dropped_series": view.dropped_series,
                 "spec_decode": view.config.spec_decode,
@@ -324,8 +362,28 @@ def experiment_json(experiment: Experiment | None) -> dict[str, Any] | None:
             "end_to_end": _speedup_json(experiment.end_to_end)}
 
 
+# What a decision did, by the state it judged and the state it left: (was routed, routed) → words.
+OUTCOMES = {(False, True): "routed", (False, False): "stays on speculation", (True, True): "stays routed",
+            (True, False): "back on speculation"}
+
+
+def decision_json(decision: Decision | None) -> dict[str, Any] | None:
+    """One decision with its own numbers: its α, the bound its test compared (upper for an unrouted class's block,
+    lower for a canary block) and the break-even in force when it was made."""
+    if decision is None:
+        return None
+    return {"outcome": OUTCOMES[decision.was_routed, decision.routed],
+            "acceptance_ratio": _round(decision.estimate.ratio),
+            "bound": _round(decision.bound), "bound_kind": "lower" if decision.was_routed else "upper",
+            "break_even_acceptance_ratio": _round(decision.break_even), "requests": decision.estimate.n,
+            "routed": decision.routed}
+
+
 def class_json(route: ClassView) -> dict[str, Any]:
-    block, last = route.block, route.last
+    """A class: its state and how long it has been in it, the decision that put it there (``state_decision``: the
+    class has been in that state since it), the latest one (``last_decision``: the same, or a later block that left
+    the class as it was), each with its own numbers, and the randomized split's measured speedup."""
+    block = route.block
     return {
         **route.key.labels(),
         "routed": route.routed,
@@ -336,12 +394,8 @@ def class_json(route: ClassView) -> dict[str, Any]:
         "evidence": {"requests": route.block_requests,
                      "acceptance_ratio": _round(block.ratio) if block else None,
                      "standard_error": _round(block.standard_error) if block else None},
-        "last_decision": None if last is None else {
-            "acceptance_ratio": _round(last.estimate.ratio),
-            "bound": _round(last.estimate.upper(ratio_test.ROUTE_LEVEL) if last.routed
-                            else last.estimate.lower(ratio_test.RETURN_LEVEL)),
-            "break_even_acceptance_ratio": _round(last.break_even), "requests": last.estimate.n,
-            "routed": last.routed},
+        "last_decision": decision_json(route.last),
+        "state_decision": decision_json(route.changed_by),
         "measured_speedup": experiment_json(route.experiment),
         "last_episode_measured_speedup": experiment_json(route.last_experiment),
     }

@@ -20,8 +20,11 @@ from specdecode_exporter.core.charts import (
     nice_ticks,
     tick_format,
 )
+from specdecode_exporter.pipeline.store import STANDSTILL_COLLECTIONS
+from specdecode_exporter.sidecar.series import ago
 
-VERDICT_COLOURS = {"paying off": "#1a7f37", "marginal": "#9a6700", "hurting": "#cf222e", "no traffic": "#57606a"}
+VERDICT_COLOURS = {"paying off": "#1a7f37", "marginal": "#9a6700", "hurting": "#cf222e", "no traffic": "#57606a",
+                   "not speculating": "#cf222e", "no data": "#57606a"}
 HISTORY_MINUTES = 60  # what the charts show at most; the sidecar keeps an hour of history
 STYLE = """body{font-family:system-ui,sans-serif;margin:2em;color:#1f2328}table{border-collapse:collapse}
 td,th{border:1px solid #d0d7de;padding:.4em .7em;text-align:left;vertical-align:top}th{background:#f6f8fa}
@@ -87,7 +90,7 @@ def speedup_cell(window: dict[str, Any], has_baseline: bool) -> str:
             f"{_cell(window.get('expected_speedup'), '{:.2f}×')} modelled")
 
 
-def alpha_by_window(series: dict[str, Any], names: list[str]) -> str:
+def alpha_by_window(series: dict[str, Any], names: list[str], stale: bool = False) -> str:
     """α over every configured window, each one without a value saying why (never left out: a window that
     drops out would leave a longer one's α in its place)."""
     if not series["spec_decode"]:
@@ -97,7 +100,7 @@ def alpha_by_window(series: dict[str, Any], names: list[str]) -> str:
     for name in names:
         window = series["windows"].get(name)
         if window is None:
-            why = "no data yet"
+            why = "stale: the target cannot be read" if stale else "no data yet"
         elif window.get("proposed_token_acceptance_ratio") is not None:  # α withheld: its lower bound instead
             cells.append(f"{html.escape(name)} ≥ {_cell(window['proposed_token_acceptance_ratio'], '{:.2f}')} "
                          "<small>(accepted per proposed token: a lower bound, not α)</small>")
@@ -126,9 +129,9 @@ def series_rows(target: dict[str, Any], series: dict[str, Any], page_threshold: 
     e = html.escape
     windows = series["windows"]
     window = windows.get(series["verdict_window"] or "", {})
-    alphas = alpha_by_window(series, window_names)
+    alphas = alpha_by_window(series, window_names, target.get("windows_stale", False))
     speedup = speedup_cell(window, target["baseline"] is not None)
-    state = "up" if target["up"] else f"down ({e(target['last_error'] or '')})"
+    state = target_state(target)
     if target.get("not_applicable"):
         return ["<tr>"
                 f"<td>{e(target['name'])}<br><small>{state}, {e(target['api'] or '?')}</small></td>"
@@ -152,10 +155,35 @@ def series_rows(target: dict[str, Any], series: dict[str, Any], page_threshold: 
         f"<small>{e(series['cost_basis_words'])}</small></td>"
         f"<td>{_cell(window.get('recommended_num_speculative_tokens'), '{}')} "
         f"/ {_cell(series['num_speculative_tokens'], '{}')}</td>"
-        f"<td class='verdict' style='color:{colour}'>{verdict}<br><small>{e(series['verdict_reason'])}</small></td>"
-        "</tr>",
+        f"<td class='verdict' style='color:{colour}'>{verdict}<br><small>{e(series['verdict_reason'])}</small>"
+        f"{verdict_since(series)}</td></tr>",
         f"<tr class='charts'><td colspan={len(HEADER)}>{''.join(charts)}</td></tr>",
     ]
+
+
+def target_state(target: dict[str, Any]) -> str:
+    """Up, or down with its error, and since when its windowed figures are stale (they are dropped after
+    windows_grace_failed_collections failed collections in a row; counters stay)."""
+    if target["up"]:
+        return "up"
+    e = html.escape
+    state = f"down ({e(target['last_error'] or '')})"
+    if target.get("windows_stale"):
+        since = target.get("no_data_since")
+        grace = target["windows_grace_failed_collections"]
+        state += (f"; no data since {e(since.replace('T', ' ').replace('Z', ' UTC')) if since else 'the start'}: "
+                  f"windowed figures dropped (kept through {grace} failed collection{'s' if grace != 1 else ''}), "
+                  "counters kept")
+    return state
+
+
+def verdict_since(series: dict[str, Any]) -> str:
+    """Since when the verdict is in force (one waiting out the hysteresis is in the reason: "held: …")."""
+    since = series.get("verdict_since")
+    if since is None or not series["spec_decode"]:
+        return ""
+    return (f"<br><small class='since'>in force since {html.escape(since[11:19])} UTC, "
+            f"{ago(series['verdict_seconds'] or 0.0)} ago</small>")
 
 
 def speculation_row(series: dict[str, Any]) -> str:
@@ -215,7 +243,7 @@ def target_rows(status: dict[str, Any]) -> list[str]:
     rows: list[str] = []
     for target in status["targets"]:
         if not target["series"]:
-            state = "up" if target["up"] else f"down ({html.escape(target['last_error'] or '')})"
+            state = target_state(target)
             rows.append(f"<tr><td>{html.escape(target['name'])}</td><td colspan={len(HEADER) - 1}>{state}</td></tr>")
         for series in target["series"]:
             rows += series_rows(target, series, status["page_threshold"], status["windows"])
@@ -236,7 +264,10 @@ def status_html(status: dict[str, Any], telemetry_path: str) -> str:
 <p>Is speculative decoding paying off? α = accepted / drafted tokens; below the break-even α it costs more than
 it saves. Verdict over the {e(bands['window'])} window, from the observed speedup where there is a baseline, else the
 modelled one: hurting below {bands['hurting_below']:g}×, paying off from {bands['paying_off_from']:g}× with α not below
-the page threshold {status['page_threshold']:g}, marginal between (or with a tail regression).</p>
+the page threshold {status['page_threshold']:g}, marginal between (or with a tail regression). A new verdict takes
+over once it has held {bands['hold_seconds']:g} s, or at once {bands['margin']:g} past a band edge; "not speculating"
+(no drafted token at {STANDSTILL_COLLECTIONS} collections in a row while it generates) and "no data" take over at
+once.</p>
 <table><tr>{head}</tr>
 {body}
 </table>
@@ -246,17 +277,6 @@ the page threshold {status['page_threshold']:g}, marginal between (or with a tai
 {'ready' if status['ready'] else 'not ready: ' + e(status['ready_reason'])}</small></p>
 </body></html>
 """
-
-
-def ago(seconds: float) -> str:
-    """A duration as a person says it: 45 s, 12 min, 3 h 5 min, 2 d 4 h."""
-    minutes = int(seconds // 60)
-    if minutes < 1:
-        return f"{seconds:.0f} s"
-    if minutes < 60:
-        return f"{minutes} min"
-    hours = minutes // 60
-    return f"{hours} h {minutes % 60} min" if hours < 48 else f"{hours // 24} d {hours % 24} h"
 
 
 def requests_rows(target: dict[str, Any], page_threshold: float, uptime_seconds: float) -> str:
@@ -323,16 +343,37 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.0f} min"
 
 
+# Each outcome's sentence: how its bound compares with the break-even (upper bound for an unrouted class's block,
+# lower bound for a canary block), and whose α it is.
+DECISION_WORDS = {"routed": ("&lt;", "α"), "stays on speculation": ("≥", "α"), "stays routed": ("≤", "canary α"),
+                  "back on speculation": ("&gt;", "canary α")}
+
+
+def decision_sentence(decision: dict[str, Any]) -> str:
+    """One decision in its own words and with its own numbers."""
+    compared, whose = DECISION_WORDS[decision["outcome"]]
+    return (f"{decision['outcome']}: {whose} {_cell(decision['acceptance_ratio'], '{:.2f}')}, "
+            f"{decision['bound_kind']} bound {_cell(decision['bound'], '{:.2f}')} {compared} break-even "
+            f"{_cell(decision['break_even_acceptance_ratio'], '{:.2f}')} in force then, "
+            f"{decision['requests']} requests")
+
+
+def decisions(route: dict[str, Any]) -> str:
+    """The decision that put the class in its state, then the latest block's, where that one left it as it was."""
+    state, last = route.get("state_decision"), route["last_decision"]
+    if last is None:
+        return "–"
+    if state is None or state == last:
+        return decision_sentence(last)
+    return f"{decision_sentence(state)}<br><small>latest: {decision_sentence(last)}</small>"
+
+
 def _routing_row(route: dict[str, Any]) -> str:
     e = html.escape
     sent = {"speculative": 0, "fallback": 0}
     for item in route["requests"]:
         sent[item["upstream"]] += item["requests"]
-    last = route["last_decision"]
-    decision = "–" if last is None else (
-        f"α {_cell(last['acceptance_ratio'], '{:.2f}')}, {'upper' if last['routed'] else 'lower'} bound "
-        f"{_cell(last['bound'], '{:.2f}')} {'&lt;' if last['routed'] else '≥'} break-even "
-        f"{_cell(last['break_even_acceptance_ratio'], '{:.2f}')} in force then, {last['requests']} requests")
+    decision = decisions(route)
     state = (f"<b style='color:#cf222e'>routed</b> for {_duration(route['seconds_in_state'])}" if route["routed"]
              else "speculative")
     experiment = route["measured_speedup"] or route["last_episode_measured_speedup"]
@@ -356,7 +397,7 @@ def routing_rows(target: dict[str, Any]) -> str:
     available = {True: "reachable", False: "unavailable (its requests go to the speculative pool)", None: "?"}
     rows = "".join(_routing_row(route) for route in routing["classes"])
     table = ("<table><tr><th>model</th><th>workload</th><th>temperature</th><th>state</th>"
-             "<th>requests speculative / fallback</th><th>last decision</th>"
+             "<th>requests speculative / fallback</th><th>decisions</th>"
              "<th>measured speedup (95 % interval)</th></tr>" + rows + "</table>") if rows else (
         "<p>no routed request yet</p>")
     observe = (" In observe mode nothing is sent to the fallback: the counts say where enforce would have sent "

@@ -65,12 +65,14 @@ class ClassKey(NamedTuple):
 
 
 class Decision(NamedTuple):
-    """The last block of evidence a class was judged on."""
+    """A block of evidence a class was judged on, with its own numbers: the sentence said of it reads only these."""
 
     estimate: RatioEstimate
-    break_even: float
+    break_even: float  # in force when the block was judged
     routed: bool  # the state it left the class in
     at: float  # monotonic time
+    was_routed: bool  # the state it judged: routed (a canary block, tested above) or not (tested below)
+    bound: float  # the confidence bound its test compared with break_even: upper when unrouted, lower when routed
 
 
 @dataclass
@@ -100,6 +102,7 @@ class _Class:
     counts: dict[tuple[str, str], int] = field(default_factory=dict)
     arms: dict[str, _Arm] = field(default_factory=lambda: {SPECULATIVE: _Arm(), FALLBACK: _Arm()})
     last: Decision | None = None
+    changed_by: Decision | None = None  # the decision that put the class in its state (route, or back)
     episodes: int = 0  # times routed
     last_experiment: Experiment | None = None  # the previous routed episode's, once the class came back
 
@@ -115,6 +118,7 @@ class ClassView(NamedTuple):
     episodes: int
     experiment: Experiment | None  # while routed in enforce mode
     last_experiment: Experiment | None
+    changed_by: Decision | None = None  # the decision that put the class in its state
 
 
 class RoutesView(NamedTuple):
@@ -250,16 +254,17 @@ class ClassRouter:
         state.evidence = RatioSums()
         if found is None:
             return
-        state.last = Decision(found, threshold, routed, now)
+        bound = found.lower(ratio_test.RETURN_LEVEL) if state.routed else found.upper(ratio_test.ROUTE_LEVEL)
+        state.last = Decision(found, threshold, routed, now, state.routed, bound)
         if routed == state.routed:
             return
+        state.changed_by = state.last
         if routed:
             state.episodes += 1
             state.arms = {SPECULATIVE: _Arm(), FALLBACK: _Arm()}
         else:
             state.last_experiment = experiment_of(state.arms) if self._enforce else None
         state.routed, state.since = routed, now
-        bound = found.upper(ratio_test.ROUTE_LEVEL) if routed else found.lower(ratio_test.RETURN_LEVEL)
         event(logging.INFO, "route: class sent to the fallback" if routed else "route: class back on speculation",
               **key.labels(), mode=self.settings.mode, acceptance_ratio=round(found.ratio, 4),
               bound=round(bound, 4), break_even=round(threshold, 4), requests=found.n)
@@ -274,6 +279,6 @@ class ClassRouter:
             ClassView(key, state.routed, now - state.since, tuple(sorted(list(state.counts.items()))),
                       ratio_test.estimate(state.evidence), state.evidence.n, state.last, state.episodes,
                       experiment_of(dict(state.arms)) if state.routed and self._enforce else None,
-                      state.last_experiment)
+                      state.last_experiment, state.changed_by)
             for key, state in sorted(list(self._classes.items()), key=lambda item: tuple(map(str, item[0]))))
         return RoutesView(self.settings, classes)
