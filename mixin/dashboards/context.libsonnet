@@ -8,7 +8,7 @@ local standardVariables = ['namespace', 'job', 'model_name', 'engine', 'pod', 'i
 local rateInterval = '$__rate_interval';
 
 // Label matchers that select each label by the dashboard variable of its name.
-local byVariables(names) = std.join(', ', ['%(name)s=~"$%(name)s"' % { name: name } for name in names]);
+local byVariables(names) = std.join(', ', [name + '=~"$' + name + '"' for name in names]);
 
 {
   new(config, shape):: {
@@ -36,11 +36,10 @@ local byVariables(names) = std.join(', ', ['%(name)s=~"$%(name)s"' % { name: nam
     vllm: promql.scope(byVariables(extra + ['namespace', 'pod', 'model_name', 'engine']), ['model_name']),
     // The rules' records carry the alert level's labels only.
     ruleMatchers: byVariables(levelLabels),
-    legend: std.join(' ', ['{{model_name}}'] + ['{{%(label)s}}' % { label: label }
-                                                for label in levelLabels if label != 'model_name']),
+    legend: std.join(' ', ['{{model_name}}'] + ['{{' + label + '}}' for label in levelLabels if label != 'model_name']),
 
     // Per-model panels read the rules' short stage, never the pods' raw series over a window.
-    stage: stageReader.new(shape.stage, shape.stageClock),
+    stage: stageReader.new(shape.stage, shape.stageSteps, shape.stageClock),
     pooled: self.stage.pooled(self.ruleMatchers, levelLabels),
 
     // The colours of α and of a speedup, and the red band below the page threshold.
@@ -49,7 +48,7 @@ local byVariables(names) = std.join(', ', ['%(name)s=~"$%(name)s"' % { name: nam
     belowPageBand: [[null, 'red'], [config.pageAcceptanceRatio, 'transparent']],
 
     // A number as a percentage, as the descriptions write it: 0.5 -> 50%.
-    percent(ratio):: '%(percent).0f%%' % { percent: ratio * 100 },
+    percent(ratio):: promql.percent(ratio),
 
     // A counter's rate from the stage's record of it, summed by the labels a panel splits on. `matchers`: the
     // record's own labels to select on (the models' by default).

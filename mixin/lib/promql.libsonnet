@@ -1,6 +1,9 @@
 // The PromQL the dashboard's panels compose: selectors, guarded ratios, the sidecars' break-even, the verdict.
 // Ratios are pooled the one right way (numerator and denominator summed separately, then divided) and every
 // division is guarded, `/ (… > 0)`: an idle model has no sample and a panel shows "No traffic", never NaN.
+//
+// The helpers every query calls many times join strings with +: jsonnet's % (std.format) reads its template a
+// character at a time, and the dashboard renders in a fifth of the time without it there.
 {
   // Labels as a `by (…)` or `on (…)` list.
   by(labels):: std.join(', ', labels),
@@ -9,10 +12,7 @@
   matchers(parts):: std.join(', ', [part for part in parts if part != '']),
 
   // metric{matchers}; the bare metric without matchers.
-  selector(metric, matchers=''):: if matchers == '' then metric else '%(metric)s{%(matchers)s}' % {
-    metric: metric,
-    matchers: matchers,
-  },
+  selector(metric, matchers=''):: if matchers == '' then metric else metric + '{' + matchers + '}',
 
   // Which series a query reads (matchers, possibly empty) and what it pools them by.
   scope(matchers, by):: {
@@ -23,14 +23,19 @@
     also(more):: $.matchers([matchers] + more),
   },
 
-  // A number as Python's format(x, 'g') writes it: 1, 0.5, 1.1.
-  num(x):: '%(x)g' % { x: x },
+  // A number as Python's format(x, 'g') writes it: 1, 0.5, 1.1. (Whole numbers, the most, without std.format,
+  // whose %g costs milliseconds.)
+  num(x):: if x == std.floor(x) && std.abs(x) < 1e15 then std.toString(x) else '%(x)g' % { x: x },
+
+  // A ratio as a whole percentage, as Python's format(x, '.0%') writes it (halves to even): 0.5 -> 50%.
+  percent(ratio)::
+    local value = ratio * 100;
+    local whole = std.floor(value);
+    local half = std.abs(value - whole - 0.5) < 1e-9;
+    std.toString(if half then whole + whole % 2 else std.round(value)) + '%',
 
   // numerator / denominator, with no sample (rather than NaN or Inf) where the denominator is 0.
-  guardedRatio(numerator, denominator):: '%(numerator)s\n/\n(%(denominator)s > 0)' % {
-    numerator: numerator,
-    denominator: denominator,
-  },
+  guardedRatio(numerator, denominator):: numerator + '\n/\n(' + denominator + ' > 0)',
 
   rateSum(metric, scope, window, more=[]):: 'sum by (%(by)s) (rate(%(series)s[%(window)s]))' % {
     by: scope.byClause,

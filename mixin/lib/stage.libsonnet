@@ -2,14 +2,15 @@
 // model, at every step of its stage group, as its increase over that step. A panel reads those records over any
 // window, one series per model instead of one per pod: a rate is their mean over the step, a count their sum.
 //
-// new(stage, clock): `stage` is the shape's table (key: {record, group, how, step}), `clock` the record of each
-// stage group's evaluation times.
+// new(stage, steps, clock): `stage` is the shape's table of records (key: {record, group, how}), `steps` each stage
+// group's step in seconds, `clock` the record of each stage group's evaluation times.
 local promql = import 'promql.libsonnet';
 
 {
-  new(stage, clock):: {
+  new(stage, steps, clock):: {
     local reader = self,
     local family(key) = stage[key],
+    local step(key) = promql.num(steps[family(key).group]),
 
     // The stage's record of `key`, selected by `matchers` (a list; empty ones left out).
     record(key, matchers=[]):: promql.selector(family(key).record, promql.matchers(matchers)),
@@ -17,11 +18,8 @@ local promql = import 'promql.libsonnet';
     // The per-second rate of `key` over `window` (per record series): its step increases averaged, over the step.
     // A gauge's avg or count record is averaged as it is.
     rate(key, window, matchers=[])::
-      local averaged = 'avg_over_time(%(record)s[%(window)s])' % {
-        record: reader.record(key, matchers),
-        window: window,
-      };
-      if family(key).how == 'increase' then averaged + ' / ' + promql.num(family(key).step) else averaged,
+      local averaged = 'avg_over_time(' + reader.record(key, matchers) + '[' + window + '])';
+      if family(key).how == 'increase' then averaged + ' / ' + step(key) else averaged,
 
     // How many steps each of `key`'s records over `window` stands for: the mean spacing of its group's clock over
     // the step (more than 1 where the ruler ran the group less often than every step).
@@ -33,7 +31,7 @@ local promql = import 'promql.libsonnet';
       };
       '((max_over_time(%(ticks)s) - min_over_time(%(ticks)s)) / (count_over_time(%(ticks)s) - 1 > 0) / %(step)s)' % {
         ticks: ticks,
-        step: promql.num(family(key).step),
+        step: step(key),
       },
 
     // What `key` counted over `window`: the sum of its step increases, scaled by the stage's coverage.
@@ -49,10 +47,8 @@ local promql = import 'promql.libsonnet';
       local pool = self,
       local selected(more) = [matchers] + more,
 
-      rate(key, window, more=[], byAlso=[]):: 'sum by (%(by)s) (%(rate)s)' % {
-        by: promql.by(labels + byAlso),
-        rate: reader.rate(key, window, selected(more)),
-      },
+      rate(key, window, more=[], byAlso=[])::
+        'sum by (' + promql.by(labels + byAlso) + ') (' + reader.rate(key, window, selected(more)) + ')',
 
       ratio(numerator, denominator, window, more=[], byAlso=[])::
         promql.guardedRatio(pool.rate(numerator, window, more, byAlso), pool.rate(denominator, window, more, byAlso)),

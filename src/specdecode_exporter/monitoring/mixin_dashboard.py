@@ -111,8 +111,7 @@ def _seconds(duration: str) -> int | float:
 def shape(cfg: MonitoringConfig) -> dict[str, Any]:
     """What the rules and the sidecar define that the panels read (the module's docstring)."""
     level, long_window = cfg.alert_level, cfg.long_window
-    staged = {key: {"record": stage.record(cfg, key), "group": family.group, "how": family.how,
-                    "step": _seconds(stage.step(cfg, family.group))}
+    staged = {key: {"record": stage.record(cfg, key), "group": family.group, "how": family.how}
               for key, family in stage.families(cfg).items()}
     interval_quantiles = [{"quantile": q, "name": m.quantile_name(q), "record": promql.record_name(
         level, m.INTERVAL_ACCEPTANCE.name, f"{m.quantile_name(q)}_rate{long_window}")} for q in cfg.quantiles]
@@ -137,37 +136,39 @@ def shape(cfg: MonitoringConfig) -> dict[str, Any]:
         },
         "metrics": METRICS,
         "stageClock": stage.CLOCK,
+        "stageSteps": {group: _seconds(stage.step(cfg, group)) for group in stage.STAGE_GROUPS},
         "stage": staged,
     }
 
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_INLINE = 110  # a list or object of plain values is written on one line up to this width
+_WIDTH = 130  # a list or object is written on one line where it fits in this width
 
 
-def _jsonnet(value: Any, indent: str = "") -> str:
-    """JSON data as jsonnet, one field a line; short objects and lists inline."""
+def _jsonnet(value: Any, indent: str = "", lead: int = 0) -> str:
+    """JSON data as jsonnet, one field or item a line where the whole does not fit on one (``lead``: the width of
+    what comes before it on its line)."""
     if isinstance(value, Mapping):
-        fields = [f"{k if _IDENTIFIER.fullmatch(k) else json.dumps(k)}: {_jsonnet(v, indent + '  ')}"
+        names = {key: key if _IDENTIFIER.fullmatch(key) else json.dumps(key) for key in value}
+        fields = [f"{names[k]}: {_jsonnet(v, indent + '  ', len(indent) + len(names[k]) + 4)}"
                   for k, v in value.items()]
-        inline = "{ " + ", ".join(fields) + " }"
-        if len(indent) + len(inline) <= _INLINE and "\n" not in inline:
-            return inline
-        return "{\n" + "".join(f"{indent}  {f},\n" for f in fields) + f"{indent}}}"
-    if isinstance(value, list):
-        items = [_jsonnet(v, indent + "  ") for v in value]
-        inline = "[" + ", ".join(items) + "]"
-        if len(indent) + len(inline) <= _INLINE and "\n" not in inline:
-            return inline
-        return "[\n" + "".join(f"{indent}  {item},\n" for item in items) + f"{indent}]"
-    return json.dumps(value, ensure_ascii=False)
+        opening, closing, inline = "{", "}", "{ " + ", ".join(fields) + " }" if fields else "{}"
+    elif isinstance(value, list):
+        fields = [_jsonnet(v, indent + "  ", len(indent) + 2) for v in value]
+        opening, closing, inline = "[", "]", "[" + ", ".join(fields) + "]"
+    else:
+        return json.dumps(value, ensure_ascii=False)
+    if max(lead, len(indent)) + len(inline) + 1 <= _WIDTH and "\n" not in inline:
+        return inline
+    return opening + "\n" + "".join(f"{indent}  {field},\n" for field in fields) + indent + closing
 
 
 SHAPE_NOTE = """\
 // What the rules and the sidecar define that the dashboard's panels read by name: the records (the short stage's
-// with the step, in seconds, each record is an increase over), the sidecar's metrics, the aggregation level the
-// per-model panels pool by, the sidecar's windows, the quantiles. Not _config: changing one changes which rules
-// exist or what they are named; change it in the monitoring config and rebuild (docs/one-source.md).
+// by group, and the step in seconds each group's records are increases over), the sidecar's metrics, the
+// aggregation level the per-model panels pool by, the sidecar's windows, the quantiles. Not _config: changing one
+// changes which rules exist or what they are named; change it in the monitoring config and rebuild
+// (docs/one-source.md).
 """
 
 
