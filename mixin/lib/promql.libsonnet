@@ -24,7 +24,7 @@
   },
 
   // A number as Python's format(x, 'g') writes it: 1, 0.5, 1.1. (Whole numbers, the most, without std.format,
-  // whose %g costs milliseconds.)
+  // whose number formats cost milliseconds each.)
   num(x):: if x == std.floor(x) && std.abs(x) < 1e15 then std.toString(x) else '%(x)g' % { x: x },
 
   // A ratio as a whole percentage, as Python's format(x, '.0%') writes it (halves to even): 0.5 -> 50%.
