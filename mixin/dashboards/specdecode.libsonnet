@@ -2,7 +2,6 @@
 // A function of _config and the shape (shape.libsonnet): dashboards.libsonnet gives it the mixin's, the build
 // (python -m specdecode_exporter.monitoring.build) those of the monitoring config it is given.
 local panels = import '../lib/panels.libsonnet';
-local promql = import '../lib/promql.libsonnet';
 local context = import 'context.libsonnet';
 
 // The rows, top to bottom: a row is a file in rows/ and its place here.
