@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import json
 import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -147,11 +148,11 @@ def test_an_override_changes_what_it_should_and_nothing_else(override: str) -> N
 
 
 def test_an_override_reaches_the_queries_with_its_value() -> None:
-    board = rendered("{ _config+:: { pageAcceptanceRatio: 0.35, shortWindow: '7m' } }")
-    panels = {p["title"]: p for p in board["panels"]}
+    panels = {p["title"]: p for p in rendered("{ _config+:: { pageAcceptanceRatio: 0.35 } }")["panels"]}
     assert 'le="0.35"' in panels["Intervals with α < 35%"]["targets"][0]["expr"]
     assert 'le="0.35"' in panels["Requests with α ≤ 0.35"]["targets"][0]["expr"]
     assert ">= bool 0.35)" in panels["Verdict"]["targets"][0]["expr"]
+    panels = {p["title"]: p for p in rendered("{ _config+:: { shortWindow: '7m' } }")["panels"]}
     alerts = panels["α as the alerts see it (recording rules)"]["targets"][0]
     assert alerts["expr"].startswith("model:specdecode_acceptance_ratio:rate7m{")
     assert alerts["legendFormat"].startswith("7m ")
@@ -226,6 +227,18 @@ def test_a_build_elsewhere_writes_a_whole_mixin_with_its_dashboard(tmp_path: Pat
     assert board == from_mixin != rendered()
     alpha = next(p for p in board["panels"] if p["title"] == "Acceptance rate α")
     assert alpha["fieldConfig"]["defaults"]["thresholds"]["steps"][1]["value"] == 0.4
+
+
+def test_a_mixin_that_does_not_evaluate_is_one_line_naming_where(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    broken = tmp_path / "mixin"
+    shutil.copytree(MIXIN, broken)
+    row = broken / "dashboards/rows/token_flow.libsonnet"
+    row.write_text(row.read_text(encoding="utf-8").replace("ctx.rate('drafts')", "ctx.rate('no_such_record')"))
+    assert build.main(["--root", str(tmp_path / "out"), "--mixin", str(broken)]) == 2
+    error = capsys.readouterr().err
+    assert len(error.strip().splitlines()) == 1, error
+    assert "does not evaluate" in error and "no_such_record" in error
 
 
 def test_a_build_without_the_mixins_sources_says_so_in_one_line(tmp_path: Path) -> None:

@@ -106,6 +106,8 @@ def render_dashboard(src: Sources) -> str:
                          f"pip install 'specdecode-exporter[dashboard]' ({exc})") from None
     except mixin_dashboard.MixinSourcesMissing as exc:
         raise BuildError(f"{exc}: run the build in a checkout of specdecode-exporter, or give --mixin DIR") from None
+    except mixin_dashboard.MixinEvaluationError as exc:
+        raise BuildError(f"the dashboard in {src.mixin} does not evaluate: {exc}") from None
 
 
 def render_prometheus_rule(src: Sources) -> str:

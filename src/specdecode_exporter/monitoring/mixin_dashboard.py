@@ -181,9 +181,14 @@ class MixinSourcesMissing(FileNotFoundError):
     """The mixin's dashboard sources are not where the build looked."""
 
 
+class MixinEvaluationError(ValueError):
+    """The mixin's dashboard does not evaluate: jsonnet's error, its first line."""
+
+
 def render(cfg: MonitoringConfig, mixin_dir: Path) -> str:
     """grafana/dashboards/specdecode.json: the mixin's dashboard under the monitoring config's _config and shape.
-    ImportError without the `jsonnet` package; MixinSourcesMissing without the mixin's sources."""
+    ImportError without the `jsonnet` package; MixinSourcesMissing without the mixin's sources;
+    MixinEvaluationError where they do not evaluate."""
     # `_jsonnet` is the name of the `jsonnet` package's Python binding, its documented interface
     # (jsonnet.org/ref/bindings.html), not a private module.
     import _jsonnet
@@ -191,6 +196,9 @@ def render(cfg: MonitoringConfig, mixin_dir: Path) -> str:
     entry = mixin_dir / DASHBOARD
     if not entry.is_file():
         raise MixinSourcesMissing(f"{entry}: the dashboard is rendered from the jsonnet mixin's sources")
-    text = _jsonnet.evaluate_file(str(entry), tla_codes={"config": json.dumps(config(cfg)),
-                                                         "shape": json.dumps(shape(cfg))})
+    try:
+        text = _jsonnet.evaluate_file(str(entry), tla_codes={"config": json.dumps(config(cfg)),
+                                                             "shape": json.dumps(shape(cfg))})
+    except RuntimeError as exc:  # how the binding reports an evaluation error; its stack trace follows the first line
+        raise MixinEvaluationError(str(exc).splitlines()[0]) from None
     return json.dumps(json.loads(text), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
