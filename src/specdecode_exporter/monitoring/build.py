@@ -4,8 +4,7 @@
     python -m specdecode_exporter.monitoring.build --check               # exit 1, naming each stale file (`make lint`)
     python -m specdecode_exporter.monitoring.build --config my.yaml      # your values merged onto the shipped config
     python -m specdecode_exporter.monitoring.build --profile e2e --rules-out F   # only the rules, with a profile, to F
-
-    python -m specdecode_exporter.monitoring.build --config my.yaml --root out/ --mixin ~/specdecode-exporter/mixin
+    python -m specdecode_exporter.monitoring.build --config my.yaml --root out/ --mixin ../specdecode-exporter/mixin
 
 Artefacts: the Prometheus rules file, the Grafana dashboard, the PrometheusRule in deploy/base, the monitoring config
 the in-cluster sidecar reads (deploy/base/monitoring.yaml), the sidecar patch and the kustomize patches derived from
@@ -160,8 +159,8 @@ def render_sidecar_patch(src: Sources) -> str:
 
 @functools.lru_cache(maxsize=1)
 def _mixin_files(src: Sources) -> dict[str, str]:
-    """A monitoring mixin for kube-prometheus and jsonnet users: the same rules and dashboard, as jsonnet that reads
-    the values users tune from _config (monitoring.mixin); its files rendered once for all of them."""
+    """The generated files of the monitoring mixin for kube-prometheus and jsonnet users: the same rules, as jsonnet
+    that reads the values users tune from _config, and that _config (monitoring.mixin); rendered once for all."""
     return mixin.render(src.cfg, mixin_header(src))
 
 
