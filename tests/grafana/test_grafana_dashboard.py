@@ -1,7 +1,7 @@
-"""Static checks of the generated Grafana dashboard: generator and committed JSON agree, the JSON round-trips
-through Grafana's own SDK models, the layout is sane, every panel is labelled and every query is PromQL
-that promtool accepts. No Grafana server is available here, so nothing is rendered: the layout is checked in
-code instead."""
+"""Static checks of the generated Grafana dashboard: the jsonnet mixin's render and the committed JSON agree, the JSON
+round-trips through Grafana's own SDK models (its schema, as Python types), the layout is sane, every panel is
+labelled and every query is PromQL that promtool accepts. No Grafana server is available here, so nothing is
+rendered: the layout is checked in code instead."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -18,10 +17,11 @@ import yaml
 
 from specdecode_exporter.core import monitoring_config
 from specdecode_exporter.core.verdict import Verdict
-from specdecode_exporter.monitoring import build
+from specdecode_exporter.monitoring import build, mixin_dashboard
 from tests.grafana.grafana_dashboard_helpers import (
     DASHBOARD,
     PROVISIONING,
+    ROOT,
     all_selection,
     annotation_queries,
     content_panels,
@@ -42,15 +42,14 @@ KNOWN_UNITS = {"percentunit", "short", "none", "s", "ops", "reqps"}
 CUSTOM_UNIT_PREFIXES = ("suffix:", "prefix:", "si:", "count:")
 
 
-def need_sdk() -> ModuleType:
-    """The dashboard module needs grafana-foundation-sdk: skip without it, but fail in CI."""
+def need_sdk() -> None:
+    """The round trip needs grafana-foundation-sdk (a test extra): skip without it, but fail in CI."""
     try:
-        from specdecode_exporter.monitoring import dashboard as dashboard_module
+        import grafana_foundation_sdk  # noqa: F401
     except ImportError:
         if IN_CI:
             pytest.fail("grafana-foundation-sdk is not installed (pip install the project's test extras)")
         pytest.skip("grafana-foundation-sdk not installed")
-    return dashboard_module
 
 
 @pytest.fixture(scope="module")
@@ -62,18 +61,16 @@ def dashboard() -> dict[str, Any]:
 
 
 def test_committed_json_matches_generator() -> None:
-    dashboard_module = need_sdk()
-    assert DASHBOARD.read_text(encoding="utf-8") == dashboard_module.render(monitoring_config.load()), (
+    assert DASHBOARD.read_text(encoding="utf-8") == mixin_dashboard.render(monitoring_config.load(), ROOT / "mixin"), (
         "grafana/dashboards/specdecode.json is stale: run make generate"
     )
 
 
 def test_build_check_mode_finds_a_stale_dashboard(tmp_path: Path) -> None:
-    need_sdk()
     root = tmp_path / "checkout"
     (root / "grafana" / "dashboards").mkdir(parents=True)
     (root / "grafana" / "dashboards" / "specdecode.json").write_text("{}\n")
-    src = build.sources(None, root=root)
+    src = build.sources(None, root=root, mixin_dir=ROOT / "mixin")
     assert build.build(src, check=True, only=["grafana/dashboards/specdecode.json"]) == 1
     assert build.build(src, check=False, only=["grafana/dashboards/specdecode.json"]) == 1
     assert build.build(src, check=True, only=["grafana/dashboards/specdecode.json"]) == 0

@@ -1,7 +1,7 @@
-"""The jsonnet mixin, evaluated by the real jsonnet (the `jsonnet` package's C++ binding), is the same rules and
-dashboard as the YAML and JSON files: a kube-prometheus user who imports it gets exactly what promtool tests. Its
-_config holds the values users tune, and an override of any of them renders what the generators render from a
-monitoring config with the same change."""
+"""The jsonnet mixin, evaluated by the real jsonnet (the `jsonnet` package's C++ binding), is the same rules as the
+YAML file: a kube-prometheus user who imports it gets exactly what promtool tests. Its _config holds the values users
+tune, and an override of any of them renders what the generators render from a monitoring config with the same
+change. (The dashboard's jsonnet is its source: tests/grafana/test_mixin_dashboard.py.)"""
 
 from __future__ import annotations
 
@@ -18,13 +18,13 @@ import yaml
 
 from specdecode_exporter.core import monitoring_config
 from specdecode_exporter.core.monitoring_config import MonitoringConfig
-from specdecode_exporter.monitoring import dashboard, mixin
+from specdecode_exporter.monitoring import mixin, mixin_dashboard
 from specdecode_exporter.monitoring.rules import rule_groups
 from tests.grafana.grafana_dashboard_helpers import ROOT
 from tests.helpers import require_tool
 
 MIXIN = ROOT / "mixin" / "mixin.libsonnet"
-FIELDS = ("prometheusAlerts", "prometheusRules", "grafanaDashboards")
+FIELDS = ("prometheusAlerts", "prometheusRules")
 
 
 def evaluate(field: str, overrides: str = "{}") -> Any:
@@ -42,11 +42,6 @@ def test_the_mixin_rules_are_the_rule_file() -> None:
     assert all("record" in r for g in evaluate("prometheusRules")["groups"] for r in g["rules"])
 
 
-def test_the_mixin_dashboard_is_the_dashboard_file() -> None:
-    dashboard_file = json.loads((ROOT / "grafana" / "dashboards" / "specdecode.json").read_text())
-    assert evaluate("grafanaDashboards") == {"specdecode.json": dashboard_file}
-
-
 def test_the_mixin_composes_like_a_mixin() -> None:
     """A user's own mixin merged on top (jsonnet's `+`) keeps ours and adds theirs: the fields are hidden (::),
     and merge (+::), as kube-prometheus expects."""
@@ -62,7 +57,8 @@ def test_the_mixin_is_laid_out_as_kubernetes_mixin_and_each_part_renders_with_th
     """config.libsonnet, lib/, and a file per field (alerts/, rules/, dashboards/), which mixin.libsonnet merges: a
     user who imports one part beside the config gets what the entry point gives for that field."""
     on_disk = {str(path.relative_to(MIXIN.parent)) for path in MIXIN.parent.rglob("*.libsonnet")}
-    assert on_disk == set(mixin.FILES), "a file under mixin/ the build does not write (or one it did not write)"
+    written = {*mixin.FILES, mixin_dashboard.SHAPE, *mixin_dashboard.SOURCES}
+    assert on_disk == written, "a file under mixin/ the build does not write (or one it did not write)"
     for path, field in mixin.PARTS.items():
         snippet = f'((import "{mixin.CONFIG}") + (import "{path}")).{field}'
         alone = json.loads(jsonnet.evaluate_snippet("snippet", snippet, jpathdir=[str(MIXIN.parent)]))
@@ -97,8 +93,7 @@ def generated(cfg: MonitoringConfig) -> dict[str, Any]:
     groups = rule_groups(cfg)["groups"]
     alerts = [g for g in groups if any("alert" in r for r in g["rules"])]
     records = [g for g in groups if g not in alerts]
-    return {"prometheusAlerts": {"groups": alerts}, "prometheusRules": {"groups": records},
-            "grafanaDashboards": {"specdecode.json": json.loads(dashboard.render(cfg))}}
+    return {"prometheusAlerts": {"groups": alerts}, "prometheusRules": {"groups": records}}
 
 
 def rendered(overrides: str) -> dict[str, Any]:
@@ -202,7 +197,7 @@ def test_every_value_of_the_monitoring_config_is_in_config_or_named_as_baked_in(
     shipped = monitoring_config.shipped()
     alert_settings = [f"alerts.{f.name}" for f in dataclasses.fields(shipped.alerts[0][1])]
     covered = {t.path for t in mixin.TUNABLE} | set(mixin.BAKED) | {f"alerts.{a}" for a, _ in mixin.ALERT_FIELDS} \
-        | {"extra_alert_labels"}
+        | {"extra_alert_labels"} | set(mixin_dashboard.CONFIG_KEYS.values())
     leaves = [leaf.rstrip(".") for leaf in _leaves(shipped) if leaf.rstrip(".") != "alerts"] + alert_settings
     assert [leaf for leaf in leaves if leaf not in covered] == []
     assert [path for path in covered if path not in leaves] == []

@@ -5,12 +5,15 @@ and ``dashboards/`` (one field each), and ``mixin.libsonnet``, which merges them
 
     (import 'mixin.libsonnet') + { _config+:: { pageAcceptanceRatio: 0.4 } }
 
-How, without a jsonnet copy of any rule: the rules and the dashboard are rendered once, by the same generators,
+The dashboard is jsonnet written by hand, the source the build renders grafana/dashboards/ from
+(monitoring.mixin_dashboard); this module writes its _config keys into config.libsonnet beside the rules'.
+
+How, without a jsonnet copy of any rule: the rules are rendered once, by their generators,
 from a symbolic copy of the monitoring config whose tunable values are placeholders (TUNABLE). A string is a unique
 token; a number keeps its value (so comparisons and validation still work) and becomes a token where it is
 formatted; arithmetic, str.replace/rstrip and promql.bucket_at_or_below carry their derivation along as a jsonnet
 expression. Every rendered string holding tokens becomes a jsonnet format string over ``$._config`` values; a number
-that is a placeholder becomes its expression. A new rule or panel needs nothing here; a new tunable value is one
+that is a placeholder becomes its expression. A new rule needs nothing here; a new tunable value is one
 line in TUNABLE. tests/rules/test_mixin.py overrides every tunable value in jsonnet and checks that the mixin renders
 exactly what the generators render from a monitoring config with the same change.
 
@@ -28,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from specdecode_exporter.core.monitoring_config import MonitoringConfig
+from specdecode_exporter.monitoring import mixin_dashboard
 from specdecode_exporter.monitoring.rules import rule_groups
 
 Kind = Literal["ratio", "number", "duration", "text", "matchers"]
@@ -52,23 +56,18 @@ TUNABLE: tuple[Tunable, ...] = (
     Tunable("min_draft_tokens_per_second", "minDraftTokensPerSecond", "number"),
     Tunable("min_requests_per_hour", "minRequestsPerHour", "number"),
     Tunable("thresholds.page_acceptance_ratio", "pageAcceptanceRatio", "ratio"),
-    Tunable("thresholds.good_acceptance_ratio", "goodAcceptanceRatio", "ratio"),
     Tunable("thresholds.drift_drop", "driftDrop", "ratio"),
     Tunable("thresholds.interval_acceptance_ratio", "intervalAcceptanceRatio", "ratio"),
     Tunable("thresholds.request_acceptance_ratio", "requestAcceptanceRatio", "ratio"),
     Tunable("speedups.hurting_below", "hurtingBelow", "number"),
-    Tunable("speedups.paying_off_from", "payingOffFrom", "number"),
     Tunable("cost_vs_control.max_preemptions_per_request_increase", "maxPreemptionsPerRequestIncrease", "number"),
     Tunable("cost_vs_control.min_throughput_ratio", "minThroughputRatio", "ratio"),
     Tunable("cost_vs_control.min_waiting_requests", "minWaitingRequests", "number"),
     Tunable("speculation_stopped.share_below", "speculationShareBelow", "ratio"),
     Tunable("speculation_stopped.min_generated_tokens_per_second", "minGeneratedTokensPerSecond", "number"),
-    Tunable("dashboard.uid", "dashboardUID", "text"),
-    Tunable("dashboard.title", "dashboardTitle", "text"),
-    Tunable("dashboard.refresh", "dashboardRefresh", "text"),
-    Tunable("dashboard.time_from", "dashboardTimeFrom", "text"),
 )
-# Besides these: _config.alerts.<name>.severity and ['for'] of every alert, and _config.extraAlertLabels.
+# The rules' tunable values; _config also holds the dashboard's (mixin_dashboard.CONFIG_KEYS). Besides these:
+# _config.alerts.<name>.severity and ['for'] of every alert, and _config.extraAlertLabels.
 ALERT_FIELDS = (("severity", "severity"), ("for_", "for"))
 EXTRA_LABELS_KEY = "extraAlertLabels"
 # The monitoring config's values that are not in _config, and why (tests/rules/test_mixin.py: every value is in one).
@@ -76,8 +75,8 @@ BAKED = {
     "target_labels": "the labels of the rules' joins: the rules' structure",
     "levels": "the aggregation levels: which recording rules exist",
     "alert_level": "names the recording rules",
-    "windows.sidecar": "the sidecar's --collect.windows; the dashboard's window choices",
-    "windows.verdict": "the dashboard's default window, one of windows.sidecar",
+    "windows.sidecar": "the sidecar's --collect.windows; the dashboard's window choices (its shape)",
+    "windows.verdict": "the dashboard's default window, one of windows.sidecar (its shape)",
     "quantiles": "which quantile recording rules exist",
     "thresholds.interval_quantile": "one of quantiles: names the recording rule the ticket reads",
     "thresholds.request_quantile": "names the per-request quantile recording rule",
@@ -264,8 +263,9 @@ def _plain_number(value: Any) -> Any:
 
 
 def defaults(cfg: MonitoringConfig) -> dict[str, Any]:
-    """The _config object: every tunable value as configured."""
+    """The _config object: every tunable value of the rules and the dashboard as configured."""
     values: dict[str, Any] = {t.key: _plain_number(get_path(cfg, t.path)) for t in TUNABLE}
+    values.update(mixin_dashboard.config(cfg))
     values["alerts"] = {name: {key: getattr(settings, attribute) for attribute, key in ALERT_FIELDS}
                         for name, settings in cfg.alerts}
     values[EXTRA_LABELS_KEY] = dict(cfg.extra_alert_labels)
@@ -322,18 +322,6 @@ def jsonnet(value: Any, placeholders: Placeholders, indent: str = "") -> str:
     return _literal(value)
 
 
-def plain(value: Any) -> Any:
-    """A dashboard model (grafana-foundation-sdk) as JSON data, placeholders kept (json.dumps would lose them)."""
-    to_json = getattr(value, "to_json", None)
-    if callable(to_json):
-        return plain(to_json())
-    if isinstance(value, Mapping):
-        return {k: plain(v) for k, v in sorted(value.items())}
-    if isinstance(value, list | tuple):
-        return [plain(v) for v in value]
-    return value
-
-
 USAGE = """\
 // Override any value of _config (config.libsonnet) from your own jsonnet, e.g. a lower page threshold and a wider
 // drift margin:
@@ -344,12 +332,13 @@ USAGE = """\
 
 # The mixin's files (under mixin/), laid out as kubernetes-mixin lays its out: the entry point that imports the
 # others, _config, the one library of helpers, and a file per field. Each field's file reads $._config, so it
-# renders with config.libsonnet (or a _config of your own) merged beside it.
+# renders with config.libsonnet (or a _config of your own) merged beside it. FILES: those this module writes; the
+# dashboards' field and the files it imports are jsonnet written by hand (mixin_dashboard.SOURCES).
 ENTRY = "mixin.libsonnet"
 CONFIG = "config.libsonnet"
 UTILS = "lib/utils.libsonnet"
-PARTS = {"alerts/alerts.libsonnet": "prometheusAlerts", "rules/rules.libsonnet": "prometheusRules",
-         "dashboards/dashboards.libsonnet": "grafanaDashboards"}
+PARTS = {"alerts/alerts.libsonnet": "prometheusAlerts", "rules/rules.libsonnet": "prometheusRules"}
+FIELDS = {**PARTS, mixin_dashboard.FIELD: "grafanaDashboards"}  # every field's file, in the entry point's order
 FILES = (ENTRY, CONFIG, UTILS, *PARTS)
 SELECTOR = "utils.selector"  # the one way label matchers from _config (which may be empty) enter an expression
 
@@ -381,18 +370,14 @@ def _part(key: str, value: Any, placeholders: Placeholders, path: str) -> str:
 
 
 def render(cfg: MonitoringConfig, header: str) -> dict[str, str]:
-    """The mixin's files (paths relative to mixin/), each after ``header``. Needs grafana-foundation-sdk
-    (ImportError without it)."""
-    from specdecode_exporter.monitoring import dashboard
-
+    """The mixin's generated files (FILES, paths relative to mixin/), each after ``header``."""
     placeholders = Placeholders()
     symbolic_cfg = symbolic(cfg, placeholders)
     groups = rule_groups(symbolic_cfg)["groups"]
     alerts = [g for g in groups if any("alert" in r for r in g["rules"])]
     records = [g for g in groups if g not in alerts]
-    fields = {"prometheusAlerts": {"groups": alerts}, "prometheusRules": {"groups": records},
-              "grafanaDashboards": {"specdecode.json": plain(dashboard.build(symbolic_cfg))}}
-    imports = " +\n".join(f"(import '{path}')" for path in (CONFIG, *PARTS))
+    fields = {"prometheusAlerts": {"groups": alerts}, "prometheusRules": {"groups": records}}
+    imports = " +\n".join(f"(import '{path}')" for path in (CONFIG, *FIELDS))
     files = {ENTRY: header + USAGE + imports + "\n",
              CONFIG: header + USAGE + _part("_config", defaults(cfg), placeholders, CONFIG),
              UTILS: header + "// The helpers every expression of the mixin calls.\n" + UTILS_TEXT}
