@@ -155,6 +155,7 @@ def test_component_retargeted_at_a_users_deployment(tmp_path: Path) -> None:
     """The README's GitOps path: a copy of deploy/sidecar pointed at another Deployment name adds the sidecar
     to that Deployment only, after the user's container, and leaves other Deployments alone."""
     shutil.copytree(DEPLOY, tmp_path / "deploy")
+    shutil.copytree(DEPLOY.parent / "grafana", tmp_path / "grafana")  # deploy/base takes the dashboard from there
     component = tmp_path / "deploy" / "sidecar" / "kustomization.yaml"
     component.write_text(component.read_text(encoding="utf-8").replace("name: vllm", "name: my-llm"), "utf-8")
     user = tmp_path / "user"

@@ -118,6 +118,7 @@ def _user_kustomization(tmp_path: Path, containers: list[str], name: str = "vllm
     """A user's own kustomization: their Deployment and Service called ``name`` with ``containers``, the base, the
     sidecar and the tap (a copy of deploy/ whose components are retargeted at ``name``)."""
     shutil.copytree(DEPLOY, tmp_path / "deploy")
+    shutil.copytree(DEPLOY.parent / "grafana", tmp_path / "grafana")  # deploy/base takes the dashboard from there
     for component in ("sidecar", "tap"):
         path = tmp_path / "deploy" / component / "kustomization.yaml"
         path.write_text(path.read_text(encoding="utf-8").replace("name: vllm", f"name: {name}"), "utf-8")
