@@ -30,6 +30,9 @@ class Slow:
 PROMTOOL = "tests/rules/test_rules.py::test_promtool_unit_tests"
 
 SLOW: tuple[Slow, ...] = (
+    Slow("tests/integration/test_demo_timeline.py::test_the_demo_does_what_its_page_says_when_it_says", 510,
+         "the demo for one whole loop of its scenario in real time (it has no faster clock), every claim of "
+         "docs/demo.md's timeline checked over its span"),
     Slow("tests/vllm/", 390, "a real vLLM (CPU build): five server starts of 30-40 s, two pairs side by side (the "
          "session's ngram server and its no-spec baseline; two small-KV servers) and a draft-model server, and CPU "
          "inference"),
@@ -56,7 +59,6 @@ SLOW: tuple[Slow, ...] = (
     Slow(f"{PROMTOOL}[drift.test.yaml]", 50, "promtool evaluates every rule every minute over 26 simulated hours "
          "(the drift alert's 1-day baseline)"),
     Slow("tests/e2e/test_hidden_workload.py", 45, "the tap's per-request alerts on Prometheus' real clock"),
-    Slow("tests/integration/test_demo.py", 45, "the demo's degraded phase in real time"),
     Slow("tests/e2e/test_tpot_quantiles.py", 40, "TPOT histograms scraped by a real Prometheus for two windows"),
     Slow("tests/integration/test_series_budget.py", 35, "simulated pods and three sidecar processes until every "
          "window, class and workload slot has data"),

@@ -114,7 +114,7 @@ def _run_demo(listen_address: str, duration: float | None, scenario: Scenario) -
         tap_url = f"http://127.0.0.1:{tap.sock.getsockname()[1]}"
         threading.Thread(target=send_traffic, args=(tap_url, model.name, stop), name="demo-traffic",
                          daemon=True).start()
-        _print_urls(sidecar.base_url, spec_url, control_url, tap_url)
+        _print_urls(sidecar.base_url, spec_url, control_url, tap_url, phase_starts(scenario))
         stop.wait(duration)
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM (stop_on_signals), also while starting
         pass
@@ -140,22 +140,31 @@ def _start_sidecar(config: Config) -> tuple[ThreadedServer, TapRuntime]:
     return ThreadedServer(build_app(exporter, reloader=reloader, tap=tap), sock, name="sidecar").start(), tap
 
 
-def _print_urls(sidecar: str, spec: str, control: str, tap: str) -> None:
+def phase_starts(scenario: Scenario) -> str:
+    """The scenario's phases with when each starts: 'healthy 0 s → degraded 90 s → …', and when it loops."""
+    starts = itertools.accumulate((phase.duration for phase in scenario.phases), initial=0.0)
+    timeline = " → ".join(f"{phase.name} {start:.0f} s" for phase, start in zip(scenario.phases, starts, strict=False))
+    total = sum(phase.duration for phase in scenario.phases)
+    return f"{timeline}, then again from {total:.0f} s" if scenario.loop and scenario.phases else timeline
+
+
+def _print_urls(sidecar: str, spec: str, control: str, tap: str, phases: str) -> None:
     print(f"""
 specdecode-exporter demo is running (Ctrl-C to stop).
-  status page      {sidecar}/      (α, observed speedup against the control pod, per-request bands, charts)
+  status page      {sidecar}/      (α, observed speedup against the control pod, the verdict, routing, charts)
   metrics          {sidecar}/metrics
   status (JSON)    {sidecar}/api/v1/status
-  simulated vLLM   {spec}/metrics   (spec decode on; scenario: healthy → degraded → restart → recovered → busy)
-  control pod      {control}/metrics   (the same model, spec decode off: the baseline)
-  request tap      {tap}/v1/completions   (the demo sends traffic through it; it routes classes whose α is
-                   below break-even to the control pod: Routing on the status page, specdecode_route_* metrics)
-Watch α drop below 0.5 in the 'degraded' phase (90 s in), the observed speedup with it and the verdict (over 1m
-here) turn to 'hurting'; then an acceptance gate stops speculation silently (the status page says so, the
-speculative token share falls to 0). In 'busy' (6 min in) the load triples and vLLM's dynamic speculative decoding
-drafts 2 tokens instead of 3: the mean draft length falls from 3 to 2 and climbs back after, α stays over the tokens
-verified, and the per-position curve is absent with its reason. Watch the figures from a shell:
+  simulated vLLM   {spec}/metrics   (spec decode on)
+  control pod      {control}/metrics   (the same model, spec decode off: the baseline and the routing fallback)
+  request tap      {tap}/v1/completions   (the demo sends traffic through it)
+Phases of the simulated vLLM: {phases}.
+Routing is on: once 20 requests of a class (workload × temperature band) show α below the break-even, the tap sends
+it to the control pod but for a fifth (the canary); the hot classes (0.7+) go first, about 30 s in, and their counts
+on the speculative pod grow by the canary only from then on (Routing on the status page, specdecode_route_*).
+In 'degraded' α falls below 0.5 (1m) and the verdict (over 1m here) turns to 'hurting'; about a minute into it an
+acceptance gate stops speculation: the page says 'stopped' and the verdict 'not speculating' until the restart. In
+'busy' vLLM drafts 2 tokens instead of 3: the mean draft length falls to 2. Every step, when and where: docs/demo.md.
   curl -s {sidecar}/metrics | grep -E 'specdecode_(acceptance_ratio|observed_speedup|speculative_token_share)\\{{'
-  curl -s {sidecar}/metrics | grep -E 'specdecode_mean_draft_length\\{{'
+  curl -s {sidecar}/metrics | grep -E 'specdecode_(verdict|route_class_state|mean_draft_length)\\{{'
 Ctrl-C stops it (a backgrounded `make demo &`: `kill %1`).
 """, flush=True)

@@ -4,13 +4,10 @@ the traffic it sends through the tap — and Ctrl-C or SIGTERM must stop all of 
 
 from __future__ import annotations
 
-import contextlib
 import re
 import signal
 import subprocess
 import time
-from importlib import resources
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -47,7 +44,7 @@ def test_the_demo_shows_alpha_observed_speedup_and_request_bands() -> None:
     base = f"http://127.0.0.1:{port}"
     proc = start_demo(port)
     try:
-        deadline, status = time.monotonic() + 60, {}  # the README's promise: within a minute
+        deadline, status = time.monotonic() + 60, {}  # the README's promise: in a minute
         while time.monotonic() < deadline:
             assert proc.poll() is None, proc.communicate()[0]
             try:
@@ -72,7 +69,7 @@ def test_the_demo_shows_alpha_observed_speedup_and_request_bands() -> None:
     assert 'against the control target "control"' in series["verdict_reason"], series["verdict_reason"]
     assert 0.3 < series["windows"]["1m"]["acceptance_ratio"] < 0.95
     bands = {(b["workload"], b["temperature"]): b["acceptance_ratio"] for b in spec["requests"]["bands"]}
-    # As the README says: two workloads, each at temperatures 0, 0.5 and 1 (one per default band).
+    # As docs/demo.md says: two workloads, each at temperatures 0, 0.5 and 1 (one per default band).
     assert set(bands) == {(w, t) for w in ("chat", "code") for t in ("0-0.3", "0.3-0.7", "0.7+")}
     assert bands[("code", "0-0.3")] > bands[("code", "0.7+")], "hotter requests accept less in the simulator"
     assert "request tap" in out and "Traceback" not in out
@@ -107,42 +104,3 @@ def test_sigterm_stops_the_demo_as_ctrl_c_does() -> None:
     for url in (base, *urls.values()):
         with pytest.raises(httpx.ConnectError):
             httpx.get(url, timeout=5)
-
-
-def test_the_verdict_turns_to_hurting_in_the_degraded_phase(tmp_path: Path) -> None:
-    """What the README says the demo shows: in the degraded phase the verdict turns to hurting (over the demo's 1m
-    verdict window; over 5m the phase was diluted by the healthy one, and the gate stopped speculation first).
-    The packaged scenario with a 20 s healthy phase, so that the degraded one comes sooner."""
-    import yaml
-
-    packaged = resources.files("specdecode_exporter.simulator") / "scenarios" / "demo.yaml"
-    scenario = yaml.safe_load(packaged.read_text(encoding="utf-8"))
-    assert scenario["phases"][0]["name"] == "healthy" and scenario["phases"][1]["name"] == "degraded"
-    scenario["phases"][0]["duration"] = "20s"
-    path = tmp_path / "demo.yaml"
-    path.write_text(yaml.safe_dump(scenario), encoding="utf-8")
-    port = free_port()
-    proc = subprocess.Popen([*exporter_command(), "demo", "--web.listen-address", f"127.0.0.1:{port}",
-                             "--scenario", str(path), "--duration", "3m"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env())
-    verdicts: list[tuple[float, str]] = []
-    try:
-        started = time.monotonic()
-        while time.monotonic() - started < 100 and not any(v == "hurting" for _, v in verdicts):
-            assert proc.poll() is None, proc.communicate()[0]
-            time.sleep(2)
-            with contextlib.suppress(httpx.HTTPError):
-                status = httpx.get(f"http://127.0.0.1:{port}/api/v1/status", timeout=5).json()
-                spec = next(t for t in status["targets"] if t["name"] == "simulated-vllm")
-                if spec["series"]:
-                    series = spec["series"][0]
-                    if series["verdict_window"] is None:  # no window holds two collections yet: no verdict
-                        continue
-                    assert series["verdict_window"] == "1m"
-                    verdicts.append((time.monotonic() - started, series["verdict"]))
-    finally:
-        proc.terminate()
-        proc.communicate(timeout=20)
-    hurting = [at for at, verdict in verdicts if verdict == "hurting"]
-    assert hurting, verdicts
-    assert hurting[0] > 20, "not before the degraded phase"

@@ -1,4 +1,4 @@
-"""What the README says `make demo` shows in its busy phase, with the demo as installed (`specdecode-exporter demo`
+"""What docs/demo.md says `make demo` shows in its busy phase, with the demo as installed (`specdecode-exporter demo`
 over real HTTP on a free port): vLLM's dynamic speculative decoding drafts 2 tokens instead of 3 while more than 16
 requests run, so specdecode_mean_draft_length falls from 3 to 2 and climbs back after the phase; α stays over the
 tokens that were verified (accepted / drafted as the engine counts them, never over k assumed tokens per draft);
@@ -158,7 +158,7 @@ def test_the_demo_shows_the_draft_length_move_and_alpha_stay_over_verified_token
     assert recovered and recovered == sorted(recovered) and 2.0 < recovered[-1] < K, recovered
     assert recovered[-1] > recovered[0] + 0.2, recovered
 
-    # What the README tells the user to look at: the gauge on /metrics, the reason on the status page.
+    # What docs/demo.md tells the user to look at: the gauge on /metrics, the reason on the status page.
     gauge = tuple(Exposition.parse(text).get("specdecode_mean_draft_length", target="simulated-vllm", window="1m")
                   for text in (seen["healthy metrics"], seen["busy metrics"]))
     assert gauge == (K, 2.0), gauge

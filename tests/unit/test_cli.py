@@ -270,7 +270,7 @@ def test_check_refuses_credentials_in_the_url_as_run_does() -> None:
 
 
 def test_the_demo_sends_each_workload_at_three_temperatures_streamed_and_not() -> None:
-    """What the README says the demo sends: two workloads at temperatures 0, 0.5 and 1, streamed and not."""
+    """What docs/demo.md says the demo sends: two workloads at temperatures 0, 0.5 and 1, streamed and not."""
     from specdecode_exporter.demo import traffic
 
     rounds = [traffic(i) for i in range(12)]

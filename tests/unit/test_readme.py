@@ -1,5 +1,6 @@
 """The README is the front door; docs/ holds the rest. The metric reference in docs/metrics.md is generated from
-the code, the README's install paths are the ones `make test` runs, and no link or anchor in the Markdown breaks."""
+the code, the install paths (docs/install.md, the README's quickstart) are the ones `make test` runs, and no link or
+anchor in the Markdown breaks."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from specdecode_exporter.core.metrics import CONTRACT, reference_table
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 METRICS = ROOT / "docs" / "metrics.md"
+INSTALL = ROOT / "docs" / "install.md"
 
 
 def test_metric_reference_matches_the_code() -> None:
@@ -38,16 +40,71 @@ def test_the_readme_names_only_metrics_the_code_exports() -> None:
     assert named <= exposed, named - exposed
 
 
-def test_readme_names_the_two_commands() -> None:
-    text = README.read_text(encoding="utf-8")
-    assert "## Two commands" in text
-    assert "make demo" in text and "make test" in text
+def _quickstart(readme: str) -> str:
+    return readme[readme.index("## Quickstart"):readme.index("\n## ", readme.index("## Quickstart") + 3)]
 
 
-def test_the_readme_stays_a_front_door() -> None:
-    """A few hundred lines: what it is, the two commands, install, the first page, the metrics and alerts at a
-    glance, links. Everything else lives in docs/."""
-    assert len(README.read_text(encoding="utf-8").splitlines()) <= 450
+def test_the_quickstart_gives_both_commands_and_says_ci_runs_make_test() -> None:
+    """`make demo` to see it, `make test` to test it, and CI (`.ci/run`) runs exactly `make test`."""
+    quickstart = _quickstart(README.read_text(encoding="utf-8"))
+    assert "make demo" in quickstart and "make test" in quickstart
+    assert "`.ci/run` runs exactly `make test`" in quickstart
+    ci = [line for line in (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+          if line and not line.startswith(("#", "set ", "cd "))]
+    assert ci == ["make test"], ci
+
+
+def test_make_demo_is_not_said_to_need_root_and_make_test_is() -> None:
+    """Only `make test` installs Debian packages (its `tools` prerequisite); `make demo` builds a venv."""
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    demo = re.search(r"^demo:([^#\n]*)", makefile, re.M)
+    test = re.search(r"^test:([^#\n]*)", makefile, re.M)
+    assert demo is not None and test is not None
+    assert "tools" not in demo.group(1).split() and "tools" in test.group(1).split()
+    quickstart = _quickstart(README.read_text(encoding="utf-8"))
+    paragraphs = quickstart.split("\n\n")
+    for paragraph in paragraphs:
+        if "make demo" in paragraph and "make test" not in paragraph:
+            assert "root" not in paragraph.replace("no root", "").replace("as any user", ""), paragraph
+    assert any("make test" in p and "root" in p and "sudo" in p for p in paragraphs)
+
+
+def _prose_paragraphs(text: str) -> list[list[str]]:
+    """Runs of prose lines: not code blocks, tables, headings or list items' continuation-free lines."""
+    paragraphs: list[list[str]] = [[]]
+    fenced = False
+    for line in text.splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+            paragraphs.append([])
+        elif fenced or not line.strip() or line.startswith(("|", "#", "- ")):
+            paragraphs.append([])
+        else:
+            paragraphs[-1].append(line)
+    return [p for p in paragraphs if p]
+
+
+def test_the_readme_is_a_front_door() -> None:
+    """Under 200 lines; within the first 60 what it is and why, the quickstart (the demo, pip install and `run
+    --target`) and links; no prose paragraph over six lines. Everything else lives in docs/."""
+    lines = README.read_text(encoding="utf-8").splitlines()
+    assert len(lines) < 200, len(lines)
+    head = "\n".join(lines[:60])
+    for shown in ("**Why.**", "## Quickstart", "make demo", "pip install", "specdecode-exporter run --target",
+                  "](docs/demo.md)", "](docs/install.md)"):
+        assert shown in head, shown
+    long = [p for p in _prose_paragraphs("\n".join(lines)) if len(p) > 6]
+    assert not long, long
+
+
+def test_the_readme_pip_path_is_the_bare_installs() -> None:
+    """The quickstart's pip path runs the sidecar with the flags the bare-install test runs it with."""
+    quickstart = _quickstart(README.read_text(encoding="utf-8"))
+    bare = (ROOT / "tests" / "packaging" / "test_bare_install.py").read_text(encoding="utf-8")
+    for flag in ('"run", "--target"', '"--tap.listen-address"'):
+        assert flag in bare, flag
+    assert "pip install ." in quickstart
+    assert re.search(r"specdecode-exporter run --target \S+ --tap.listen-address", quickstart)
 
 
 SOURCES = [p for pattern in ("src/specdecode_exporter/**/*.py", "devtools/*.py", "bench/*.py", "scripts/*", "*.md",
@@ -71,22 +128,21 @@ def test_no_link_or_anchor_in_the_markdown_is_broken() -> None:
     assert not broken, "\n".join(map(str, broken))
 
 
-def test_the_install_paths_in_the_readme_are_the_ones_make_test_runs() -> None:
-    """"Install" gives the pip path, the image and the manifests with the commands the tests run: when one changes,
-    the README must follow."""
-    readme = README.read_text(encoding="utf-8")
-    install = readme[readme.index("## Install"):readme.index("## The first page you see")]
+def test_the_install_paths_are_the_ones_make_test_runs() -> None:
+    """docs/install.md gives the pip path, the image and the manifests with the commands the tests run: when one
+    changes, the page must follow."""
+    install = INSTALL.read_text(encoding="utf-8")
     make_test = re.search(r"^test:.*?\n((?:\t.*\n)+)", (ROOT / "Makefile").read_text(encoding="utf-8"), re.M)
     assert make_test is not None
     for step in ("scripts/runtime-venv.sh", "scripts/build-image.sh --local-base --smoke"):
         assert step in make_test.group(1), step
     assert "scripts/build-image.sh --local-base --smoke" in install
-    # The bare install runs the sidecar with these flags; the README's pip path shows the same.
+    # The bare install runs the sidecar with these flags; the page's pip path shows the same.
     bare = (ROOT / "tests" / "packaging" / "test_bare_install.py").read_text(encoding="utf-8")
     for flag in ('"run", "--target"', '"--tap.listen-address"'):
         assert flag in bare, flag
     assert re.search(r"specdecode-exporter run --target \S+ --tap.listen-address", install)
-    # The smoke runs the image as Kubernetes does; the README runs it with the same restrictions.
+    # The smoke runs the image as Kubernetes does; the page runs it with the same restrictions.
     smoke = re.search(r"^RESTRICTED=\((.*)\)$", (ROOT / "scripts" / "build-image.sh").read_text(encoding="utf-8"),
                       re.M)
     assert smoke is not None
