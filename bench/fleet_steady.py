@@ -46,7 +46,7 @@ from bench import fleet_common
 from bench.common import markdown_table
 from bench.fleet_common import duration_s
 from devtools.procs import Process, child_env, promtool_binary
-from specdecode_exporter.core import monitoring_config
+from specdecode_exporter.core.contract import monitoring_config
 from specdecode_exporter.monitoring import stage
 
 STEADY = fleet_common.Size("steady", (100,), 15.0, 120.0, shipped_intervals=True)  # two evaluations of the 1m groups

@@ -58,10 +58,10 @@ if str(ROOT) not in sys.path:
     sys.path.append(str(ROOT))
 
 from devtools.procs import Process, prometheus_binary, promtool_binary, start_process  # noqa: E402
-from specdecode_exporter.core import metrics as m  # noqa: E402
-from specdecode_exporter.core import monitoring_config  # noqa: E402
-from specdecode_exporter.core.monitoring_config import MonitoringConfig  # noqa: E402
-from specdecode_exporter.core.validation import duration_seconds  # noqa: E402
+from specdecode_exporter.core.config.validation import duration_seconds  # noqa: E402
+from specdecode_exporter.core.contract import metrics as m  # noqa: E402
+from specdecode_exporter.core.contract import monitoring_config  # noqa: E402
+from specdecode_exporter.core.contract.monitoring_config import MonitoringConfig  # noqa: E402
 from specdecode_exporter.monitoring import rules, stage  # noqa: E402
 from specdecode_exporter.monitoring.promql import Scope, acceptance_ratio, rate_sum  # noqa: E402
 from specdecode_exporter.monitoring.rules import rule_groups  # noqa: E402

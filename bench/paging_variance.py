@@ -21,11 +21,11 @@ Two pages are evaluated on the same samples:
 
 Evaluating the builder's expression inline (six increase() over an hour, each read many times, in each of the five
 page windows) at every 15 s of a month takes Prometheus hours, so the bench computes the measured variance at each
-evaluation instant with ``core.dispersion.page_variance`` from the same sums (each pod's counters between the last
+evaluation instant with ``core.stats.dispersion.page_variance`` from the same sums (each pod's counters between the last
 samples at or before the window's ends, resets counted from 0) and backfills it as a series beside the counters; the
 measured page reads that series, `or` the configured variance. The cross-check evaluates the builder's PromQL on the
 samples over a day and compares (tests/rules/test_variance_promtool.py checks the builder against
-core.dispersion too).
+core.stats.dispersion too).
 
 Delay to the notification: the page route of the example Alertmanager config has no group_wait (0 s), so a page's
 notification leaves with the evaluation that fires it; the delay to the notification is the delay to firing plus
@@ -69,11 +69,12 @@ from bench.paging import (  # noqa: E402
     outcome,
 )
 from devtools.procs import prometheus_binary, promtool_binary  # noqa: E402
-from specdecode_exporter.core import dispersion, monitoring_config  # noqa: E402
-from specdecode_exporter.core import metrics as m  # noqa: E402
-from specdecode_exporter.core.dispersion import Moments  # noqa: E402
-from specdecode_exporter.core.monitoring_config import MonitoringConfig  # noqa: E402
-from specdecode_exporter.core.validation import duration_seconds  # noqa: E402
+from specdecode_exporter.core.config.validation import duration_seconds  # noqa: E402
+from specdecode_exporter.core.contract import metrics as m  # noqa: E402
+from specdecode_exporter.core.contract import monitoring_config  # noqa: E402
+from specdecode_exporter.core.contract.monitoring_config import MonitoringConfig  # noqa: E402
+from specdecode_exporter.core.stats import dispersion  # noqa: E402
+from specdecode_exporter.core.stats.dispersion import Moments  # noqa: E402
 from specdecode_exporter.monitoring import rules, variance  # noqa: E402
 from specdecode_exporter.monitoring.promql import by, fmt_num, record_name  # noqa: E402
 from specdecode_exporter.monitoring.rules import VARIANCE_OFFSET, VARIANCE_WINDOW  # noqa: E402

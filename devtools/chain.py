@@ -37,9 +37,9 @@ from devtools.procs import (
     tail,
 )
 from devtools.stack import Prometheus
-from specdecode_exporter.core import monitoring_config
-from specdecode_exporter.core.monitoring_config import MonitoringConfig
-from specdecode_exporter.core.validation import duration_seconds, parse_duration
+from specdecode_exporter.core.config.validation import duration_seconds, parse_duration
+from specdecode_exporter.core.contract import monitoring_config
+from specdecode_exporter.core.contract.monitoring_config import MonitoringConfig
 from specdecode_exporter.monitoring.build import dump_yaml, render_rules, sources
 from specdecode_exporter.monitoring.mixin import with_value
 from specdecode_exporter.monitoring.rules import alpha_record, recording_groups, rule_groups

@@ -44,7 +44,7 @@ from devtools.procs import (
     start_process,
     tail,
 )
-from specdecode_exporter.core.monitoring_config import MonitoringConfig
+from specdecode_exporter.core.contract.monitoring_config import MonitoringConfig
 
 SHARDS = 2
 SCRAPE_INTERVAL_S = 1.0

@@ -13,7 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from devtools.procs import in_ci
-from specdecode_exporter.core.httpserver import ThreadedServer, bind_socket
+from specdecode_exporter.core.net.httpserver import ThreadedServer, bind_socket
 from specdecode_exporter.sidecar.collection import Exporter, TargetView
 from specdecode_exporter.sidecar.config import CollectSection, Config, TargetConfig, parse_windows
 from specdecode_exporter.sidecar.web import build_app

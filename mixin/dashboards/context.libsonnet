@@ -117,7 +117,7 @@ local byVariables(names) = std.join(', ', [name + '=~"$' + name + '"' for name i
         kv_cache: ctx.pooled.rate('kv_cache', '$window', marked, byAlso=['spec_decode']),
       }[what],
 
-    // The verdict's capacity conditions against the control pods over $window (core/verdict.py): 1 within the
+    // The verdict's capacity conditions against the control pods over $window (core/contract/verdict.py): 1 within the
     // bounds, 0 beyond.
     capacityCosts()::
       local values = {

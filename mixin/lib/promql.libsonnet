@@ -74,7 +74,7 @@
       info: info,
     },
 
-  // The sidecar's verdict (core/verdict.py judge()) in PromQL: 0 hurting, 1 marginal, 2 paying off, no sample
+  // The sidecar's verdict (core/contract/verdict.py judge()) in PromQL: 0 hurting, 1 marginal, 2 paying off, no sample
   // without traffic. `speedup`: the observed speedup where there is one, else the modelled; `tail`: the observed
   // P99 speedup, where there is one; `costs`: conditions that are 1 while spec decode costs no more than the
   // bounds allow against the control pods, 0 beyond. `bands`: hurtingBelow, payingOffFrom, pageAcceptanceRatio.

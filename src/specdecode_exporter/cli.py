@@ -20,10 +20,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from specdecode_exporter.core.kinds import ListenAddress
-from specdecode_exporter.core.log import setup_logging
-from specdecode_exporter.core.settings import Setting, env_name
-from specdecode_exporter.core.validation import ConfigError, SourcedError, parse_duration, validate
+from specdecode_exporter.core.config.kinds import ListenAddress
+from specdecode_exporter.core.config.settings import Setting, env_name
+from specdecode_exporter.core.config.validation import ConfigError, SourcedError, parse_duration, validate
+from specdecode_exporter.core.process.log import setup_logging
 from specdecode_exporter.sidecar.config import (
     CONFIG_FILE_FLAG,
     CONTROL_TARGET_FLAG,

@@ -17,9 +17,9 @@ import threading
 
 import httpx
 
-from specdecode_exporter.core.httpserver import ThreadedServer, bind_socket
-from specdecode_exporter.core.log import event
-from specdecode_exporter.core.signals import stop_on_signals
+from specdecode_exporter.core.net.httpserver import ThreadedServer, bind_socket
+from specdecode_exporter.core.process.log import event
+from specdecode_exporter.core.process.signals import stop_on_signals
 from specdecode_exporter.sidecar.collection import Exporter
 from specdecode_exporter.sidecar.config import (
     BaselineConfig,

@@ -1,5 +1,5 @@
 """bench/paging_variance.py measures the right thing: the tap's simulated sums have the traffic's moments, the
-measured page differs from the generated one only in its variance, and the series it reads is core.dispersion's
+measured page differs from the generated one only in its variance, and the series it reads is core.stats.dispersion's
 bound over the window's requests. Correctness only; the figures are the bench's."""
 
 from __future__ import annotations
@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 
 from bench import paging, paging_variance
-from specdecode_exporter.core import dispersion, monitoring_config
-from specdecode_exporter.core import metrics as m
-from specdecode_exporter.core.dispersion import Moments
+from specdecode_exporter.core.contract import metrics as m
+from specdecode_exporter.core.contract import monitoring_config
+from specdecode_exporter.core.stats import dispersion
+from specdecode_exporter.core.stats.dispersion import Moments
 from specdecode_exporter.monitoring import rules
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import yaml
 from deploy_helpers import DEPLOY, ROOT, find, kubectl, render
 
-from specdecode_exporter.core import monitoring_config
+from specdecode_exporter.core.contract import monitoring_config
 from specdecode_exporter.monitoring import build
 from specdecode_exporter.sidecar.config import load_config_file
 

@@ -44,7 +44,7 @@ from devtools.stack import (
     start_spec_and_control,
     wait_until,
 )
-from specdecode_exporter.core.monitoring_config import MonitoringConfig
+from specdecode_exporter.core.contract.monitoring_config import MonitoringConfig
 from specdecode_exporter.monitoring.rules import OBSERVED, latency_record
 from specdecode_exporter.pipeline import latency
 from specdecode_exporter.simulator.scenario import scenario_from_dict

@@ -17,8 +17,8 @@ import bcrypt
 import httpx
 import pytest
 
-from specdecode_exporter.core.httpserver import ThreadedServer, bind_socket
-from specdecode_exporter.core.validation import ConfigError
+from specdecode_exporter.core.config.validation import ConfigError
+from specdecode_exporter.core.net.httpserver import ThreadedServer, bind_socket
 from specdecode_exporter.sidecar.collection import Exporter, TargetView, new_client
 from specdecode_exporter.sidecar.config import (
     CollectSection,

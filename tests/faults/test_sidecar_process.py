@@ -19,7 +19,7 @@ import bcrypt
 import httpx
 import pytest
 
-from specdecode_exporter.core import metrics
+from specdecode_exporter.core.contract import metrics
 from specdecode_exporter.sidecar.collection import Exporter
 from specdecode_exporter.sidecar.config import Config, TargetConfig, config_from_mapping, parse_windows
 from specdecode_exporter.sidecar.reload import Reloader

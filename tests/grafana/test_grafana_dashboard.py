@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import yaml
 
-from specdecode_exporter.core import monitoring_config
-from specdecode_exporter.core.verdict import Verdict
+from specdecode_exporter.core.contract import monitoring_config
+from specdecode_exporter.core.contract.verdict import Verdict
 from specdecode_exporter.monitoring import build, mixin_dashboard
 from tests.grafana.grafana_dashboard_helpers import (
     DASHBOARD,
@@ -279,7 +279,7 @@ def test_alpha_stat_thresholds(dashboard: dict[str, Any]) -> None:
 
 
 def test_verdict_maps_every_outcome(dashboard: dict[str, Any]) -> None:
-    """The verdict query evaluates to core.verdict's codes; every code (and no data) has its word."""
+    """The verdict query evaluates to core.contract.verdict's codes; every code (and no data) has its word."""
     panel = next(p for p in content_panels(dashboard) if p["title"] == "Verdict")
     texts = {}
     for mapping in panel["fieldConfig"]["defaults"]["mappings"]:

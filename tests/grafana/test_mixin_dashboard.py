@@ -19,8 +19,8 @@ from typing import Any
 import _jsonnet as jsonnet  # the `jsonnet` package's Python binding (jsonnet.org/ref/bindings.html)
 import pytest
 
-from specdecode_exporter.core import monitoring_config
-from specdecode_exporter.core.monitoring_config import MonitoringConfig
+from specdecode_exporter.core.contract import monitoring_config
+from specdecode_exporter.core.contract.monitoring_config import MonitoringConfig
 from specdecode_exporter.monitoring import build, mixin, mixin_dashboard
 from tests.grafana.grafana_dashboard_helpers import DASHBOARD, ROOT
 

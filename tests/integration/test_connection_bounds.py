@@ -17,8 +17,8 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
 from devtools.procs import exporter_command, running
-from specdecode_exporter.core.httpserver import ThreadedServer, bind_socket
-from specdecode_exporter.core.log import setup_logging
+from specdecode_exporter.core.net.httpserver import ThreadedServer, bind_socket
+from specdecode_exporter.core.process.log import setup_logging
 
 BOUND = 0.6  # the request-head deadline these tests run with (10 s in the sidecar)
 

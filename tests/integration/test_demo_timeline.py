@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from devtools.procs import ROOT, child_env, exporter_command, free_port
-from specdecode_exporter.core.metrics import CONTRACT
+from specdecode_exporter.core.contract.metrics import CONTRACT
 
 DEMO_PAGE = ROOT / "docs" / "demo.md"
 SPEC_TARGET = "simulated-vllm"

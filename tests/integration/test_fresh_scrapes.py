@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
-from specdecode_exporter.core.httpserver import ThreadedServer, bind_socket
+from specdecode_exporter.core.net.httpserver import ThreadedServer, bind_socket
 from specdecode_exporter.sidecar.collection import Exporter
 from specdecode_exporter.sidecar.config import CollectSection, Config, TargetConfig, parse_windows
 from specdecode_exporter.sidecar.web import build_app

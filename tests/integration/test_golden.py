@@ -64,7 +64,7 @@ def test_promtool_check_metrics_is_clean(exposition: str, tmp_path: Path) -> Non
 
 
 def test_golden_file_covers_every_contract_family() -> None:
-    from specdecode_exporter.core.metrics import CONTRACT, RELOAD, ROUTE
+    from specdecode_exporter.core.contract.metrics import CONTRACT, RELOAD, ROUTE
 
     golden = GOLDEN.read_text()
     for spec in CONTRACT:

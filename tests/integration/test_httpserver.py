@@ -21,7 +21,7 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
 from devtools.procs import Process, exporter_command, running
-from specdecode_exporter.core.httpserver import REQUEST_HEAD_TIMEOUT, ThreadedServer, bind_socket
+from specdecode_exporter.core.net.httpserver import REQUEST_HEAD_TIMEOUT, ThreadedServer, bind_socket
 from tests.faults.hostile import HostileServer, scripted, serve, v1_body
 
 LATE = 5.0  # past the head deadline, how long a cut-off may take on a loaded machine before the test calls it kept

@@ -18,7 +18,7 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 
 from devtools.procs import Process, exporter_command, running
-from specdecode_exporter.core.metrics import CONTRACT
+from specdecode_exporter.core.contract.metrics import CONTRACT
 from tests.faults.hostile import v1_body
 from tests.helpers import FIXTURES, Exposition, help_text_problems
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from specdecode_exporter.core.settings import get
+from specdecode_exporter.core.config.settings import get
 from specdecode_exporter.sidecar.config import Config, config_from_mapping
 from specdecode_exporter.sidecar.reload import APPLIED, RESTART_ONLY, Reloader
 from specdecode_exporter.simulator import ModelSpec, steady_scenario

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from specdecode_exporter.core.httpserver import ThreadedServer, bind_socket
+from specdecode_exporter.core.net.httpserver import ThreadedServer, bind_socket
 from specdecode_exporter.sidecar.collection import Exporter
 from specdecode_exporter.sidecar.config import CollectSection, Config, TargetConfig, parse_windows
 from specdecode_exporter.sidecar.web import build_app

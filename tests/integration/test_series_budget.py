@@ -29,8 +29,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from devtools.procs import Process, free_port
 from devtools.stack import start_sidecar, start_simulator
-from specdecode_exporter.core import metrics as m
-from specdecode_exporter.core import monitoring_config
+from specdecode_exporter.core.contract import metrics as m
+from specdecode_exporter.core.contract import monitoring_config
 from specdecode_exporter.tap.request_stats import LENGTH_BUCKETS, MAX_MODELS, SPEED_BUCKETS
 from tests.tap.harness import tap_settings
 

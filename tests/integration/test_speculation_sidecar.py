@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 import httpx
 import pytest
 
-from specdecode_exporter.core.httpserver import ThreadedServer, bind_socket
+from specdecode_exporter.core.net.httpserver import ThreadedServer, bind_socket
 from specdecode_exporter.sidecar.collection import Exporter, TargetView
 from specdecode_exporter.sidecar.config import BaselineConfig, CollectSection, Config, TargetConfig, parse_windows
 from specdecode_exporter.sidecar.series import CONFIGURED_CUT_OFF, UNEXPLAINED_STOP

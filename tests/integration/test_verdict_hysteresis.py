@@ -1,8 +1,9 @@
-"""The verdict changes only on a real change (core/verdict.py's hold, evaluated at every collection): the packaged
-demo scenario and its control pod, simulated over real loopback HTTP on one fake clock, collected every 2 s with the
-demo's own config (verdict over 1m), a whole loop long. specdecode_verdict on /metrics, read after every collection,
-never flips back within two minutes in the demo's steady phases (healthy, recovered, busy) — it did within seconds,
-while the observed P99 sat at 1.00× the control's — and the status page says since when the verdict is in force."""
+"""The verdict changes only on a real change (core/contract/verdict.py's hold, evaluated at every collection): the
+packaged demo scenario and its control pod, simulated over real loopback HTTP on one fake clock, collected every 2 s
+with the demo's own config (verdict over 1m), a whole loop long. specdecode_verdict on /metrics, read after every
+collection, never flips back within two minutes in the demo's steady phases (healthy, recovered, busy) — it did
+within seconds, while the observed P99 sat at 1.00× the control's — and the status page says since when
+the verdict is in force."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from typing import NamedTuple
 import httpx
 import pytest
 
-from specdecode_exporter.core.httpserver import ThreadedServer, bind_socket
+from specdecode_exporter.core.net.httpserver import ThreadedServer, bind_socket
 from specdecode_exporter.demo import DEMO_INTERVAL_SECONDS, demo_config
 from specdecode_exporter.sidecar.collection import Exporter
 from specdecode_exporter.sidecar.web import build_app

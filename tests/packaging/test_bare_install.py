@@ -109,7 +109,7 @@ def test_the_build_without_the_dashboard_extra_says_which_extra_in_one_line(tmp_
 def test_the_bare_install_is_the_tested_one() -> None:
     """The bare install and the test venv hold the same build of the package."""
     python = runtime_bin("python")
-    code = "import specdecode_exporter.core.metrics as m, pathlib; print(pathlib.Path(m.__file__).read_text())"
+    code = "import specdecode_exporter.core.contract.metrics as m, pathlib; print(pathlib.Path(m.__file__).read_text())"
     bare = subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=True,
                           env=child_env(drop=("PYTHONPATH",)), cwd="/")
     ours = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,

@@ -40,7 +40,7 @@ def distributions(tmp_path_factory: pytest.TempPathFactory) -> dict[str, set[str
 
 def test_git_tracks_the_package_data_this_test_looks_for() -> None:
     tracked = tracked_package_files()
-    assert f"{PACKAGE}/core/monitoring.yaml" in tracked  # the file whose absence crashed `pip install .`
+    assert f"{PACKAGE}/core/contract/monitoring.yaml" in tracked  # the file whose absence crashed `pip install .`
     assert f"{PACKAGE}/py.typed" in tracked
 
 

@@ -16,8 +16,8 @@ import _jsonnet as jsonnet  # the `jsonnet` package (a test dependency)
 import pytest
 import yaml
 
-from specdecode_exporter.core import monitoring_config
-from specdecode_exporter.core.monitoring_config import MonitoringConfig
+from specdecode_exporter.core.contract import monitoring_config
+from specdecode_exporter.core.contract.monitoring_config import MonitoringConfig
 from specdecode_exporter.monitoring import mixin, mixin_dashboard
 from specdecode_exporter.monitoring.rules import rule_groups
 from tests.grafana.grafana_dashboard_helpers import ROOT

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 import yaml
 
-from specdecode_exporter.core import monitoring_config
-from specdecode_exporter.core.verdict import Evidence, Verdict, judge
+from specdecode_exporter.core.contract import monitoring_config
+from specdecode_exporter.core.contract.verdict import Evidence, Verdict, judge
 from specdecode_exporter.monitoring import build, stage
 from specdecode_exporter.pipeline.capacity import CapacityStats, against_control
 from specdecode_exporter.pipeline.derive import CostModel, counts_stats

@@ -1,6 +1,6 @@
 """The alert and recording rules in alerts/: generated output up to date, promtool check + unit tests,
 annotations and runbook anchors, and the example Alertmanager routing (amtool). The rules are generated from the
-monitoring config (src/specdecode_exporter/core/monitoring.yaml) by specdecode_exporter.monitoring.build.
+monitoring config (src/specdecode_exporter/core/contract/monitoring.yaml) by specdecode_exporter.monitoring.build.
 
 promtool/amtool come from Debian's `prometheus` and `prometheus-alertmanager` packages
 (scripts/install-tools.sh). Outside CI a missing tool skips its tests; with CI=true it fails them.
@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 import yaml
 
-from specdecode_exporter.core import monitoring_config
-from specdecode_exporter.core.evidence import expected_crossings
-from specdecode_exporter.core.validation import ConfigError, duration_seconds
+from specdecode_exporter.core.config.validation import ConfigError, duration_seconds
+from specdecode_exporter.core.contract import monitoring_config
+from specdecode_exporter.core.stats.evidence import expected_crossings
 from specdecode_exporter.monitoring import build, mixin, rules, stage
 from specdecode_exporter.monitoring.rules import rule_groups
 
@@ -198,7 +198,7 @@ def test_runbook_sections_match_alerts() -> None:
 
 
 def test_the_page_tests_each_window_at_its_budgeted_z(tmp_path: Path) -> None:
-    """Each page window's critical z comes from the false-page budget (core.evidence), split between the windows:
+    """Each page window's critical z comes from the false-page budget (core.stats.evidence), split between the windows:
     a larger budget lowers every bar, more windows raise it. The page is critical and waits for no `for:` beyond
     what its tests demand (pages.test.yaml: a one-minute blip does not page)."""
 

@@ -1,8 +1,8 @@
-"""The page's variance in PromQL (monitoring/variance.py) against core.dispersion, evaluated by promtool.
+"""The page's variance in PromQL (monitoring/variance.py) against core.stats.dispersion, evaluated by promtool.
 
 A small synthetic rule file: six input series per case hold a window's sums (N, ΣD, ΣA, ΣD², ΣA², ΣAD) and the
 configured variance; the builder's expressions read them, and promtool checks, per case, that the page's variance
-equals what ``core.dispersion.page_variance`` gives for the same sums (to 1e-9 relative: the two evaluate the same
+equals what ``core.stats.dispersion.page_variance`` gives for the same sums (to 1e-9 relative: the two evaluate the same
 formula in a different order), and that the measured upper bound exists exactly where Python calls it measured.
 
 Cases: traffic that scatters (bound above the binomial floor), identical requests (v̂ = 0: the floor α̂(1 − α̂)),
@@ -19,8 +19,8 @@ from pathlib import Path
 import yaml
 
 from devtools.procs import promtool_binary
-from specdecode_exporter.core import dispersion
-from specdecode_exporter.core.dispersion import Moments
+from specdecode_exporter.core.stats import dispersion
+from specdecode_exporter.core.stats.dispersion import Moments
 from specdecode_exporter.monitoring import variance
 from tests.helpers import require_tool
 

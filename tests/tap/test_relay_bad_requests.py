@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from specdecode_exporter.core.httpserver import bind_socket
+from specdecode_exporter.core.net.httpserver import bind_socket
 from specdecode_exporter.tap import start_tap
 from tests.tap.harness import LOOPS, Recorder, run, tap_settings
 

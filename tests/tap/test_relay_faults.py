@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from specdecode_exporter.core.log import LOGGER_NAME
+from specdecode_exporter.core.process.log import LOGGER_NAME
 from specdecode_exporter.tap import start_tap
 from specdecode_exporter.tap.relay import WRITE_HIGH_WATER
 from tests.tap.fake_vllm import FakeVllm
@@ -36,7 +36,7 @@ STREAM = {"model": "tiny", "prompt": "a", "stream": True}
 @contextlib.contextmanager
 def log_lines() -> Iterator[list[str]]:
     """Every tap log line, formatted as the sidecar formats them."""
-    from specdecode_exporter.core.log import EventFormatter
+    from specdecode_exporter.core.process.log import EventFormatter
 
     lines: list[str] = []
     formatter = EventFormatter(json_format=False)

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from specdecode_exporter.core.log import LOGGER_NAME
+from specdecode_exporter.core.process.log import LOGGER_NAME
 from specdecode_exporter.tap import TapRequest, TapResult
 from tests.tap.fake_vllm import FIXTURES, fixture_events
 from tests.tap.harness import LOOPS, fetch, request_bytes, run, tap_settings, tapped

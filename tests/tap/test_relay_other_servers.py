@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route as Path
 
-from specdecode_exporter.core.httpserver import ThreadedServer, bind_socket
+from specdecode_exporter.core.net.httpserver import ThreadedServer, bind_socket
 from specdecode_exporter.tap import TapRequest, start_tap
 from specdecode_exporter.tap.model import BENEFIT, FALLBACK, Route
 from tests.tap.fake_vllm import FakeVllm

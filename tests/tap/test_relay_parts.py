@@ -8,7 +8,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from specdecode_exporter.core.chunked import CHUNK_END, ChunkedDecoder
+from specdecode_exporter.tap.chunked import CHUNK_END, ChunkedDecoder
 from specdecode_exporter.tap.http1 import (
     CHUNK_TAIL,
     EVENT_CHUNK_TAIL,

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from specdecode_exporter.cli import build_parser, config_from_args, env_name
-from specdecode_exporter.core.validation import ConfigError
+from specdecode_exporter.core.config.validation import ConfigError
 from specdecode_exporter.sidecar.config import config_from_mapping, load_config_file, parse_windows
 
 GOOD = """

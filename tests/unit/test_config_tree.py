@@ -19,8 +19,8 @@ from specdecode_exporter.cli import (
     flag_help,
     main,
 )
-from specdecode_exporter.core.settings import get, setting, tree
-from specdecode_exporter.core.validation import ConfigError, Duration, Int, Section, validate
+from specdecode_exporter.core.config.settings import get, setting, tree
+from specdecode_exporter.core.config.validation import ConfigError, Duration, Int, Section, validate
 from specdecode_exporter.sidecar.config import OUTER_FLAGS, SETTINGS, reference_table
 from specdecode_exporter.sidecar.reload import APPLIED, RESTART_ONLY
 

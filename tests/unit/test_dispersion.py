@@ -1,4 +1,4 @@
-"""The measured variance per drafted token (core.dispersion): the estimator recovers v of simulated traffic, its
+"""The measured variance per drafted token (core.stats.dispersion): the estimator recovers v of simulated traffic, its
 upper bound covers v, the floor and the fallback hold, and the tap's sums make windows.
 
 The traffic is the one the page is about (bench/paging.py's model, with request lengths that vary): each request
@@ -15,9 +15,9 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from specdecode_exporter.core import dispersion
-from specdecode_exporter.core.dispersion import Moments, MomentsHistory
-from specdecode_exporter.core.evidence import Dispersion
+from specdecode_exporter.core.stats import dispersion
+from specdecode_exporter.core.stats.dispersion import Moments, MomentsHistory
+from specdecode_exporter.core.stats.evidence import Dispersion
 
 K = 3
 Floats = npt.NDArray[np.float64]

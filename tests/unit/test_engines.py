@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from specdecode_exporter.core.metrics import LIFETIME_ACCEPTANCE
+from specdecode_exporter.core.contract.metrics import LIFETIME_ACCEPTANCE
 from specdecode_exporter.pipeline.engines import ALL_PREFIXES, DecoderOptions, FetchTiming, detect_engine
 from specdecode_exporter.pipeline.engines.vllm_v0 import V0Decoder, infer_num_speculative_tokens
 from specdecode_exporter.pipeline.parse import select, select_samples

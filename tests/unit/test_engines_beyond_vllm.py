@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from specdecode_exporter.core.metrics import REPORTED_ACCEPTANCE_LENGTH, REPORTED_ACCEPTANCE_RATIO
+from specdecode_exporter.core.contract.metrics import REPORTED_ACCEPTANCE_LENGTH, REPORTED_ACCEPTANCE_RATIO
 from specdecode_exporter.pipeline.derive import CostModel, span_stats
 from specdecode_exporter.pipeline.engines import (
     ALL_PREFIXES,

@@ -1,4 +1,4 @@
-"""core.evidence: the false-alarm arithmetic of every alert on a ratio, checked against simulation."""
+"""core.stats.evidence: the false-alarm arithmetic of every alert on a ratio, checked against simulation."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from statistics import NormalDist
 import numpy as np
 import pytest
 
-from specdecode_exporter.core.evidence import (
+from specdecode_exporter.core.stats.evidence import (
     HORIZON_S,
     Dispersion,
     critical_z,

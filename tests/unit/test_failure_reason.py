@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 
-from specdecode_exporter.core.failure import FailureReason
-from specdecode_exporter.core.metrics import COLLECT_ERRORS
+from specdecode_exporter.core.contract.failure import FailureReason
+from specdecode_exporter.core.contract.metrics import COLLECT_ERRORS
 
 
 def test_the_help_text_names_every_reason_and_no_other() -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from specdecode_exporter.core import metrics as m
+from specdecode_exporter.core.contract import metrics as m
 from tests.helpers import help_text_problems
 
 METRICS_DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"

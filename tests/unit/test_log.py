@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from specdecode_exporter.core.log import EventFormatter
+from specdecode_exporter.core.process.log import EventFormatter
 
 
 def _line(**fields: object) -> str:

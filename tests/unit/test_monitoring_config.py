@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from specdecode_exporter.core import monitoring_config
-from specdecode_exporter.core.validation import ConfigError
+from specdecode_exporter.core.config.validation import ConfigError
+from specdecode_exporter.core.contract import monitoring_config
 
 
 def load(tmp_path: Path, text: str) -> monitoring_config.MonitoringConfig:

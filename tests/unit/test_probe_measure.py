@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from specdecode_exporter.core import monitoring_config
-from specdecode_exporter.core.validation import ConfigError
+from specdecode_exporter.core.config.validation import ConfigError
+from specdecode_exporter.core.contract import monitoring_config
 from specdecode_exporter.probe import measure as m
 from specdecode_exporter.probe.progress import Progress
 from specdecode_exporter.probe.prompts import Prompt, PromptsError, builtin_prompts, by_group, load_prompts

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 from devtools.check_links import check, tracked_markdown
-from specdecode_exporter.core.metrics import CONTRACT, reference_table
+from specdecode_exporter.core.contract.metrics import CONTRACT, reference_table
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -158,7 +158,7 @@ def _bounds(values: tuple[float, ...]) -> str:
 def test_the_metric_reference_states_the_bucket_bounds_the_code_uses() -> None:
     """The bounds are a promise (native histograms with custom buckets need them fixed): the list in
     docs/metrics.md is the code's."""
-    from specdecode_exporter.core.metrics import ACCEPTANCE_RATIO_BUCKETS
+    from specdecode_exporter.core.contract.metrics import ACCEPTANCE_RATIO_BUCKETS
     from specdecode_exporter.tap.request_stats import LENGTH_BUCKETS, SPEED_BUCKETS
 
     text = METRICS.read_text(encoding="utf-8")

@@ -7,8 +7,8 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import CollectorRegistry
 
-from specdecode_exporter.core import metrics as m
-from specdecode_exporter.core.dispersion import Moments, Variance, WindowVariance
+from specdecode_exporter.core.contract import metrics as m
+from specdecode_exporter.core.stats.dispersion import Moments, Variance, WindowVariance
 from specdecode_exporter.sidecar.expose import RequestsCollector
 from specdecode_exporter.tap import TapRequest, TapResult
 from specdecode_exporter.tap.process import break_even_for

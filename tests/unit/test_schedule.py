@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from specdecode_exporter.core.metrics import BATCH_SIZE_RANGES
+from specdecode_exporter.core.contract.metrics import BATCH_SIZE_RANGES
 from specdecode_exporter.pipeline.batches import NO_BINS, BatchBin
 from specdecode_exporter.pipeline.derive import CostModel
 from specdecode_exporter.pipeline.schedule import (

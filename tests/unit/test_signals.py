@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from specdecode_exporter.core.signals import stop_on_signals
+from specdecode_exporter.core.process.signals import stop_on_signals
 
 
 @pytest.fixture

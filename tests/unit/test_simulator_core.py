@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from specdecode_exporter.core.validation import ConfigError
+from specdecode_exporter.core.config.validation import ConfigError
 from specdecode_exporter.simulator import ModelSpec, Phase, Scenario, Simulator, default_scenario
 from specdecode_exporter.simulator.requests import Call
 from specdecode_exporter.simulator.simulator import EngineSnapshot

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from specdecode_exporter.core.flags import UsageError
-from specdecode_exporter.core.validation import ConfigError
+from specdecode_exporter.core.config.flags import UsageError
+from specdecode_exporter.core.config.validation import ConfigError
 from specdecode_exporter.pipeline.engines import ALL_PREFIXES, NO_SPEC_METRICS, detect_engine, no_engine_detail
 from specdecode_exporter.pipeline.parse import select
 from specdecode_exporter.simulator import ModelSpec, Scenario, Simulator, scenario_from_dict, sglang_responses

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from specdecode_exporter.core.validation import ConfigError
+from specdecode_exporter.core.config.validation import ConfigError
 from specdecode_exporter.simulator import default_scenario, load_scenario
 from specdecode_exporter.simulator.cli import add_arguments, build_scenario, env_name, main
 

@@ -10,7 +10,7 @@ import itertools
 import httpx
 import pytest
 
-from specdecode_exporter.core.validation import ConfigError
+from specdecode_exporter.core.config.validation import ConfigError
 from specdecode_exporter.simulator import ModelSpec, Scenario, Simulator, steady_scenario
 from specdecode_exporter.simulator.model import LiveParams, compute_rates, position_fractions, step_k
 from specdecode_exporter.simulator.requests import Call

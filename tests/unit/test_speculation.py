@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from specdecode_exporter.core.verdict import CapacityBounds, Evidence, Verdict, VerdictBands, judge
+from specdecode_exporter.core.contract.verdict import CapacityBounds, Evidence, Verdict, VerdictBands, judge
 from specdecode_exporter.pipeline.batches import NO_BINS, BatchBin, Interval, binned, bins_minus, range_index
 from specdecode_exporter.pipeline.capacity import CapacityStats, against_control, capacity_stats, pooled
 from specdecode_exporter.pipeline.derive import speculative_token_share

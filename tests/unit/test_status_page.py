@@ -9,8 +9,8 @@ import re
 
 import pytest
 
-from specdecode_exporter.core.charts import Axis, Frame, Rule, Series, fit, line_chart, nice_ticks, tick_format
-from specdecode_exporter.core.dispersion import Variance, WindowVariance
+from specdecode_exporter.core.stats.dispersion import Variance, WindowVariance
+from specdecode_exporter.core.svg.charts import Axis, Frame, Rule, Series, fit, line_chart, nice_ticks, tick_format
 from specdecode_exporter.sidecar.collection import HISTORY_SECONDS, HISTORY_STEP_SECONDS, HistoryPoint, extended
 from specdecode_exporter.sidecar.status import requests_json
 from specdecode_exporter.sidecar.status_page import ago, minutes_axis, speedup_cell, variance_table

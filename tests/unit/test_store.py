@@ -7,7 +7,7 @@ from typing import NamedTuple
 
 import pytest
 
-from specdecode_exporter.core.metrics import ACCEPTANCE_RATIO_BUCKETS
+from specdecode_exporter.core.contract.metrics import ACCEPTANCE_RATIO_BUCKETS
 from specdecode_exporter.pipeline.engines.base import SeriesReading
 from specdecode_exporter.pipeline.store import SeriesKey, SeriesState, Store, counter_increase
 

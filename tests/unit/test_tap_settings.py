@@ -17,7 +17,7 @@ import pytest
 
 from specdecode_exporter.cli import DEPRECATED_FLAGS, RUN_FLAGS, build_parser, check_environment, config_from_args
 from specdecode_exporter.cli import main as cli_main
-from specdecode_exporter.core.validation import ConfigError, SourcedError
+from specdecode_exporter.core.config.validation import ConfigError, SourcedError
 from specdecode_exporter.sidecar.config import SETTINGS, Config, load_config_file
 from specdecode_exporter.sidecar.reload import describe_changes
 from specdecode_exporter.tap.process import TapProcessSettings

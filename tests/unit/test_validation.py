@@ -1,4 +1,4 @@
-"""core.validation: the one duration syntax, sizes, numbers, sections and the one-line errors every config file
+"""core.config.validation: the one duration syntax, sizes, numbers, sections and the one-line errors every config file
 and flag gives."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Annotated
 import pytest
 from pydantic import Field
 
-from specdecode_exporter.core.validation import (
+from specdecode_exporter.core.config.validation import (
     Bool,
     Choice,
     ConfigError,

@@ -1,4 +1,4 @@
-"""The one verdict definition (src/specdecode_exporter/core/verdict.py) against cases worked out by hand."""
+"""The one verdict definition (src/specdecode_exporter/core/contract/verdict.py) against cases worked out by hand."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from specdecode_exporter.core.verdict import Evidence, HeldVerdict, Verdict, VerdictBands, hold, judge
+from specdecode_exporter.core.contract.verdict import Evidence, HeldVerdict, Verdict, VerdictBands, hold, judge
 from specdecode_exporter.pipeline.derive import CostModel, counts_stats
 
 BANDS = VerdictBands(page_acceptance_ratio=0.5, hurting_below=1.0, paying_off_from=1.1)

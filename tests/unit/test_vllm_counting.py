@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from specdecode_exporter.core.validation import ConfigError
+from specdecode_exporter.core.config.validation import ConfigError
 from specdecode_exporter.pipeline.derive import CostModel, lower_bound_ratio, span_stats
 from specdecode_exporter.pipeline.engines import ALL_PREFIXES, DecoderOptions, FetchTiming, detect_engine
 from specdecode_exporter.pipeline.engines.base import SeriesReading

@@ -8,7 +8,7 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specdecode_exporter.core.verdict import judge
+from specdecode_exporter.core.contract.verdict import judge
 from specdecode_exporter.pipeline import latency
 from specdecode_exporter.pipeline.capacity import CapacityStats, against_control, capacity_stats, has_capacity
 from specdecode_exporter.pipeline.derive import (

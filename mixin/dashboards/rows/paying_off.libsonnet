@@ -60,7 +60,7 @@ local verdict(ctx) =
   panels.stat(
     'Verdict',
     |||
-      The sidecar's verdict, computed the same way (specdecode_exporter/core/verdict.py, bands from the monitoring
+      The sidecar's verdict, computed the same way (specdecode_exporter/core/contract/verdict.py, bands from the monitoring
       config), from the observed speedup where there is a baseline (control pods, or the pods' own baselines), else
       the modelled one: 'Hurting' below %(hurting)s×; 'Marginal' below %(paying)s×, with α below the page threshold
       (%(page)s), with an observed P99 speedup below %(hurting)s× (a tail regression), or, against the control

@@ -8,9 +8,9 @@ from typing import TextIO
 from urllib.parse import urlsplit, urlunsplit
 
 from specdecode_exporter.check import per_request as check_per_request
-from specdecode_exporter.core.failure import FailureReason
-from specdecode_exporter.core.monitoring_config import Statistics
-from specdecode_exporter.core.validation import validate
+from specdecode_exporter.core.config.validation import validate
+from specdecode_exporter.core.contract.failure import FailureReason
+from specdecode_exporter.core.contract.monitoring_config import Statistics
 from specdecode_exporter.pipeline.derive import acceptance_ratio
 from specdecode_exporter.pipeline.engines import NOT_APPLICABLE, vllm_plain
 from specdecode_exporter.pipeline.schedule import (

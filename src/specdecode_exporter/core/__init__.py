@@ -1,4 +1,3 @@
-"""What every part of the exporter shares: the metric contract (metrics), the monitoring config the verdict,
-rules and dashboard read (monitoring_config + monitoring.yaml), the one way to validate config (validation: the
-config error, durations, sizes), the verdict's definition, logging, the small HTTP server runner, flag conversion
-and SVG charts. Imports nothing else of the package."""
+"""What every part of the exporter shares, by role: the metric contract and its thresholds (contract), the statistics
+behind the alerts (stats), the config machinery (config), the HTTP server runner (net), what a running command sets
+up for its log and its signals (process) and the SVG charts (svg). Imports nothing else of the package."""

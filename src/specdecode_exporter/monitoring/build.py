@@ -32,10 +32,10 @@ from typing import Any
 
 import yaml
 
-from specdecode_exporter.core import monitoring_config
-from specdecode_exporter.core.metrics import reference_table
-from specdecode_exporter.core.monitoring_config import MonitoringConfig
-from specdecode_exporter.core.validation import ConfigError
+from specdecode_exporter.core.config.validation import ConfigError
+from specdecode_exporter.core.contract import monitoring_config
+from specdecode_exporter.core.contract.metrics import reference_table
+from specdecode_exporter.core.contract.monitoring_config import MonitoringConfig
 from specdecode_exporter.monitoring import mixin, mixin_dashboard
 from specdecode_exporter.monitoring.rules import rule_groups
 from specdecode_exporter.sidecar.config import reference_table as config_reference_table
@@ -245,11 +245,11 @@ def sources(config_file: Path | None, profile: str | None = None, root: Path | N
     cfg = monitoring_config.load(config_file, profile)
     if config_file is None:
         text = monitoring_config.DEFAULT_FILE.read_text(encoding="utf-8")
-        return Sources(cfg, text, "specdecode_exporter/core/monitoring.yaml", root, mixin_dir)
+        return Sources(cfg, text, "specdecode_exporter/core/contract/monitoring.yaml", root, mixin_dir)
     merged = monitoring_config.deep_merge(monitoring_config.read_yaml(monitoring_config.DEFAULT_FILE),
                                           monitoring_config.read_yaml(config_file))
     merged.pop("profiles", None)
-    name = f"specdecode_exporter/core/monitoring.yaml + {config_file}"
+    name = f"specdecode_exporter/core/contract/monitoring.yaml + {config_file}"
     return Sources(cfg, dump_yaml(merged), name, root, mixin_dir)
 
 

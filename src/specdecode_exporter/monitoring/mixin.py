@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from specdecode_exporter.core.monitoring_config import MonitoringConfig
+from specdecode_exporter.core.contract.monitoring_config import MonitoringConfig
 from specdecode_exporter.monitoring import mixin_dashboard
 from specdecode_exporter.monitoring.rules import rule_groups
 
@@ -86,19 +86,19 @@ BAKED = {
     "speedups.margin": "the sidecar's verdict hysteresis, not the rules' or the dashboard's",
     "probe.ship_speedup": "the probe's, not the rules' or the dashboard's",
     "force_for": "the end-to-end profile's",
-    "windows.long": "the tickets' window: their tests' bars are worked out from its length (core.evidence)",
+    "windows.long": "the tickets' window: their tests' bars are worked out from its length (core.stats.evidence)",
     "windows.sidecar_alert": "the per-pod latency tests' window: their bars are worked out from its length",
     "baseline.range": "the drift ticket adds the baseline's own variance, worked out from its length",
     "statistics.draft_tokens_per_request": "the tests' variance per drafted token, worked out at build time",
     "statistics.request_acceptance_sd": "the tests' variance per drafted token, worked out at build time",
     "statistics.min_requests": "the tests' minimum evidence, worked out at build time",
-    "statistics.evaluation_interval": "the tests' bars count its evaluations (core.evidence)",
+    "statistics.evaluation_interval": "the tests' bars count its evaluations (core.stats.evidence)",
     "windows.stage_interval": "the stage's records are increases over it, and the windows divide by it",
-    "statistics.page_windows": "which page windows and recording rules exist; their bars (core.evidence)",
-    "statistics.page_budget_shares": "the page's bars are worked out from them (core.evidence)",
+    "statistics.page_windows": "which page windows and recording rules exist; their bars (core.stats.evidence)",
+    "statistics.page_budget_shares": "the page's bars are worked out from them (core.stats.evidence)",
     "statistics.page_margin": "the page's null α, where its bars hold",
-    "statistics.false_pages_per_30d": "the page's bars are worked out from it (core.evidence)",
-    "statistics.false_tickets_per_30d": "the tickets' bars are worked out from it (core.evidence)",
+    "statistics.false_pages_per_30d": "the page's bars are worked out from it (core.stats.evidence)",
+    "statistics.false_tickets_per_30d": "the tickets' bars are worked out from it (core.stats.evidence)",
     "profile": "which profile was applied",
 }
 

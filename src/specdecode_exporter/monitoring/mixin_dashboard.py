@@ -8,7 +8,7 @@ The jsonnet is the dashboard's one source. It reads two objects, both built from
   it sits in the monitoring config.
 - the shape (mixin/dashboards/shape.libsonnet, generated; shape()): what the rules and the sidecar define and the
   panels read by name — the records (from monitoring.rules and monitoring.stage, with the step each stage record
-  is an increase over), the sidecar's metric names (core.metrics), the aggregation level and its labels, the
+  is an increase over), the sidecar's metric names (core.contract.metrics), the aggregation level and its labels, the
   sidecar's windows, the quantiles. Not in ``_config``: a change to them changes which rules exist or what they
   are named, so it is made in the monitoring config and rebuilt; the records' names are never retyped in jsonnet.
 
@@ -26,10 +26,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from specdecode_exporter.core import metrics as m
-from specdecode_exporter.core.monitoring_config import MonitoringConfig
-from specdecode_exporter.core.validation import duration_seconds
-from specdecode_exporter.core.verdict import VERDICT_BY_CODE
+from specdecode_exporter.core.config.validation import duration_seconds
+from specdecode_exporter.core.contract import metrics as m
+from specdecode_exporter.core.contract.monitoring_config import MonitoringConfig
+from specdecode_exporter.core.contract.verdict import VERDICT_BY_CODE
 from specdecode_exporter.monitoring import promql, rules, stage
 
 # The dashboard's _config keys and where each sits in the monitoring config (attribute path of MonitoringConfig).

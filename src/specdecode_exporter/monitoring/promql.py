@@ -2,7 +2,7 @@
 
 Ratios are pooled the one right way: numerator and denominator summed separately, then divided, guarded with
 ``/ (… > 0)`` so an idle model has no sample (the dashboard shows "No traffic", never NaN). Metric names come
-from the exporter's metric contract (src/specdecode_exporter/core/metrics.py), never retyped.
+from the exporter's metric contract (src/specdecode_exporter/core/contract/metrics.py), never retyped.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from specdecode_exporter.core import metrics as m
-from specdecode_exporter.core.verdict import VerdictBands
+from specdecode_exporter.core.contract import metrics as m
+from specdecode_exporter.core.contract.verdict import VerdictBands
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,8 +54,8 @@ def guarded_ratio(numerator: str, denominator: str) -> str:
 
 
 def proven_below(estimate: str, null: str, evidence: str, variance: str, z: float) -> str:
-    """A one-sided z-test (core.evidence): the data rule out a ratio at ``null`` or above, with ``estimate`` measured
-    over ``evidence`` units of ``variance`` each. Every operand carries the same labels."""
+    """A one-sided z-test (core.stats.evidence): the data rule out a ratio at ``null`` or above, with ``estimate``
+    measured over ``evidence`` units of ``variance`` each. Every operand carries the same labels."""
     return f"({null} - {estimate})\n* sqrt({evidence} / ({variance}))\n> {z:.2f}"
 
 
@@ -119,7 +119,7 @@ def bucket_at_or_below(bounds: Sequence[float], x: float) -> float:
 
 def verdict_code(alpha: str, speedup: str, bands: VerdictBands, tail: str | None = None,
                  costs: Sequence[str] = ()) -> str:
-    """core.verdict.judge() in PromQL: 0 hurting, 1 marginal, 2 paying off, no sample without traffic.
+    """core.contract.verdict.judge() in PromQL: 0 hurting, 1 marginal, 2 paying off, no sample without traffic.
     ``speedup`` is the observed speedup where there is one, else the modelled; ``tail`` the observed P99
     speedup, where there is one; ``costs`` conditions that are 1 while spec decode costs no more than the bounds
     allow against the control pods, 0 beyond (dashboard.Context.capacity_costs). All must carry the same labels."""

@@ -3,7 +3,7 @@
 Alerts are a table: each entry says what is wrong (its expression and words) and nothing else. One pass over
 every rule (``finish``) adds what all of them share: ``for:``, the severity and extra labels, and the runbook
 link — the way kubernetes-mixin adds ``runbook_url`` to every group with one function. An alert on a ratio is a
-statistical test with its own minimum evidence (core.evidence; the statistics section of the monitoring config).
+statistical test with its own minimum evidence (core.stats.evidence; the statistics section of the monitoring config).
 """
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from specdecode_exporter.core import metrics as m
-from specdecode_exporter.core.evidence import critical_z
-from specdecode_exporter.core.failure import FailureReason
-from specdecode_exporter.core.metrics import quantile_name
-from specdecode_exporter.core.monitoring_config import MonitoringConfig
-from specdecode_exporter.core.validation import duration_seconds
+from specdecode_exporter.core.config.validation import duration_seconds
+from specdecode_exporter.core.contract import metrics as m
+from specdecode_exporter.core.contract.failure import FailureReason
+from specdecode_exporter.core.contract.metrics import quantile_name
+from specdecode_exporter.core.contract.monitoring_config import MonitoringConfig
+from specdecode_exporter.core.stats.evidence import critical_z
 from specdecode_exporter.monitoring import stage, variance
 from specdecode_exporter.monitoring.promql import (
     Scope,
@@ -378,8 +378,8 @@ def _target_query(cfg: MonitoringConfig) -> tuple[str, str]:
 def alpha_proven_below(cfg: MonitoringConfig, window: str, null: str, below: str, z: float,
                        inflation: float = 1.0, measured: bool = False) -> str:
     """α over the window is below ``below``, and the window holds at least min_requests requests' worth of drafted
-    tokens which rule out α at ``null`` or above (a z-test, core.evidence; ``null`` may be a series per model, whose
-    own uncertainty ``inflation`` adds to the variance). ``measured``: the variance is the measured one's upper
+    tokens which rule out α at ``null`` or above (a z-test, core.stats.evidence; ``null`` may be a series per model,
+    whose own uncertainty ``inflation`` adds to the variance). ``measured``: the variance is the measured one's upper
     bound where the tap's requests give one (variance_record), else the configured."""
     level, on = cfg.alert_level, f"\nand on ({by(cfg.level_labels())})\n"
     alpha, evidence, dispersion = alpha_record(cfg, window), evidence_record(cfg, window), cfg.statistics.dispersion

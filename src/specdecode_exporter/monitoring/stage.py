@@ -33,9 +33,9 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from specdecode_exporter.core import metrics as m
-from specdecode_exporter.core.monitoring_config import MonitoringConfig
-from specdecode_exporter.core.validation import duration_seconds
+from specdecode_exporter.core.config.validation import duration_seconds
+from specdecode_exporter.core.contract import metrics as m
+from specdecode_exporter.core.contract.monitoring_config import MonitoringConfig
 from specdecode_exporter.monitoring.promql import by, fmt_num, record_name, selector
 
 How = Literal["increase", "avg", "count"]

@@ -1,4 +1,4 @@
-"""The page's variance per drafted token in PromQL: the rules' side of core.dispersion.
+"""The page's variance per drafted token in PromQL: the rules' side of core.stats.dispersion.
 
 Given PromQL for a window's sums (each aggregated to the same labels, e.g. ``sum by (namespace, model_name)``): the
 requests N, ΣD, ΣA, ΣD², ΣA², ΣAD, these build
@@ -9,14 +9,14 @@ requests N, ΣD, ΣA, ΣD², ΣA², ΣAD, these build
 * ``page_variance``: the upper bound where it exists, else the configured variance (``configured``, a vector with
   the same labels: `or` fills in the label sets the measurement does not cover).
 
-The same numbers as core.dispersion.page_variance (tests/rules/test_variance_promtool.py evaluates both).
+The same numbers as core.stats.dispersion.page_variance (tests/rules/test_variance_promtool.py evaluates both).
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
-from specdecode_exporter.core.dispersion import RESIDUAL_KURTOSIS, UPPER_BOUND_Z
+from specdecode_exporter.core.stats.dispersion import RESIDUAL_KURTOSIS, UPPER_BOUND_Z
 from specdecode_exporter.monitoring.promql import fmt_num
 
 

@@ -9,7 +9,7 @@ import bisect
 import operator
 from typing import NamedTuple
 
-from specdecode_exporter.core.metrics import BATCH_SIZE_RANGES
+from specdecode_exporter.core.contract.metrics import BATCH_SIZE_RANGES
 
 _HIGHS = tuple(high for _, high in BATCH_SIZE_RANGES)
 

@@ -16,7 +16,7 @@ import json
 import math
 from typing import NamedTuple
 
-from specdecode_exporter.core.metrics import BATCH_SIZE_RANGES, batch_size_label
+from specdecode_exporter.core.contract.metrics import BATCH_SIZE_RANGES, batch_size_label
 from specdecode_exporter.pipeline.batches import BatchBin, bins_minus
 from specdecode_exporter.pipeline.derive import (
     CostModel,

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from specdecode_exporter.core.failure import FailureReason as FailureReason  # re-exported: its old home
+from specdecode_exporter.core.contract.failure import FailureReason as FailureReason  # re-exported: its old home
 from specdecode_exporter.pipeline.engines.base import FetchTiming
 
 ACCEPT = (

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from specdecode_exporter.core.metrics import ACCEPTANCE_RATIO_BUCKETS
+from specdecode_exporter.core.contract.metrics import ACCEPTANCE_RATIO_BUCKETS
 from specdecode_exporter.pipeline import latency
 from specdecode_exporter.pipeline.batches import NO_BINS, BatchBin, Interval, binned
 from specdecode_exporter.pipeline.engines.base import LatencyReading, SeriesReading

@@ -11,10 +11,10 @@ import sys
 from typing import TextIO
 from urllib.parse import urlsplit
 
-from specdecode_exporter.core import monitoring_config
-from specdecode_exporter.core.flags import UsageError, convert
-from specdecode_exporter.core.signals import stop_on_signals
-from specdecode_exporter.core.validation import ConfigError, parse_duration, validate
+from specdecode_exporter.core.config.flags import UsageError, convert
+from specdecode_exporter.core.config.validation import ConfigError, parse_duration, validate
+from specdecode_exporter.core.contract import monitoring_config
+from specdecode_exporter.core.process.signals import stop_on_signals
 from specdecode_exporter.probe.client import ProbeFault
 from specdecode_exporter.probe.measure import Bands
 from specdecode_exporter.probe.progress import Progress

@@ -1,6 +1,6 @@
 """The probe's output: a table (stdout), JSON (a list of rows), CSV, and a plot of α and the observed speedup
 against temperature — PNG with matplotlib (the optional `plot` extra) or one self-contained HTML file (inline
-SVG from src/specdecode_exporter/core/charts.py, no JavaScript, no external assets)."""
+SVG from src/specdecode_exporter/core/svg/charts.py, no JavaScript, no external assets)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from specdecode_exporter.core.charts import PALETTE, Axis, Frame, Rule, Series, fit, line_chart
+from specdecode_exporter.core.svg.charts import PALETTE, Axis, Frame, Rule, Series, fit, line_chart
 from specdecode_exporter.probe.measure import (
     CLIENT_TIMINGS,
     COUNTERS,

@@ -21,9 +21,9 @@ from urllib.parse import urlsplit
 import certifi
 import httpx
 
-from specdecode_exporter.core.failure import FailureReason
-from specdecode_exporter.core.log import event
-from specdecode_exporter.core.verdict import HeldVerdict, hold
+from specdecode_exporter.core.contract.failure import FailureReason
+from specdecode_exporter.core.contract.verdict import HeldVerdict, hold
+from specdecode_exporter.core.process.log import event
 from specdecode_exporter.pipeline import capacity, latency
 from specdecode_exporter.pipeline.capacity import CapacityStats
 from specdecode_exporter.pipeline.engines import (
@@ -542,7 +542,7 @@ class TargetCollector:
         )
 
     def _held(self, now: float, series: tuple[SeriesView, ...]) -> tuple[SeriesView, ...]:
-        """Each series with its verdict in force after this collection's judgement (core.verdict.hold)."""
+        """Each series with its verdict in force after this collection's judgement (core.contract.verdict.hold)."""
         bands, before = self.app.verdict, self.verdicts
         self.verdicts = {view.key: hold(before.get(view.key), view.advice.evidence, bands, now) for view in series}
         return tuple(view._replace(held=self.verdicts[view.key]) for view in series)

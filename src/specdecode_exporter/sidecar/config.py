@@ -1,8 +1,8 @@
-"""YAML + flags → a validated, typed Config (core.validation: every problem is one ConfigError line naming the key,
-or the flag or environment variable that gave the value).
+"""YAML + flags → a validated, typed Config (core.config.validation: every problem is one ConfigError line naming the
+key, or the flag or environment variable that gave the value).
 
-The sections below are the config tree (core.settings): each setting is declared once, as a field of the section it
-configures, with its help, flag, variable and reload behaviour; SETTINGS lists them, and the command's flags, its
+The sections below are the config tree (core.config.settings): each setting is declared once, as a field of the section
+it configures, with its help, flag, variable and reload behaviour; SETTINGS lists them, and the command's flags, its
 --help, the reload's notes and docs/configuration.md are built from it. Flags and variables are merged into the
 file's mapping by dotted key (``merged``) before it is read, in three steps of the same validation: the file's
 sections (ConfigFile), then each target (TargetConfig, whose missing timeout and cost_model come from
@@ -26,11 +26,10 @@ from urllib.parse import urlsplit
 from pydantic import BeforeValidator, Field, GetCoreSchemaHandler, ValidationInfo
 from pydantic_core import core_schema
 
-from specdecode_exporter.core import monitoring_config, validation
-from specdecode_exporter.core.kinds import ListenAddress
-from specdecode_exporter.core.log import event
-from specdecode_exporter.core.settings import Renamed, Renaming, Setting, env_name, put, setting, tree
-from specdecode_exporter.core.validation import (
+from specdecode_exporter.core.config import validation
+from specdecode_exporter.core.config.kinds import ListenAddress
+from specdecode_exporter.core.config.settings import Renamed, Renaming, Setting, env_name, put, setting, tree
+from specdecode_exporter.core.config.validation import (
     Bool,
     Choice,
     ConfigError,
@@ -48,7 +47,9 @@ from specdecode_exporter.core.validation import (
     show,
     words,
 )
-from specdecode_exporter.core.verdict import VerdictBands
+from specdecode_exporter.core.contract import monitoring_config
+from specdecode_exporter.core.contract.verdict import VerdictBands
+from specdecode_exporter.core.process.log import event
 from specdecode_exporter.pipeline.derive import CostModel
 from specdecode_exporter.tap.settings import TapSettings
 

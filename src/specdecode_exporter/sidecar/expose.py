@@ -16,9 +16,9 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from specdecode_exporter.core import metrics as m
-from specdecode_exporter.core.dispersion import WindowVariance
-from specdecode_exporter.core.metrics import quantile_name
+from specdecode_exporter.core.contract import metrics as m
+from specdecode_exporter.core.contract.metrics import quantile_name
+from specdecode_exporter.core.stats.dispersion import WindowVariance
 from specdecode_exporter.pipeline import latency
 from specdecode_exporter.pipeline.derive import WindowStats
 from specdecode_exporter.pipeline.latency import TPOT_QUANTILES, TTFT_QUANTILES, Histogram, LatencyStats

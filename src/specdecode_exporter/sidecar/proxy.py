@@ -12,9 +12,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from specdecode_exporter.core import dispersion
-from specdecode_exporter.core.dispersion import MomentsHistory, WindowVariance
-from specdecode_exporter.core.httpserver import bind_socket
+from specdecode_exporter.core.net.httpserver import bind_socket
+from specdecode_exporter.core.stats import dispersion
+from specdecode_exporter.core.stats.dispersion import MomentsHistory, WindowVariance
 from specdecode_exporter.sidecar.collection import TargetView
 from specdecode_exporter.sidecar.config import Config, split_listen_address
 from specdecode_exporter.sidecar.expose import Labels

@@ -18,10 +18,10 @@ from typing import Any
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from specdecode_exporter.core import metrics as m
-from specdecode_exporter.core.log import event, reconfigure_logging
-from specdecode_exporter.core.settings import get
-from specdecode_exporter.core.validation import ConfigError
+from specdecode_exporter.core.config.settings import get
+from specdecode_exporter.core.config.validation import ConfigError
+from specdecode_exporter.core.contract import metrics as m
+from specdecode_exporter.core.process.log import event, reconfigure_logging
 from specdecode_exporter.sidecar.collection import Exporter
 from specdecode_exporter.sidecar.config import SETTINGS, Config, warn_deprecated
 from specdecode_exporter.sidecar.webconfig import WebSecurity

@@ -13,10 +13,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from specdecode_exporter.core.metrics import MetricSpec
-from specdecode_exporter.core.monitoring_config import SpeculationStopped
-from specdecode_exporter.core.validation import parse_duration
-from specdecode_exporter.core.verdict import Evidence, HeldVerdict, Judgement, judge
+from specdecode_exporter.core.config.validation import parse_duration
+from specdecode_exporter.core.contract.metrics import MetricSpec
+from specdecode_exporter.core.contract.monitoring_config import SpeculationStopped
+from specdecode_exporter.core.contract.verdict import Evidence, HeldVerdict, Judgement, judge
 from specdecode_exporter.pipeline import latency
 from specdecode_exporter.pipeline.capacity import (
     AgainstControl,

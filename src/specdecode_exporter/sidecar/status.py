@@ -7,7 +7,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from specdecode_exporter.core.dispersion import WindowVariance
+from specdecode_exporter.core.stats.dispersion import WindowVariance
 from specdecode_exporter.pipeline import latency, ratio_test
 from specdecode_exporter.pipeline.capacity import AgainstControl, CapacityStats
 from specdecode_exporter.pipeline.derive import WindowStats

@@ -9,7 +9,7 @@ import html
 import math
 from typing import Any
 
-from specdecode_exporter.core.charts import (
+from specdecode_exporter.core.svg.charts import (
     Axis,
     Frame,
     Rule,

@@ -14,8 +14,8 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Res
 from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException
 
-from specdecode_exporter.core.httpserver import ConnectionGuard, bind_socket, server_config
-from specdecode_exporter.core.log import event
+from specdecode_exporter.core.net.httpserver import ConnectionGuard, bind_socket, server_config
+from specdecode_exporter.core.process.log import event
 from specdecode_exporter.sidecar.collection import Exporter
 from specdecode_exporter.sidecar.config import Config, split_listen_address
 from specdecode_exporter.sidecar.expose import exporter_version

@@ -33,8 +33,7 @@ import anyio
 import anyio.to_thread
 from pydantic import BeforeValidator, Field
 
-from specdecode_exporter.core.log import event
-from specdecode_exporter.core.validation import (
+from specdecode_exporter.core.config.validation import (
     Choice,
     ConfigError,
     Context,
@@ -45,6 +44,7 @@ from specdecode_exporter.core.validation import (
     show,
     validate,
 )
+from specdecode_exporter.core.process.log import event
 
 UNPROTECTED_PATHS = frozenset({"/healthz", "/readyz"})
 TLS_VERSIONS = {"TLS10": ssl.TLSVersion.TLSv1, "TLS11": ssl.TLSVersion.TLSv1_1, "TLS12": ssl.TLSVersion.TLSv1_2,

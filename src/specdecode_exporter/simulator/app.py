@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from specdecode_exporter.core.validation import ConfigError
+from specdecode_exporter.core.config.validation import ConfigError
 from specdecode_exporter.simulator import sglang_responses
 from specdecode_exporter.simulator.exposition import render
 from specdecode_exporter.simulator.requests import (

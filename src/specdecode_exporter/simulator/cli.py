@@ -10,8 +10,8 @@ import sys
 
 import uvicorn
 
-from specdecode_exporter.core.flags import UsageError, convert
-from specdecode_exporter.core.validation import ConfigError
+from specdecode_exporter.core.config.flags import UsageError, convert
+from specdecode_exporter.core.config.validation import ConfigError
 from specdecode_exporter.simulator.app import build_app
 from specdecode_exporter.simulator.model import ModelSpec
 from specdecode_exporter.simulator.scenario import (

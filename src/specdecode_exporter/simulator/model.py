@@ -17,7 +17,18 @@ from typing import Annotated, NamedTuple
 
 from pydantic import BeforeValidator
 
-from specdecode_exporter.core.validation import Bool, Choice, Context, Int, Number, Range, Section, Text, fail, show
+from specdecode_exporter.core.config.validation import (
+    Bool,
+    Choice,
+    Context,
+    Int,
+    Number,
+    Range,
+    Section,
+    Text,
+    fail,
+    show,
+)
 from specdecode_exporter.pipeline.derive import geometric_prefix_mean, solve_geometric_probability
 
 # Deterministic spread of latency observations around their mean (multiplier, weight): gives histograms

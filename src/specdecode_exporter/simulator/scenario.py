@@ -1,4 +1,4 @@
-"""Scenarios: models plus phases over time, loaded from YAML and validated key by key (core.validation).
+"""Scenarios: models plus phases over time, loaded from YAML and validated key by key (core.config.validation).
 
 Every validation failure raises ConfigError with one line: ``<source>: <key path>: <problem>``. The keys of a
 scenario file are the fields of Scenario, Phase, ModelSpec and Workload.
@@ -14,7 +14,7 @@ from typing import Annotated
 
 from pydantic import BeforeValidator, Field
 
-from specdecode_exporter.core.validation import (
+from specdecode_exporter.core.config.validation import (
     Bool,
     Choice,
     ConfigError,

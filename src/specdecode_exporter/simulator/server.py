@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from specdecode_exporter.core.httpserver import ThreadedServer, bind_socket, url_for
+from specdecode_exporter.core.net.httpserver import ThreadedServer, bind_socket, url_for
 from specdecode_exporter.simulator.app import build_app
 from specdecode_exporter.simulator.simulator import Simulator
 

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from specdecode_exporter.core.validation import ConfigError
+from specdecode_exporter.core.config.validation import ConfigError
 from specdecode_exporter.simulator.model import (
     FINISH_REASON_SHARES,
     LATENCY_SPREAD,

@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass
 from typing import NamedTuple, cast
 
-from specdecode_exporter.core.log import event, setup_logging
+from specdecode_exporter.core.process.log import event, setup_logging
 from specdecode_exporter.tap.model import Observer, TapRequest, TapResult
 from specdecode_exporter.tap.relay import Tap, TapStats, start_tap
 from specdecode_exporter.tap.request_stats import NO_REQUESTS, RequestRecorder, RequestsView, combined

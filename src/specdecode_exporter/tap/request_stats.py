@@ -14,9 +14,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from specdecode_exporter.core.adaptive_verification import withheld_why
-from specdecode_exporter.core.buckets import ACCEPTANCE_RATIO_BUCKETS
-from specdecode_exporter.core.dispersion import Moments
+from specdecode_exporter.core.contract.adaptive_verification import withheld_why
+from specdecode_exporter.core.contract.buckets import ACCEPTANCE_RATIO_BUCKETS
+from specdecode_exporter.core.stats.dispersion import Moments
 from specdecode_exporter.pipeline.latency import Histogram
 from specdecode_exporter.tap.model import TapRequest, TapResult
 from specdecode_exporter.tap.openai import sglang_spec_details
@@ -28,7 +28,7 @@ UNSET = "unset"
 OTHER = "other"
 MAX_LABEL_LENGTH = 64
 # Why a vLLM response's per-request draft counts are not read (RequestRecorder.withheld), in the sentence the sidecar
-# says of its own counters (core/adaptive_verification.py), and the reason such requests are counted by.
+# says of its own counters (core/contract/adaptive_verification.py), and the reason such requests are counted by.
 ADAPTIVE_VERIFICATION_WITHHELD = withheld_why(
     "a response's metrics.speculative_decoding.num_draft_tokens",
     "the per-request α (the request drafted and accepted tokens, the acceptance histogram, the variance's sums) and "
@@ -131,7 +131,7 @@ class RequestsView(NamedTuple):
     without_metrics: Mapping[tuple[str, str], int]  # (model, reason) → requests
     speed: Mapping[tuple[str, str], Histogram]  # (model, acceptance band) → tokens/s
     # model → Σ D, Σ A, Σ D², Σ A², Σ A·D (and steps) of its requests with metrics: the measured variance per drafted
-    # token (core.dispersion) over any window. Per model, not per class: the page tests a model's pooled α.
+    # token (core.stats.dispersion) over any window. Per model, not per class: the page tests a model's pooled α.
     moments: Mapping[str, Moments] = {}
     withheld: str | None = None  # RequestRecorder.withheld of the tap that counted them
 

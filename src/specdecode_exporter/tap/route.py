@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from specdecode_exporter.core.log import event
+from specdecode_exporter.core.process.log import event
 from specdecode_exporter.pipeline import ratio_test
 from specdecode_exporter.pipeline.latency import MeanSums, MeasuredSpeedup, measured_speedup
 from specdecode_exporter.pipeline.ratio_test import RatioEstimate, RatioSums

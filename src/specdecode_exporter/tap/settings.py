@@ -1,10 +1,10 @@
 """The request tap's settings: the config's ``tap`` section (flags ``--tap.*``, variables ``SPECDECODE_TAP_*``), each
-declared once here with its type, default, help, flag and reload behaviour (core/settings.py). The sidecar
-validates them (core/validation.py, with the keys the targets give defaults to) and hands this very object to the
+declared once here with its type, default, help, flag and reload behaviour (core/config/settings.py). The sidecar
+validates them (core/config/validation.py, with the keys the targets give defaults to) and hands this very object to the
 tap's process, whose relay (upstream, workload_header, connect_timeout), recorder (max_workloads,
 temperature_bands), router (route) and drain (drain_timeout) read it as it is; the sidecar reads the rest.
 
-Like the types they are declared with (core/kinds.py), these declarations import no validation library: the tap's
+Like the types they are declared with (core/config/kinds.py), these declarations import no validation library: the tap's
 process stays lean. Adding a tap setting is a field here and the code that reads it.
 """
 
@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Annotated
 
-from specdecode_exporter.core.kinds import (
+from specdecode_exporter.core.config.kinds import (
     Bool,
     Check,
     CheckTyped,
@@ -30,7 +30,7 @@ from specdecode_exporter.core.kinds import (
     Text,
     show,
 )
-from specdecode_exporter.core.settings import Section, setting
+from specdecode_exporter.core.config.settings import Section, setting
 
 OBSERVE, ENFORCE = "observe", "enforce"
 MODES = (OBSERVE, ENFORCE)

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
-from specdecode_exporter.core.metrics import MetricSpec
+from specdecode_exporter.core.contract.metrics import MetricSpec
 from specdecode_exporter.pipeline.latency import Histogram
 from specdecode_exporter.pipeline.parse import Layout, Sample, Selection
 

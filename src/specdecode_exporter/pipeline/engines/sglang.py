@@ -25,7 +25,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from specdecode_exporter.core.metrics import REPORTED_ACCEPTANCE_LENGTH, REPORTED_ACCEPTANCE_RATIO, MetricSpec
+from specdecode_exporter.core.contract.metrics import REPORTED_ACCEPTANCE_LENGTH, REPORTED_ACCEPTANCE_RATIO, MetricSpec
 from specdecode_exporter.pipeline.engines.base import (
     DecodeResult,
     DecoderOptions,

@@ -38,7 +38,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from specdecode_exporter.core.metrics import REPORTED_ACCEPTANCE_LENGTH, MetricSpec
+from specdecode_exporter.core.contract.metrics import REPORTED_ACCEPTANCE_LENGTH, MetricSpec
 from specdecode_exporter.pipeline.engines.base import (
     DecodeResult,
     DecoderOptions,

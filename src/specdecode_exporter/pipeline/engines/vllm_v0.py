@@ -20,7 +20,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from specdecode_exporter.core.metrics import LIFETIME_ACCEPTANCE
+from specdecode_exporter.core.contract.metrics import LIFETIME_ACCEPTANCE
 from specdecode_exporter.pipeline.engines.base import (
     DecodeResult,
     DecoderOptions,

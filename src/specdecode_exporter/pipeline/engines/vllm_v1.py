@@ -7,7 +7,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from specdecode_exporter.core.adaptive_verification import withheld_why
+from specdecode_exporter.core.contract.adaptive_verification import withheld_why
 from specdecode_exporter.pipeline.engines.base import (
     Decoder,
     DecodeResult,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import time
 
-from specdecode_exporter.core.log import event
+from specdecode_exporter.core.process.log import event
 from specdecode_exporter.tap.model import Route, Router, TapRequest
 
 SPECULATIVE_POOL, FALLBACK_POOL = 0, 1  # the upstreams of a routing tap (one pool, the first, without routing)

@@ -7,7 +7,7 @@ import collections
 import time
 from typing import Protocol
 
-from specdecode_exporter.core.chunked import ChunkedDecoder
+from specdecode_exporter.tap.chunked import ChunkedDecoder
 from specdecode_exporter.tap.http1 import (
     HEAD_END,
     MAX_HEAD,

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from specdecode_exporter.core.chunked import CHUNK_END, ChunkedDecoder
+from specdecode_exporter.tap.chunked import CHUNK_END, ChunkedDecoder
 from specdecode_exporter.tap.http1 import (
     HEAD_END,
     MAX_HEAD,

@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from specdecode_exporter.core.log import event
+from specdecode_exporter.core.process.log import event
 from specdecode_exporter.tap.model import Observer, Router
 from specdecode_exporter.tap.relay.fallback_watch import FALLBACK_CHECK_INTERVAL, FALLBACK_CHECK_TIMEOUT, FallbackWatch
 from specdecode_exporter.tap.relay.link import Link

@@ -7,7 +7,7 @@ import logging
 import socket
 from typing import Protocol
 
-from specdecode_exporter.core.log import event
+from specdecode_exporter.core.process.log import event
 from specdecode_exporter.tap.model import Observer, Router, TapRequest, TapResult
 from specdecode_exporter.tap.relay.pools import PoolHealth
 

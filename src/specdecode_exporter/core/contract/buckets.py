@@ -1,5 +1,5 @@
 """Fixed bucket bounds shared by the sidecar's exposition and the request tap's own process (which imports this and
-not core.metrics, so that it does not load prometheus_client)."""
+not core.contract.metrics, so that it does not load prometheus_client)."""
 
 # The le bounds of both α histograms (per collection interval and per request): every 0.05, so the page's 0.5 is a
 # bound and a rule can count what falls below it exactly.

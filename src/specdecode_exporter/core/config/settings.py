@@ -8,9 +8,10 @@ the flag) and whether a reload applies it are all read from there by ``tree``: t
 the merge of flags and variables into the config mapping (before the one validation), the reload's notes and the
 configuration reference (docs/configuration.md) are built from it. Adding a setting is adding such a field.
 
-A section is a frozen dataclass that inherits ``Section``. Like the value types it is declared with (core/kinds.py),
-this module imports no validation library: the tap's process reads its own settings' declarations (tap/settings.py).
-core/validation.py validates them, in the sidecar. ``Renamed`` keeps a section's old name working for a release.
+A section is a frozen dataclass that inherits ``Section``. Like the value types it is declared with
+(core/config/kinds.py), this module imports no validation library: the tap's process reads its own settings'
+declarations (tap/settings.py). core/config/validation.py validates them, in the sidecar. ``Renamed`` keeps a section's
+old name working for a release.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import typing
 from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar, Self, Union
 
-from specdecode_exporter.core.kinds import ConfigError, Invalid, Named, SourcedError, validator
+from specdecode_exporter.core.config.kinds import ConfigError, Invalid, Named, SourcedError, validator
 
 Context = Mapping[str, Any]
 ENV_PREFIX = "SPECDECODE_"

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specdecode_exporter.core.buckets import ACCEPTANCE_RATIO_BUCKETS as ACCEPTANCE_RATIO_BUCKETS  # re-exported
+from specdecode_exporter.core.contract.buckets import (
+    ACCEPTANCE_RATIO_BUCKETS as ACCEPTANCE_RATIO_BUCKETS,  # re-exported
+)
 
 # Every windowed metric's HELP says it comes from the sidecar's own collections (docs/architecture.md, "Its own
 # collection timer") in this short form; the reference (docs/metrics.md) explains it with WINDOWED_NOTE.
@@ -339,7 +341,7 @@ REQUEST_ACCEPTED_TOKENS = MetricSpec(
     "specdecode_request_accepted_tokens", "counter", "Accepted draft tokens of the requests through the tap.",
     TAP_LABELS,
 )
-# The sums behind the measured variance per drafted token (core.dispersion): per model, not per class (the page
+# The sums behind the measured variance per drafted token (core.stats.dispersion): per model, not per class (the page
 # tests a model's pooled α, and three more counters per class would take the default config past its series budget).
 MOMENTS_NOTE = (" Per model: with the drafted and accepted counters (summed over the classes) the variance of α per "
                 "drafted token over any window and across pods, v = (ΣA² − 2α̂ΣAD + α̂²ΣD²)/ΣD.")

@@ -1,5 +1,6 @@
 """The monitoring config (monitoring.yaml beside this file): loaded, merged with a user's file and a profile,
-validated key by key (core.validation). Every generator and the sidecar's verdict read the MonitoringConfig it gives.
+validated key by key (core.config.validation). Every generator and the sidecar's verdict read the MonitoringConfig
+it gives.
 
 Each section below is a frozen dataclass whose fields are the file's keys: a new key (a threshold, a window) is a
 new field with its type, and every generator can read it."""
@@ -17,9 +18,8 @@ from typing import Annotated, Any
 from pydantic import BeforeValidator, Field, GetCoreSchemaHandler
 from pydantic_core import core_schema
 
-from specdecode_exporter.core import validation
-from specdecode_exporter.core.evidence import Dispersion
-from specdecode_exporter.core.validation import (
+from specdecode_exporter.core.config import validation
+from specdecode_exporter.core.config.validation import (
     Choice,
     ConfigError,
     Context,
@@ -32,7 +32,8 @@ from specdecode_exporter.core.validation import (
     fail,
     show,
 )
-from specdecode_exporter.core.verdict import CapacityBounds, VerdictBands
+from specdecode_exporter.core.contract.verdict import CapacityBounds, VerdictBands
+from specdecode_exporter.core.stats.evidence import Dispersion
 
 DEFAULT_FILE = Path(__file__).resolve().parent / "monitoring.yaml"
 SEVERITIES = ("critical", "warning", "info")
@@ -179,7 +180,8 @@ class ProbeSettings(Section):
 
 @dataclass(frozen=True, slots=True)
 class Statistics(Section):
-    """The tests behind every alert on a ratio (core.evidence): what a request proves and the false-alarm budgets."""
+    """The tests behind every alert on a ratio (core.stats.evidence): what a request proves and the false-alarm
+    budgets."""
 
     NULL_IS_EMPTY = True
     draft_tokens_per_request: Annotated[Number, Range(1)]  # m: the drafted tokens of one request (one unit)

@@ -2,11 +2,11 @@
 the simulator's scenarios are all read through ``validate`` (pydantic v2) into frozen dataclasses, and every
 problem is one ConfigError line: ``<file>: <key path>: expected <what>, got <value>``.
 
-A config file's section is a frozen dataclass that inherits ``Section`` (core/settings.py): its fields are the keys
-(a key that is not a Python name gets ``Field(alias=...)``), their annotations say what each accepts (``Duration``,
-``Number`` with a ``Range``, ``Choice``, ...: core/kinds.py, which imports no pydantic, or pydantic's validators),
-and ``cross_check`` holds the rules between keys. Adding a key is adding a field. This module tells pydantic how to
-run the plain rules and sections (``_Pydantic``) when it is imported.
+A config file's section is a frozen dataclass that inherits ``Section`` (core/config/settings.py): its fields are the
+keys (a key that is not a Python name gets ``Field(alias=...)``), their annotations say what each accepts (``Duration``,
+``Number`` with a ``Range``, ``Choice``, ...: core/config/kinds.py, which imports no pydantic, or pydantic's
+validators), and ``cross_check`` holds the rules between keys. Adding a key is adding a field. This module tells
+pydantic how to run the plain rules and sections (``_Pydantic``) when it is imported.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pydantic import BeforeValidator, GetCoreSchemaHandler, TypeAdapter, Validat
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError, core_schema
 
-from specdecode_exporter.core.kinds import (
+from specdecode_exporter.core.config.kinds import (
     Bool,
     Choice,
     ConfigError,
@@ -45,7 +45,7 @@ from specdecode_exporter.core.kinds import (
     use_validator,
     words,
 )
-from specdecode_exporter.core.settings import Context, Section, suggest
+from specdecode_exporter.core.config.settings import Context, Section, suggest
 
 __all__ = [
     "Bool",
@@ -143,7 +143,7 @@ Size = Annotated[int, BeforeValidator(_size), Named("size", size_text)]
 """Bytes (> 0), from '16MiB', '1GB', '512KiB' or a plain number of bytes."""
 
 
-# ---------- how pydantic runs the plain rules (core/kinds.py) and sections (core/settings.py) ----------
+# ---------- how pydantic runs the plain rules (core/config/kinds.py) and sections (core/config/settings.py) ----------
 
 class _Pydantic:
     """The rules and sections declared without pydantic, run by it (registered below: kinds.use_validator)."""

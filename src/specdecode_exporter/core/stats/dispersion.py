@@ -1,6 +1,6 @@
 """The page's variance per drafted token, measured on the user's traffic (docs/paging.md).
 
-The page's test (core.evidence) needs v: the variance of α̂ times the drafted tokens it is measured over. The
+The page's test (core.stats.evidence) needs v: the variance of α̂ times the drafted tokens it is measured over. The
 configured v (``Dispersion``) is a bound from assumptions (m drafted tokens per request, sd s of requests' α). Where
 per-request results arrive (the request tap), v is measured instead, from five sums over any window's requests:
 
@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Literal, NamedTuple
 
-from specdecode_exporter.core.evidence import Dispersion
+from specdecode_exporter.core.stats.evidence import Dispersion
 
 UPPER_BOUND_Z = 1.645  # one-sided 95 %
 RESIDUAL_KURTOSIS = 6.0

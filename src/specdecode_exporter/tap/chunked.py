@@ -1,5 +1,5 @@
-"""The chunked transfer coding, read incrementally: the request tap relays chunked bodies with it, the collection's
-HTTP client reads chunked answers with it."""
+"""The chunked transfer coding, read incrementally: the tap's relay reads chunked request and response bodies with it
+(http1 says which bodies are chunked)."""
 
 from __future__ import annotations
 

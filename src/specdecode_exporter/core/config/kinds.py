@@ -1,4 +1,4 @@
-"""What a setting's value may be, in plain Python: the value types and markers the config tree (core/settings.py)
+"""What a setting's value may be, in plain Python: the value types and markers the config tree (core/config/settings.py)
 declares its settings with. This module imports no validation library, so that the tap's own process can read its
 settings' declarations (tap/settings.py) without loading pydantic.
 
@@ -8,7 +8,7 @@ A ``Check`` reads a value as it was given and returns what the setting holds, or
 ``CheckTyped`` reads it once its type accepted it; ``Range`` and ``Choice`` are such rules. ``Named`` says what the
 type is called in --help and the reference, and how a value of it is written there.
 
-The rules are run by pydantic, in the sidecar: core/validation.py, the one module that validates, registers how
+The rules are run by pydantic, in the sidecar: core/config/validation.py, the one module that validates, registers how
 (``use_validator``) when it is imported.
 """
 
@@ -47,7 +47,7 @@ def show(value: object) -> str:
 
 
 class Validator(Protocol):
-    """How a validation library runs this module's rules and the sections of core/settings.py (``section``: a
+    """How a validation library runs this module's rules and the sections of core/config/settings.py (``section``: a
     subclass of Section)."""
 
     def rule_schema(self, rule: Rule, source: Any, handler: Any) -> Any: ...
@@ -61,13 +61,13 @@ _VALIDATOR: list[Validator] = []
 
 
 def use_validator(validator: Validator) -> None:
-    """Called by core/validation.py when it is imported: the validator the rules and sections are run by."""
+    """Called by core/config/validation.py when it is imported: the validator the rules and sections are run by."""
     _VALIDATOR[:] = [validator]
 
 
 def validator() -> Validator:
     if not _VALIDATOR:
-        raise RuntimeError("settings are validated through specdecode_exporter.core.validation")
+        raise RuntimeError("settings are validated through specdecode_exporter.core.config.validation")
     return _VALIDATOR[0]
 
 

@@ -1,5 +1,6 @@
 """Why a collection failed: the values of the ``reason`` label of ``specdecode_collect_errors_total``
-(core/metrics.py's COLLECT_ERRORS), part of the metric contract; the fetch, the collection and the rules use them."""
+(core/contract/metrics.py's COLLECT_ERRORS), part of the metric contract; the fetch, the collection and the rules
+use them."""
 
 from __future__ import annotations
 

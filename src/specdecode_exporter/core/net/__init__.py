@@ -1,0 +1,1 @@
+"""The HTTP server runner: uvicorn on a socket bound before start, for the sidecar, the simulator and the demo."""

@@ -1,0 +1,1 @@
+"""Small inline SVG charts, drawn by the status page and by `probe --plot`."""
