@@ -5,8 +5,8 @@
     python -m specdecode_exporter.monitoring.build --config my.yaml      # your values merged onto the shipped config
     python -m specdecode_exporter.monitoring.build --profile e2e --rules-out F   # only the rules, with a profile, to F
 
-Artefacts: the Prometheus rules file, the Grafana dashboard, the PrometheusRule and the dashboard ConfigMap in
-deploy/base, the monitoring config the in-cluster sidecar reads (deploy/base/monitoring.yaml), the sidecar
+Artefacts: the Prometheus rules files (alerts/specdecode-*.rules.yaml, one per concern), the Grafana dashboard,
+the PrometheusRule and the dashboard ConfigMap in deploy/base, the monitoring config the in-cluster sidecar reads (deploy/base/monitoring.yaml), the sidecar
 patch and the kustomize patches derived from it (templates/sidecar-patch.yaml), the jsonnet mixin, and the
 metric reference in docs/metrics.md. Everything it reads ships with the package, so it runs from an install too.
 """
@@ -19,6 +19,7 @@ import difflib
 import functools
 import re
 import sys
+import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +32,7 @@ from specdecode_exporter.core.metrics import reference_table
 from specdecode_exporter.core.monitoring_config import MonitoringConfig
 from specdecode_exporter.core.validation import ConfigError
 from specdecode_exporter.monitoring import mixin
-from specdecode_exporter.monitoring.rules import rule_groups
+from specdecode_exporter.monitoring.rules import RULE_FILES, RuleFile, rule_files, rule_groups
 from specdecode_exporter.sidecar.config import reference_table as config_reference_table
 
 NAME = "specdecode-exporter"
@@ -85,7 +86,30 @@ class Sources:
     root: Path
 
 
+def comment(text: str, indent: str = "", width: int = 116) -> str:
+    """``text`` as YAML comment lines, wrapped."""
+    return "".join(f"{indent}# {line}\n" for line in textwrap.wrap(text, width - len(indent) - 2))
+
+
+def groups_yaml(file: RuleFile, indent: str = "") -> str:
+    """The ``groups:`` of one rules file, each group after a comment that says what it is for."""
+    out = [f"{indent}groups:\n"]
+    for group in file.groups:
+        item = dump_yaml([group.body])
+        out.append(comment(group.purpose, indent + "  ") + textwrap.indent(item, indent + "  "))
+    return "".join(out)
+
+
+def render_rule_file(name: str) -> Callable[[Sources], str]:
+    """The renderer of one rules file (rules.RULE_FILES)."""
+    def render(src: Sources) -> str:
+        file = next(f for f in rule_files(src.cfg) if f.name == name)
+        return header(src.config_name) + comment(file.purpose) + groups_yaml(file)
+    return render
+
+
 def render_rules(src: Sources) -> str:
+    """Every group of every rules file in one file (``--rules-out``: a profile's rules for the end-to-end tests)."""
     profile = f" (profile {src.cfg.profile})" if src.cfg.profile else ""
     return header(src.config_name + profile) + dump_yaml(rule_groups(src.cfg))
 
@@ -100,10 +124,13 @@ def render_dashboard(src: Sources) -> str:
 
 
 def render_prometheus_rule(src: Sources) -> str:
-    doc = {"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule",
-           "metadata": {"name": NAME, "labels": {**COMMON_LABELS, "app.kubernetes.io/component": "alerting"}},
-           "spec": rule_groups(src.cfg)}
-    return header(src.config_name) + dump_yaml(doc)
+    """One PrometheusRule with the groups of every rules file, in the files' order, each file's and each group's
+    comment kept."""
+    meta = {"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule",
+            "metadata": {"name": NAME, "labels": {**COMMON_LABELS, "app.kubernetes.io/component": "alerting"}}}
+    files = rule_files(src.cfg)
+    body = "".join(comment(f"{f.name}: {f.purpose}", "  ") + groups_yaml(f, "  ").split("\n", 1)[1] for f in files)
+    return header(src.config_name) + dump_yaml(meta) + "spec:\n  groups:\n" + body
 
 
 def render_dashboard_configmap(src: Sources) -> str:
@@ -195,8 +222,9 @@ def render_config_reference(src: Sources) -> str:
     return CONFIG_BLOCK.sub(lambda match: match.group(1) + table + "\n" + match.group(2), doc)
 
 
+RULES_DIR = "alerts"
 ARTEFACTS: dict[str, Callable[[Sources], str]] = {
-    "alerts/specdecode.rules.yaml": render_rules,
+    **{f"{RULES_DIR}/{name}": render_rule_file(name) for name in RULE_FILES},
     "grafana/dashboards/specdecode.json": render_dashboard,
     "deploy/base/prometheusrule.yaml": render_prometheus_rule,
     "deploy/base/grafana-dashboard.yaml": render_dashboard_configmap,

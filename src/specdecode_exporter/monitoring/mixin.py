@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from specdecode_exporter.core.monitoring_config import MonitoringConfig
-from specdecode_exporter.monitoring.rules import rule_groups
+from specdecode_exporter.monitoring import mixin_rules
 
 Kind = Literal["ratio", "number", "duration", "text", "matchers"]
 
@@ -71,6 +71,7 @@ TUNABLE: tuple[Tunable, ...] = (
 # Besides these: _config.alerts.<name>.severity and ['for'] of every alert, and _config.extraAlertLabels.
 ALERT_FIELDS = (("severity", "severity"), ("for_", "for"))
 EXTRA_LABELS_KEY = "extraAlertLabels"
+ALERTS_KEY = "alerts"
 # The monitoring config's values that are not in _config, and why (tests/rules/test_mixin.py: every value is in one).
 BAKED = {
     "target_labels": "the labels of the rules' joins: the rules' structure",
@@ -264,7 +265,7 @@ def _plain_number(value: Any) -> Any:
 def defaults(cfg: MonitoringConfig) -> dict[str, Any]:
     """The _config object: every tunable value as configured."""
     values: dict[str, Any] = {t.key: _plain_number(get_path(cfg, t.path)) for t in TUNABLE}
-    values["alerts"] = {name: {key: getattr(settings, attribute) for attribute, key in ALERT_FIELDS}
+    values[ALERTS_KEY] = {name: {key: getattr(settings, attribute) for attribute, key in ALERT_FIELDS}
                         for name, settings in cfg.alerts}
     values[EXTRA_LABELS_KEY] = dict(cfg.extra_alert_labels)
     return values
@@ -346,8 +347,10 @@ USAGE = """\
 ENTRY = "mixin.libsonnet"
 CONFIG = "config.libsonnet"
 UTILS = "lib/utils.libsonnet"
-PARTS = {"alerts/alerts.libsonnet": "prometheusAlerts", "rules/rules.libsonnet": "prometheusRules",
-         "dashboards/dashboards.libsonnet": "grafanaDashboards"}
+ALERTS_PART, RULES_PART, DASHBOARDS_PART = ("alerts/alerts.libsonnet", "rules/rules.libsonnet",
+                                            "dashboards/dashboards.libsonnet")
+PARTS = {ALERTS_PART: mixin_rules.ALERTS_FIELD, RULES_PART: mixin_rules.RULES_FIELD,
+         DASHBOARDS_PART: "grafanaDashboards"}
 FILES = (ENTRY, CONFIG, UTILS, *PARTS)
 SELECTOR = "utils.selector"  # the one way label matchers from _config (which may be empty) enter an expression
 
@@ -380,19 +383,19 @@ def _part(key: str, value: Any, placeholders: Placeholders, path: str) -> str:
 
 def render(cfg: MonitoringConfig, header: str) -> dict[str, str]:
     """The mixin's files (paths relative to mixin/), each after ``header``. Needs grafana-foundation-sdk
-    (ImportError without it)."""
+    (ImportError without it). The alerts, the rules and the rules' keys of _config: monitoring.mixin_rules."""
     from specdecode_exporter.monitoring import dashboard
 
     placeholders = Placeholders()
     symbolic_cfg = symbolic(cfg, placeholders)
-    groups = rule_groups(symbolic_cfg)["groups"]
-    alerts = [g for g in groups if any("alert" in r for r in g["rules"])]
-    records = [g for g in groups if g not in alerts]
-    fields = {"prometheusAlerts": {"groups": alerts}, "prometheusRules": {"groups": records},
-              "grafanaDashboards": {"specdecode.json": plain(dashboard.build(symbolic_cfg))}}
+    dashboards = {"specdecode.json": plain(dashboard.build(symbolic_cfg))}
     imports = " +\n".join(f"(import '{path}')" for path in (CONFIG, *PARTS))
+    dashboard_defaults = {k: v for k, v in defaults(cfg).items() if k not in (ALERTS_KEY, EXTRA_LABELS_KEY)}
     files = {ENTRY: header + USAGE + imports + "\n",
-             CONFIG: header + USAGE + _part("_config", defaults(cfg), placeholders, CONFIG),
-             UTILS: header + "// The helpers every expression of the mixin calls.\n" + UTILS_TEXT}
-    files.update({path: header + _part(key, fields[key], placeholders, path) for path, key in PARTS.items()})
+             CONFIG: header + USAGE + "{\n  _config+:: {\n" + mixin_rules.config_fields(cfg, dashboard_defaults)
+             + "  },\n}\n",
+             UTILS: header + "// The helpers every expression of the mixin calls.\n" + UTILS_TEXT,
+             ALERTS_PART: header + mixin_rules.alerts_libsonnet(cfg),
+             RULES_PART: header + mixin_rules.rules_libsonnet(cfg)}
+    files[DASHBOARDS_PART] = header + _part(PARTS[DASHBOARDS_PART], dashboards, placeholders, DASHBOARDS_PART)
     return files
