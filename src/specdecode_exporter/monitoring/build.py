@@ -6,9 +6,10 @@
     python -m specdecode_exporter.monitoring.build --profile e2e --rules-out F   # only the rules, with a profile, to F
 
 Artefacts: the Prometheus rules files (alerts/specdecode-*.rules.yaml, one per concern), the Grafana dashboard,
-the PrometheusRule and the dashboard ConfigMap in deploy/base, the monitoring config the in-cluster sidecar reads (deploy/base/monitoring.yaml), the sidecar
-patch and the kustomize patches derived from it (templates/sidecar-patch.yaml), the jsonnet mixin, and the
-metric reference in docs/metrics.md. Everything it reads ships with the package, so it runs from an install too.
+the PrometheusRule and the dashboard ConfigMap in deploy/base, the monitoring config the in-cluster sidecar reads
+(deploy/base/monitoring.yaml), the sidecar patch and the kustomize patches derived from it
+(templates/sidecar-patch.yaml), the jsonnet mixin, and the metric reference in docs/metrics.md. Everything it reads
+ships with the package, so it runs from an install too.
 """
 
 from __future__ import annotations
