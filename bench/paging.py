@@ -22,8 +22,9 @@ Evaluation (why this way): the samples are written as OpenMetrics and backfilled
 create-blocks-from openmetrics``; a real Prometheus then evaluates the page's generated expression (``rule_groups`` of
 the shipped monitoring config; the stage's records, the tap's per-request sums from them, the variance's steps and
 then the measured variance from those, are first recorded into the TSDB at their groups' intervals with ``promtool
-tsdb create-blocks-from rules``, as a ruler writes them; the other recording rules are substituted by their own expressions, i.e. the recordings
-evaluated at the same instant, as ``promtool test rules`` orders the groups) with ``query_range`` at the groups'
+tsdb create-blocks-from rules``, as a ruler writes them; the other recording rules are substituted by their own
+expressions, i.e. the recordings evaluated at the same instant, as ``promtool test rules`` orders the groups; a ruler
+that evaluates its groups at independent phases sees each layer up to one evaluation later) with ``query_range`` at the groups'
 evaluation interval, and ``for:`` is applied to the result as Prometheus' rule manager does (pending at the first true
 evaluation, firing once it has held ``for:``, reset by any evaluation without it). A month of ``promtool test rules``
 per rate would take hours; the cross-check below replays one drop through ``promtool test rules`` with the real rule
