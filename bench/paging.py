@@ -24,12 +24,12 @@ the shipped monitoring config; the stage's records, the tap's per-request sums f
 then the measured variance from those, are first recorded into the TSDB at their groups' intervals with ``promtool
 tsdb create-blocks-from rules``, as a ruler writes them; the other recording rules are substituted by their own
 expressions, i.e. the recordings evaluated at the same instant, as ``promtool test rules`` orders the groups; a ruler
-that evaluates its groups at independent phases sees each layer up to one evaluation later) with ``query_range`` at the groups'
-evaluation interval, and ``for:`` is applied to the result as Prometheus' rule manager does (pending at the first true
-evaluation, firing once it has held ``for:``, reset by any evaluation without it). A month of ``promtool test rules``
-per rate would take hours; the cross-check below replays one drop through ``promtool test rules`` with the real rule
-file and compares the firing state at every evaluation. Baseline, same data and same run: the page as it was before (α
-over 5m < 0.5 with ≥ 5 drafted tokens/s, ``for: 10m``).
+that evaluates its groups at independent phases sees each layer up to one evaluation later) with ``query_range`` at
+the groups' evaluation interval, and ``for:`` is applied to the result as Prometheus' rule manager does (pending at
+the first true evaluation, firing once it has held ``for:``, reset by any evaluation without it). A month of
+``promtool test rules`` per rate would take hours; the cross-check below replays one drop through ``promtool test
+rules`` with the real rule file and compares the firing state at every evaluation. Baseline, same data and same run:
+the page as it was before (α over 5m < 0.5 with ≥ 5 drafted tokens/s, ``for: 10m``).
 """
 
 from __future__ import annotations
