@@ -19,7 +19,7 @@ import yaml
 from specdecode_exporter.core import monitoring_config
 from specdecode_exporter.core.monitoring_config import MonitoringConfig
 from specdecode_exporter.monitoring import dashboard, mixin
-from specdecode_exporter.monitoring.rules import rule_groups
+from specdecode_exporter.monitoring.rules import RULE_FILES, rule_groups
 from tests.grafana.grafana_dashboard_helpers import ROOT
 from tests.helpers import require_tool
 
@@ -33,7 +33,7 @@ def evaluate(field: str, overrides: str = "{}") -> Any:
 
 
 def test_the_mixin_rules_are_the_rule_file() -> None:
-    rules = yaml.safe_load((ROOT / "alerts" / "specdecode.rules.yaml").read_text())["groups"]
+    rules = [g for name in RULE_FILES for g in yaml.safe_load((ROOT / "alerts" / name).read_text())["groups"]]
     from_mixin = evaluate("prometheusRules")["groups"] + evaluate("prometheusAlerts")["groups"]
     assert sorted(from_mixin, key=lambda g: g["name"]) == sorted(rules, key=lambda g: g["name"])
     alert_groups = {g["name"] for g in evaluate("prometheusAlerts")["groups"]}
@@ -72,18 +72,18 @@ def test_the_mixin_is_laid_out_as_kubernetes_mixin_and_each_part_renders_with_th
 
 
 def test_every_selector_from_the_config_goes_through_the_one_helper() -> None:
-    """No expression tests metricSelector for emptiness inline: each use is an argument of utils.selector, the
-    one place that does (lib/utils.libsonnet)."""
+    """No panel tests metricSelector for emptiness inline: each use is an argument of utils.selector, the one place
+    that does (lib/utils.libsonnet). (The rules read the selector's two forms from _config: test_mixin_rules.py.)"""
     reference = mixin.config_ref("metricSelector")
-    for path in mixin.FILES:
+    for path in (mixin.UTILS, mixin.DASHBOARDS_PART):
         text = (MIXIN.parent / path).read_text()
         if path == mixin.UTILS:
             assert "selector(matchers, beforeOthers=false)::" in text
             continue
         assert "== ''" not in text, path
         assert text.count(reference) == text.count(f"{mixin.SELECTOR}({reference}"), path
-    uses = sum((MIXIN.parent / path).read_text().count(f"{mixin.SELECTOR}(") for path in mixin.PARTS)
-    assert uses > 0, "the shipped rules select the sidecar's series through the helper"
+    uses = (MIXIN.parent / mixin.DASHBOARDS_PART).read_text().count(f"{mixin.SELECTOR}(")
+    assert uses > 0, "the shipped dashboard selects the sidecar's series through the helper"
 
 
 # ------------------------------------------------------------------------------------------ _config overrides
@@ -169,7 +169,10 @@ def _alert(groups: dict[str, Any], name: str) -> dict[str, Any]:
 def test_a_users_overrides_reach_the_alerts_and_the_dashboard(tmp_path: Path) -> None:
     alerts, records = evaluate("prometheusAlerts", USER), evaluate("prometheusRules", USER)
     page = _alert(alerts, "SpecDecodeAcceptanceRateLow")
-    assert page["expr"].startswith("(\nmodel:specdecode_acceptance_ratio:rate2m < 0.4\n")
+    assert ") < 0.4\n" in page["expr"]
+    proof = next(r["expr"] for g in records["groups"] for r in g["rules"]
+                 if r["record"] == "model:specdecode_acceptance_ratio:proven_below_page_rate2m")
+    assert proof.startswith("model:specdecode_acceptance_ratio:rate2m < 0.4\n")
     assert (page["for"], page["labels"]["severity"]) == ("5m", "warning")
     assert "below 40%" in page["annotations"]["summary"]
     assert page["annotations"]["runbook_url"] == \

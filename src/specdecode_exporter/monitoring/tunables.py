@@ -36,6 +36,7 @@ class Key:
     # Derived: its jsonnet expression over ``self`` (the _config object), given the monitoring config (for a baked
     # constant in it); None: the user's.
     jsonnet: Callable[[MonitoringConfig], str] | None = None
+    path: str | None = None  # the user's: where the monitoring config holds it (attributes of MonitoringConfig)
 
     @property
     def placeholder(self) -> str:
@@ -73,26 +74,36 @@ def _page_null(cfg: MonitoringConfig) -> float:
     return cfg.thresholds.page_acceptance_ratio + cfg.statistics.page_margin
 
 
+def _user(name: str, conversion: Literal["s", "g"], path: str) -> Key:
+    """A key the user sets: the monitoring config's value at ``path`` (attributes of MonitoringConfig)."""
+    def value(cfg: MonitoringConfig) -> Any:
+        found: Any = cfg
+        for attribute in path.split("."):
+            found = getattr(found, attribute)
+        return found
+    return Key(name, conversion, value, path=path)
+
+
 # The user's keys, in the order config.libsonnet lists them.
 USER: tuple[Key, ...] = (
-    Key("runbookBaseURL", "s", lambda cfg: cfg.runbook_base_url),
-    Key("metricSelector", "s", lambda cfg: cfg.metric_selector),
-    Key("exporterJobSelector", "s", lambda cfg: cfg.exporter_job_selector),
-    Key("shortWindow", "s", lambda cfg: cfg.short_window),
-    Key("windowEvaluationInterval", "s", lambda cfg: cfg.windows.evaluation_interval),
-    Key("baselineOffset", "s", lambda cfg: cfg.baseline_offset),
-    Key("minDraftTokensPerSecond", "g", lambda cfg: cfg.min_draft_tokens_per_second),
-    Key("minRequestsPerHour", "g", lambda cfg: cfg.min_requests_per_hour),
-    Key("pageAcceptanceRatio", "g", _page),
-    Key("driftDrop", "g", lambda cfg: cfg.thresholds.drift_drop),
-    Key("intervalAcceptanceRatio", "g", lambda cfg: cfg.thresholds.interval_acceptance_ratio),
-    Key("requestAcceptanceRatio", "g", _request),
-    Key("hurtingBelow", "g", lambda cfg: cfg.speedups.hurting_below),
-    Key("maxPreemptionsPerRequestIncrease", "g", lambda cfg: cfg.cost_vs_control.max_preemptions_per_request_increase),
-    Key("minThroughputRatio", "g", lambda cfg: cfg.cost_vs_control.min_throughput_ratio),
-    Key("minWaitingRequests", "g", lambda cfg: cfg.cost_vs_control.min_waiting_requests),
-    Key("speculationShareBelow", "g", lambda cfg: cfg.speculation_stopped.share_below),
-    Key("minGeneratedTokensPerSecond", "g", lambda cfg: cfg.speculation_stopped.min_generated_tokens_per_second),
+    _user("runbookBaseURL", "s", "runbook_base_url"),
+    _user("metricSelector", "s", "selectors.metric"),
+    _user("exporterJobSelector", "s", "selectors.exporter_job"),
+    _user("shortWindow", "s", "windows.short"),
+    _user("windowEvaluationInterval", "s", "windows.evaluation_interval"),
+    _user("baselineOffset", "s", "baseline.offset"),
+    _user("minDraftTokensPerSecond", "g", "min_draft_tokens_per_second"),
+    _user("minRequestsPerHour", "g", "min_requests_per_hour"),
+    _user("pageAcceptanceRatio", "g", "thresholds.page_acceptance_ratio"),
+    _user("driftDrop", "g", "thresholds.drift_drop"),
+    _user("intervalAcceptanceRatio", "g", "thresholds.interval_acceptance_ratio"),
+    _user("requestAcceptanceRatio", "g", "thresholds.request_acceptance_ratio"),
+    _user("hurtingBelow", "g", "speedups.hurting_below"),
+    _user("maxPreemptionsPerRequestIncrease", "g", "cost_vs_control.max_preemptions_per_request_increase"),
+    _user("minThroughputRatio", "g", "cost_vs_control.min_throughput_ratio"),
+    _user("minWaitingRequests", "g", "cost_vs_control.min_waiting_requests"),
+    _user("speculationShareBelow", "g", "speculation_stopped.share_below"),
+    _user("minGeneratedTokensPerSecond", "g", "speculation_stopped.min_generated_tokens_per_second"),
 )
 NULLABLE = frozenset({"windowEvaluationInterval"})  # null: the field it fills (a group's interval) is left out
 
