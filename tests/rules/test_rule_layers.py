@@ -83,7 +83,8 @@ def group_kinds(groups: Groups) -> list[str]:
                          ids=["rules-file", "prometheusrule", "e2e-profile", "mixin"])
 def test_no_group_reads_its_own_records(load: Any) -> None:
     groups = load()
-    assert group_kinds(groups) == group_kinds(_rules_file())
+    # The same groups (the mixin lists its records' groups before its alerts', as kube-prometheus loads them).
+    assert sorted(group_kinds(groups)) == sorted(group_kinds(_rules_file()))
     assert list(layer_violations(groups)) == []
 
 
