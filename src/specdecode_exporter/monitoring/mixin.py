@@ -1,18 +1,19 @@
 """The jsonnet mixin (mixin/): the rules and the dashboard, reading the values users tune from ``_config``, laid out
 as kubernetes-mixin lays its out (FILES): ``config.libsonnet`` (``_config``), ``lib/utils.libsonnet`` (the helpers
-the expressions call: label matchers from ``_config`` go through ``utils.selector`` alone), ``alerts/``, ``rules/``
-and ``dashboards/`` (one field each), and ``mixin.libsonnet``, which merges them::
+the dashboard's expressions call: label matchers from ``_config`` go through ``utils.selector`` alone), ``alerts/``,
+``rules/`` and ``dashboards/`` (one field each), and ``mixin.libsonnet``, which merges them::
 
     (import 'mixin.libsonnet') + { _config+:: { pageAcceptanceRatio: 0.4 } }
 
-How, without a jsonnet copy of any rule: the rules and the dashboard are rendered once, by the same generators,
-from a symbolic copy of the monitoring config whose tunable values are placeholders (TUNABLE). A string is a unique
-token; a number keeps its value (so comparisons and validation still work) and becomes a token where it is
-formatted; arithmetic, str.replace/rstrip and promql.bucket_at_or_below carry their derivation along as a jsonnet
-expression. Every rendered string holding tokens becomes a jsonnet format string over ``$._config`` values; a number
-that is a placeholder becomes its expression. A new rule or panel needs nothing here; a new tunable value is one
-line in TUNABLE. tests/rules/test_mixin.py overrides every tunable value in jsonnet and checks that the mixin renders
-exactly what the generators render from a monitoring config with the same change.
+The alerts, the rules and the rules' keys of ``_config`` are monitoring.mixin_rules': the rules' own templates with
+named formats. The dashboard, here: rendered once by its generator from a symbolic copy of the monitoring config
+whose tunable values are placeholders (TUNABLE). A string is a unique token; a number keeps its value (so
+comparisons and validation still work) and becomes a token where it is formatted; arithmetic, str.replace/rstrip
+and promql.bucket_at_or_below carry their derivation along as a jsonnet expression. Every rendered string holding
+tokens becomes a jsonnet format string over ``$._config`` values; a number that is a placeholder becomes its
+expression. A new panel needs nothing here; a new tunable value is one line in TUNABLE (and, where the rules read
+it, in monitoring.tunables). tests/rules/test_mixin.py overrides every tunable value in jsonnet and checks that the
+mixin renders exactly what the generators render from a monitoring config with the same change.
 
 What is not in ``_config`` (aggregation levels, quantiles, the sidecar's windows, which alert reads which window)
 changes the set or the names of the rules: change it in the monitoring config and rebuild.
