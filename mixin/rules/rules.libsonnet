@@ -483,7 +483,8 @@
       },
       // Per target, engine and routed class: failed collections by reason (the health tickets), each engine's
       // generated and drafted tokens and speculative token share (speculation stopped), requests per routed class
-      // (routing).
+      // (routing). A layer between the stage and those tickets: they see a collection up to one evaluation (a minute)
+      // later, against for: of 5 minutes and more.
       {
         name: 'specdecode.rules.series',
         [if $._config.windowEvaluationInterval != null then 'interval']: $._config.windowEvaluationInterval,
@@ -1337,7 +1338,8 @@
         ],
       },
       // The page's measured variance: the upper bound of the 1h estimate as recorded 10m ago (a drop's own minutes
-      // stay out of it), never below α(1 − α), where 20 requests back it.
+      // stay out of it), never below α(1 − α), where 20 requests back it. One layer after the estimate: up to a minute
+      // later, on data 10m old anyway.
       {
         name: 'specdecode.rules.variance.bound',
         [if $._config.windowEvaluationInterval != null then 'interval']: $._config.windowEvaluationInterval,

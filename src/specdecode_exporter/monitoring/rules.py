@@ -523,7 +523,9 @@ def _window_groups(cfg: MonitoringConfig) -> list[Group]:
                          [*(r for w in windows for r in _records(cfg, w)), *_quantile_records(cfg)]),
            _window_group(cfg, "series", "Per target, engine and routed class: failed collections by reason (the "
                          "health tickets), each engine's generated and drafted tokens and speculative token share "
-                         "(speculation stopped), requests per routed class (routing).", _series_rules(cfg))]
+                         "(speculation stopped), requests per routed class (routing). A layer between the stage and "
+                         "those tickets: they see a collection up to one evaluation (a minute) later, against for: "
+                         "of 5 minutes and more.", _series_rules(cfg))]
     # A group per tested window: one group for all would exceed Mimir's default of 20 rules per group.
     for window in tested_windows(cfg):
         whose = "the page's and the tickets'" if window in cfg.statistics.page_windows and window == long_w else \
@@ -565,7 +567,8 @@ def _page_groups(cfg: MonitoringConfig) -> list[Group]:
                       _variance_rules(cfg)),
         _window_group(cfg, "variance.bound", f"The page's measured variance: the upper bound of the {VARIANCE_WINDOW} "
                       f"estimate as recorded {VARIANCE_OFFSET} ago (a drop's own minutes stay out of it), never below "
-                      f"α(1 − α), where {fmt_num(stats.min_requests)} requests back it.", _variance_bound_rules(cfg)),
+                      f"α(1 − α), where {fmt_num(stats.min_requests)} requests back it. One layer after the estimate: "
+                      f"up to a minute later, on data {VARIANCE_OFFSET} old anyway.", _variance_bound_rules(cfg)),
         _budgeted_group(cfg, PAGE_EVIDENCE_GROUP, PAGE_EVIDENCE_PURPOSE.format(every=stats.evaluation_interval),
                         page_evidence_rules(cfg)),
     ]
