@@ -6,6 +6,7 @@ that use that value and nothing else."""
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from pathlib import Path
@@ -26,6 +27,7 @@ PARTS = (MIXIN / "alerts" / "alerts.libsonnet", MIXIN / "rules" / "rules.libsonn
 Groups = list[dict[str, Any]]
 
 
+@functools.cache
 def rendered(overrides: str = "{}") -> tuple[Groups, Groups]:
     """The mixin's prometheusRules and prometheusAlerts groups under ``overrides`` (the config and the two parts
     alone: the dashboard is not evaluated)."""
@@ -113,7 +115,7 @@ def test_an_override_renders_the_same_change_and_changes_what_reads_it_and_nothi
     value = _changed(key)
     changed = rendered(f"{{ _config+:: {{ {key.name}: {json.dumps(value)} }} }}")
     assert changed == generated(mixin.with_value(shipped, key.path, value))
-    templates = [g.body for f in rules.rule_file_templates(shipped) for g in f.groups]
+    templates = _shipped_templates()
     names = _depends_on(shipped, key.name)
     should = {(i, j) for i, g in enumerate(templates) for j, r in enumerate(g["rules"]) if _mentions(r, names)}
     should |= {(i, -1) for i, g in enumerate(templates)
@@ -123,6 +125,11 @@ def test_an_override_renders_the_same_change_and_changes_what_reads_it_and_nothi
     flat_default = _in_file_order(default, positions)
     flat_changed = _in_file_order(changed, positions)
     assert should and _differing(flat_default, flat_changed) == should
+
+
+@functools.cache
+def _shipped_templates() -> Groups:
+    return [g.body for f in rules.rule_file_templates(monitoring_config.shipped()) for g in f.groups]
 
 
 def _in_file_order(fields: tuple[Groups, Groups], names: list[str]) -> Groups:
