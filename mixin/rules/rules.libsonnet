@@ -1553,7 +1553,7 @@
       // specdecode-tickets.rules.yaml: The tickets: each test's statistic by name, and every alert but the page.
       //
       // The tickets' test statistics, by name: each ticket compares one with its bar (the false-ticket budget per
-      // window). One layer after what they read: up to one evaluation (a minute) later than the records below them.
+      // window). One layer after what they read: up to one evaluation (a minute) later than the records they read.
       {
         name: 'specdecode.rules.tickets',
         [if $._config.windowEvaluationInterval != null then 'interval']: $._config.windowEvaluationInterval,

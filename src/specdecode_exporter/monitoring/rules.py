@@ -1302,7 +1302,7 @@ def _alert_templates(cfg: MonitoringConfig) -> tuple[Group, Group, Group]:
                            [r for r in finished if r["alert"] == PAGE])
     evidence = _window_group(cfg, "tickets", "The tickets' test statistics, by name: each ticket compares one with "
                              "its bar (the false-ticket budget per window). One layer after what they read: up to "
-                             "one evaluation (a minute) later than the records below them.", _ticket_evidence(cfg))
+                             "one evaluation (a minute) later than the records they read.", _ticket_evidence(cfg))
     tickets = Group(TICKETS_PURPOSE, {"name": TICKETS_GROUP, **window_interval(cfg),
                                       "rules": _laid_out(r for r in finished if r["alert"] != PAGE)})
     return page, evidence, tickets
