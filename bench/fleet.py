@@ -20,7 +20,7 @@ ten models (the page's model_name rewritten), and every counter, histogram and s
 (scaled by 1 + t / 60 s, so ratios such as α stay what the sidecar measured and every rate() has a value).
 
 Each (page, pod count) gets a fresh Prometheus (Debian's, 2.42 here) with the generated rules
-(alerts/specdecode.rules.yaml), scrape and evaluation interval as the size says. After every target is up and the
+(alerts/specdecode-*.rules.yaml), scrape and evaluation interval as the size says. After every target is up and the
 hold has passed, the figures come from Prometheus itself: prometheus_tsdb_head_series, process_resident_memory_bytes,
 go_memstats_heap_inuse_bytes, prometheus_rule_group_last_duration_seconds summed over the groups (the median of
 one sample per interval), prometheus_rule_evaluation_failures_total, and scrape_duration_seconds of the targets.

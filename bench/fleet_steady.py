@@ -301,7 +301,7 @@ def measure(page_name: str, page: fleet_common.MovingPage, pods: int, size: flee
     if rules:
         history = History(page, reads.names, fleet_common.JOBS[page_name], pods, origin, step)
         records = RecordHistory.of(page, fleet_common.JOBS[page_name], pods,
-                                   fleet_common.RULES.read_text(encoding="utf-8"), int(time.time()))
+                                   fleet_common.shipped_rules_yaml(), int(time.time()))
         samples = (backfill_records(records, run_dir / "tsdb", run_dir)
                    + backfill(history, run_dir / "tsdb", run_dir))
     with fleet_common.PodServer(page, origin) as server:
@@ -441,7 +441,7 @@ RUNS = ((fleet_common.VLLM, False), (fleet_common.VLLM, True), (fleet_common.SID
 
 
 def run(size: fleet_common.Size, log: Callable[[str], None] = print) -> SteadyResult:
-    rules = fleet_common.RULES.read_text(encoding="utf-8")
+    rules = fleet_common.shipped_rules_yaml()
     with tempfile.TemporaryDirectory(prefix="fleet-steady-") as tmp:
         workdir = Path(tmp)
         pages = {fleet_common.SIDECAR: fleet_common.MovingPage.parse(fleet_common.sidecar_page(workdir).decode()),

@@ -20,15 +20,16 @@ Scenarios per rate R ∈ {0.2, 1, 10, 100, 1000}:
 
 Evaluation (why this way): the samples are written as OpenMetrics and backfilled into a real TSDB with ``promtool tsdb
 create-blocks-from openmetrics``; a real Prometheus then evaluates the page's generated expression (``rule_groups`` of
-the shipped monitoring config; the stage's records, the tap's per-request sums from them, then the measured variance's
-from those, are first recorded into the TSDB at their groups' intervals with ``promtool tsdb create-blocks-from rules``,
-as a ruler writes them; the other recording rules are substituted by their own expressions, i.e. the recordings
-evaluated at the same instant, as ``promtool test rules`` orders the groups) with ``query_range`` at the groups'
-evaluation interval, and ``for:`` is applied to the result as Prometheus' rule manager does (pending at the first true
-evaluation, firing once it has held ``for:``, reset by any evaluation without it). A month of ``promtool test rules``
-per rate would take hours; the cross-check below replays one drop through ``promtool test rules`` with the real rule
-file and compares the firing state at every evaluation. Baseline, same data and same run: the page as it was before (α
-over 5m < 0.5 with ≥ 5 drafted tokens/s, ``for: 10m``).
+the shipped monitoring config; the stage's records, the tap's per-request sums from them, the variance's steps and
+then the measured variance from those, are first recorded into the TSDB at their groups' intervals with ``promtool
+tsdb create-blocks-from rules``, as a ruler writes them; the other recording rules are substituted by their own
+expressions, i.e. the recordings evaluated at the same instant, as ``promtool test rules`` orders the groups; a ruler
+that evaluates its groups at independent phases sees each layer up to one evaluation later) with ``query_range`` at
+the groups' evaluation interval, and ``for:`` is applied to the result as Prometheus' rule manager does (pending at
+the first true evaluation, firing once it has held ``for:``, reset by any evaluation without it). A month of
+``promtool test rules`` per rate would take hours; the cross-check below replays one drop through ``promtool test
+rules`` with the real rule file and compares the firing state at every evaluation. Baseline, same data and same run:
+the page as it was before (α over 5m < 0.5 with ≥ 5 drafted tokens/s, ``for: 10m``).
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ from specdecode_exporter.core.config.validation import duration_seconds  # noqa:
 from specdecode_exporter.core.contract import metrics as m  # noqa: E402
 from specdecode_exporter.core.contract import monitoring_config  # noqa: E402
 from specdecode_exporter.core.contract.monitoring_config import MonitoringConfig  # noqa: E402
-from specdecode_exporter.monitoring import rules, stage  # noqa: E402
+from specdecode_exporter.monitoring import rules, stage, tunables  # noqa: E402
 from specdecode_exporter.monitoring.promql import Scope, acceptance_ratio, rate_sum  # noqa: E402
 from specdecode_exporter.monitoring.rules import rule_groups  # noqa: E402
 
@@ -392,7 +393,8 @@ def generated_page(cfg: MonitoringConfig) -> Rule:
     records = inlined_records(cfg)
     group = next(g for g in doc["groups"] if any(r.get("alert") == PAGE for r in g["rules"]))
     rule = next(r for r in group["rules"] if r.get("alert") == PAGE)
-    proof, holds = rules.page_proof(cfg), rules.page_holds(cfg)
+    values = tunables.mapping(cfg)
+    proof, holds = tunables.fill(rules.page_proof(cfg), values), tunables.fill(rules.page_holds(cfg), values)
     if rule["expr"] != rules.page_expr(proof, holds, cfg.level_labels()):
         raise RuntimeError(f"{PAGE}'s generated expression is not proof or (holds and ALERTS): update the bench")
     return Rule(PAGE, inline_records(proof, records), duration_seconds(rule["for"], allow_zero=True),
@@ -403,17 +405,18 @@ def generated_page(cfg: MonitoringConfig) -> Rule:
 def recorded_passes(cfg: MonitoringConfig) -> list[tuple[str, list[dict[str, Any]]]]:
     """The groups whose records the bench writes into its TSDB before evaluating the page, in the order a ruler's
     groups read each other's: the stage (from the raw samples), the tap's per-request sums over the hour (from the
-    stage), then the group of the page's measured variance (from the sums, some as recorded 10 minutes earlier: an
-    offset on an inlined expression is not PromQL). Inlined, the variance's hour of stage records, read at every 15 s
-    of a month in each page window, took Prometheus hours; recorded at its group's interval it is one series read
-    back, as the ruler's page reads it."""
+    stage), the variance's estimate, α and divisor (from the sums), then the page's measured variance (from those,
+    as recorded 10 minutes earlier: an offset on an inlined expression is not PromQL). Inlined, the variance's hour
+    of stage records, read at every 15 s of a month in each page window, took Prometheus hours; recorded at its
+    group's interval it is one series read back, as the ruler's page reads it."""
     groups = rule_groups(cfg)["groups"]
 
     def holding(record: str) -> list[dict[str, Any]]:
         return [g for g in groups if any(r.get("record") == record for r in g["rules"])]
 
     return [("stage", stage.stage_groups(cfg)), ("sums", holding(rules.tapped_requests_record(cfg))),
-            ("variance", holding(rules.variance_record(cfg, "bound")))]
+            ("variance", holding(rules.variance_record(cfg, "estimate", rules.VARIANCE_WINDOW))),
+            ("bound", holding(rules.variance_record(cfg, "bound")))]
 
 
 def recorded_names(cfg: MonitoringConfig) -> set[str]:

@@ -75,23 +75,14 @@ from specdecode_exporter.core.contract import monitoring_config  # noqa: E402
 from specdecode_exporter.core.contract.monitoring_config import MonitoringConfig  # noqa: E402
 from specdecode_exporter.core.stats import dispersion  # noqa: E402
 from specdecode_exporter.core.stats.dispersion import Moments  # noqa: E402
-from specdecode_exporter.monitoring import rules, variance  # noqa: E402
-from specdecode_exporter.monitoring.promql import by, fmt_num, record_name  # noqa: E402
+from specdecode_exporter.monitoring import rules, tunables, variance  # noqa: E402
+from specdecode_exporter.monitoring.promql import by  # noqa: E402
 from specdecode_exporter.monitoring.rules import VARIANCE_OFFSET, VARIANCE_WINDOW  # noqa: E402
 
 RATE = 10.0
 Floats = npt.NDArray[np.float64]
 SUMS = (m.REQUESTS, m.REQUEST_DRAFT_TOKENS, m.REQUEST_ACCEPTED_TOKENS, m.REQUEST_DRAFT_TOKENS_SQUARED,
         m.REQUEST_ACCEPTED_TOKENS_SQUARED, m.REQUEST_ACCEPTED_DRAFT_TOKENS_PRODUCT)
-
-
-def configured_variance(cfg: MonitoringConfig, window: str) -> str:
-    """The page's variance over ``window`` exactly as rules.alpha_proven_below writes it (inflation 1)."""
-    level, dispersion = cfg.alert_level, cfg.statistics.dispersion
-    drafted = record_name(level, m.DRAFT_TOKENS.name, f"rate{window}")
-    drafts = record_name(level, m.DRAFTS.name, f"rate{window}")
-    tokens_per_draft = f"({drafted} / {drafts} or {drafted} * 0 + {fmt_num(dispersion.tokens_per_request)})"
-    return f"{fmt_num(dispersion.per_draft_token)} * {tokens_per_draft} + {fmt_num(dispersion.per_request)}"
 
 
 def measured_bound(cfg: MonitoringConfig, variance_window: str, offset: str | None = None) -> str:
@@ -107,34 +98,26 @@ def measured_bound(cfg: MonitoringConfig, variance_window: str, offset: str | No
 VARIANCE_SERIES = "bench_page_variance_per_draft_token"  # the measured bound, computed by the bench (docstring)
 
 
-def _page_variance(cfg: MonitoringConfig, name: str, variance_over: Callable[[str], str]) -> Rule:
-    """The generated page with each window's variance (the rules' measured bound, else the configured one) replaced
-    by ``variance_over(window)``; everything else unchanged."""
+def _page_variance(cfg: MonitoringConfig, name: str, bound: str) -> Rule:
+    """The generated page with the rules' measured bound (rules.variance_record, a recorded series) replaced by
+    ``bound``; everything else unchanged (where ``bound`` has no sample, each window's assumed variance)."""
     fixed = generated_page(cfg)
-    proof = rules.page_proof(cfg)
-    # The rules read the measured bound's record (rules.variance_record) where it exists.
-    rule_bound = rules.variance_record(cfg, "bound")
-    for window in cfg.statistics.page_windows:
-        old = f"/ ({rule_bound}\nor\n{configured_variance(cfg, window)}))"
-        if proof.count(old) != 1:
-            raise RuntimeError(f"the page's variance over {window} is not where the bench expects it: update it")
-        proof = proof.replace(old, f"/ ({variance_over(window)}))")
+    records = {**paging.inlined_records(cfg), rules.variance_record(cfg, "bound"): bound}
+    values = tunables.mapping(cfg)
+    proof, holds = tunables.fill(rules.page_proof(cfg), values), tunables.fill(rules.page_holds(cfg), values)
     # The stage's records are recorded into the bench's TSDB first (paging.record_passes); the rest inlined.
-    return Rule(name, inline_records(proof, paging.inlined_records(cfg)), fixed.hold_s, fixed.step_s,
-                fixed.longest_window_s, fixed.holds)
+    return Rule(name, inline_records(proof, records), fixed.hold_s, fixed.step_s, fixed.longest_window_s,
+                inline_records(holds, records))
 
 
 def measured_page(cfg: MonitoringConfig) -> Rule:
-    """The generated page with each window's variance the bench's series of the measured bound, else the configured
-    variance."""
-    labels = by(cfg.level_labels())
-    return _page_variance(cfg, "measured",
-                          lambda w: f"max by ({labels}) ({VARIANCE_SERIES})\nor\n{configured_variance(cfg, w)}")
+    """The generated page with the measured bound the bench's series of it, else each window's assumed variance."""
+    return _page_variance(cfg, "measured", f"max by ({by(cfg.level_labels())}) ({VARIANCE_SERIES})")
 
 
 def fixed_page(cfg: MonitoringConfig) -> Rule:
-    """The generated page with the configured variance only: the page where no per-request data arrives."""
-    return _page_variance(cfg, "fixed", lambda w: configured_variance(cfg, w))
+    """The generated page with the assumed variance only: the page where no per-request data arrives."""
+    return _page_variance(cfg, "fixed", "vector(0) < 0")
 
 
 def running_count(values: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:

@@ -30,7 +30,6 @@ from bench.common import markdown_table
 from bench.fleet_common import duration_s
 
 ROOT = Path(__file__).resolve().parent.parent
-RULES = ROOT / "alerts" / "specdecode.rules.yaml"
 BEFORE = "33cf36c"  # the last revision whose rules ranged over raw series for their whole windows
 SCRAPE_S = 15.0
 SELECTOR = re.compile(r"(?<![\w:\"'])([a-zA-Z_][a-zA-Z0-9_]*)(\{[^}]*\})?(\[[^\]]+\])?")
@@ -72,8 +71,16 @@ def group_reads(rules_yaml: str, series: Mapping[str, int], default_interval_s: 
 
 
 def rules_at(revision: str) -> str:
-    return subprocess.run(["git", "-C", str(ROOT), "show", f"{revision}:alerts/specdecode.rules.yaml"],
-                          capture_output=True, text=True, check=True).stdout
+    """The rules at ``revision``: one file then (alerts/specdecode.rules.yaml), or the files by concern."""
+    def show(path: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["git", "-C", str(ROOT), "show", f"{revision}:{path}"], capture_output=True, text=True,
+                              check=check)
+
+    one = show("alerts/specdecode.rules.yaml", check=False)
+    if one.returncode == 0:
+        return one.stdout
+    return yaml.safe_dump({"groups": [g for path in fleet_common.RULE_FILES for g in yaml.safe_load(
+        show(f"alerts/{path.name}").stdout)["groups"]]})
 
 
 def table(now: list[GroupReads], before: list[GroupReads]) -> Iterator[list[str]]:
@@ -89,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="specdecode-reads-") as tmp:
         series = page_series(fleet_common.sidecar_page(Path(tmp)))
-    now, before = group_reads(RULES.read_text(), series), group_reads(rules_at(args.before), series)
+    now, before = group_reads(fleet_common.shipped_rules_yaml(), series), group_reads(rules_at(args.before), series)
     print(f"One sidecar page: {sum(series.values())} series; scraped every {SCRAPE_S:g} s.\n")
     print("\n".join(markdown_table(["rules", "raw samples read per pod per second", "largest groups"],
                                    list(table(now, before)))))

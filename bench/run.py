@@ -418,7 +418,7 @@ def run_fleet(rep: Report, size: fleet_common.Size, steady: fleet_common.Size, f
             "vLLM (tests/fixtures/captured_vllm_cpu_0.32.0_ngram.prom). One loopback server serves N variants "
             "(/pod/0 … /pod/N-1, each a target with its own namespace/pod/instance labels, ten models, every counter "
             "and histogram moving), a fresh Prometheus "
-            f"{fleet.prometheus_version()} per row with the generated rules (alerts/specdecode.rules.yaml). Figures "
+            f"{fleet.prometheus_version()} per row with the generated rules (alerts/specdecode-*.rules.yaml). Figures "
             "from Prometheus itself: prometheus_tsdb_head_series, process_resident_memory_bytes, "
             "go_memstats_heap_inuse_bytes, prometheus_rule_group_last_duration_seconds summed over the groups "
             "(median of one sample per interval once every group has run), rule samples and failures, "

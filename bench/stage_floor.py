@@ -53,7 +53,9 @@ class Size:
 QUICK = Size(400, 200.0, 9)
 SMOKE = Size(2, 20.0, 1)  # tests/bench: the table's shape, figures meaningless (no sample a step ago yet)
 STAGE_GROUP = re.compile(r"^specdecode\.rules\.stage\.(\w+)$")
-INCREASE = re.compile(r"^(?:sum by \((?P<by>[^)]*)\) \()?\((?P<raw>.+) - (?P=raw) offset (?P<step>\S+)\) >= 0\)?$")
+# A stage rule's expression, its whitespace collapsed: summed or not, (x - x offset s) >= 0 or x - x offset s >= 0.
+INCREASE = re.compile(
+    r"^(?:sum by \((?P<by>[^)]*)\) \( ?)?\(?(?P<raw>.+?) - (?P=raw) offset (?P<step>[^\s)]+)\)? >= 0(?: ?\))?$")
 GAUGE = re.compile(r"^(?:avg|count) by \([^)]*\) \((?P<raw>.+)\)$")
 
 
@@ -153,7 +155,7 @@ def time_rules(client: httpx.Client, rules: Sequence[StageRule], repeats: int) -
 
 
 def run(size: Size = QUICK, log: Callable[[str], None] = print) -> FloorResult:
-    rules = stage_rules(fleet_common.RULES.read_text(encoding="utf-8"))
+    rules = stage_rules(fleet_common.shipped_rules_yaml())
     with tempfile.TemporaryDirectory(prefix="bench-stage-floor-") as tmp:
         workdir = Path(tmp)
         log("the sidecar's page: a real sidecar after tapped traffic")

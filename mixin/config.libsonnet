@@ -7,108 +7,72 @@
 // alert: _config+:: { extraAlertLabels+: { team: 'ml-platform' } }.
 {
   _config+:: {
-    "runbookBaseURL": "https://github.com/specdecode-exporter/specdecode-exporter/blob/main",
-    "metricSelector": "",
-    "exporterJobSelector": "job=~\".*specdecode.*\"",
-    "shortWindow": "5m",
-    "windowEvaluationInterval": "1m",
-    "baselineOffset": "1h",
-    "minDraftTokensPerSecond": 5,
-    "minRequestsPerHour": 30,
-    "pageAcceptanceRatio": 0.5,
-    "driftDrop": 0.05,
-    "intervalAcceptanceRatio": 0.5,
-    "requestAcceptanceRatio": 0.5,
-    "hurtingBelow": 1,
-    "maxPreemptionsPerRequestIncrease": 0.05,
-    "minThroughputRatio": 0.9,
-    "minWaitingRequests": 1,
-    "speculationShareBelow": 0.01,
-    "minGeneratedTokensPerSecond": 1,
-    "goodAcceptanceRatio": 0.6,
-    "payingOffFrom": 1.1,
-    "dashboardUID": "specdecode-overview",
-    "dashboardTitle": "Speculative decoding — is it paying off?",
-    "dashboardRefresh": "30s",
-    "dashboardTimeFrom": "now-3h",
-    "alerts": {
-      "SpecDecodeAcceptanceRateLow": {
-        "severity": "critical",
-        "for": "0s"
-      },
-      "SpecDecodeBelowBreakEven": {
-        "severity": "warning",
-        "for": "15m"
-      },
-      "SpecDecodeAcceptanceRateDrift": {
-        "severity": "warning",
-        "for": "30m"
-      },
-      "SpecDecodeIntervalAcceptanceLow": {
-        "severity": "warning",
-        "for": "15m"
-      },
-      "SpecDecodeTargetDown": {
-        "severity": "warning",
-        "for": "5m"
-      },
-      "SpecDecodeMetricsMissing": {
-        "severity": "warning",
-        "for": "10m"
-      },
-      "SpecDecodeExporterDown": {
-        "severity": "warning",
-        "for": "10m"
-      },
-      "SpecDecodeExporterAbsent": {
-        "severity": "warning",
-        "for": "15m"
-      },
-      "SpecDecodeRecommendedKLower": {
-        "severity": "info",
-        "for": "6h"
-      },
-      "SpecDecodeObservedSpeedupLow": {
-        "severity": "warning",
-        "for": "30m"
-      },
-      "SpecDecodeTailRegression": {
-        "severity": "warning",
-        "for": "30m"
-      },
-      "SpecDecodeLatencyMissing": {
-        "severity": "warning",
-        "for": "15m"
-      },
-      "SpecDecodeRequestAcceptanceLow": {
-        "severity": "warning",
-        "for": "15m"
-      },
-      "SpecDecodeBandAcceptanceLow": {
-        "severity": "warning",
-        "for": "15m"
-      },
-      "SpecDecodeClassRouted": {
-        "severity": "warning",
-        "for": "6h"
-      },
-      "SpecDecodeSpeculationStopped": {
-        "severity": "warning",
-        "for": "10m"
-      },
-      "SpecDecodePreemptionsRaised": {
-        "severity": "warning",
-        "for": "30m"
-      },
-      "SpecDecodeThroughputCut": {
-        "severity": "warning",
-        "for": "30m"
-      },
-      "SpecDecodeDispersionAboveAssumed": {
-        "severity": "warning",
-        "for": "1h"
-      }
+    // The rules' values (mixin/alerts, mixin/rules; the dashboard reads some too).
+    runbookBaseURL: 'https://github.com/specdecode-exporter/specdecode-exporter/blob/main',
+    metricSelector: '',
+    exporterJobSelector: 'job=~".*specdecode.*"',
+    shortWindow: '5m',
+    windowEvaluationInterval: '1m',
+    baselineOffset: '1h',
+    minDraftTokensPerSecond: 5,
+    minRequestsPerHour: 30,
+    pageAcceptanceRatio: 0.5,
+    driftDrop: 0.05,
+    intervalAcceptanceRatio: 0.5,
+    requestAcceptanceRatio: 0.5,
+    hurtingBelow: 1,
+    maxPreemptionsPerRequestIncrease: 0.05,
+    minThroughputRatio: 0.9,
+    minWaitingRequests: 1,
+    speculationShareBelow: 0.01,
+    minGeneratedTokensPerSecond: 1,
+    // The dashboard's.
+    goodAcceptanceRatio: 0.6,
+    payingOffFrom: 1.1,
+    dashboardUID: 'specdecode-overview',
+    dashboardTitle: 'Speculative decoding — is it paying off?',
+    dashboardRefresh: '30s',
+    dashboardTimeFrom: 'now-3h',
+    // Per alert: its severity and for:.
+    alerts: {
+      SpecDecodeAcceptanceRateLow: { severity: 'critical', 'for': '0s' },
+      SpecDecodeBelowBreakEven: { severity: 'warning', 'for': '15m' },
+      SpecDecodeAcceptanceRateDrift: { severity: 'warning', 'for': '30m' },
+      SpecDecodeIntervalAcceptanceLow: { severity: 'warning', 'for': '15m' },
+      SpecDecodeTargetDown: { severity: 'warning', 'for': '5m' },
+      SpecDecodeMetricsMissing: { severity: 'warning', 'for': '10m' },
+      SpecDecodeExporterDown: { severity: 'warning', 'for': '10m' },
+      SpecDecodeExporterAbsent: { severity: 'warning', 'for': '15m' },
+      SpecDecodeRecommendedKLower: { severity: 'info', 'for': '6h' },
+      SpecDecodeObservedSpeedupLow: { severity: 'warning', 'for': '30m' },
+      SpecDecodeTailRegression: { severity: 'warning', 'for': '30m' },
+      SpecDecodeLatencyMissing: { severity: 'warning', 'for': '15m' },
+      SpecDecodeRequestAcceptanceLow: { severity: 'warning', 'for': '15m' },
+      SpecDecodeBandAcceptanceLow: { severity: 'warning', 'for': '15m' },
+      SpecDecodeClassRouted: { severity: 'warning', 'for': '6h' },
+      SpecDecodeSpeculationStopped: { severity: 'warning', 'for': '10m' },
+      SpecDecodePreemptionsRaised: { severity: 'warning', 'for': '30m' },
+      SpecDecodeThroughputCut: { severity: 'warning', 'for': '30m' },
+      SpecDecodeDispersionAboveAssumed: { severity: 'warning', 'for': '1h' },
     },
-    "extraAlertLabels": {}
+    // Labels added to every alert.
+    extraAlertLabels: {},
+    // Derived from the values above, for the rules' texts: hidden, and not to be overridden.
+    acceptanceRatioBuckets:: [0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1],
+    bucketAtOrBelow(x):: std.foldl(function(best, b) if b <= x + 1e-9 then b else best, self.acceptanceRatioBuckets, null),
+    metricMatchers:: if self.metricSelector == '' then '' else '{' + self.metricSelector + '}',
+    metricMatchersFirst:: if self.metricSelector == '' then '' else self.metricSelector + ', ',
+    exporterJobSelectorQuoted:: std.strReplace(self.exporterJobSelector, '"', "'"),
+    runbookURL:: std.rstripChars(self.runbookBaseURL, '/') + '/alerts/runbook.md',
+    pageNullRatio:: self.pageAcceptanceRatio + 0.05,
+    pageAcceptanceBucket:: self.bucketAtOrBelow(self.pageAcceptanceRatio),
+    requestAcceptanceBucket:: self.bucketAtOrBelow(self.requestAcceptanceRatio),
+    pageAcceptancePercent:: self.pageAcceptanceRatio * 100,
+    pageNullPercent:: self.pageNullRatio * 100,
+    requestAcceptancePercent:: self.requestAcceptanceRatio * 100,
+    intervalAcceptancePercent:: self.intervalAcceptanceRatio * 100,
+    speculationSharePercent:: self.speculationShareBelow * 100,
+    minThroughputPercent:: self.minThroughputRatio * 100,
+    driftDropPoints:: self.driftDrop * 100,
   },
 }

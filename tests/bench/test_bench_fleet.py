@@ -68,7 +68,7 @@ def test_the_backfilled_history_is_what_the_pod_server_serves_at_that_second() -
 def test_the_rules_read_no_range_of_the_sidecars_series_and_nothing_of_vllms_page() -> None:
     """Two stages: the rules read the pods' series a step back, never over a range; their two hours are the stage's
     records' (what the steady bench backfills, and proves full)."""
-    rules = fleet_common.RULES.read_text(encoding="utf-8")
+    rules = fleet_common.shipped_rules_yaml()
     vllm = fleet_steady.rule_reads(rules, fleet_steady.sample_names(fleet_common.MovingPage.parse(
         fleet_common.VLLM_PAGE.read_text(encoding="utf-8"))))
     assert vllm.names == frozenset() and vllm.longest_s == 0
@@ -85,7 +85,7 @@ def test_the_floor_bench_reads_every_stage_rule_once_and_twice() -> None:
     """bench.stage_floor times every shipped stage rule beside its raw reads: each counter's rule as shipped, its series
     now and a step ago summed as it sums them; a gauge's rule reads once as shipped. A stage rule of another form is
     refused, not timed as something else."""
-    rules_yaml = fleet_common.RULES.read_text(encoding="utf-8")
+    rules_yaml = fleet_common.shipped_rules_yaml()
     rules = stage_floor.stage_rules(rules_yaml)
     shipped = [r for g in yaml.safe_load(rules_yaml)["groups"] if g["name"].startswith("specdecode.rules.stage.")
                for r in g["rules"] if r["record"] != stage.CLOCK]
@@ -176,7 +176,7 @@ def _assert_floor_rows(text: str) -> None:
     groups = set(stage.STAGE_GROUPS)
     assert set(rows) == groups | {f"**all {len(groups)}**"}, rows
     total = rows[f"**all {len(groups)}**"]
-    assert int(total["rules"]) == len(stage_floor.stage_rules(fleet_common.RULES.read_text(encoding="utf-8")))
+    assert int(total["rules"]) == len(stage_floor.stage_rules(fleet_common.shipped_rules_yaml()))
     assert int(total["rules"]) == sum(int(rows[g]["rules"]) for g in groups)
     for group in groups:
         assert int(rows[group]["raw series read"]) > 0, rows[group]

@@ -80,12 +80,18 @@ def test_the_fixed_page_reads_no_measured_variance_and_the_generated_page_reads_
     assert bound in paging.recorded_names(cfg) and bound not in paging.inlined_records(cfg)
     page = paging.generated_page(cfg)
     passes = dict(paging.passes_read(cfg, "\n".join(page.expressions)))
-    [variance_group] = passes["variance"]
-    assert [r["record"] for r in variance_group["rules"]] == [bound]
-    # The bound reads the tap's six sums over the hour, recorded before it (it reads them 10 minutes back: an offset
-    # on an inlined expression would not parse), and they read the stage's records.
+    [bound_group] = passes["bound"]
+    assert [r["record"] for r in bound_group["rules"]] == [bound]
+    # The bound reads the variance's estimate, α and divisor as recorded 10 minutes back (an offset on an inlined
+    # expression would not parse); they read the tap's six sums over the hour, recorded before them, and those read
+    # the stage's records.
+    steps = {r["record"] for g in passes["variance"] for r in g["rules"]}
+    assert steps == {rules.variance_record(cfg, "estimate", rules.VARIANCE_WINDOW),
+                     rules.tapped_alpha_record(cfg, rules.VARIANCE_WINDOW),
+                     rules.bound_divisor_record(cfg, rules.VARIANCE_WINDOW)}
+    assert all(f"{name} offset {rules.VARIANCE_OFFSET}" in bound_group["rules"][0]["expr"] for name in steps)
     sums = {r["record"] for g in passes["sums"] for r in g["rules"]}
     assert sums == {rules.tapped_sum_record(cfg, key, rules.VARIANCE_WINDOW) for key in rules.TAPPED_SUMS}
-    assert all(f"{name} offset {rules.VARIANCE_OFFSET}" in variance_group["rules"][0]["expr"] for name in sums)
+    assert all(any(name in r["expr"] for name in sums) for g in passes["variance"] for r in g["rules"])
     staged = {r["record"] for g in passes["stage"] for r in g["rules"]}
     assert all(any(name in r["expr"] for name in staged) for g in passes["sums"] for r in g["rules"])

@@ -17,6 +17,7 @@ import yaml
 from specdecode_exporter.core.contract import monitoring_config
 from specdecode_exporter.core.contract.verdict import Evidence, Verdict, judge
 from specdecode_exporter.monitoring import build, stage
+from specdecode_exporter.monitoring.rules import RULE_FILES
 from specdecode_exporter.pipeline.capacity import CapacityStats, against_control
 from specdecode_exporter.pipeline.derive import CostModel, counts_stats
 from specdecode_exporter.sidecar.config import load_config_file
@@ -45,11 +46,18 @@ def _alert(groups: dict[str, Any], name: str) -> dict[str, Any]:
     return next(r for g in groups["groups"] for r in g["rules"] if r.get("alert") == name)
 
 
+def _record(groups: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(r for g in groups["groups"] for r in g["rules"] if r.get("record") == name)
+
+
 def test_the_change_reaches_the_rules_and_the_prometheus_rule(built: Path) -> None:
-    rules = yaml.safe_load((built / "alerts/specdecode.rules.yaml").read_text())
+    files = [yaml.safe_load((built / "alerts" / name).read_text()) for name in RULE_FILES]
+    rules = {"groups": [g for f in files for g in f["groups"]]}
     page = _alert(rules, "SpecDecodeAcceptanceRateLow")
-    assert "model:specdecode_acceptance_ratio:rate2m < 0.6" in page["expr"]
-    assert "(0.65 - model:specdecode_acceptance_ratio:rate2m)" in page["expr"]  # proof below threshold + margin
+    assert ") < 0.6\n" in page["expr"]
+    proof = _record(rules, "model:specdecode_acceptance_ratio:proven_below_page_rate2m")["expr"]
+    assert "model:specdecode_acceptance_ratio:rate2m < 0.6" in proof
+    assert "(0.65 - model:specdecode_acceptance_ratio:rate2m)" in proof  # proof below threshold + margin
     assert "below 60%" in page["annotations"]["summary"]
     operator_rule = yaml.safe_load((built / "deploy/base/prometheusrule.yaml").read_text())
     assert operator_rule["spec"]["groups"] == rules["groups"]

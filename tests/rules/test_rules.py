@@ -26,7 +26,7 @@ from specdecode_exporter.monitoring.rules import rule_groups
 
 ROOT = Path(__file__).resolve().parents[2]
 ALERTS = ROOT / "alerts"
-RULES = ALERTS / "specdecode.rules.yaml"
+RULE_FILES = [ALERTS / name for name in rules.RULE_FILES]  # in the order they read each other
 RUNBOOK = ALERTS / "runbook.md"
 AM_CONFIG = ALERTS / "alertmanager.example.yml"
 UNIT_TESTS = sorted((ALERTS / "tests").glob("*.test.yaml"))
@@ -61,9 +61,12 @@ def _run(*cmd: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False, cwd=ROOT)
 
 
+def _groups() -> list[dict[str, Any]]:
+    return [group for path in RULE_FILES for group in yaml.safe_load(path.read_text())["groups"]]
+
+
 def _rules() -> list[dict[str, Any]]:
-    doc = yaml.safe_load(RULES.read_text())
-    return [rule for group in doc["groups"] for rule in group["rules"]]
+    return [rule for group in _groups() for rule in group["rules"]]
 
 
 def _alerts() -> list[dict[str, Any]]:
@@ -85,8 +88,9 @@ def _runbook_anchors() -> set[str]:
 
 
 def test_committed_rules_are_up_to_date() -> None:
-    assert build.build(build.sources(None), check=True, only=["alerts/specdecode.rules.yaml"]) == 0, \
-        "run: make generate"
+    only = [f"alerts/{name}" for name in rules.RULE_FILES]
+    assert build.build(build.sources(None), check=True, only=only) == 0, "run: make generate"
+    assert sorted(ALERTS.glob("*.rules.yaml")) == sorted(RULE_FILES), "a rules file the build does not write"
 
 
 def test_e2e_profile_has_short_durations(tmp_path: Path, promtool: str) -> None:
@@ -140,8 +144,10 @@ def test_config_changes_reach_every_rule(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------------------------- promtool
 
 
-def test_promtool_check_rules(promtool: str) -> None:
-    proc = _run(promtool, "check", "rules", str(RULES))
+@pytest.mark.parametrize("path", RULE_FILES, ids=lambda path: path.name)
+def test_promtool_check_rules(promtool: str, path: Path) -> None:
+    """Each file alone (a ruler may load one concern without the others, e.g. only the stage for a test)."""
+    proc = _run(promtool, "check", "rules", str(path))
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -206,9 +212,14 @@ def test_the_page_tests_each_window_at_its_budgeted_z(tmp_path: Path) -> None:
         path = tmp_path / "monitoring.yaml"
         path.write_text(text)
         cfg = monitoring_config.load(path)
-        page = next(r for g in rule_groups(cfg)["groups"] for r in g["rules"] if r.get("alert") == rules.PAGE)
+        groups = rule_groups(cfg)["groups"]
+        page = next(r for g in groups for r in g["rules"] if r.get("alert") == rules.PAGE)
         assert page["labels"]["severity"] == "critical" and page["for"] == "0s"
-        return [float(z) for z in re.findall(r"\)\)\n> ([0-9.]+)", page["expr"])]
+        proofs = {r["record"]: r["expr"] for g in groups for r in g["rules"] if ":proven_below_page_rate" in
+                  r.get("record", "")}
+        assert all(name in page["expr"] for name in proofs)  # the page reads each window's proof by name
+        return [float(re.findall(r"\n> ([0-9.]+)\n$", proofs[rules.proven_below_record(cfg, w)])[0])
+                for w in cfg.statistics.page_windows]
 
     cfg = monitoring_config.load()
     shipped = bars("{}\n")
@@ -289,10 +300,12 @@ def test_install_tools_script_is_valid_bash() -> None:
 
 
 def test_unit_tests_fix_the_group_order() -> None:
-    """promtool orders groups randomly unless told; every unit test file lists all generated groups."""
-    groups = [g["name"] for g in yaml.safe_load(RULES.read_text())["groups"]]
+    """promtool orders groups randomly unless told; every unit test file loads every rules file and lists all
+    generated groups."""
+    groups = [g["name"] for g in _groups()]
     for path in UNIT_TESTS:
         doc = yaml.safe_load(path.read_text())
+        assert doc.get("rule_files") == [f"../{p.name}" for p in RULE_FILES], path.name
         assert doc.get("group_eval_order") == groups, path.name
 
 
@@ -326,8 +339,8 @@ def test_every_group_carries_its_own_interval() -> None:
     window groups and the tickets fall back to the ruler's default."""
     cfg = monitoring_config.load()
     budgeted = ({rules.evidence_group(w) for w in rules.tested_windows(cfg)} | {rules.PAGE_GROUP}
-                | {f"specdecode.rules.stage.{stage.EVIDENCE_GROUP}"})
-    groups = yaml.safe_load(RULES.read_text(encoding="utf-8"))["groups"]
+                | {rules.PAGE_EVIDENCE_GROUP, f"specdecode.rules.stage.{stage.EVIDENCE_GROUP}"})
+    groups = _groups()
     assert cfg.windows.evaluation_interval == "1m" and cfg.statistics.evaluation_interval == "15s"
     assert {g["name"]: g.get("interval") for g in groups} == {
         g["name"]: cfg.statistics.evaluation_interval if g["name"] in budgeted else "1m" for g in groups}

@@ -36,8 +36,34 @@ def by(labels: Sequence[str]) -> str:
     return ", ".join(labels)
 
 
+# The rules' templates (monitoring.tunables) select with the metric selector of _config, which may be empty: its
+# placeholder as a selector's matchers (alone, or first of several) is written in the form that renders either way.
+METRIC_SELECTOR = "%(metricSelector)s"
+_FIRST = METRIC_SELECTOR + ", "
+
+
 def selector(metric: str, matchers: str = "") -> str:
+    if matchers == METRIC_SELECTOR:
+        return f"{metric}%(metricMatchers)s"
+    if matchers.startswith(_FIRST):
+        return f"{metric}{{%(metricMatchersFirst)s{matchers.removeprefix(_FIRST)}}}"
     return f"{metric}{{{matchers}}}" if matchers else metric
+
+
+LINE = 120  # the rules' expressions break a call onto lines of its own beyond this (the mixin's lines stay short)
+
+
+def indent(text: str, by_: str = "  ") -> str:
+    return "\n".join(by_ + line if line else line for line in text.split("\n"))
+
+
+def call(head: str, inner: str) -> str:
+    """``head (inner)`` (a function or an aggregation) on one line where it fits, else its argument indented on lines
+    of its own."""
+    one = f"{head} ({inner})"
+    if "\n" not in one and len(one) <= LINE:
+        return one
+    return f"{head} (\n{indent(inner)}\n)"
 
 
 def fmt_num(x: float) -> str:
@@ -53,10 +79,11 @@ def guarded_ratio(numerator: str, denominator: str) -> str:
     return f"{numerator}\n/\n({denominator} > 0)"
 
 
-def proven_below(estimate: str, null: str, evidence: str, variance: str, z: float) -> str:
-    """A one-sided z-test (core.stats.evidence): the data rule out a ratio at ``null`` or above, with ``estimate``
-    measured over ``evidence`` units of ``variance`` each. Every operand carries the same labels."""
-    return f"({null} - {estimate})\n* sqrt({evidence} / ({variance}))\n> {z:.2f}"
+def z_score(estimate: str, null: str, evidence: str, variance: str) -> str:
+    """The statistic of a one-sided z-test (core.stats.evidence): how far ``estimate`` is below ``null``, in standard
+    errors, measured over ``evidence`` units of ``variance`` each; past the test's bar, the data rule out a ratio at
+    ``null`` or above. Every operand carries the same labels."""
+    return f"({null} - {estimate})\n* sqrt({evidence} / ({variance}))"
 
 
 def acceptance_ratio(scope: Scope, window: str) -> str:

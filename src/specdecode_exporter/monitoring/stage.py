@@ -36,7 +36,8 @@ from typing import Any, Literal
 from specdecode_exporter.core.config.validation import duration_seconds
 from specdecode_exporter.core.contract import metrics as m
 from specdecode_exporter.core.contract.monitoring_config import MonitoringConfig
-from specdecode_exporter.monitoring.promql import by, fmt_num, record_name, selector
+from specdecode_exporter.monitoring import tunables
+from specdecode_exporter.monitoring.promql import METRIC_SELECTOR, by, fmt_num, record_name, selector
 
 How = Literal["increase", "avg", "count"]
 DURATION = re.compile(r"(\d+(ms|[smhdwy]))+")
@@ -73,7 +74,7 @@ def step_increase(raw: str, step: str) -> str:
     evaluation at 400 pods (189 ms against 156 ms, an instant query of one band counter). Where every series of a
     record's group fell in the same step (a one-pod model's reset), that step has no sample instead of a 0: the
     windows' sums (sum_over_time, scaled by the stage's clock) are the same."""
-    return f"({raw} - {raw} offset {step}) >= 0"
+    return f"{raw}\n- {raw} offset {step}\n>= 0"
 
 
 STAGE_GROUPS = ("page", "acceptance", "latency", "requests", "series")
@@ -88,11 +89,17 @@ def step(cfg: MonitoringConfig, group: str) -> str:
 
 
 def _expr(cfg: MonitoringConfig, s: Staged) -> str:
-    raw = selector(s.exposed, ", ".join(p for p in (cfg.metric_selector, *s.matchers) if p))
+    raw = selector(s.exposed, ", ".join((METRIC_SELECTOR, *s.matchers)))
     if s.how == "increase":
         increase = step_increase(raw, step(cfg, s.group))
-        return f"sum by ({by(s.by)}) ({increase})" if s.by else increase  # no labels: each series as it is
+        if not s.by:  # no labels: each series as it is
+            return increase + "\n"
+        return f"sum by ({by(s.by)}) (\n{_indent(increase)}\n)\n"
     return f"{s.how} by ({by(s.by)}) ({raw})"
+
+
+def _indent(text: str, by_: str = "  ") -> str:
+    return "\n".join(by_ + line for line in text.split("\n"))
 
 
 def _histogram(group: str, level: str, name: str, labels: tuple[str, ...]) -> list[Staged]:
@@ -208,17 +215,21 @@ def clock(group: str) -> str:
     return f'{CLOCK}{{stage="{group}"}}'
 
 
-def coverage(cfg: MonitoringConfig, key: str, window: str, offset: str = "") -> str:
+def coverage(cfg: MonitoringConfig, key: str, window: str, offset: str = "", wrapped: bool = True) -> str:
     """How many steps each of ``key``'s records over ``window`` stands for: the mean spacing of its group's clock over
     the step. 1 where the group ran every step, more where it ran less often, less where it ran more often (its
     increases overlap). No sample until it has run twice."""
     ticks = f"{clock(family(cfg, key).group)}[{window}]" + (f" offset {offset}" if offset else "")
-    spacing = f"(max_over_time({ticks}) - min_over_time({ticks})) / (count_over_time({ticks}) - 1 > 0)"
-    return f"({spacing} / {_step_s(cfg, key)})"
+    if not wrapped:  # one line (the dashboard's queries)
+        spacing = f"(max_over_time({ticks}) - min_over_time({ticks})) / (count_over_time({ticks}) - 1 > 0)"
+        return f"({spacing} / {_step_s(cfg, key)})"
+    spacing = (f"(\n    max_over_time({ticks})\n    - min_over_time({ticks})\n  )\n"
+               f"  / (count_over_time({ticks}) - 1 > 0)")
+    return f"(\n  {spacing}\n  / {_step_s(cfg, key)}\n)"
 
 
 def count(cfg: MonitoringConfig, key: str, window: str, *matchers: str, exact: bool = True, offset: str = "",
-          by_labels: tuple[str, ...] | None = None) -> str:
+          by_labels: tuple[str, ...] | None = None, wrapped: bool = True) -> str:
     """What ``key`` counted over ``window``: the sum of its step increases (each scrape's increment once, where the
     stage ran every step). A series that began inside the window counts from its second sample. ``exact``: the
     window is a duration (not a value the mixin's _config may change) and no record at its start counts."""
@@ -226,20 +237,29 @@ def count(cfg: MonitoringConfig, key: str, window: str, *matchers: str, exact: b
     total = f"sum_over_time({record(cfg, key, *matchers)}[{window}]" + (f" offset {offset})" if offset else ")")
     if by_labels is not None:  # pooled further (a band's records per model)
         total = f"sum by ({by(by_labels)}) ({total})"
-    return f"{total}\n* on () group_left ()\n{coverage(cfg, key, window, offset)}"
+    if not wrapped:
+        return f"{total}\n* on () group_left ()\n{coverage(cfg, key, window, offset, wrapped=False)}"
+    return f"{total}\n* on () group_left () {coverage(cfg, key, window, offset)}"
 
 
 def record_names(cfg: MonitoringConfig) -> set[str]:
     return {_record(cfg, s) for s in families(cfg).values()} | {CLOCK}
 
 
-def stage_groups(cfg: MonitoringConfig) -> list[dict[str, Any]]:
-    """The stage's groups, each evaluated every step of its own, with its clock."""
+def stage_templates(cfg: MonitoringConfig) -> list[dict[str, Any]]:
+    """The stage's groups as templates (monitoring.tunables), each evaluated every step of its own, with its
+    clock."""
     staged = families(cfg).values()
     return [{"name": f"specdecode.rules.stage.{group}", "interval": step(cfg, group),
              "rules": [{"record": CLOCK, "expr": "time()", "labels": {"stage": group}},
                        *({"record": _record(cfg, s), "expr": _expr(cfg, s)} for s in staged if s.group == group)]}
             for group in STAGE_GROUPS]
+
+
+def stage_groups(cfg: MonitoringConfig) -> list[dict[str, Any]]:
+    """The stage's groups as a ruler reads them."""
+    rendered: list[dict[str, Any]] = tunables.fill(stage_templates(cfg), tunables.mapping(cfg))
+    return rendered
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,4 +294,5 @@ class Pooled:
 
     def increase_by_le(self, histogram: str, window: str) -> str:
         """Per bucket bound, what the histogram counted over ``window`` (a heatmap's cells)."""
-        return f"sum by (le) (\n{count(self.cfg, f'{histogram}_bucket', window, self.matchers, exact=False)}\n)"
+        counted = count(self.cfg, f"{histogram}_bucket", window, self.matchers, exact=False, wrapped=False)
+        return f"sum by (le) (\n{counted}\n)"

@@ -5,7 +5,8 @@ requests N, ΣD, ΣA, ΣD², ΣA², ΣAD, these build
 
 * ``estimate``: v̂ = (ΣA² − 2α̂ΣAD + α̂²ΣD²)/ΣD · N/(N − 1), α̂ = ΣA/ΣD;
 * ``upper_bound``: v̂ / c, c = (1 − 2/(9k) − z√(2/(9k)))³, k = 2(N − 1)/(κ − 1), only where N ≥ min_requests, ΣD > 0
-  and c's base is positive; never below α̂(1 − α̂);
+  and c's base is positive; never below α̂(1 − α̂). ``bound_of`` is the same from series of v̂, c and α̂ (the rules
+  record them first, so that the bound reads them by name);
 * ``page_variance``: the upper bound where it exists, else the configured variance (``configured``, a vector with
   the same labels: `or` fills in the label sets the measurement does not cover).
 
@@ -52,22 +53,32 @@ def estimate(sums: WindowSums) -> str:
 def bound_divisor(requests: str, z: float = UPPER_BOUND_Z, kurtosis: float = RESIDUAL_KURTOSIS) -> str:
     """c of the upper bound, for N requests; absent where its base is not positive (too few requests)."""
     k = f"(2 * ({requests} - 1) / {fmt_num(kurtosis - 1)})"
-    base = f"(1 - 2 / (9 * {k}) - {fmt_num(z)} * sqrt(2 / (9 * {k})))"
+    base = f"(\n  1\n  - 2 / (9 * {k})\n  - {fmt_num(z)} * sqrt(2 / (9 * {k}))\n)"
     return f"({base} > 0) ^ 3"
+
+
+def backed_divisor(requests: str, min_requests: float, z: float = UPPER_BOUND_Z,
+                   kurtosis: float = RESIDUAL_KURTOSIS) -> str:
+    """c where min_requests requests back the bound; absent elsewhere."""
+    if min_requests < 2:
+        raise ValueError("a variance needs min_requests of at least 2")
+    return f"{bound_divisor(_p(requests), z, kurtosis)}\nand\n{requests} >= {fmt_num(min_requests)}"
+
+
+def bound_of(estimated: str, divisor: str, alpha_hat: str) -> str:
+    """The upper bound v̂ / c of the estimate ``estimated`` (v̂), floored at α̂(1 − α̂) (``alpha_hat``); absent where
+    the divisor is (backed_divisor)."""
+    bound = f"{_p(estimated)}\n/ {_p(divisor)}" if "\n" not in divisor else f"{_p(estimated)}\n/ (\n{divisor}\n)"
+    a = _p(alpha_hat)
+    floor = f"{a} * (1 - {a})"
+    # max(bound, floor) where the bound exists: the bound where it is the larger, else the floor (and only there).
+    return f"(\n{bound}\n>= {floor}\n)\nor\n(\n{floor}\nand\n{bound}\n)"
 
 
 def upper_bound(sums: WindowSums, min_requests: float, z: float = UPPER_BOUND_Z,
                 kurtosis: float = RESIDUAL_KURTOSIS) -> str:
     """v̂'s upper bound, floored at α̂(1 − α̂); absent without min_requests requests (or a drafted token)."""
-    if min_requests < 2:
-        raise ValueError("a variance needs min_requests of at least 2")
-    # Parenthesised whole: `and` binds more loosely than the comparison below.
-    bound = (f"(\n{_p(estimate(sums))}\n/\n{bound_divisor(_p(sums.requests), z, kurtosis)}\n"
-             f"and\n({sums.requests} >= {fmt_num(min_requests)})\n)")
-    a = _p(alpha(sums))
-    floor = f"{a} * (1 - {a})"
-    # max(bound, floor) where the bound exists: the bound where it is the larger, else the floor (and only there).
-    return f"(\n{bound}\n>=\n{floor}\n)\nor\n(\n{floor}\nand\n{bound}\n)"
+    return bound_of(estimate(sums), backed_divisor(sums.requests, min_requests, z, kurtosis), alpha(sums))
 
 
 def page_variance(sums: WindowSums, min_requests: float, configured: str, z: float = UPPER_BOUND_Z,
