@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import socket
 from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -157,3 +158,21 @@ def help_text_problems(text: str) -> list[str]:
     problems.extend(f"a second sentence: {text[match.start(1):match.start(1) + 24]!r}…"
                     for match in AFTER_A_STOP.finditer(text) if not match.group(1).islower())
     return problems
+
+
+def read_response(conn: socket.socket) -> bytes:
+    """One whole HTTP/1.1 response from a kept-alive connection: the head and its Content-Length body, which may come
+    in a later segment (reading only the head would leave the body to be taken for the next response)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = conn.recv(65536)
+        assert chunk, f"closed before the response head, after {data!r}"
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    lengths = [int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+               if line.lower().startswith(b"content-length:")]
+    while lengths and len(body) < lengths[0]:
+        chunk = conn.recv(65536)
+        assert chunk, "closed within the body"
+        body += chunk
+    return data[:len(head) + 4] + body

@@ -19,6 +19,7 @@ from starlette.routing import Route
 from devtools.procs import exporter_command, running
 from specdecode_exporter.core.net.httpserver import ThreadedServer, bind_socket
 from specdecode_exporter.core.process.log import setup_logging
+from tests.helpers import read_response
 
 BOUND = 0.6  # the request-head deadline these tests run with (10 s in the sidecar)
 
@@ -90,7 +91,7 @@ def test_the_deadline_runs_again_from_the_first_byte_of_each_next_head(server: T
     with _connect(server) as conn:
         for _ in range(2):  # a kept-alive connection is served as long as each head comes in time
             conn.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-            assert conn.recv(4096).startswith(b"HTTP/1.1 200")
+            assert read_response(conn).startswith(b"HTTP/1.1 200")
             time.sleep(BOUND / 3)
         begun = time.monotonic()
         conn.sendall(b"GET / HTTP/1.1\r\n")  # then half a head, and nothing more
@@ -106,11 +107,11 @@ def test_a_request_body_is_not_taken_for_the_next_head(server: ThreadedServer) -
         conn.sendall(b"POST /slow HTTP/1.1\r\nHost: x\r\nContent-Length: 11\r\n\r\nhello")
         time.sleep(BOUND / 3)
         conn.sendall(b" world")
-        answer = _response(conn)
+        answer = read_response(conn)
         assert answer.startswith(b"HTTP/1.1 200")
         time.sleep(2 * BOUND)
         conn.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-        assert _response(conn).startswith(b"HTTP/1.1 200")
+        assert read_response(conn).startswith(b"HTTP/1.1 200")
 
 
 def test_a_kept_alive_connection_idles_past_the_head_bound_until_the_idle_bound() -> None:
@@ -120,30 +121,13 @@ def test_a_kept_alive_connection_idles_past_the_head_bound_until_the_idle_bound(
     with ThreadedServer(_app(), bind_socket(), lifespan="off", name="idle", head_timeout=BOUND,
                         idle_timeout=idle).start() as server, _connect(server) as conn:
         conn.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-        assert conn.recv(4096).startswith(b"HTTP/1.1 200")
+        assert read_response(conn).startswith(b"HTTP/1.1 200")
         time.sleep(2 * BOUND)  # longer than a head may take (1.2 s), shorter than the idle bound
         conn.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-        assert conn.recv(4096).startswith(b"HTTP/1.1 200")  # served on the same connection
+        assert read_response(conn).startswith(b"HTTP/1.1 200")  # served on the same connection
         answered = time.monotonic()
         assert _closed_by_server(conn, idle + 2)  # and closed once idle for the idle bound
         assert idle - 0.1 < time.monotonic() - answered < idle + 1.5
-
-
-def _response(conn: socket.socket) -> bytes:
-    """One whole response with a Content-Length body, read from a kept-alive connection."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = conn.recv(65536)
-        assert chunk, "closed before the response head"
-        data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    length = next(int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
-                  if line.lower().startswith(b"content-length:"))
-    while len(body) < length:
-        chunk = conn.recv(65536)
-        assert chunk, "closed within the body"
-        body += chunk
-    return head
 
 
 def test_the_sidecar_serves_scrapes_15_s_apart_over_one_connection(tmp_path: Path) -> None:
@@ -157,7 +141,7 @@ def test_the_sidecar_serves_scrapes_15_s_apart_over_one_connection(tmp_path: Pat
         with socket.create_connection((host, int(port)), timeout=10) as conn:
             for pause in (15.0, 0.0):
                 conn.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nAccept-Encoding: gzip\r\n\r\n")
-                assert _response(conn).startswith(b"HTTP/1.1 200")
+                assert read_response(conn).startswith(b"HTTP/1.1 200")
                 time.sleep(pause)
 
 

@@ -23,6 +23,7 @@ from starlette.routing import Route
 from devtools.procs import Process, exporter_command, running
 from specdecode_exporter.core.net.httpserver import REQUEST_HEAD_TIMEOUT, ThreadedServer, bind_socket
 from tests.faults.hostile import HostileServer, scripted, serve, v1_body
+from tests.helpers import read_response
 
 LATE = 5.0  # past the head deadline, how long a cut-off may take on a loaded machine before the test calls it kept
 
@@ -67,15 +68,10 @@ def _closed_by_server(sock: socket.socket, timeout: float) -> bool:
 
 
 def _get(conn: socket.socket) -> bytes:
-    """GET /healthz on a kept-alive connection: the whole response (its body ends the line)."""
+    """GET /healthz on a kept-alive connection: the whole response, head and body."""
     conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
     conn.settimeout(5)
-    data = b""
-    while b"\r\n\r\n" not in data or not data.endswith(b"\n"):
-        chunk = conn.recv(65536)
-        assert chunk, f"closed after {data!r}"
-        data += chunk
-    return data
+    return read_response(conn)
 
 
 def test_silent_and_byte_a_second_heads_are_cut_off_while_a_kept_alive_connection_stays(sidecar: Process) -> None:
