@@ -52,6 +52,7 @@ from bench import (  # noqa: E402
     idle_gap,
     paging,
     soak,
+    stack,
     stage_floor,
     whole_process,
 )
@@ -59,7 +60,7 @@ from bench import serve as serve_bench  # noqa: E402
 from bench import tap as tap_bench  # noqa: E402
 from bench.common import fmt_ms, markdown_table  # noqa: E402
 
-SECTIONS = ("collect", "render", "footprint", "scale", "soak", "tap", "paging", "fleet")
+SECTIONS = ("collect", "render", "footprint", "scale", "soak", "tap", "paging", "fleet", "stack")
 SMOKE_SECTIONS = {"tap", "fleet"}
 SECTION_HEADING = "## "
 
@@ -337,6 +338,50 @@ def run_scale(rep: Report, ns: tuple[int, ...], span: float) -> None:
                "CPU per target vs N=10", "RSS", "keeps up"], rows)
 
 
+def run_stack(rep: Report, rounds: int, span: float, rss_seconds: float) -> None:
+    rep.h("9. The chosen stack's budgets (httpx, prometheus_client's encoders, FastAPI on stock uvicorn)")
+    scrape = whole_process.SCRAPE_INTERVAL
+    rep.add(f"bench/stack.py. The real sidecar collecting one target and scraped every {scrape:g} s by two scrapers "
+            "half an interval apart (OpenMetrics, gzip), side by side in each round with: fetch+parse "
+            "(httpx + prometheus_client's parser, the job done the obvious way, same interval), the floor (a raw "
+            "keep-alive socket, nothing parsed) and stock uvicorn alone (a `uvicorn.Server` with a one-route app, "
+            "no requests: what the web server costs by itself, its 0.1 s tick). In-process, same run: the pipeline "
+            "(collect+derive of one body) and the render (prometheus_client's OpenMetrics encoder and gzip writing "
+            "the page a scrape gets). The stack's floor = floor + pipeline + stock uvicorn + render × scrapes per "
+            "collection: no sidecar on this stack costs less, so fetch+parse / stack floor is the best ratio it "
+            f"allows. {rounds} rounds of {span:.0f} s after {2 * scrape + 1:.0f} s of warm-up, fresh processes "
+            "each round; CPU from /proc; medians of the rounds, the ratio's range beside it.\n")
+    real = corpus.fixture(stack.REAL_PAGE)
+    with stack.RssRun(rss_seconds) as rss:
+        rows = _stack_rows(rounds, span, real)
+        lat = stack.scrape_latency(10)
+    rep.table(["target", "interval", "sidecar CPU, % of a core (≤ 0.5 %)", "sidecar per collection",
+               "fetch+parse per fetch", "floor per fetch", "stock uvicorn per interval", "pipeline",
+               "render per scrape", "fetch+parse / sidecar", "best on this stack", "RSS", "scrape p99"], rows)
+    rep.add(f"\nScrapes while collecting {lat.targets} targets (each the real page, moving, every "
+            f"{stack.INTERVAL:g} s), one a second as Prometheus asks (OpenMetrics, gzip): {lat.scrapes} scrapes, "
+            f"p50 {fmt_ms(lat.p50)}, **p99 {fmt_ms(lat.p99)}** (≤ 20 ms), worst {fmt_ms(lat.worst)}, failed "
+            f"{lat.failures}.")
+    rep.add(f"\n{rss.words()}")
+
+
+def _stack_rows(rounds: int, span: float, real: bytes) -> list[list[str]]:
+    rows = []
+    for name, body in (("real vLLM 0.32.0 page (51 KiB)", real), ("1 MB (4 models × 20 engines)", None)):
+        for interval in (stack.INTERVAL, 1.0):
+            rs = stack.run(stack.bodies_for(body, interval, span), rounds, interval, span)
+            med = {key: statistics.median(getattr(r, key) for r in rs)
+                   for key in ("sidecar", "share", "baseline", "floor", "uvicorn", "pipeline", "render", "ratio",
+                               "best", "rss_mb", "scrape_p99")}
+            ratios = [r.ratio for r in rs]
+            rows.append([name, f"{interval:g} s", f"{100 * med['share']:.2f} %", fmt_ms(med["sidecar"]),
+                         fmt_ms(med["baseline"]), fmt_ms(med["floor"]), fmt_ms(med["uvicorn"]),
+                         fmt_ms(med["pipeline"]), fmt_ms(med["render"]),
+                         f"**{med['ratio']:.1f}×** ({min(ratios):.1f}–{max(ratios):.1f})", f"{med['best']:.1f}×",
+                         f"{med['rss_mb']:.1f} MB", fmt_ms(med["scrape_p99"])])
+    return rows
+
+
 def run_soak(rep: Report, collections: int, churn_every: int) -> None:
     rep.h("5. Memory over time (soak)")
     t0 = time.perf_counter()
@@ -547,6 +592,9 @@ def main() -> int:
         run_tap(rep, tap_bench.SMOKE if args.smoke else tap_bench.LONG if args.long else tap_bench.QUICK)
     if "paging" in only:
         run_paging(rep, paging.LONG if args.long else paging.QUICK)
+    if "stack" in only:
+        run_stack(rep, rounds=5 if args.long else 3, span=120.0 if args.long else 60.0,
+                  rss_seconds=3600.0 if args.long else 0.0)
     if "fleet" in only:
         run_fleet(rep, fleet.SMOKE if args.smoke else fleet.LONG if args.long else fleet.QUICK,
                   fleet_steady.STEADY_SMOKE if args.smoke else fleet_steady.STEADY,
