@@ -1,7 +1,6 @@
 """The jsonnet mixin (mixin/): the rules and the dashboard, reading the values users tune from ``_config``, laid out
-as kubernetes-mixin lays its out (FILES): ``config.libsonnet`` (``_config``), ``lib/utils.libsonnet`` (the helpers
-the expressions call: label matchers from ``_config`` go through ``utils.selector`` alone), ``alerts/``, ``rules/``
-and ``dashboards/`` (one field each), and ``mixin.libsonnet``, which merges them::
+as kubernetes-mixin lays its out (FILES): ``config.libsonnet`` (``_config``), ``alerts/``, ``rules/`` and
+``dashboards/`` (one field each), and ``mixin.libsonnet``, which merges them::
 
     (import 'mixin.libsonnet') + { _config+:: { pageAcceptanceRatio: 0.4 } }
 
@@ -22,12 +21,6 @@ from specdecode_exporter.core.contract.monitoring_config import MonitoringConfig
 from specdecode_exporter.monitoring import mixin_dashboard, mixin_rules
 
 
-def get_path(obj: Any, path: str) -> Any:
-    for name in path.split("."):
-        obj = getattr(obj, name)
-    return obj
-
-
 def with_value(obj: Any, path: str, value: Any) -> Any:
     """``obj`` (frozen dataclasses) with the field at ``path`` replaced by ``value``."""
     head, _, rest = path.partition(".")
@@ -43,32 +36,15 @@ USAGE = """\
 """
 
 # The mixin's files (under mixin/), laid out as kubernetes-mixin lays its out: the entry point that imports the
-# others, _config, the one library of helpers, and a file per field. Each field's file reads $._config, so it
-# renders with config.libsonnet (or a _config of your own) merged beside it.
+# others, _config, and a file per field. Each field's file reads $._config, so it renders with config.libsonnet (or a
+# _config of your own) merged beside it.
 ENTRY = "mixin.libsonnet"
 CONFIG = "config.libsonnet"
-UTILS = "lib/utils.libsonnet"
 ALERTS_PART, RULES_PART = "alerts/alerts.libsonnet", "rules/rules.libsonnet"
 # Every field's file, in the entry point's order; the dashboards' is hand-written, the others generated (FILES).
 PARTS = {ALERTS_PART: mixin_rules.ALERTS_FIELD, RULES_PART: mixin_rules.RULES_FIELD,
          mixin_dashboard.FIELD: "grafanaDashboards"}
-FILES = (ENTRY, CONFIG, UTILS, ALERTS_PART, RULES_PART)
-SELECTOR = "utils.selector"  # the one way label matchers from _config (which may be empty) enter an expression
-
-UTILS_TEXT = """\
-{
-  // selector(matchers): '{' + matchers + '}', the whole of a selector's matchers; selector(matchers,
-  // beforeOthers=true): matchers + ', ', in front of the expression's own. Nothing where matchers is '' (the
-  // default metricSelector), so an empty selector adds neither braces nor a comma.
-  selector(matchers, beforeOthers=false)::
-    if matchers == '' then '' else if beforeOthers then matchers + ', ' else '{' + matchers + '}',
-
-  // bucketAtOrBelow(bounds, x): the largest of the ascending bucket bounds at or below x, the bucket a threshold
-  // falls on (promql.bucket_at_or_below).
-  bucketAtOrBelow(bounds, x)::
-    std.foldl(function(best, b) if b <= x + 1e-9 then b else best, bounds, null),
-}
-"""
+FILES = (ENTRY, CONFIG, ALERTS_PART, RULES_PART)
 
 
 def render(cfg: MonitoringConfig, header: str) -> dict[str, str]:
@@ -78,6 +54,5 @@ def render(cfg: MonitoringConfig, header: str) -> dict[str, str]:
     config_fields = mixin_rules.config_fields(cfg, mixin_dashboard.config(cfg))
     return {ENTRY: header + USAGE + imports + "\n",
             CONFIG: header + USAGE + "{\n  _config+:: {\n" + config_fields + "  },\n}\n",
-            UTILS: header + "// The helpers every expression of the mixin calls.\n" + UTILS_TEXT,
             ALERTS_PART: header + mixin_rules.alerts_libsonnet(cfg),
             RULES_PART: header + mixin_rules.rules_libsonnet(cfg)}

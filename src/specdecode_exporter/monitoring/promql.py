@@ -7,10 +7,8 @@ from the exporter's metric contract (src/specdecode_exporter/core/contract/metri
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
 
 from specdecode_exporter.core.contract import metrics as m
 from specdecode_exporter.core.contract.verdict import VerdictBands
@@ -126,22 +124,9 @@ def histogram_quantile(q: float, histogram: str, scope: Scope, window: str, *mat
     return f"histogram_quantile({fmt_num(q)}, {buckets})\nand on ({scope.by_clause})\n({count} > 0)"
 
 
-@runtime_checkable
-class Derivable(Protocol):
-    """A number standing for a value the jsonnet mixin reads from _config (monitoring.mixin.SymbolicNumber): a
-    value computed from it other than by arithmetic is handed back through derive, with the same computation in
-    jsonnet, so that the mixin follows an override of it."""
-
-    def derive(self, value: float, jsonnet: Callable[[str], str]) -> float: ...
-
-
 def bucket_at_or_below(bounds: Sequence[float], x: float) -> float:
     """The largest of the (ascending) bucket ``bounds`` at or below ``x``: the bucket a threshold falls on."""
-    chosen = max(b for b in bounds if b <= x + 1e-9)
-    if isinstance(x, Derivable):
-        # the same choice in jsonnet: the mixin's helper (monitoring.mixin.UTILS_TEXT)
-        return x.derive(chosen, lambda e: f"utils.bucketAtOrBelow({json.dumps(list(bounds))}, {e})")
-    return chosen
+    return max(b for b in bounds if b <= x + 1e-9)
 
 
 def verdict_code(alpha: str, speedup: str, bands: VerdictBands, tail: str | None = None,
