@@ -11,7 +11,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from specdecode_exporter.core.contract import metrics as m
-from specdecode_exporter.core.contract.verdict import VerdictBands
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,34 +115,9 @@ def expected_speedup(scope: Scope, window: str) -> str:
     return f"(1 + {accepted} / {drafts})\n/\n(1 + {drafted} / {drafts}\n   * {break_even(scope)})"
 
 
-def histogram_quantile(q: float, histogram: str, scope: Scope, window: str, *matchers: str) -> str:
-    """histogram_quantile over the scope, with no sample (not NaN) when the histogram saw nothing."""
-    inner = Scope(scope.also(*matchers), (*scope.by, "le"))
-    buckets = rate_sum(f"{histogram}_bucket", inner, window)
-    count = rate_sum(f"{histogram}_count", Scope(scope.also(*matchers), scope.by), window)
-    return f"histogram_quantile({fmt_num(q)}, {buckets})\nand on ({scope.by_clause})\n({count} > 0)"
-
-
 def bucket_at_or_below(bounds: Sequence[float], x: float) -> float:
     """The largest of the (ascending) bucket ``bounds`` at or below ``x``: the bucket a threshold falls on."""
     return max(b for b in bounds if b <= x + 1e-9)
-
-
-def verdict_code(alpha: str, speedup: str, bands: VerdictBands, tail: str | None = None,
-                 costs: Sequence[str] = ()) -> str:
-    """core.contract.verdict.judge() in PromQL: 0 hurting, 1 marginal, 2 paying off, no sample without traffic.
-    ``speedup`` is the observed speedup where there is one, else the modelled; ``tail`` the observed P99
-    speedup, where there is one; ``costs`` conditions that are 1 while spec decode costs no more than the bounds
-    allow against the control pods, 0 beyond (dashboard.Context.capacity_costs). All must carry the same labels."""
-    hurting, paying = fmt_num(bands.hurting_below), fmt_num(bands.paying_off_from)
-    page = fmt_num(bands.page_acceptance_ratio)
-    # Comparisons bind looser than + and * in PromQL: every one is parenthesised.
-    paying_off = f"((({speedup}) >= bool {paying})\n*\n(({alpha}) >= bool {page}))"
-    if tail is not None:  # a tail regression keeps it at marginal; without a P99 figure nothing changes
-        paying_off = f"({paying_off}\n*\n((({tail}) >= bool {hurting}) or (({speedup}) * 0 + 1)))"
-    for cost in costs:  # beyond a bound: marginal; without the figure (no control pods) nothing changes
-        paying_off = f"({paying_off}\n*\n(({cost}) or (({speedup}) * 0 + 1)))"
-    return f"(({speedup}) >= bool {hurting})\n+\n{paying_off}"
 
 
 def spec_pods_waiting(scope: Scope, window_label: str) -> str:

@@ -30,7 +30,6 @@ from specdecode_exporter.monitoring.promql import (
     Scope,
     baseline_over_current,
     break_even_in_force,
-    bucket_at_or_below,
     by,
     call,
     fmt_num,
@@ -219,11 +218,6 @@ REQUEST_ACCEPTANCE = m.REQUEST_ACCEPTANCE.name
 BAND_LABELS = stage.BAND_LABELS
 
 
-def below_page_bound(cfg: MonitoringConfig) -> float:
-    """The per-request histogram's bucket bound the page threshold falls on (buckets every 0.05)."""
-    return bucket_at_or_below(m.ACCEPTANCE_RATIO_BUCKETS, cfg.thresholds.page_acceptance_ratio)
-
-
 def request_quantile_record(cfg: MonitoringConfig) -> str:
     q = quantile_name(cfg.thresholds.request_quantile)
     return record_name(cfg.alert_level, REQUEST_ACCEPTANCE, f"{q}_rate{cfg.long_window}")
@@ -231,11 +225,6 @@ def request_quantile_record(cfg: MonitoringConfig) -> str:
 
 def band_record(cfg: MonitoringConfig, metric: str) -> str:
     return record_name(f"{cfg.alert_level}_band", metric, f"rate{cfg.long_window}")
-
-
-def request_bound(cfg: MonitoringConfig) -> float:
-    """The per-request histogram's bucket bound the per-request ticket's threshold falls on."""
-    return bucket_at_or_below(m.ACCEPTANCE_RATIO_BUCKETS, cfg.thresholds.request_acceptance_ratio)
 
 
 def request_share_record(cfg: MonitoringConfig) -> str:
@@ -288,9 +277,6 @@ def _request_rules(cfg: MonitoringConfig) -> Iterator[Rule]:
     yield {"record": requests_record(cfg, f"{cfg.alert_level}_band"), "expr": stage.count(cfg, "requests", w)}
     yield {"record": band_drafted_record(cfg), "expr": stage.count(cfg, "request_drafted", w)}
     yield from _tapped_sum_rules(cfg)
-
-
-CAPACITY = "specdecode_capacity"
 
 
 def capacity_record(cfg: MonitoringConfig, metric: str, op: str) -> str:
@@ -572,14 +558,6 @@ def _page_groups(cfg: MonitoringConfig) -> list[Group]:
         _budgeted_group(cfg, PAGE_EVIDENCE_GROUP, PAGE_EVIDENCE_PURPOSE.format(every=stats.evaluation_interval),
                         page_evidence_rules(cfg)),
     ]
-
-
-def recording_templates(cfg: MonitoringConfig) -> list[Group]:
-    """Layers: no group reads a series recorded in that same group, and every group reads only records of the
-    groups before it. A remote ruler (vmalert, Thanos Ruler, Mimir's ruler) writes a group's records to the store
-    and reads them back from it, so a record chained on another of its own group would read the previous
-    evaluation's value, or nothing until the write lands (docs/fleet.md)."""
-    return [group for file in rule_file_templates(cfg) for group in file.groups if group.name not in ALERT_GROUPS]
 
 
 # ---------------------------------------------------------------------------------------------- the page
@@ -872,9 +850,6 @@ def _ticket_evidence(cfg: MonitoringConfig) -> Iterator[Rule]:
     )
     for record, expr in tests:
         yield {"record": record, "expr": multiline(expr)}
-
-
-TICKET_EVIDENCE_GROUP = "specdecode.rules.tickets"
 
 
 # ---------------------------------------------------------------------------------------------- the tickets
@@ -1245,11 +1220,6 @@ def _alerts_of(cfg: MonitoringConfig) -> list[Alert]:
     return [make(cfg) for make in ALERTS]
 
 
-def runbook_url(cfg: MonitoringConfig, alert: str) -> str:
-    """The runbook link of ``alert`` (filled with the config)."""
-    return tunables.fill(runbook_url_template(alert), tunables.mapping(cfg))  # type: ignore[no-any-return]
-
-
 def runbook_url_template(alert: str) -> str:
     return f"{p('runbookURL')}#{alert.lower()}"
 
@@ -1264,7 +1234,7 @@ def _traffic_guard(cfg: MonitoringConfig, alert: Alert) -> str:
 
 def finish(alert: Alert, cfg: MonitoringConfig) -> Rule:
     """The pass over every alert: the low-traffic guard where it has one, for:, severity (the extra labels are
-    added as the template is filled: alert_groups), runbook link. ``%(for)s`` and ``%(severity)s`` are the alert's
+    added as the template is filled: _filled_group), runbook link. ``%(for)s`` and ``%(severity)s`` are the alert's
     own settings."""
     if not alert.name.startswith(ALERT_NAME_PREFIX):
         raise ValueError(f"alert {alert.name}: names start with {ALERT_NAME_PREFIX}")
@@ -1371,6 +1341,3 @@ def recording_groups(cfg: MonitoringConfig) -> list[dict[str, Any]]:
     """The recording groups, as a ruler reads them."""
     return [g for g in rule_groups(cfg)["groups"] if g["name"] not in ALERT_GROUPS]
 
-
-def alert_groups(cfg: MonitoringConfig) -> list[dict[str, Any]]:
-    return [g for g in rule_groups(cfg)["groups"] if g["name"] in ALERT_GROUPS]

@@ -215,35 +215,26 @@ def clock(group: str) -> str:
     return f'{CLOCK}{{stage="{group}"}}'
 
 
-def coverage(cfg: MonitoringConfig, key: str, window: str, offset: str = "", wrapped: bool = True) -> str:
+def coverage(cfg: MonitoringConfig, key: str, window: str) -> str:
     """How many steps each of ``key``'s records over ``window`` stands for: the mean spacing of its group's clock over
     the step. 1 where the group ran every step, more where it ran less often, less where it ran more often (its
     increases overlap). No sample until it has run twice."""
-    ticks = f"{clock(family(cfg, key).group)}[{window}]" + (f" offset {offset}" if offset else "")
-    if not wrapped:  # one line (the dashboard's queries)
-        spacing = f"(max_over_time({ticks}) - min_over_time({ticks})) / (count_over_time({ticks}) - 1 > 0)"
-        return f"({spacing} / {_step_s(cfg, key)})"
+    ticks = f"{clock(family(cfg, key).group)}[{window}]"
     spacing = (f"(\n    max_over_time({ticks})\n    - min_over_time({ticks})\n  )\n"
                f"  / (count_over_time({ticks}) - 1 > 0)")
     return f"(\n  {spacing}\n  / {_step_s(cfg, key)}\n)"
 
 
-def count(cfg: MonitoringConfig, key: str, window: str, *matchers: str, exact: bool = True, offset: str = "",
-          by_labels: tuple[str, ...] | None = None, wrapped: bool = True) -> str:
+def count(cfg: MonitoringConfig, key: str, window: str, *, exact: bool = True,
+          by_labels: tuple[str, ...] | None = None) -> str:
     """What ``key`` counted over ``window``: the sum of its step increases (each scrape's increment once, where the
     stage ran every step). A series that began inside the window counts from its second sample. ``exact``: the
     window is a duration (not a value the mixin's _config may change) and no record at its start counts."""
     window = span(cfg, key, window) if exact else window
-    total = f"sum_over_time({record(cfg, key, *matchers)}[{window}]" + (f" offset {offset})" if offset else ")")
+    total = f"sum_over_time({record(cfg, key)}[{window}])"
     if by_labels is not None:  # pooled further (a band's records per model)
         total = f"sum by ({by(by_labels)}) ({total})"
-    if not wrapped:
-        return f"{total}\n* on () group_left ()\n{coverage(cfg, key, window, offset, wrapped=False)}"
-    return f"{total}\n* on () group_left () {coverage(cfg, key, window, offset)}"
-
-
-def record_names(cfg: MonitoringConfig) -> set[str]:
-    return {_record(cfg, s) for s in families(cfg).values()} | {CLOCK}
+    return f"{total}\n* on () group_left () {coverage(cfg, key, window)}"
 
 
 def stage_templates(cfg: MonitoringConfig) -> list[dict[str, Any]]:
@@ -261,38 +252,3 @@ def stage_groups(cfg: MonitoringConfig) -> list[dict[str, Any]]:
     rendered: list[dict[str, Any]] = tunables.fill(stage_templates(cfg), tunables.mapping(cfg))
     return rendered
 
-
-@dataclass(frozen=True, slots=True)
-class Pooled:
-    """Queries over the stage's records, pooled by the alert level (the dashboard's per-model panels): any
-    window, at the cost of one series per model instead of one per pod. ``matchers`` select models."""
-
-    cfg: MonitoringConfig
-    matchers: str
-
-    @property
-    def labels(self) -> tuple[str, ...]:
-        return self.cfg.level_labels()
-
-    def rate(self, key: str, window: str, *matchers: str, by_also: tuple[str, ...] = ()) -> str:
-        selected = rate(self.cfg, key, window, *(p for p in (self.matchers, *matchers) if p))
-        return f"sum by ({by((*self.labels, *by_also))}) ({selected})"
-
-    def ratio(self, numerator: str, denominator: str, window: str, *matchers: str,
-              by_also: tuple[str, ...] = ()) -> str:
-        top = self.rate(numerator, window, *matchers, by_also=by_also)
-        return f"{top}\n/\n({self.rate(denominator, window, *matchers, by_also=by_also)} > 0)"
-
-    def quantile(self, q: float, histogram: str, window: str, *matchers: str, by_also: tuple[str, ...] = ()) -> str:
-        buckets = self.rate(f"{histogram}_bucket", window, *matchers, by_also=(*by_also, "le"))
-        return (f"histogram_quantile({fmt_num(q)}, {buckets})\nand on ({by((*self.labels, *by_also))})\n"
-                f"({self.rate(f'{histogram}_count', window, *matchers, by_also=by_also)} > 0)")
-
-    def share_below(self, histogram: str, bound: float, window: str) -> str:
-        below = self.rate(f"{histogram}_bucket", window, f'le="{fmt_num(bound)}"')
-        return f"{below}\n/\n({self.rate(f'{histogram}_count', window)} > 0)"
-
-    def increase_by_le(self, histogram: str, window: str) -> str:
-        """Per bucket bound, what the histogram counted over ``window`` (a heatmap's cells)."""
-        counted = count(self.cfg, f"{histogram}_bucket", window, self.matchers, exact=False, wrapped=False)
-        return f"sum by (le) (\n{counted}\n)"

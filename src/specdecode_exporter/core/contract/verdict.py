@@ -1,5 +1,5 @@
 """The verdict: one definition, used by the status page, `check`, /api/v1/status and `specdecode_verdict`, and
-written as PromQL (``specdecode_exporter.monitoring.promql.verdict_code``) for the dashboard's fleet view from the same
+written as PromQL (``verdictCode`` in mixin/lib/promql.libsonnet) for the dashboard's fleet view from the same
 bands (the monitoring config's ``verdict`` and ``thresholds.page_acceptance_ratio``).
 
 The speedup it judges is the observed one (baseline TPOT / current TPOT) when a baseline exists, else the
