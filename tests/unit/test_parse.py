@@ -13,7 +13,7 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families
 
 from specdecode_exporter.pipeline.engines import ALL_PREFIXES
-from specdecode_exporter.pipeline.parse import ParseError, Sample, parse_line, select_samples
+from specdecode_exporter.pipeline.parse import ParseError, Sample, select_samples
 from tests.helpers import fixture_text
 
 FIXTURES = [
@@ -78,17 +78,17 @@ def test_help_and_type_lines_are_not_samples() -> None:
     ],
 )
 def test_line_forms(line: str, expected: Sample) -> None:
-    assert parse_line(line) == expected
+    assert select_samples(line + "\n", ("m",)) == [expected]
 
 
 def test_nan_value_parses() -> None:
-    assert math.isnan(parse_line("m NaN").value)
+    assert math.isnan(select_samples("m NaN\n", ("m",))[0].value)
 
 
 @pytest.mark.parametrize("line", ['m{a="b" 1', "m{a=b} 1", "m one", 'm{a="b"}', "m{a=\"b\"c=\"d\"} 1"])
 def test_malformed_selected_lines_raise(line: str) -> None:
     with pytest.raises(ParseError):
-        parse_line(line)
+        select_samples(line + "\n", ("m",))
 
 
 @pytest.mark.parametrize("body", ["<html><body>502 Bad Gateway</body></html>", '{"error": "x"}', "\x00\x01binary"])

@@ -8,7 +8,6 @@ import pytest
 
 from specdecode_exporter.pipeline.derive import (
     CostModel,
-    break_even_acceptance_split,
     counts_stats,
     draft_counts,
     expected_speedup_split,
@@ -118,14 +117,10 @@ def test_adaptive_verification_worked_example_by_hand() -> None:
     length = 1 + 1.376
     assert expected_speedup_split(length, 3.0, 3.0, COST) == pytest.approx(0.9504)
     assert expected_speedup_split(length, 3.0, 2.0, COST) == pytest.approx(2.376 / 2.1)
-    assert break_even_acceptance_split(3.0, 2.0, COST) == pytest.approx(0.4 + 0.1 * 1.5)
-    assert break_even_acceptance_split(3.0, 3.0, COST) == pytest.approx(0.5)  # nothing trimmed: c_draft + c_verify
 
 
 def test_the_cost_model_refuses_a_guess_when_the_verified_length_is_unknown() -> None:
     assert expected_speedup_split(2.376, 3.0, None, COST) is None
-    assert break_even_acceptance_split(3.0, None, COST) is None
-    assert break_even_acceptance_split(3.0, 0.0, COST) is None
 
 
 # ----- vLLM diffusion -----

@@ -177,16 +177,6 @@ def expected_speedup_split(mean_length: float | None, proposed_per_draft: float 
     return mean_length / (1.0 + proposed_per_draft * cost.c_draft + verified_per_draft * cost.c_verify)
 
 
-def break_even_acceptance_split(proposed_per_draft: float | None, verified_per_draft: float | None,
-                                cost: CostModel) -> float | None:
-    """The α (over verified tokens) at which S = 1: 1 + k̄_v·α = 1 + k̄_p·c_draft + k̄_v·c_verify, so
-    α = c_verify + c_draft·k̄_p / k̄_v, capped at 1; c_draft + c_verify when nothing is trimmed. None when either
-    length is unknown or nothing was verified."""
-    if proposed_per_draft is None or verified_per_draft is None or not verified_per_draft > 0:
-        return None
-    return break_even_acceptance(cost.c_verify + cost.c_draft * proposed_per_draft / verified_per_draft)
-
-
 @functools.lru_cache(maxsize=64)
 def _step_costs(per_draft_token: float, k: int) -> tuple[float, ...]:
     """1 + k'·c for k' = 1..k: the cost of one verification step at each draft length."""

@@ -44,18 +44,6 @@ class Histogram(NamedTuple):
         return self.counts[-1] if self.counts else 0.0
 
 
-def valid_histogram(bounds: Sequence[float], counts: Sequence[float], total: float) -> str | None:
-    """Why a histogram cannot be used, or None. Counts that go down across buckets are mended (below), as
-    Prometheus does; a missing +Inf bucket, unsorted bounds or a non-finite count are not."""
-    if not bounds or bounds[-1] != math.inf:
-        return "no +Inf bucket"
-    if any(b >= a for a, b in zip(bounds[1:], bounds, strict=False)):
-        return "bucket bounds not increasing"
-    if not all(math.isfinite(c) and c >= 0 for c in counts) or not math.isfinite(total):
-        return "non-finite or negative count"
-    return None
-
-
 def monotonic(counts: Iterable[float]) -> list[float]:
     """Cumulative counts made non-decreasing (float error or a torn scrape can break it; Prometheus mends it
     the same way before interpolating)."""
@@ -202,13 +190,6 @@ class LatencyStats(NamedTuple):
     ttft_change: Change | None
     running: float | None  # mean requests running over the window
     waiting: float | None
-
-    @classmethod
-    def of(cls, time_per_output_token: Histogram | None, time_to_first_token: Histogram | None,
-           running: float | None, waiting: float | None) -> LatencyStats:
-        """From changes already worked out."""
-        return cls(Change.known(time_per_output_token) if time_per_output_token is not None else None,
-                   Change.known(time_to_first_token) if time_to_first_token is not None else None, running, waiting)
 
     @property
     def time_per_output_token(self) -> Histogram | None:

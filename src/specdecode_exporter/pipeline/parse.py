@@ -90,14 +90,6 @@ def parse_value(text: str) -> float:
         raise ParseError(f"invalid sample value {text[:40]!r}") from None
 
 
-def parse_line(line: str) -> Sample:
-    match = _LINE.fullmatch(line)
-    if match is None:
-        raise ParseError(f"malformed sample line {line[:120]!r}")
-    name, label_body, value = match.groups()
-    return Sample(name, parse_labels(label_body) if label_body else (), parse_value(value))
-
-
 class LineCache:
     """Heads of the plain lines parsed before: "name{labels}" (everything before the single space that precedes
     the value) → (name, labels). Between two scrapes of one target only the values change, so after the first

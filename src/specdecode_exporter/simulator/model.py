@@ -277,12 +277,6 @@ def position_fractions(acceptance_rate: float, k: int, draft_fill: float = 1.0) 
     return tuple(min(1.0, f * scale) for f in raw)
 
 
-def live_fractions(spec: ModelSpec, live: LiveParams) -> tuple[float, ...]:
-    if live.position_acceptance is not None:
-        return cumulative_fractions(live.position_acceptance)
-    return position_fractions(live.acceptance_rate, spec.num_speculative_tokens, spec.draft_fill)
-
-
 def effective_acceptance_rate(spec: ModelSpec, fractions: tuple[float, ...]) -> float:
     """α implied by a per-position curve: Σ per_pos / draft tokens per draft."""
     drafted = spec.num_speculative_tokens * spec.draft_fill

@@ -41,8 +41,6 @@ from specdecode_exporter.tap.model import (
 from specdecode_exporter.tap.request_stats import BandKey, RequestSpec, spec_figures, temperature_band
 from specdecode_exporter.tap.settings import ENFORCE, RouteSettings
 
-UPSTREAMS = (SPECULATIVE, FALLBACK)
-REASONS = (BENEFIT, CANARY, UNROUTED, FALLBACK_DOWN)
 # Before any response said how many tokens a model's prompts have, a text prompt is taken as this many characters
 # per token (English text with common tokenizers); each response's usage.prompt_tokens then corrects it, per model.
 PRIOR_CHARS_PER_TOKEN = 4.0

@@ -316,10 +316,6 @@ class MonitoringConfig(Section):
         return self.baseline.range
 
     @property
-    def baseline_offset(self) -> str:
-        return self.baseline.offset
-
-    @property
     def verdict(self) -> VerdictBands:
         return VerdictBands(page_acceptance_ratio=self.thresholds.page_acceptance_ratio,
                             hurting_below=self.speedups.hurting_below, paying_off_from=self.speedups.paying_off_from,
