@@ -93,7 +93,7 @@ def test_a_change_between_different_histograms_is_none_and_stats_read_through() 
 
 def test_observed_speedup_and_calibration() -> None:
     # Spec decode: TPOT mean 0.030; a baseline at 0.0393 → 1.31×.
-    current = LatencyStats.of(hist((0, 40, 90, 100, 100), 3.0), None, 8.0, 0.0)
+    current = LatencyStats(latency.Change.known(hist((0, 40, 90, 100, 100), 3.0)), None, 8.0, 0.0)
     observed = latency.observed_speedup(BaselineLatency(0.0393, 0.0393, 0.087, "control target c"), current)
     assert observed is not None
     assert observed.mean == pytest.approx(1.31)
