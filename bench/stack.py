@@ -24,12 +24,11 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from bench import collect, corpus
 from bench.common import proc_cpu_seconds, proc_rss_mb
 from bench.procs import PROMETHEUS_ACCEPT, ROOT, Scraper, child_env, sidecar, static_server
-from bench.static_server import MAX_TIMES
 from bench.whole_process import SCRAPE_INTERVAL
 
 INTERVAL = 5.0  # the sidecar's default collection interval
@@ -109,25 +108,28 @@ def pipeline_seconds(bodies: list[bytes], calls: int = 40) -> float:
     pipeline = collect.Pipeline(bodies[:12])
     times = []
     for _ in range(calls):
-        t0 = time.process_time()
+        t0 = time.thread_time()
         pipeline()
-        times.append(time.process_time() - t0)
+        times.append(time.thread_time() - t0)
     return statistics.median(times)
 
 
-def render_seconds(bodies: list[bytes], calls: int = 5) -> tuple[float, float]:
-    """The page a scrape gets (OpenMetrics, gzip, as Prometheus asks) for a target at ``bodies``, rendered in-process
-    by prometheus_client's encoder as the sidecar renders it: (median CPU seconds, page KiB before gzip)."""
+def render_seconds(bodies: list[bytes], calls: int = 5, targets: int = 1) -> tuple[float, float]:
+    """The page a scrape gets (OpenMetrics, gzip, as Prometheus asks) for ``targets`` targets at ``bodies``, rendered
+    in-process by prometheus_client's encoder as the sidecar renders it: (median CPU seconds of this thread, page KiB
+    before gzip)."""
     from specdecode_exporter.sidecar.metrics_page import MetricsPage, encoded, negotiate
 
-    pipeline = collect.Pipeline(bodies[:12], warm=12)
-    page = MetricsPage(lambda: [pipeline.collector.latest()])
+    pipelines = [collect.Pipeline(bodies[:12], warm=12) for _ in range(targets)]
+    views = [replace(view, config=replace(view.config, name=f"t{i}"))
+             for i, view in enumerate(pipeline.collector.latest() for pipeline in pipelines)]
+    page = MetricsPage(lambda: views)
     page_format = negotiate(PROMETHEUS_ACCEPT)
     times = []
     for _ in range(calls):
-        t0 = time.process_time()
+        t0 = time.thread_time()
         encoded(page.registry(), page_format, True)
-        times.append(time.process_time() - t0)
+        times.append(time.thread_time() - t0)
     return statistics.median(times), len(encoded(page.registry(), page_format, False)) / 1024
 
 
@@ -200,6 +202,8 @@ class ScrapeLatency:
     p99: float
     worst: float
     failures: int
+    render: float  # in-process CPU seconds of the page these scrapes get (prometheus_client's encoder and gzip)
+    page_kib: float
 
 
 def scrape_latency(targets: int = 10, span: float = 120.0, warmup: float = 2 * INTERVAL + 1.0) -> ScrapeLatency:
@@ -214,15 +218,17 @@ def scrape_latency(targets: int = 10, span: float = 120.0, warmup: float = 2 * I
         time.sleep(span)
         scraper.running.clear()
         latencies, failures = list(scraper.latencies), scraper.failures
+    render, page_kib = render_seconds(bodies, targets=targets)
     return ScrapeLatency(targets, len(latencies), statistics.median(latencies), _p99(latencies), max(latencies),
-                         failures)
+                         failures, render, page_kib)
 
 
 def rss_over(stop: threading.Event, at_least: float = 0.0, every: float = 60.0) -> list[tuple[float, float]]:
     """(seconds since start, RSS MB) of the real process collecting the real page every 5 s, scraped by two, until
     ``stop`` is set and ``at_least`` seconds have passed."""
     body = corpus.fixture(REAL_PAGE)
-    bodies = collect.moving_bodies(body, MAX_TIMES)  # the static server's last body repeats after these
+    # The static server repeats the last body after these (the counters then stand still: RSS is what is measured).
+    bodies = collect.moving_bodies(body, int(max(at_least, 1800.0) / INTERVAL) + 16)
     points: list[tuple[float, float]] = []
     with static_server(*bodies) as base, sidecar([base + "/metrics/hour"], interval=f"{INTERVAL:g}s") as (side, url), \
             Scraper(url + "/metrics", SCRAPE_INTERVAL) as first:
