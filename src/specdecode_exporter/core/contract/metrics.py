@@ -310,7 +310,7 @@ VERDICT = MetricSpec(
 TAP_LABELS = ("target", "model_name", "workload", "temperature")
 # The per-request histograms are per model unless tap.class_histograms adds the class labels (series per pod).
 REQUEST_HISTOGRAM_LABELS = ("target", "model_name")
-FIXED_BUCKETS_NOTE = " Fixed bucket bounds (README, series per pod)."
+FIXED_BUCKETS_NOTE = " Fixed bucket bounds, so docs/series.md counts their series."
 REQUEST_ACCEPTANCE = MetricSpec(
     "specdecode_request_acceptance_ratio", "histogram",
     "Per-request α from the request tap, per model (and by class with tap.class_histograms).",
