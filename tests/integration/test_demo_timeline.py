@@ -23,7 +23,7 @@ from specdecode_exporter.core.contract.metrics import CONTRACT
 
 DEMO_PAGE = ROOT / "docs" / "demo.md"
 SPEC_TARGET = "simulated-vllm"
-_TIME = re.compile(r"^(?:(?P<from>from) )?(?P<start>\d+)(?:–(?P<end>\d+))? s$")
+_TIME = re.compile(r"^(?:(?P<from>from) )?(?P<start>\d+)(?:–(?P<end>\d+))? s(?: \(± (?P<tolerance>\d+) s\))?$")
 _CLAIM = re.compile(r"\*\*(?P<subject>[^*:]+): (?P<value>[^*]+)\*\*")
 _TOLERANCE = re.compile(r"each is good to ± (\d+) s")
 
@@ -46,6 +46,7 @@ class Claim:
     start: float
     end: float | None  # None: until the run ends
     row: str
+    tolerance: float | None = None  # the row's own, where it states one ("(± 15 s)"); else the page's
 
     def holds(self, look: Look) -> bool:
         return CHECKS[self.subject](self.value, look)
@@ -95,12 +96,13 @@ def timeline(text: str) -> tuple[float, list[Claim]]:
             break
         when, what, _ = (cell.strip() for cell in row.strip("|").split(" | "))
         span = _TIME.match(when)
-        assert span is not None, f"a time is 'A–B s' or 'from A s': {when!r}"
+        assert span is not None, f"a time is 'A–B s' or 'from A s', optionally followed by '(± N s)': {when!r}"
         assert (span["from"] is None) == (span["end"] is not None), when
         end = None if span["end"] is None else float(span["end"])
         for claim in _CLAIM.finditer(what):
             assert claim["subject"] in CHECKS, f"no check for {claim['subject']!r} (row {when})"
-            claims.append(Claim(claim["subject"], claim["value"], float(span["start"]), end, when))
+            row_tolerance = None if span["tolerance"] is None else float(span["tolerance"])
+            claims.append(Claim(claim["subject"], claim["value"], float(span["start"]), end, when, row_tolerance))
     return float(tolerance.group(1)), claims
 
 
@@ -109,6 +111,7 @@ def test_the_demo_page_states_claims_the_timeline_test_checks() -> None:
     text = DEMO_PAGE.read_text(encoding="utf-8")
     tolerance, claims = timeline(text)
     assert 0 < tolerance <= 15
+    assert all(0 < claim.tolerance <= 15 for claim in claims if claim.tolerance is not None)
     subjects = {claim.subject for claim in claims}
     assert {"phase", "verdict", "speculation", "routed"} <= subjects, subjects
     assert {c.value for c in claims if c.subject == "verdict"} >= {"hurting", "not speculating"}
@@ -186,6 +189,7 @@ def misses(claim: Claim, tolerance: float, looks: list[Look]) -> list[str]:
     holding already before the span began (less the tolerance). What a row says of its end is the next row's claim:
     the verdict that follows, α absent, …"""
     row = f"{claim.row} {claim.subject}: {claim.value}"
+    tolerance = claim.tolerance if claim.tolerance is not None else tolerance
     inside = [look for look in looks
               if claim.start + tolerance <= look.at and (claim.end is None or look.at <= claim.end - tolerance)]
     found = [f"{row}: at {look.at:.0f} s it does not hold" for look in inside if not claim.holds(look)]
@@ -200,7 +204,8 @@ def misses(claim: Claim, tolerance: float, looks: list[Look]) -> list[str]:
 @pytest.mark.timeout(720)
 def test_the_demo_does_what_its_page_says_when_it_says(tmp_path: Path) -> None:
     tolerance, claims = timeline(DEMO_PAGE.read_text(encoding="utf-8"))
-    until = max(claim.end or claim.start for claim in claims) + 2 * tolerance
+    until = max(claim.end or claim.start for claim in claims) + 2 * max(
+        [tolerance, *(claim.tolerance for claim in claims if claim.tolerance is not None)])
     looks = watch(tmp_path, until)
     found = [miss for claim in claims for miss in misses(claim, tolerance, looks)]
     story = "\n".join(f"{look.at:5.0f} {look.phase:9} {look.series.get('verdict')!s:15} "
