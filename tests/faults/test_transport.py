@@ -56,9 +56,10 @@ def server() -> Iterator[Callable[..., tuple[HostileServer, Counted]]]:
     servers: list[HostileServer] = []
 
     def start(answer: Answer, close_after: bool = False, tls: ssl.SSLContext | None = None,
-              ) -> tuple[HostileServer, Counted]:
+              unanswered: int | None = None) -> tuple[HostileServer, Counted]:
         """Answers every request with ``answer(n)``; with ``close_after``, closes each connection after one answer
-        (without saying Connection: close)."""
+        (without saying Connection: close); with ``unanswered``, closes each connection when that request of its
+        own (1-based) comes, unanswered."""
         seen = Counted()
 
         def make(_: HostileServer) -> Handler:
@@ -67,6 +68,8 @@ def server() -> Iterator[Callable[..., tuple[HostileServer, Counted]]]:
                 seen.connections.append(requests)
                 while True:
                     requests.append(await read_request(reader))
+                    if len(requests) == unanswered:
+                        return
                     data = answer(len(seen.requests))
                     writer.write(data if isinstance(data, bytes) else await data)
                     await writer.drain()
@@ -312,24 +315,8 @@ def test_a_kept_connection_closed_as_the_next_request_goes_out_is_asked_again_on
         server: Callable[..., tuple[HostileServer, Counted]]) -> None:
     """The server (uvicorn closes a connection idle for 5 s, the default interval) reads the next request on the
     kept connection and closes it unanswered: the collection asks once more on a new connection, and succeeds."""
-    def make(_: HostileServer) -> Handler:
-        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            requests: list[list[bytes]] = []
-            seen.connections.append(requests)
-            while True:
-                requests.append(await read_request(reader))
-                if len(requests) == 2:
-                    return  # closed with the request unanswered
-                writer.write(ok())
-                await writer.drain()
-        return handle
-
-    seen = Counted()
-    s = serve(make)
-    try:
-        results = fetch_many(s.url, 3)
-    finally:
-        s.stop()
+    s, seen = server(lambda n: ok(), unanswered=2)
+    results = fetch_many(s.url, 3)
     assert [r.body for r in results] == [BODY] * 3, [r.detail for r in results]
     assert [len(requests) for requests in seen.connections] == [2, 2, 1]
 
