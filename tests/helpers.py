@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import http.server
 import re
 import socket
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
@@ -176,3 +179,31 @@ def read_response(conn: socket.socket) -> bytes:
         assert chunk, "closed within the body"
         body += chunk
     return data[:len(head) + 4] + body
+
+
+@contextlib.contextmanager
+def exposition_server(answer: Callable[[], bytes]) -> Iterator[str]:
+    """A vLLM-like /metrics on loopback, each GET answered with ``answer()`` (called on the request's own thread, so
+    it may block); yields its URL."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self) -> None:
+            body = answer()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/metrics"
+    finally:
+        server.shutdown()
+        server.server_close()

