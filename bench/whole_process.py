@@ -138,7 +138,7 @@ def raw_fetch_loop(url: str, interval: float) -> None:
             time.sleep(max(0.0, start + n * interval - time.monotonic()))
 
 
-def _fetches(base: str, path: str, since: float, until: float) -> int:
+def fetches_between(base: str, path: str, since: float, until: float) -> int:
     times = httpx.get(base + "/-/stats", timeout=30, trust_env=False).json().get(path, [])
     return sum(1 for t in times if since <= t < until)
 
@@ -165,8 +165,8 @@ def measure_round(base: str, name: str, interval: float, span: float, warmup: fl
             client.terminate()
             fetcher.terminate()
     used = [after - before for before, after in zip(cpu0, cpu1, strict=True)]
-    return Round(t1 - t0, used[0], used[1], _fetches(base, side_path, t0, t1), _fetches(base, base_path, t0, t1),
-                 used[2], _fetches(base, floor_path, t0, t1), scraped)
+    fetched = [fetches_between(base, path, t0, t1) for path in (side_path, base_path, floor_path)]
+    return Round(t1 - t0, used[0], used[1], fetched[0], fetched[1], used[2], fetched[2], scraped)
 
 
 def warmup_for(scrape_interval: float = SCRAPE_INTERVAL) -> float:
